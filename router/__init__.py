@@ -1,0 +1,2 @@
+"""The data plane: OpenAI API, SLO classes, routing plugins, PD orchestration, metrics. Built on
+`pools` and `topology`; the router issue fills it in."""
