@@ -46,8 +46,9 @@ def _link_changes(node: str, a: int, b: int, old: Link, new: Link) -> list[Chang
         out.append(Change(node=node, subject=subject, worse=not new.health.healthy,
                           what=("unhealthy: " if not new.health.healthy else "healthy again: ") + reasons))
     elif new.health.score < old.health.score - SCORE_DROP:
+        reasons = "; ".join(new.health.reasons)
         out.append(Change(node=node, subject=subject, worse=True,
-                          what=f"health {old.health.score:g} -> {new.health.score:g}: " + "; ".join(new.health.reasons)))
+                          what=f"health {old.health.score:g} -> {new.health.score:g}: {reasons}"))
     bw_old, bw_new = old.effective_bandwidth_gb_s, new.effective_bandwidth_gb_s
     if after == before and bw_old > 0 and abs(bw_new - bw_old) / bw_old > BANDWIDTH_DROP:
         out.append(Change(node=node, subject=subject, worse=bw_new < bw_old,

@@ -202,8 +202,8 @@ def draw(topology: Topology, out: Path, plan: Mapping[str, Any] | None = None, t
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.patches as patches
     import matplotlib.pyplot as plt
+    from matplotlib import patches
 
     isl = islands(topology)
     shown = topology.nodes[:MAX_NODES]

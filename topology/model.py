@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from topology.kinds import LinkKind, default_bandwidth_gb_s, default_latency_us
 
 
-class GpuRef(NamedTuple):
+@dataclass(frozen=True, slots=True, order=True)
+class GpuRef:
     """A GPU anywhere in the cluster."""
 
     node: str
@@ -176,8 +177,8 @@ class Island:
 
     id: str
     gpus: tuple[GpuRef, ...]
-    kind: LinkKind
-    """Best fabric kind inside (NVSWITCH, NVLINK or XGMI); SYS-or-worse for singletons."""
+    kind: LinkKind | None
+    """Best fabric kind inside (NVSWITCH, NVLINK or XGMI); None for a single GPU."""
     fully_connected: bool
     bottleneck_gb_s: float
     """Lowest effective bandwidth between two members (0 for a singleton)."""

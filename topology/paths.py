@@ -111,7 +111,8 @@ def _inter_node(topology: Topology, a: GpuRef, b: GpuRef) -> Path:
     na, nb = topology.node(a.node), topology.node(b.node)
     bw_a, nic_a = _nic_bandwidth_gb_s(topology, na, a.index)
     bw_b, nic_b = _nic_bandwidth_gb_s(topology, nb, b.index)
-    bandwidth, latency = min(bw_a, bw_b), fabric.latency_us
+    # The slower adapter or the network's own port rate (400G NICs on a 25G TCP network: 25G).
+    bandwidth, latency = min(bw_a, bw_b, fabric.nic_bandwidth_gb_s), fabric.latency_us
     crosses_rack = na.rack is not None and nb.rack is not None and na.rack != nb.rack
     if crosses_rack:
         bandwidth *= fabric.inter_rack_bandwidth_factor

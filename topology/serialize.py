@@ -13,8 +13,8 @@ from typing import Any
 
 from topology.errors import ParseError
 from topology.kinds import LinkKind
-from topology.readers.build import upgrade_nvswitch
 from topology.model import Fabric, Gpu, Link, LinkHealth, Nic, Node, Topology
+from topology.readers.build import upgrade_nvswitch
 
 FORMAT = "isleserve-topology/1"
 

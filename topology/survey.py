@@ -10,17 +10,16 @@ from topology.draw import draw
 from topology.errors import TopologyError
 from topology.islands import islands
 from topology.readers import ReadOptions, read_source
+from topology.summary import format_gpus
 
 
 def _islands_line(source: Path, options: ReadOptions) -> tuple[str, object]:
     topology = read_source(str(source), options)
-    parts = []
-    for isl in islands(topology):
-        members = ",".join(str(g.index) if len(topology.nodes) == 1 else str(g) for g in isl.gpus)
-        parts.append("{" + members + "}")
+    parts = [format_gpus(isl.gpus, single_node=len(topology.nodes) == 1) for isl in islands(topology)]
     line = (f"{source.name}: {topology.gpu_count} GPUs on {len(topology.nodes)} node(s), "
-            f"fingerprint {topology.fingerprint()}, islands " + " ".join(parts))
-    return line, topology
+            f"fingerprint {topology.fingerprint()}, islands " + (" ".join(parts) or "(no GPUs)"))
+    notes = [f"\n    note: {n}" for node in topology.nodes for n in node.notes]
+    return line + "".join(notes), topology
 
 
 def survey(sources: list[Path], out_dir: Path, options: ReadOptions) -> int:

@@ -53,7 +53,7 @@ def _mutations() -> list[tuple[str, str]]:
     rows = text.splitlines()
     return [
         ("truncated-rows", "\n".join(rows[:4])),
-        ("truncated-cells", "\n".join(rows[:3] + [rows[3][:30]] + rows[4:])),
+        ("truncated-cells", "\n".join([*rows[:3], rows[3][:30], *rows[4:]])),
         ("unknown-code", text.replace("NV18", "NV18", 5).replace("PXB", "QQQ", 1)),
         ("asymmetric", text.replace("GPU1    NV18", "GPU1    SYS ", 1)),
         ("bad-diagonal", text.replace(" X      NV18    NV18    NV18    NV18    NV18    NV18    NV18    PIX",

@@ -73,5 +73,5 @@ def test_numa_affinity_list_and_na() -> None:
         "GPU1\tNV18\t X \t72-143\tN/A\t10\n"
     )
     got = node_capture(read_node_text(text))
-    assert [g["numa_node"] for g in got["gpus"]] == [0, None]  # type: ignore[index]
+    assert [g["numa_node"] for g in got["gpus"]] == [0, None]
     assert got["islands"] == [[0, 1]]

@@ -80,6 +80,14 @@ def read_node_text(text: str, options: ReadOptions | None = None) -> Node:
 
 
 def read_text(text: str, options: ReadOptions | None = None, base_dir: Path | None = None) -> Topology:
+    """Any textual source -> Topology; everything it cannot read is a `ParseError`."""
+    try:
+        return _read_text(text, options, base_dir)
+    except ValueError as err:  # model invariants (a < b, lanes > 0, ...) broken by the input
+        raise ParseError(str(err)) from None
+
+
+def _read_text(text: str, options: ReadOptions | None, base_dir: Path | None) -> Topology:
     fmt = detect_format(text)
     if fmt == "cluster-spec":
         from topology.readers.spec import parse_spec
@@ -111,8 +119,6 @@ def read_source(source: str, options: ReadOptions | None = None) -> Topology:
             if err.source is None:
                 raise ParseError(str(err), source) from None
             raise
-        except ValueError as err:
-            raise ParseError(str(err), source) from None
     if path.is_dir():
         raise ParseError("is a directory, not a topology", source)
     from topology.templates import node_from_template, template_names

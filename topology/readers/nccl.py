@@ -25,8 +25,8 @@ from topology.errors import ParseError
 from topology.gpus import GpuFacts, baseboard_links, by_pci_id, gpu_facts
 from topology.kinds import LinkKind, default_bandwidth_gb_s
 from topology.model import Gpu, Link, Nic, Node
-from topology.readers.cpus import mask_to_cpu_list
 from topology.readers.build import NicLevels, nics_from_levels
+from topology.readers.cpus import mask_to_cpu_list
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,9 +179,9 @@ def _nvlink_links(gpus: list[_Dev]) -> list[Link]:
                 switches.setdefault(i, set()).add(target)
                 switch_lanes[i] = switch_lanes.get(i, 0) + count
     links = [Link(a=a, b=b, kind=LinkKind.NVLINK, lanes=n) for (a, b), n in direct.items()]
-    for a in switches:
-        for b in switches:
-            if a < b and (a, b) not in direct and switches[a] & switches[b]:
+    for a, switches_a in switches.items():
+        for b, switches_b in switches.items():
+            if a < b and (a, b) not in direct and switches_a & switches_b:
                 links.append(Link(a=a, b=b, kind=LinkKind.NVSWITCH, lanes=min(switch_lanes[a], switch_lanes[b])))
     return links
 

@@ -14,6 +14,7 @@ without a driver fails with one `DiscoveryError` line.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -40,7 +41,8 @@ def _import_nvml() -> ModuleType:
         import pynvml
     except ImportError:
         raise DiscoveryError("NVML bindings missing: install the nvidia-ml-py package") from None
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 def _pair_link(nv: Any, probes: list[GpuProbe], a: int, b: int) -> Link:
@@ -51,7 +53,8 @@ def _pair_link(nv: Any, probes: list[GpuProbe], a: int, b: int) -> Link:
         return Link(a=a, b=b, kind=LinkKind.NVLINK, lanes=direct,
                     bandwidth_gb_s=default_bandwidth_gb_s(LinkKind.NVLINK, direct, gen))
     if pa.switch_ports and pb.switch_ports and (pa.switches & pb.switches or not (pa.switches or pb.switches)):
-        lanes = min(pa.switch_ports, pb.switch_ports)
+        # Nominal bond width; inactive ports show up in the link's health, not here.
+        lanes = min(pa.switch_ports + pa.inactive_ports, pb.switch_ports + pb.inactive_ports)
         return Link(a=a, b=b, kind=LinkKind.NVSWITCH, lanes=lanes,
                     bandwidth_gb_s=default_bandwidth_gb_s(LinkKind.NVSWITCH, lanes, gen))
     try:
@@ -92,7 +95,9 @@ def _rates(before: dict[tuple[int, int], dict[str, int]], after: dict[tuple[int,
             for key, cur in after.items()}
 
 
-def _collect_xids(nv: Any, probes: list[GpuProbe], wait_s: float, sleep: Callable[[float], None]) -> dict[int, list[int]]:
+def _collect_xids(
+    nv: Any, probes: list[GpuProbe], wait_s: float, sleep: Callable[[float], None]
+) -> dict[int, list[int]]:
     """Wait up to `wait_s` for XID events (this is also the pause between counter samples)."""
     xids: dict[int, list[int]] = {}
     try:
@@ -114,10 +119,8 @@ def _collect_xids(nv: Any, probes: list[GpuProbe], wait_s: float, sleep: Callabl
             if uuid in by_uuid:
                 xids.setdefault(by_uuid[uuid], []).append(int(event.eventData))
     finally:
-        try:
+        with contextlib.suppress(nv.NVMLError, AttributeError):
             nv.nvmlEventSetFree(es)
-        except (nv.NVMLError, AttributeError):
-            pass
     return xids
 
 
@@ -127,7 +130,9 @@ def _text(value: Any) -> str:
 
 def _nics(probes: list[GpuProbe], sysfs_root: Path) -> list[Nic]:
     found = rdma_nics(sysfs_root)
-    levels: NicLevels = {n.name: {p.index: pci_level(sysfs_root, p.bus_id, n.pci_bus_id) for p in probes} for n in found}
+    levels: NicLevels = {
+        n.name: {p.index: pci_level(sysfs_root, p.bus_id, n.pci_bus_id) for p in probes} for n in found
+    }
     by_name = {n.name: n for n in found}
     return [replace(by_name[n.name], nearest_gpus=n.nearest_gpus, level=n.level) for n in nics_from_levels(levels)]
 

@@ -28,8 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from topology.errors import ParseError
-from topology.health import GpuCounters, HealthThresholds, LinkCounters, apply_node_health
-from topology.health import XID_FELL_OFF_BUS
+from topology.health import XID_FELL_OFF_BUS, GpuCounters, HealthThresholds, LinkCounters, apply_node_health
 from topology.kinds import LinkKind
 from topology.model import Fabric, Node, Topology
 from topology.templates import node_from_template, template_names
