@@ -1,6 +1,7 @@
 """`isle`: the project's command line, a thin dispatcher over each layer's `python -m` CLI.
 
     isle topology parse|show|diff|discover|survey ...
+    isle plan | isle size | isle pools bench ...
 
 (Named `isle`, not `serve`: Ray owns the `serve` console script.) This is the only module that
 may import every layer.
@@ -15,6 +16,9 @@ USAGE = """usage: isle COMMAND [ARGS]
 
 commands:
   topology   parse, draw, diff and discover GPU interconnects (python -m topology)
+  plan       place pools on a topology (python -m pools plan)
+  size       propose the prefill:decode split (python -m pools size)
+  pools      every `python -m pools` command (bench, ...)
 """
 
 
@@ -24,7 +28,18 @@ def _topology(argv: Sequence[str]) -> int:
     return topology_main(argv)
 
 
-COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {"topology": _topology}
+def _pools(argv: Sequence[str]) -> int:
+    from pools.cli import main as pools_main
+
+    return pools_main(argv)
+
+
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "topology": _topology,
+    "plan": lambda argv: _pools(["plan", *argv]),
+    "size": lambda argv: _pools(["size", *argv]),
+    "pools": _pools,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

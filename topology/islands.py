@@ -8,6 +8,7 @@ NVLink fabric clique (GB200 NVL72) belong to one island, reached through NVLink 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import combinations
 
@@ -102,22 +103,52 @@ def _island(topology: Topology, members: list[GpuRef], adj: Adjacency, ident: st
     )
 
 
+_NODE_CACHE: OrderedDict[int, tuple[Node, list[Island]]] = OrderedDict()
+_NODE_CACHE_SIZE = 16384
+
+
+def _node_islands(node: Node) -> list[Island]:
+    """One node's islands from its own links; cached by node object (nodes are immutable and a
+    re-plan's topology shares them with the previous one)."""
+    hit = _NODE_CACHE.get(id(node))
+    if hit is not None and hit[0] is node:
+        _NODE_CACHE.move_to_end(id(node))
+        return hit[1]
+    alone = Topology(nodes=(node,))
+    adj = adjacency(alone)
+    found = [_island(alone, comp, adj, f"{node.name}/island{k}") for k, comp in enumerate(_components(adj))]
+    _NODE_CACHE[id(node)] = (node, found)
+    if len(_NODE_CACHE) > _NODE_CACHE_SIZE:
+        _NODE_CACHE.popitem(last=False)
+    return found
+
+
 def islands(topology: Topology) -> list[Island]:
     """All islands, singletons included, sorted by (node, first GPU)."""
-    adj = adjacency(topology)
-    result: list[Island] = []
-    per_node: dict[str, int] = {}
+    per_node = [isl for node in topology.nodes for isl in _node_islands(node)]
+    domains: dict[str, set[str]] = {}
+    for node in topology.nodes:
+        for gpu in node.gpus:
+            if gpu.fabric_clique and gpu.healthy:
+                domains.setdefault(gpu.fabric_clique, set()).add(node.name)
+    spanning = {c: nodes for c, nodes in domains.items() if len(nodes) > 1}
+    if not spanning:
+        return sorted(per_node, key=lambda i: i.gpus[0])
+    involved = {n for nodes in spanning.values() for n in nodes}
+    result = [isl for isl in per_node if isl.gpus[0].node not in involved]
+    sub = Topology(nodes=tuple(n for n in topology.nodes if n.name in involved), fabric=topology.fabric)
+    adj = adjacency(sub)
+    per_sub_node: dict[str, int] = {}
     for comp in _components(adj):
         nodes = sorted({g.node for g in comp})
         if len(nodes) == 1:
-            k = per_node.get(nodes[0], 0)
-            per_node[nodes[0]] = k + 1
+            k = per_sub_node.get(nodes[0], 0)
+            per_sub_node[nodes[0]] = k + 1
             ident = f"{nodes[0]}/island{k}"
         else:
-            clique = topology.gpu(comp[0]).fabric_clique or "multi"
-            ident = f"nvl:{clique}"
-        result.append(_island(topology, comp, adj, ident))
-    return result
+            ident = f"nvl:{sub.gpu(comp[0]).fabric_clique or 'multi'}"
+        result.append(_island(sub, comp, adj, ident))
+    return sorted(result, key=lambda i: i.gpus[0])
 
 
 def island_of(islands_: Iterable[Island]) -> dict[GpuRef, Island]:

@@ -38,11 +38,11 @@ class LinkKind(enum.IntEnum):
     @property
     def is_gpu_fabric(self) -> bool:
         """True for the kinds that form islands (NVLink, NVSwitch, XGMI)."""
-        return self >= LinkKind.XGMI
+        return int(self) >= _XGMI  # plain ints: enum member lookups are slow on hot paths
 
     @property
     def is_network(self) -> bool:
-        return self <= LinkKind.RDMA
+        return int(self) <= _RDMA
 
     @classmethod
     def parse(cls, text: str) -> LinkKind:
@@ -51,6 +51,10 @@ class LinkKind(enum.IntEnum):
         except KeyError:
             names = ", ".join(k.name.lower() for k in cls)
             raise ValueError(f"unknown link kind {text!r} (one of: {names})") from None
+
+
+_XGMI = int(LinkKind.XGMI)
+_RDMA = int(LinkKind.RDMA)
 
 
 def rank(kind: LinkKind, lanes: int | None) -> tuple[int, int]:

@@ -11,17 +11,16 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from topology.kinds import LinkKind, default_bandwidth_gb_s, default_latency_us
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class GpuRef:
-    """A GPU anywhere in the cluster."""
+class GpuRef(NamedTuple):
+    """A GPU anywhere in the cluster (a tuple: cheap to hash, which placement does a lot)."""
 
     node: str
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index on purpose: the GPU's index
 
     def __str__(self) -> str:
         return f"{self.node}:gpu{self.index}"
@@ -198,12 +197,14 @@ class Topology:
     fabric: Fabric = Fabric()
     name: str = ""
     _by_name: dict[str, Node] = field(init=False, repr=False, compare=False)
+    _fingerprint: list[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         by_name = {n.name: n for n in self.nodes}
         if len(by_name) != len(self.nodes):
             raise ValueError("duplicate node name in topology")
         object.__setattr__(self, "_by_name", by_name)
+        object.__setattr__(self, "_fingerprint", [])
 
     def node(self, name: str) -> Node:
         try:
@@ -226,33 +227,47 @@ class Topology:
 
     def fingerprint(self) -> str:
         """Stable id of the structure: same for any ordering, changes when a link changes."""
-        return fingerprint(self)
+        if not self._fingerprint:  # computed once: the topology is immutable
+            self._fingerprint.append(fingerprint(self))
+        return self._fingerprint[0]
 
 
-def _canonical(topology: Topology) -> dict[str, Any]:
-    nodes = []
-    for node in sorted(topology.nodes, key=lambda n: n.name):
-        nodes.append(
-            {
-                "name": node.name,
-                "rack": node.rack,
-                "gpus": [
-                    [g.index, g.model, g.pci_bus_id, g.numa_node, g.fabric_clique, g.healthy]
-                    for g in sorted(node.gpus, key=lambda g: g.index)
-                ],
-                "nics": [
-                    [n.name, sorted(n.nearest_gpus), n.level.name, n.speed_gbit_s]
-                    for n in sorted(node.nics, key=lambda n: n.name)
-                ],
-                "links": [
-                    [k.a, k.b, k.kind.name, k.lanes, k.health.healthy]
-                    for k in sorted(node.links, key=lambda k: (k.a, k.b))
-                ],
-            }
-        )
-    return {"fabric": topology.fabric.kind.name, "nodes": nodes}
+def _node_digest(node: Node) -> str:
+    hit = _DIGESTS.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    blob = json.dumps(_canonical_node(node), sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(blob.encode()).hexdigest()
+    _DIGESTS[id(node)] = (node, digest)
+    if len(_DIGESTS) > 16384:
+        _DIGESTS.pop(next(iter(_DIGESTS)))
+    return digest
+
+
+_DIGESTS: dict[int, tuple[Node, str]] = {}
+
+
+def _canonical_node(node: Node) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "rack": node.rack,
+        "gpus": [
+            [g.index, g.model, g.pci_bus_id, g.numa_node, g.fabric_clique, g.healthy]
+            for g in sorted(node.gpus, key=lambda g: g.index)
+        ],
+        "nics": [
+            [n.name, sorted(n.nearest_gpus), n.level.name, n.speed_gbit_s]
+            for n in sorted(node.nics, key=lambda n: n.name)
+        ],
+        "links": [
+            [k.a, k.b, k.kind.name, k.lanes, k.health.healthy]
+            for k in sorted(node.links, key=lambda k: (k.a, k.b))
+        ],
+    }
 
 
 def fingerprint(topology: Topology) -> str:
-    blob = json.dumps(_canonical(topology), sort_keys=True, separators=(",", ":"))
+    """sha256 over the fabric kind and each node's digest (cached per node object), sorted."""
+    parts = sorted(_node_digest(n) for n in topology.nodes)
+    blob = topology.fabric.kind.name + ":" + ",".join(parts)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

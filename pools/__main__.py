@@ -1,0 +1,5 @@
+import sys
+
+from pools.cli import main
+
+sys.exit(main())

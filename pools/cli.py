@@ -1,0 +1,126 @@
+"""`python -m pools` (also `isle plan`, `isle size`): plan, size, bench.
+
+    python -m pools plan --topology SOURCE --pools POOLS.yaml --policy NAME [--format json]
+    python -m pools size --topology SOURCE --model M --workload W --slo CLASS[,CLASS]
+    python -m pools bench [--format json]
+
+Exit code 2 with one line on stderr for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from pools.config import load_pools
+from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest
+from pools.placement import POLICIES, get_policy
+from pools.placement.replan import replan
+from topology import TopologyError
+from topology.readers import ReadOptions, read_source
+
+
+def _table(plan: PlacementPlan) -> str:
+    rows = [("replica", "pool", "role", "node", "gpus", "island", "tier")]
+    for p in plan.placements:
+        gpus = ",".join(str(g) for g in p.gpus) + "".join(f" +{n}:{','.join(map(str, g))}" for n, g in p.extra_nodes)
+        rows.append((p.replica_id, p.pool, p.role, p.node, gpus, p.island, p.tier))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    for u in plan.unplaced:
+        lines.append(f"unplaced: {u.count} x {u.pool}: {u.reason}")
+    lines.append(f"policy {plan.policy}, topology {plan.topology_fingerprint}: {plan.gpus_used} GPUs used, "
+                 f"{plan.cross_island_tp_groups} cross-island TP groups, score {plan.score:.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    topology = read_source(args.topology, ReadOptions(gpu=args.gpu))
+    config = load_pools(args.pools)
+    request = PlacementRequest(topology=topology, pools=config.pool_specs(), slo_classes=config.classes(),
+                               seed=args.seed)
+    plan = get_policy(args.policy).place(request)
+    if args.replan_after:
+        plan = replan(plan, read_source(args.replan_after, ReadOptions(gpu=args.gpu)), seed=args.seed).plan
+    if args.format == "json":
+        print(json.dumps(plan.to_json(), indent=2))
+    else:
+        sys.stdout.write(_table(plan))
+        for line in plan.reasons:
+            print(line)
+        if args.explain:
+            for p in plan.placements:
+                print(f"{p.replica_id}: " + "; ".join(p.reasons))
+    return 0
+
+
+def cmd_size(args: argparse.Namespace) -> int:
+    from pools.sizing import size
+
+    topology = read_source(args.topology, ReadOptions(gpu=args.gpu))
+    known = {c.name: c for c in DEFAULT_SLO_CLASSES}
+    names = [s.strip() for s in args.slo.split(",") if s.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"--slo: unknown classes {unknown} (known: {', '.join(known)})")
+    proposal = size(topology, args.model, args.workload, [known[n] for n in names], args.gpu)
+    doc = {
+        "prefill": {"tp": proposal.prefill.tp, "replicas": proposal.prefill_replicas},
+        "decode": {"tp": proposal.decode.tp, "replicas": proposal.decode_replicas},
+        "gpus": proposal.gpus, "goodput_rps": round(proposal.goodput_rps, 3),
+        "goodput_per_gpu": round(proposal.goodput_per_gpu, 4), "explanation": list(proposal.explanation),
+    }
+    if args.format == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"prefill: tp={proposal.prefill.tp} x {proposal.prefill_replicas}; decode: tp={proposal.decode.tp} x "
+              f"{proposal.decode_replicas}; {proposal.goodput_rps:.2f} req/s on {proposal.gpus} GPUs "
+              f"({proposal.goodput_per_gpu:.3f} req/s per GPU)")
+        for line in proposal.explanation:
+            print(f"  {line}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pools.bench import main as bench_main
+
+    return bench_main(args.format, args.policy)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pools", description="placement, sizing and its benchmark")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="place pools on a topology")
+    p.add_argument("--topology", required=True, help="capture, NCCL XML, cluster spec, template or nvml")
+    p.add_argument("--pools", required=True, help="POOLS.yaml with a top-level `pools:` list")
+    p.add_argument("--policy", default="island-aligned", choices=sorted(POLICIES))
+    p.add_argument("--format", choices=["json", "table"], default="table")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpu", help="GPU model when the topology source does not name it")
+    p.add_argument("--replan-after", metavar="SOURCE", help="then re-plan incrementally on this topology")
+    p.add_argument("--explain", action="store_true", help="print each placement's reasons")
+    p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("size", help="propose the prefill:decode split")
+    p.add_argument("--topology", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--workload", required=True, help="azure-conv, azure-code or PROMPT:OUTPUT tokens")
+    p.add_argument("--slo", required=True, help="SLO class names, comma separated")
+    p.add_argument("--gpu")
+    p.add_argument("--format", choices=["json", "text"], default="text")
+    p.set_defaults(func=cmd_size)
+    p = sub.add_parser("bench", help="plan and re-plan a 1,024-node cluster; print wall times")
+    p.add_argument("--format", choices=["json", "text"], default="text")
+    p.add_argument("--policy", default="island-aligned", choices=sorted(POLICIES))
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (TopologyError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,112 @@
+"""POOLS.yaml: the pools to place and, optionally, the SLO classes (pydantic, at the edge).
+
+    pools:
+      - {name: prefill, role: prefill, tp: 4, replicas: 2, model: llama-3.1-70b, slo_classes: [interactive]}
+      - {name: decode, role: decode, tp: 2, replicas: auto, model: llama-3.1-70b}
+    slo_classes:                      # optional; defaults: interactive, standard, batch
+      - {name: interactive, priority: 0, ttft_ms: 500, tpot_ms: 50}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pools import catalog
+from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
+from topology.errors import ParseError
+from topology.readers.spec import format_validation
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SLOClassConfig(_Strict):
+    name: str = Field(min_length=1)
+    priority: int = Field(ge=0, description="lower is served first (vLLM's priority)")
+    ttft_ms: float = Field(gt=0, description="time-to-first-token target")
+    tpot_ms: float = Field(gt=0, description="time-per-output-token target")
+    sheddable: bool = False
+    max_concurrency: int | None = Field(default=None, gt=0)
+    max_queue_ms: float | None = Field(default=None, gt=0)
+
+    def to_slo(self) -> SLOClass:
+        return SLOClass(**self.model_dump())
+
+
+class PoolConfig(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    role: Literal["prefill", "decode", "mixed"]
+    tp: int = Field(ge=1, le=72, description="tensor-parallel size")
+    replicas: int | Literal["auto"] = Field(description="replica count, or auto (pool sizing)")
+    model: str | None = Field(default=None, description="catalogue model; without it no memory check")
+    slo_classes: list[str] = Field(default_factory=list)
+    require_island: bool = False
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str | None) -> str | None:
+        if v is not None and v not in catalog.models():
+            raise ValueError(f"unknown model {v!r} (known: {', '.join(sorted(catalog.models()))})")
+        return v
+
+    @field_validator("replicas")
+    @classmethod
+    def _count(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError("replicas must be >= 0 or auto")
+        return v
+
+
+class PoolsConfig(_Strict):
+    pools: list[PoolConfig] = Field(min_length=1)
+    slo_classes: list[SLOClassConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PoolsConfig:
+        names = [p.name for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate pool names: {', '.join(dupes)}")
+        known = {c.name for c in self.slo_classes} or {c.name for c in DEFAULT_SLO_CLASSES}
+        for p in self.pools:
+            unknown = sorted(set(p.slo_classes) - known)
+            if unknown:
+                raise ValueError(f"pool {p.name}: unknown SLO classes {unknown} (known: {sorted(known)})")
+        return self
+
+    def classes(self) -> dict[str, SLOClass]:
+        chosen = [c.to_slo() for c in self.slo_classes] or list(DEFAULT_SLO_CLASSES)
+        return {c.name: c for c in chosen}
+
+    def pool_specs(self, auto_counts: dict[str, int] | None = None) -> tuple[PoolSpec, ...]:
+        specs = []
+        for p in self.pools:
+            if p.replicas == "auto":
+                if not auto_counts or p.name not in auto_counts:
+                    raise ParseError(f"pool {p.name}: replicas is auto; size it with `python -m pools size`")
+                count = auto_counts[p.name]
+            else:
+                count = p.replicas
+            specs.append(PoolSpec(name=p.name, role=p.role, tp=p.tp, replicas=count, model=p.model,
+                                  slo_classes=tuple(p.slo_classes), require_island=p.require_island))
+        return tuple(specs)
+
+
+def load_pools(path: str) -> PoolsConfig:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise ParseError(f"cannot read pools file: {err.strerror}", path) from None
+    except yaml.YAMLError as err:
+        raise ParseError(f"not valid YAML ({str(err).splitlines()[0]})", path) from None
+    if not isinstance(raw, dict):
+        raise ParseError("a pools file is a mapping with a top-level `pools:` list", path)
+    try:
+        return PoolsConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ParseError(f"invalid pools file: {format_validation(err)}", path) from None

@@ -1,0 +1,115 @@
+"""The analytic cost model: one physics for the planner, the simulated engine and the simulator.
+
+Prefill of n tokens on TP=t:
+    compute   (2 * P_active * n + 2 * L * n^2 * H) / (t * F * mfu)      (dense + causal attention)
+    comm      L * 2 ring all-reduces of n * H * 2 bytes over the group's bottleneck link
+Decode step, batch b, total context C tokens:
+    memory    (W / t + KV(C) / t) / (HBM * mbu)        (weights and cache read once per step)
+    compute   2 * P_active * b / (t * F * mfu)          (the step takes the larger of the two)
+    comm      L * 2 ring all-reduces of b * H * 2 bytes (small: latency-dominated)
+    overhead  a fixed per-step cost (scheduling, sampling, kernel launches)
+Ring all-reduce of m bytes on t GPUs:  2 (t-1)/t * m / B  +  2 (t-1) * alpha
+KV transfer of n tokens: KV(n) / path bandwidth + path latency.
+
+Link health is already in the path: a degraded link carries less bandwidth and more latency
+(`topology.Link.effective_*`). The efficiency constants are calibrated against the published
+measurements cited in tests/unit/test_costmodel.py, within the bands stated there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pools.catalog import GpuSpec, ModelSpec
+from topology import Path
+
+BF16 = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Efficiency:
+    prefill_mfu: float = 0.62
+    """Share of peak tensor FLOPs a long prefill reaches (fits TRT-LLM and LMDeploy TTFTs)."""
+    decode_mbu: float = 0.75
+    """Share of peak HBM bandwidth a decode step reaches (gpt-fast saw ~1700 of 2039 GB/s)."""
+    decode_mfu: float = 0.35
+    step_overhead_ms: float = 1.0
+    """Per decode step: scheduler, sampling, kernel launches."""
+    allreduce_fixed_us: float = 15.0
+    """Per all-reduce cost on top of link latency: NCCL launch and sync (small all-reduces
+    measured ~6 us on H100 NVLink with CUDA graphs, ~20 us on PCIe switches)."""
+
+
+DEFAULT = Efficiency()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkCost:
+    """The TP group's bottleneck link (per direction)."""
+
+    bandwidth_gb_s: float
+    latency_us: float
+
+    @classmethod
+    def of(cls, path: Path) -> LinkCost:
+        return cls(bandwidth_gb_s=path.bandwidth_gb_s, latency_us=path.latency_us)
+
+
+LOCAL = LinkCost(bandwidth_gb_s=float("inf"), latency_us=0.0)
+
+
+def allreduce_ms(message_bytes: float, tp: int, link: LinkCost, eff: Efficiency = DEFAULT) -> float:
+    if tp <= 1:
+        return 0.0
+    transfer_s = 2 * (tp - 1) / tp * message_bytes / (link.bandwidth_gb_s * 1e9)
+    latency_s = 2 * (tp - 1) * link.latency_us * 1e-6 + eff.allreduce_fixed_us * 1e-6
+    return (transfer_s + latency_s) * 1e3
+
+
+def prefill_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, tokens: int,
+               eff: Efficiency = DEFAULT) -> float:
+    n = max(tokens, 1)
+    flops = 2 * model.active_params_b * 1e9 * n + 2 * model.layers * n * n * model.hidden
+    compute_s = flops / (tp * gpu.bf16_tflops * 1e12 * eff.prefill_mfu)
+    comm_ms = model.layers * 2 * allreduce_ms(n * model.hidden * BF16, tp, link, eff)
+    return compute_s * 1e3 + comm_ms
+
+
+def decode_step_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, batch: int,
+                   context_tokens: int, eff: Efficiency = DEFAULT) -> float:
+    b = max(batch, 1)
+    bytes_read = model.weights_gb * 1e9 / tp + model.kv_bytes_per_token() * context_tokens / tp
+    memory_s = bytes_read / (gpu.hbm_gb_s * 1e9 * eff.decode_mbu)
+    compute_s = 2 * model.active_params_b * 1e9 * b / (tp * gpu.bf16_tflops * 1e12 * eff.decode_mfu)
+    comm_ms = model.layers * 2 * allreduce_ms(b * model.hidden * BF16, tp, link, eff)
+    return max(memory_s, compute_s) * 1e3 + comm_ms + eff.step_overhead_ms
+
+
+def kv_bytes(model: ModelSpec, tokens: int) -> float:
+    return model.kv_bytes_per_token() * tokens
+
+
+def kv_transfer_ms(model: ModelSpec, tokens: int, path: Path) -> float:
+    if path.tier == "local":
+        return 0.0
+    return kv_bytes(model, tokens) / (path.bandwidth_gb_s * 1e9) * 1e3 + path.latency_us * 1e-3
+
+
+def weights_per_gpu_gb(model: ModelSpec, tp: int) -> float:
+    return model.weights_gb / tp
+
+
+def kv_capacity_tokens(model: ModelSpec, gpu: GpuSpec, tp: int, memory_utilization: float = 0.9,
+                       activation_reserve_gb: float = 2.0) -> int:
+    """Tokens of KV cache the replica can hold (vLLM's gpu_memory_utilization semantics)."""
+    free_gb = gpu.memory_gb * memory_utilization - weights_per_gpu_gb(model, tp) - activation_reserve_gb
+    if free_gb <= 0:
+        return 0
+    return int(free_gb * 1e9 * tp / model.kv_bytes_per_token())
+
+
+def fits(model: ModelSpec, gpu_memory_gb: float, tp: int, memory_utilization: float = 0.9,
+         min_kv_tokens: int = 4096) -> bool:
+    """Weights fit with room for at least `min_kv_tokens` of cache (one long request)."""
+    free_gb = gpu_memory_gb * memory_utilization - weights_per_gpu_gb(model, tp) - 2.0
+    return free_gb * 1e9 * tp >= min_kv_tokens * model.kv_bytes_per_token()

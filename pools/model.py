@@ -1,0 +1,156 @@
+"""What runs where: pool and replica specs, SLO classes, placements and plans.
+
+Shared vocabulary: the router imports `SLOClass` and plans from here (DESIGN.md). All frozen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from topology import GpuRef, Tier, Topology
+
+Role = Literal["prefill", "decode", "mixed"]
+ROLES: tuple[Role, ...] = ("prefill", "decode", "mixed")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SLOClass:
+    """A class of service. Lower `priority` is served first (vLLM's convention)."""
+
+    name: str
+    priority: int
+    ttft_ms: float
+    tpot_ms: float
+    sheddable: bool = False
+    max_concurrency: int | None = None
+    max_queue_ms: float | None = None
+
+    def strictness(self) -> float:
+        """Bigger is stricter: used to give strict classes the best islands first."""
+        return 1000.0 / max(self.ttft_ms, 1.0) + 100.0 / max(self.tpot_ms, 1.0) - 0.01 * self.priority
+
+
+DEFAULT_SLO_CLASSES: tuple[SLOClass, ...] = (
+    SLOClass(name="interactive", priority=0, ttft_ms=500.0, tpot_ms=50.0),
+    SLOClass(name="standard", priority=1, ttft_ms=2000.0, tpot_ms=100.0),
+    SLOClass(name="batch", priority=2, ttft_ms=30000.0, tpot_ms=500.0, sheddable=True),
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaSpec:
+    model: str | None
+    tp: int
+    role: Role
+    memory_gb: float | None = None
+    """Per-GPU memory the replica needs (weights / tp + KV reserve); None when unknown."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolSpec:
+    name: str
+    role: Role
+    tp: int
+    replicas: int
+    model: str | None = None
+    slo_classes: tuple[str, ...] = ()
+    require_island: bool = False
+    """True: a replica that cannot sit inside one island stays unplaced (never crosses)."""
+
+    def replica(self, memory_gb: float | None = None) -> ReplicaSpec:
+        return ReplicaSpec(model=self.model, tp=self.tp, role=self.role, memory_gb=memory_gb)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaPlacement:
+    replica_id: str
+    pool: str
+    role: Role
+    node: str
+    gpus: tuple[int, ...]
+    island: str
+    """The island holding the group, or 'a+b' when it spans islands."""
+    tier: Tier
+    in_island: bool
+    reasons: tuple[str, ...] = ()
+    extra_nodes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """GPUs on further nodes when a group spans nodes (only topology-blind baselines do that)."""
+
+    def gpu_refs(self) -> list[tuple[str, int]]:
+        refs = [(self.node, g) for g in self.gpus]
+        for node, gpus in self.extra_nodes:
+            refs.extend((node, g) for g in gpus)
+        return refs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unplaced:
+    pool: str
+    count: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementPlan:
+    policy: str
+    topology_fingerprint: str
+    placements: tuple[ReplicaPlacement, ...]
+    unplaced: tuple[Unplaced, ...] = ()
+    score: float = 0.0
+    reasons: tuple[str, ...] = ()
+    pools: tuple[PoolSpec, ...] = field(default=(), compare=False)
+
+    def pool(self, name: str) -> PoolSpec:
+        return next(p for p in self.pools if p.name == name)
+
+    @property
+    def gpus_used(self) -> int:
+        return sum(len(p.gpu_refs()) for p in self.placements)
+
+    @property
+    def cross_island_tp_groups(self) -> int:
+        return sum(1 for p in self.placements if len(p.gpu_refs()) > 1 and not p.in_island)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "topology_fingerprint": self.topology_fingerprint,
+            "placements": [
+                {"replica_id": p.replica_id, "pool": p.pool, "role": p.role, "node": p.node, "gpus": list(p.gpus),
+                 "island": p.island, "tier": p.tier, **({"extra_nodes": {n: list(g) for n, g in p.extra_nodes}}
+                                                       if p.extra_nodes else {}),
+                 "reasons": list(p.reasons)}
+                for p in self.placements
+            ],
+            "unplaced": [{"pool": u.pool, "count": u.count, "reason": u.reason} for u in self.unplaced],
+            "summary": {"gpus_used": self.gpus_used, "cross_island_tp_groups": self.cross_island_tp_groups,
+                        "score": round(self.score, 4)},
+            "reasons": list(self.reasons),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementRequest:
+    topology: Topology
+    pools: tuple[PoolSpec, ...]
+    slo_classes: Mapping[str, SLOClass] = field(default_factory=lambda: {c.name: c for c in DEFAULT_SLO_CLASSES})
+    seed: int = 0
+    occupied: frozenset[GpuRef] = frozenset()
+    """GPUs already held (by replicas a re-plan keeps): no policy may use them."""
+    ids: Mapping[str, tuple[str, ...]] | None = None
+    """Replica ids per pool when not `<pool>-0..n-1` (a re-plan moves named replicas)."""
+
+    def replica_ids(self, pool: PoolSpec) -> Sequence[str]:
+        if self.ids is not None and pool.name in self.ids:
+            return self.ids[pool.name]
+        return replica_ids(pool)
+
+    def strictness(self, pool: PoolSpec) -> float:
+        classes = [self.slo_classes[c] for c in pool.slo_classes if c in self.slo_classes]
+        return max((c.strictness() for c in classes), default=0.0)
+
+
+def replica_ids(pool: PoolSpec) -> Sequence[str]:
+    return [f"{pool.name}-{i}" for i in range(pool.replicas)]

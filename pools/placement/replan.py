@@ -1,0 +1,93 @@
+"""Incremental re-plan: after a link goes down, a node goes away or a node arrives, move as few
+replicas as possible and say which.
+
+A placement stays when its GPUs still exist and are healthy, its group is still what its pool
+and policy require (inside one island, no unhealthy link inside), and the model still fits.
+Only the others move, placed by the same policy on the GPUs nobody kept; replicas that were
+unplaced get another chance (a new node may hold them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pools.model import PlacementPlan, PlacementRequest, ReplicaPlacement
+from pools.placement import get_policy
+from pools.placement.common import Work, finish
+from pools.placement.validate import group_problems
+from topology import GpuRef, Topology
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Move:
+    replica_id: str
+    before: str
+    after: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replan:
+    plan: PlacementPlan
+    moves: tuple[Move, ...]
+    kept: int
+
+
+def _where(p: ReplicaPlacement | None) -> str:
+    if p is None:
+        return "unplaced"
+    return ",".join(f"{n}:{'/'.join(str(g) for g in gpus)}" for n, gpus in
+                    [(p.node, p.gpus), *p.extra_nodes])
+
+
+def _why_invalid(old: PlacementPlan, topology: Topology, p: ReplicaPlacement, island_aware: bool) -> str | None:
+    refs = [GpuRef(n, g) for n, g in p.gpu_refs()]
+    problems = group_problems(topology, old.pool(p.pool), refs, island_aware)
+    return problems[0] if problems else None
+
+
+def replan(old: PlacementPlan, topology: Topology, seed: int = 0, previous: Topology | None = None) -> Replan:
+    """`previous`, the topology `old` was made for, lets placements on unchanged nodes (the
+    same node objects) skip their re-check: the work is proportional to what changed."""
+    policy = get_policy(old.policy)
+    kept: list[ReplicaPlacement] = []
+    to_move: dict[str, list[str]] = {}
+    reasons: dict[str, str] = {}
+    before: dict[str, ReplicaPlacement] = {}
+    unchanged = set()
+    if previous is not None and previous.fingerprint() == old.topology_fingerprint:
+        unchanged = {n.name for n in topology.nodes
+                     if previous.has_node(n.name) and previous.node(n.name) is n}
+    for p in old.placements:
+        same = p.node in unchanged and all(n in unchanged for n, _ in p.extra_nodes)
+        why = None if same else _why_invalid(old, topology, p, policy.island_aware)
+        if why is None:
+            kept.append(p)
+        else:
+            to_move.setdefault(p.pool, []).append(p.replica_id)
+            reasons[p.replica_id] = why
+            before[p.replica_id] = p
+    placed_ids = {p.replica_id for p in old.placements}
+    for pool in old.pools:
+        for rid in (f"{pool.name}-{i}" for i in range(pool.replicas)):
+            if rid not in placed_ids:
+                to_move.setdefault(pool.name, []).append(rid)
+                reasons[rid] = "was unplaced"
+    occupied = frozenset(GpuRef(n, g) for p in kept for n, g in p.gpu_refs())
+    sub_pools = tuple(replace(pool, replicas=len(to_move[pool.name])) for pool in old.pools if pool.name in to_move)
+    request = PlacementRequest(topology=topology, pools=sub_pools, seed=seed, occupied=occupied,
+                               ids={k: tuple(v) for k, v in to_move.items()})
+    fresh = policy.place(request) if sub_pools else None
+    new_placements = list(fresh.placements) if fresh else []
+    after = {p.replica_id: p for p in new_placements}
+    moves = tuple(
+        Move(replica_id=rid, before=_where(before.get(rid)), after=_where(after.get(rid)), reason=reasons[rid])
+        for ids in to_move.values() for rid in ids
+        if not (reasons[rid] == "was unplaced" and rid not in after)
+    )
+    full = PlacementRequest(topology=topology, pools=old.pools, seed=seed)
+    missing = [(Work(replica_id=f"{u.pool}-?", pool=next(p for p in old.pools if p.name == u.pool),
+                     strictness=0.0), u.reason) for u in (fresh.unplaced if fresh else ()) for _ in range(u.count)]
+    plan = finish(old.policy, full, kept + new_placements, missing,
+                  [f"re-plan: kept {len(kept)}, moved {len(moves)}"])
+    return Replan(plan=plan, moves=moves, kept=len(kept))

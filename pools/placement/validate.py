@@ -1,0 +1,110 @@
+"""`validate_plan(plan, topology)`: the invariants every plan must keep, as a list of
+violations (empty when the plan is valid). Every policy test calls it.
+
+- every placement names a pool of the plan, and each pool's placed + unplaced = requested;
+- GPUs exist, are healthy, and none is used twice;
+- a group has exactly the pool's TP size, and the model fits in each GPU's memory;
+- the recorded tier and in-island flag are what the topology says;
+- where required — the pool says `require_island`, or the policy promises island alignment —
+  the group is inside one island (pairwise NVLink/XGMI), and no unhealthy link is inside it;
+  an island-aware policy may cross islands only for a pool that allows it.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+from pools.model import PlacementPlan, PoolSpec
+from pools.placement import get_policy
+from pools.placement.common import memory_fits
+from topology import GpuRef, Topology, is_clique, tier
+
+
+def _unhealthy_inside(topology: Topology, refs: list[GpuRef]) -> list[str]:
+    bad = []
+    for a, b in combinations(refs, 2):
+        if a.node == b.node:
+            link = topology.node(a.node).link(a.index, b.index)
+            if link is not None and not link.health.healthy:
+                bad.append(f"{a}-{b}")
+    return bad
+
+
+def group_problems(topology: Topology, pool: PoolSpec, refs: list[GpuRef], island_aware: bool) -> list[str]:
+    """What is wrong with this group for this pool (GPUs gone or sick, size, memory, island, links)."""
+    out = []
+    for r in refs:
+        if not topology.has_node(r.node):
+            return [f"node {r.node} is gone"]
+        if not topology.node(r.node).has_gpu(r.index):
+            return [f"{r} does not exist"]
+        if not topology.gpu(r).healthy:
+            out.append(f"{r} is unhealthy ({'; '.join(topology.gpu(r).health_reasons)})")
+    if out:
+        return out
+    if len(refs) != pool.tp:
+        out.append(f"{len(refs)} GPUs for tp={pool.tp}")
+    if not memory_fits(topology, pool, refs):
+        out.append(f"{pool.model} does not fit at tp={pool.tp}")
+    in_island = len(refs) == 1 or is_clique(topology, refs)
+    if pool.require_island and not in_island:
+        out.append(f"pool {pool.name} requires one island, group crosses islands")
+    if island_aware or pool.require_island:
+        bad = _unhealthy_inside(topology, refs)
+        if bad:
+            out.append(f"unhealthy link inside the TP group ({', '.join(bad)})")
+    return out
+
+
+def _check_group(plan: PlacementPlan, topology: Topology, pool: PoolSpec, refs: list[GpuRef],
+                 label: str, recorded_tier: str, in_island: bool, island_aware: bool) -> list[str]:
+    out = []
+    if len(refs) != pool.tp:
+        out.append(f"{label}: {len(refs)} GPUs for tp={pool.tp}")
+    if not memory_fits(topology, pool, refs):
+        out.append(f"{label}: {pool.model} does not fit at tp={pool.tp}")
+    actual_in = len(refs) == 1 or is_clique(topology, refs)
+    if actual_in != in_island:
+        out.append(f"{label}: recorded in_island={in_island}, topology says {actual_in}")
+    if tier(topology, refs) != recorded_tier:
+        out.append(f"{label}: recorded tier {recorded_tier}, topology says {tier(topology, refs)}")
+    if pool.require_island and not actual_in:
+        out.append(f"{label}: pool {pool.name} requires one island, group crosses islands")
+    if island_aware or pool.require_island:
+        bad = _unhealthy_inside(topology, refs)
+        if bad:
+            out.append(f"{label}: unhealthy link inside the TP group ({', '.join(bad)})")
+    return out
+
+
+def validate_plan(plan: PlacementPlan, topology: Topology) -> list[str]:
+    problems: list[str] = []
+    pools = {p.name: p for p in plan.pools}
+    island_aware = get_policy(plan.policy).island_aware if plan.policy else False
+    used: dict[GpuRef, str] = {}
+    placed: dict[str, int] = {}
+    for pl in plan.placements:
+        pool = pools.get(pl.pool)
+        if pool is None:
+            problems.append(f"{pl.replica_id}: unknown pool {pl.pool}")
+            continue
+        placed[pl.pool] = placed.get(pl.pool, 0) + 1
+        refs = [GpuRef(n, g) for n, g in pl.gpu_refs()]
+        for r in refs:
+            if not topology.has_node(r.node) or not topology.node(r.node).has_gpu(r.index):
+                problems.append(f"{pl.replica_id}: {r} does not exist")
+                return problems
+            if not topology.gpu(r).healthy:
+                problems.append(f"{pl.replica_id}: {r} is unhealthy ({'; '.join(topology.gpu(r).health_reasons)})")
+            if r in used:
+                problems.append(f"{pl.replica_id}: {r} already used by {used[r]}")
+            used[r] = pl.replica_id
+        problems.extend(_check_group(plan, topology, pool, refs, pl.replica_id, pl.tier, pl.in_island, island_aware))
+    for u in plan.unplaced:
+        placed[u.pool] = placed.get(u.pool, 0) + u.count
+    for name, pool in pools.items():
+        if placed.get(name, 0) != pool.replicas:
+            problems.append(f"pool {name}: {placed.get(name, 0)} placed or unplaced of {pool.replicas} requested")
+    if plan.topology_fingerprint != topology.fingerprint():
+        problems.append("plan was made for another topology (fingerprint differs)")
+    return problems

@@ -1,0 +1,164 @@
+"""Pool sizing: the prefill:decode split (TP sizes and replica counts) that maximises goodput
+per GPU under the SLOs, from the cost model. DistServe's placement search is the reference:
+size each phase separately against its own SLO, then match their rates.
+
+- A prefill replica serves requests one prompt at a time; with Poisson arrivals its TTFT is
+  an M/D/1 sojourn, t_p + rho * t_p / (2 (1 - rho)), plus the KV transfer. The largest load
+  rho that keeps that within the TTFT target gives its goodput rho / t_p.
+- A decode replica runs a batch b whose step time (weights + the batch's cache, plus TP
+  all-reduces) must stay within the TPOT target and whose cache must fit; its goodput is
+  b / (output tokens x step time).
+- The split uses the island's bottleneck link for each TP size (from the topology), so a box
+  without NVLink prices TP>1 at PCIe speed and the search prefers smaller TP there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pools import catalog, costmodel
+from pools.catalog import GpuSpec, ModelSpec
+from pools.model import SLOClass
+from topology import Topology, bottleneck, islands
+
+WORKLOADS: dict[str, tuple[int, int, str]] = {
+    # name -> (mean prompt tokens, mean output tokens, source)
+    "azure-conv": (1155, 211, "Azure LLM inference trace 2023, conversation (19,366 requests; means)"),
+    "azure-code": (2048, 28, "Azure LLM inference trace 2023, code (8,819 requests; means)"),
+}
+TP_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseOption:
+    role: str
+    tp: int
+    goodput_rps: float
+    """Requests per second one replica sustains within the SLO."""
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SizingProposal:
+    prefill: PhaseOption
+    decode: PhaseOption
+    prefill_replicas: int
+    decode_replicas: int
+    gpus: int
+    goodput_rps: float
+    goodput_per_gpu: float
+    explanation: tuple[str, ...]
+
+
+def parse_workload(text: str) -> tuple[int, int]:
+    if text in WORKLOADS:
+        return WORKLOADS[text][0], WORKLOADS[text][1]
+    parts = text.split(":")
+    if len(parts) == 2 and all(p.isdigit() and int(p) > 0 for p in parts):
+        return int(parts[0]), int(parts[1])
+    raise ValueError(f"workload {text!r}: give a preset ({', '.join(WORKLOADS)}) or PROMPT:OUTPUT tokens")
+
+
+def _link(topology: Topology, tp: int) -> costmodel.LinkCost | None:
+    """The best TP group of this size the cluster offers: the fastest island that holds it."""
+    best: costmodel.LinkCost | None = None
+    for isl in islands(topology):
+        if isl.size >= tp and (isl.fully_connected or tp <= 2):
+            cost = costmodel.LinkCost.of(bottleneck(topology, list(isl.gpus[:tp])))
+            if best is None or cost.bandwidth_gb_s > best.bandwidth_gb_s:
+                best = cost
+    if best is None:  # no island that large: the same node over PCIe at best
+        for node in topology.nodes:
+            if len(node.gpus) >= tp:
+                refs = [r for r in topology.gpu_refs() if r.node == node.name][:tp]
+                return costmodel.LinkCost.of(bottleneck(topology, refs))
+    return best
+
+
+def prefill_option(model: ModelSpec, gpu: GpuSpec, tp: int, link: costmodel.LinkCost, prompt: int,
+                   ttft_ms: float, kv_ms: float) -> PhaseOption | None:
+    t = costmodel.prefill_ms(model, gpu, tp, link, prompt)
+    budget = ttft_ms - kv_ms
+    if t >= budget:
+        return None
+    # t + rho t / (2 (1 - rho)) <= budget  ->  rho <= 2 (budget - t) / (2 budget - t)
+    rho = min(0.95, 2 * (budget - t) / (2 * budget - t))
+    return PhaseOption(role="prefill", tp=tp, goodput_rps=rho / (t / 1000.0),
+                       detail=f"prefill {prompt} tokens in {t:.1f} ms at tp={tp}; load {rho:.2f} keeps TTFT "
+                              f"<= {ttft_ms:g} ms")
+
+
+def decode_option(model: ModelSpec, gpu: GpuSpec, tp: int, link: costmodel.LinkCost, prompt: int, output: int,
+                  tpot_ms: float) -> PhaseOption | None:
+    capacity = costmodel.kv_capacity_tokens(model, gpu, tp)
+    per_request = prompt + output // 2
+    best: tuple[float, int, float] | None = None
+    batch = 1
+    while batch <= 1024 and batch * per_request <= capacity:
+        step = costmodel.decode_step_ms(model, gpu, tp, link, batch, batch * per_request)
+        if step > tpot_ms:
+            break
+        rate = batch / (output * step / 1000.0)
+        if best is None or rate > best[0]:
+            best = (rate, batch, step)
+        batch *= 2
+    if best is None:
+        return None
+    rate, batch, step = best
+    return PhaseOption(role="decode", tp=tp, goodput_rps=rate,
+                       detail=f"decode batch {batch} at {step:.1f} ms/token (TPOT <= {tpot_ms:g} ms, cache "
+                              f"{capacity} tokens) at tp={tp}")
+
+
+def size(topology: Topology, model_name: str, workload: str, slos: list[SLOClass],
+         gpu_name: str | None = None) -> SizingProposal:
+    model = catalog.model(model_name)
+    gpu_name = gpu_name or next((g.model for n in topology.nodes for g in n.gpus if g.model), None)
+    if gpu_name is None:
+        raise ValueError("the topology does not name its GPU model; pass --gpu")
+    gpu = catalog.gpu(gpu_name)
+    prompt, output = parse_workload(workload)
+    ttft = min(s.ttft_ms for s in slos)
+    tpot = min(s.tpot_ms for s in slos)
+    total = sum(1 for r in topology.gpu_refs()
+                if topology.gpu(r).healthy and topology.gpu(r).model in (None, gpu_name))
+    kv_ms = prompt * model.kv_bytes_per_token() / 450e9 * 1e3  # NVLink pair in one island
+    prefills, decodes = [], []
+    for tp in TP_SIZES:
+        link = _link(topology, tp)
+        if link is None or not costmodel.fits(model, gpu.memory_gb, tp):
+            continue
+        if (p := prefill_option(model, gpu, tp, link, prompt, ttft, kv_ms)) is not None:
+            prefills.append(p)
+        if (d := decode_option(model, gpu, tp, link, prompt, output, tpot)) is not None:
+            decodes.append(d)
+    if not prefills or not decodes:
+        raise ValueError(f"no TP size of {model_name} on {gpu_name} meets TTFT {ttft:g} ms and TPOT {tpot:g} ms "
+                         f"for {prompt}:{output} tokens")
+    best: SizingProposal | None = None
+    for p in prefills:
+        for d in decodes:
+            proposal = _split(p, d, total)
+            if proposal and (best is None or proposal.goodput_per_gpu > best.goodput_per_gpu):
+                best = proposal
+    if best is None:
+        raise ValueError(f"{total} GPUs cannot hold one prefill and one decode replica")
+    return best
+
+
+def _split(p: PhaseOption, d: PhaseOption, total_gpus: int) -> SizingProposal | None:
+    best: SizingProposal | None = None
+    for n_p in range(1, total_gpus // p.tp + 1):
+        left = total_gpus - n_p * p.tp
+        n_d = min(left // d.tp, max(1, round(n_p * p.goodput_rps / d.goodput_rps + 0.4999)))
+        if n_d < 1:
+            break
+        rate = min(n_p * p.goodput_rps, n_d * d.goodput_rps)
+        gpus = n_p * p.tp + n_d * d.tp
+        if best is None or rate > best.goodput_rps or (rate == best.goodput_rps and gpus < best.gpus):
+            why = (p.detail, d.detail,
+                   f"{n_p} prefill x {p.goodput_rps:.2f} req/s vs {n_d} decode x {d.goodput_rps:.2f} req/s: "
+                   f"{rate:.2f} req/s on {gpus} GPUs")
+            best = SizingProposal(prefill=p, decode=d, prefill_replicas=n_p, decode_replicas=n_d, gpus=gpus,
+                                  goodput_rps=rate, goodput_per_gpu=rate / gpus, explanation=why)
+    return best
