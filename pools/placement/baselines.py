@@ -48,13 +48,19 @@ class _Baseline:
             if refs is None:
                 missing.append((work, f"no node has {work.pool.tp} free GPUs"))
                 continue
+            placement = layout.placement(work, refs, [f"{self.name}: {self.describe()}"])
+            problem = None
             if not memory_fits(request.topology, work.pool, refs):
+                problem = f"{work.pool.model} does not fit in GPU memory at tp={work.pool.tp}"
+            elif work.pool.require_island and not placement.in_island:
+                problem = f"the {self.name} group crosses islands and the pool requires one"
+            if problem is not None:
                 for r in refs:
                     free[r.node].append(r.index)
                     free[r.node].sort()
-                missing.append((work, f"{work.pool.model} does not fit in GPU memory at tp={work.pool.tp}"))
+                missing.append((work, problem))
                 continue
-            placements.append(layout.placement(work, refs, [f"{self.name}: {self.describe()}"]))
+            placements.append(placement)
         return finish(self.name, request, placements, missing)
 
     def describe(self) -> str:

@@ -59,7 +59,7 @@ def _units(request: PlacementRequest) -> list[_Unit]:
     by_pool: dict[str, list[Work]] = {}
     for w in work:
         by_pool.setdefault(w.pool.name, []).append(w)
-    partners = _pd_partners(request.pools)
+    partners = {p: d for p, d in _pd_partners(request.pools).items() if by_pool.get(p) and by_pool.get(d)}
     paired = set(partners) | set(partners.values())
     units: list[_Unit] = []
     for prefill, decode in partners.items():
