@@ -183,7 +183,7 @@ def _draw_plan(ax: Any, panels: Mapping[str, _Panel], plan: Mapping[str, Any], p
                 color=colour, va="top", zorder=6)
 
 
-def _legend(ax: Any) -> None:
+def _legend(ax: Any, with_plan: bool) -> None:
     from matplotlib.lines import Line2D
 
     handles = [
@@ -193,6 +193,8 @@ def _legend(ax: Any) -> None:
         Line2D([], [], color=UNHEALTHY, lw=1.5, ls="--", label="unhealthy link"),
         Line2D([], [], marker="s", color="#9a6700", ls="", markerfacecolor="#fff8c5", label="NIC (level to GPUs)"),
     ]
+    if with_plan:
+        handles += [Line2D([], [], color=c, lw=2, label=f"{role} replica") for role, c in ROLE_COLOURS.items()]
     ax.legend(handles=handles, loc="upper left", fontsize=6, frameon=False, bbox_to_anchor=(0.0, 0.0), ncol=3)
 
 
@@ -229,7 +231,7 @@ def draw(topology: Topology, out: Path, plan: Mapping[str, Any] | None = None, t
     more = f"  (+{len(topology.nodes) - len(shown)} more nodes not drawn)" if len(topology.nodes) > len(shown) else ""
     ax.set_title(f"{title}  ·  {topology.gpu_count} GPUs, {len(isl)} islands  ·  fingerprint "
                  f"{topology.fingerprint()}{more}", fontsize=9, loc="left")
-    _legend(ax)
+    _legend(ax, bool(plan))
     ax.set_xlim(-0.3, total_w)
     ax.set_ylim(-height - 0.3, 1.2)
     ax.set_aspect("equal")
