@@ -83,6 +83,12 @@ def cmd_size(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sim_engine(args: argparse.Namespace) -> int:
+    from pools.engine.run import main as run_engine
+
+    return run_engine(args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from pools.bench import main as bench_main
 
@@ -110,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu")
     p.add_argument("--format", choices=["json", "text"], default="text")
     p.set_defaults(func=cmd_size)
+    p = sub.add_parser("sim-engine", help="serve a simulated engine (OpenAI API, cost-model timing)")
+    from pools.engine.run import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=cmd_sim_engine)
     p = sub.add_parser("bench", help="plan and re-plan a 1,024-node cluster; print wall times")
     p.add_argument("--format", choices=["json", "text"], default="text")
     p.add_argument("--policy", default="island-aligned", choices=sorted(POLICIES))

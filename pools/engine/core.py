@@ -1,0 +1,297 @@
+"""The simulated engine's continuous-batching core: pure, over virtual time, no sockets, no sleeps.
+
+Each `step()` schedules one engine iteration the way vLLM does and returns how long it took
+(from `pools.costmodel`) and which requests produced a token:
+
+1. running requests first, in priority order (lower value first, then arrival): one decode
+   token each, or their next prefill chunk; a request needing a new KV block when none is free
+   preempts the least important running request (its blocks are freed and it recomputes later);
+2. then waiting requests in priority order, while the step's token budget
+   (`max_num_batched_tokens`), the sequence limit and free KV blocks allow; long prompts are
+   prefilled in chunks (chunked prefill);
+3. a request's first token comes out of the step that finishes its prefill.
+
+The KV cache holds `kv_capacity_tokens` (from GPU memory, model size and TP) in blocks of
+`block_size` tokens. A request whose prompt was prefilled remotely (PD disaggregation) becomes
+ready only after its KV transfer time and skips prefill. A prefill-only request can keep its
+blocks after finishing (`hold_kv`) until the decode side releases them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pools import costmodel
+from pools.catalog import GpuSpec, ModelSpec
+from pools.costmodel import Efficiency, LinkCost
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    model: ModelSpec
+    gpu: GpuSpec
+    tp: int
+    link: LinkCost
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    block_size: int = 16
+    kv_capacity_tokens: int | None = None
+    """None: from the cost model (vLLM's gpu_memory_utilization=0.9 semantics)."""
+    efficiency: Efficiency = costmodel.DEFAULT
+
+    def capacity(self) -> int:
+        if self.kv_capacity_tokens is not None:
+            return self.kv_capacity_tokens
+        return costmodel.kv_capacity_tokens(self.model, self.gpu, self.tp)
+
+
+@dataclass(slots=True)
+class Seq:
+    rid: str
+    prompt_tokens: int
+    max_tokens: int
+    priority: int
+    arrival_s: float
+    ready_s: float
+    order: int
+    remote_prefill: bool = False
+    hold_kv: bool = False
+    computed: int = 0
+    """Tokens whose KV is in the cache (prompt, then prompt + outputs)."""
+    output: int = 0
+    blocks: int = 0
+    preemptions: int = 0
+    first_token_s: float | None = None
+    done: bool = False
+
+    def key(self) -> tuple[int, float, int]:
+        return (self.priority, self.arrival_s, self.order)
+
+    def need(self) -> int:
+        """Tokens to compute before the next token can be sampled: the prompt (plus tokens
+        generated before a preemption, recomputed), or the one token sampled last."""
+        return self.prompt_tokens + self.output - self.computed
+
+    def decoding(self) -> bool:
+        return self.need() <= 1 and (self.output >= 1 or self.remote_prefill)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult:
+    start_s: float
+    duration_s: float
+    tokens: tuple[str, ...]
+    """Requests that produced one token at the end of this step."""
+    finished: tuple[str, ...]
+    preempted: tuple[str, ...]
+    prefill_tokens: int
+    decode_seqs: int
+
+
+@dataclass(slots=True)
+class _Plan:
+    chunks: dict[str, int] = field(default_factory=dict)
+    decodes: dict[str, int] = field(default_factory=dict)
+    """rid -> tokens computed this step (1, or 0 right after a remote prefill)."""
+    decode_context: int = 0
+    preempted: list[str] = field(default_factory=list)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.now = 0.0
+        self.total_blocks = max(1, config.capacity() // config.block_size)
+        self.free_blocks = self.total_blocks
+        self.slowdown = 1.0
+        self.link = config.link
+        self.seqs: dict[str, Seq] = {}
+        self.waiting: list[Seq] = []
+        self.running: list[Seq] = []
+        self.held: dict[str, Seq] = {}
+        self._order = 0
+
+    # requests
+    def add(self, rid: str, prompt_tokens: int, max_tokens: int, priority: int = 0, ready_after_s: float = 0.0,
+            remote_prefill: bool = False, hold_kv: bool = False) -> None:
+        if rid in self.seqs or rid in self.held:
+            raise ValueError(f"request {rid} already exists")
+        need = self._blocks_for(prompt_tokens + max_tokens)
+        if need > self.total_blocks:
+            raise ValueError(f"prompt {prompt_tokens} + max_tokens {max_tokens} tokens exceed the KV cache "
+                             f"({self.total_blocks * self.config.block_size} tokens)")
+        self._order += 1
+        seq = Seq(rid=rid, prompt_tokens=max(1, prompt_tokens), max_tokens=max_tokens, priority=priority,
+                  arrival_s=self.now, ready_s=self.now + ready_after_s, order=self._order,
+                  remote_prefill=remote_prefill, hold_kv=hold_kv)
+        if remote_prefill:
+            seq.computed = seq.prompt_tokens  # the KV arrives; no prefill compute here
+        self.seqs[rid] = seq
+        self.waiting.append(seq)
+
+    def abort(self, rid: str) -> None:
+        seq = self.seqs.pop(rid, None) or self.held.pop(rid, None)
+        if seq is None:
+            return
+        self.free_blocks += seq.blocks
+        seq.blocks = 0
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+
+    def release(self, rid: str) -> bool:
+        """The decode side took the KV of a held prefill: free it. False when not held."""
+        seq = self.held.pop(rid, None)
+        if seq is None:
+            return False
+        self.free_blocks += seq.blocks
+        return True
+
+    # state
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.free_blocks / self.total_blocks
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def next_ready_s(self) -> float | None:
+        """When something can run next (now, a later KV arrival, or never)."""
+        if self.running:
+            return self.now
+        return min((s.ready_s for s in self.waiting), default=None)
+
+    def advance_to(self, t: float) -> None:
+        """Idle time passes (the engine had nothing to run until `t`)."""
+        self.now = max(self.now, t)
+
+    # scheduling
+    def _blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.config.block_size)
+
+    def _grow(self, seq: Seq, tokens: int) -> bool:
+        need = self._blocks_for(tokens) - seq.blocks
+        if need <= 0:
+            return True
+        if need > self.free_blocks:
+            return False
+        self.free_blocks -= need
+        seq.blocks += need
+        return True
+
+    def _preempt(self, seq: Seq, plan: _Plan) -> None:
+        self.running.remove(seq)
+        self.free_blocks += seq.blocks
+        seq.blocks, seq.computed = 0, 0
+        seq.remote_prefill = False  # recompute locally
+        seq.preemptions += 1
+        self.waiting.append(seq)
+        plan.preempted.append(seq.rid)
+        plan.chunks.pop(seq.rid, None)
+        plan.decodes.pop(seq.rid, None)
+
+    def _take(self, seq: Seq, plan: _Plan, budget: int) -> int:
+        """Put `seq` into this step; returns the tokens it uses (0: none fit)."""
+        if seq.decoding():
+            plan.decodes[seq.rid] = seq.need()
+            plan.decode_context += seq.computed
+            return 1
+        tokens = min(seq.need(), budget)
+        if tokens > 0:
+            plan.chunks[seq.rid] = tokens
+        return tokens
+
+    def _schedule_running(self, plan: _Plan, budget: int) -> int:
+        for seq in sorted(self.running, key=Seq.key):
+            if seq not in self.running:
+                continue  # preempted while making room for a more important request
+            tokens = 1 if seq.decoding() else min(seq.need(), budget)
+            if tokens <= 0:
+                continue
+            while not self._grow(seq, seq.computed + max(tokens, 1)):
+                victims = [s for s in self.running if s is not seq and s.key() > seq.key()]
+                victim = max(victims, key=Seq.key) if victims else None
+                if victim is None:
+                    self._preempt(seq, plan)
+                    break
+                self._preempt(victim, plan)
+            if seq not in self.running:
+                continue
+            budget -= self._take(seq, plan, budget)
+        return budget
+
+    def _admit_waiting(self, plan: _Plan, budget: int) -> None:
+        for seq in sorted(self.waiting, key=Seq.key):
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            if seq.ready_s > self.now:
+                continue
+            tokens = 1 if seq.decoding() else min(seq.need(), budget)
+            if not self._grow(seq, seq.computed + max(tokens, 1)):
+                break  # no room: wait for running requests to finish
+            self.waiting.remove(seq)
+            self.running.append(seq)
+            budget -= self._take(seq, plan, budget)
+
+    def _duration_s(self, plan: _Plan) -> float:
+        cfg = self.config
+        prefill = sum(plan.chunks.values())
+        ms = 0.0
+        if prefill:
+            ms += costmodel.prefill_ms(cfg.model, cfg.gpu, cfg.tp, self.link, prefill, cfg.efficiency)
+        if plan.decodes:
+            ms += costmodel.decode_step_ms(cfg.model, cfg.gpu, cfg.tp, self.link, len(plan.decodes),
+                                           plan.decode_context, cfg.efficiency)
+        elif prefill:
+            ms += cfg.efficiency.step_overhead_ms
+        return ms * self.slowdown / 1000.0
+
+    def step(self) -> StepResult | None:
+        """One iteration at `self.now`; None when nothing is runnable now."""
+        plan = _Plan()
+        budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
+        self._admit_waiting(plan, budget)
+        if not plan.chunks and not plan.decodes:
+            return None
+        start, duration = self.now, self._duration_s(plan)
+        self.now += duration
+        tokens, finished = [], []
+        for rid, n in plan.chunks.items():
+            seq = self.seqs[rid]
+            seq.computed += n
+            if seq.need() <= 0:
+                tokens.append(rid)
+        for rid, n in plan.decodes.items():
+            self.seqs[rid].computed += n
+            tokens.append(rid)
+        for rid in tokens:
+            seq = self.seqs[rid]
+            seq.output += 1
+            if seq.first_token_s is None:
+                seq.first_token_s = self.now
+            if seq.output >= seq.max_tokens:
+                finished.append(rid)
+                self._finish(seq)
+        return StepResult(start_s=start, duration_s=duration, tokens=tuple(tokens), finished=tuple(finished),
+                          preempted=tuple(plan.preempted), prefill_tokens=sum(plan.chunks.values()),
+                          decode_seqs=len(plan.decodes))
+
+    def _finish(self, seq: Seq) -> None:
+        seq.done = True
+        self.running.remove(seq)
+        del self.seqs[seq.rid]
+        if seq.hold_kv:
+            self.held[seq.rid] = seq
+        else:
+            self.free_blocks += seq.blocks
+            seq.blocks = 0

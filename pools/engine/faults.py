@@ -1,0 +1,91 @@
+"""Fault injection for tests and chaos runs, switched at run time through POST /admin/faults:
+
+    {"slowdown": 3.0}                 every step takes 3x as long
+    {"link_bandwidth_factor": 0.25}   the TP link degrades (a quarter of the bandwidth, 4x latency)
+    {"stall_s": 2.0}                  the engine stops stepping for 2 s (requests hang, then go on)
+    {"crash_after_tokens": 5}         the process dies after 5 more tokens (mid-stream)
+    {"refuse_connections": true}      stop accepting connections (false: accept again)
+    {"clear": true}                   back to normal
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from pools.costmodel import LinkCost
+
+if TYPE_CHECKING:
+    from pools.engine.server import SimEngine
+
+CRASH_EXIT_CODE = 17
+
+
+class Faults:
+    def __init__(self) -> None:
+        self.slowdown = 1.0
+        self.link_factor = 1.0
+        self.stall_until = 0.0
+        self.crash_after: int | None = None
+        self.tokens = 0
+        self.refusing = False
+
+    def describe(self) -> dict[str, Any]:
+        return {"slowdown": self.slowdown, "link_bandwidth_factor": self.link_factor,
+                "stalled_for_s": max(0.0, round(self.stall_until - time.monotonic(), 3)),
+                "crash_after_tokens": self.crash_after, "refuse_connections": self.refusing}
+
+    def apply(self, spec: dict[str, Any], engine: SimEngine) -> None:
+        if not isinstance(spec, dict):
+            raise TypeError("a fault is a JSON object")
+        unknown = set(spec) - {"slowdown", "link_bandwidth_factor", "stall_s", "crash_after_tokens",
+                               "refuse_connections", "clear"}
+        if unknown:
+            raise ValueError(f"unknown fault fields {sorted(unknown)}")
+        if spec.get("clear"):
+            self.__init__()  # type: ignore[misc]
+            engine.core.link = engine.config.link
+            asyncio.get_running_loop().create_task(self._accept(engine, True))
+            return
+        if "slowdown" in spec:
+            self.slowdown = float(spec["slowdown"])
+            if self.slowdown < 1.0:
+                raise ValueError("slowdown must be >= 1")
+        if "link_bandwidth_factor" in spec:
+            factor = float(spec["link_bandwidth_factor"])
+            if not 0 < factor <= 1:
+                raise ValueError("link_bandwidth_factor must be in (0, 1]")
+            self.link_factor = factor
+            base = engine.config.link
+            engine.core.link = LinkCost(bandwidth_gb_s=base.bandwidth_gb_s * factor,
+                                        latency_us=base.latency_us / factor)
+        if "stall_s" in spec:
+            self.stall_until = time.monotonic() + float(spec["stall_s"])
+        if "crash_after_tokens" in spec:
+            self.crash_after = self.tokens + int(spec["crash_after_tokens"])
+        if "refuse_connections" in spec:
+            asyncio.get_running_loop().create_task(self._accept(engine, not spec["refuse_connections"]))
+
+    async def _accept(self, engine: SimEngine, accept: bool) -> None:
+        from pools.wire.http import serve
+
+        self.refusing = not accept
+        if accept:
+            if engine.server is None or not engine.server.is_serving():
+                engine.server = await serve(engine.handle, engine.id.host, engine.port)
+        elif engine.server is not None:
+            engine.server.close()  # stop listening (connect: refused); open connections carry on
+
+    async def wait_if_stalled(self) -> None:
+        left = self.stall_until - time.monotonic()
+        if left > 0:
+            await asyncio.sleep(left)
+
+    def count_token(self) -> None:
+        self.tokens += 1
+
+    def maybe_crash(self) -> None:
+        if self.crash_after is not None and self.tokens >= self.crash_after:
+            os._exit(CRASH_EXIT_CODE)  # a crash, not a shutdown: no cleanup, connections reset

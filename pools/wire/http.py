@@ -1,0 +1,246 @@
+"""A lean HTTP/1.1 server on asyncio + httptools: keep-alive, request bodies, full responses and
+chunked streaming with flow control, client-disconnect notice. The simulated engine and the
+router both serve through it (one data plane, no framework on the hot path).
+
+    async def handler(request: Request, response: Responder) -> None: ...
+    server = await serve(handler, "127.0.0.1", 8000)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from urllib.parse import parse_qs, urlsplit
+
+import httptools
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_HEADER_COUNT = 100
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    """Lower-case names; a repeated header keeps its last value."""
+    body: bytes
+    peer: str
+
+
+@dataclass(slots=True)
+class _Incoming:
+    url: bytes = b""
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: list[bytes] = field(default_factory=list)
+    size: int = 0
+    too_large: bool = False
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Status"
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
+
+
+def _header_block(headers: Iterable[tuple[str, str]]) -> bytes:
+    return b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers)
+
+
+class Responder:
+    """One response. Either `send()` once, or `start_stream()` then `write()`s then `end()`."""
+
+    def __init__(self, protocol: HttpProtocol, keep_alive: bool) -> None:
+        self._p = protocol
+        self._keep_alive = keep_alive
+        self.started = False
+        self.finished = False
+
+    @property
+    def disconnected(self) -> bool:
+        return self._p.closed
+
+    def send(self, status: int, body: bytes, content_type: str = "application/json",
+             headers: Iterable[tuple[str, str]] = ()) -> None:
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = self.finished = True
+        conn = "keep-alive" if self._keep_alive else "close"
+        head = _status_line(status) + _header_block(
+            [("content-type", content_type), ("content-length", str(len(body))), ("connection", conn), *headers])
+        self._p.write(head + b"\r\n" + body)
+        self._p.response_done(self._keep_alive)
+
+    def start_stream(self, status: int = 200, content_type: str = "text/event-stream",
+                     headers: Iterable[tuple[str, str]] = ()) -> None:
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        head = _status_line(status) + _header_block(
+            [("content-type", content_type), ("transfer-encoding", "chunked"), ("cache-control", "no-cache"),
+             ("connection", "keep-alive" if self._keep_alive else "close"), *headers])
+        self._p.write(head + b"\r\n")
+
+    async def write(self, chunk: bytes) -> None:
+        if not chunk or self._p.closed:
+            return
+        self._p.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        await self._p.drain()
+
+    def end(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if not self._p.closed:
+            self._p.write(b"0\r\n\r\n")
+        self._p.response_done(self._keep_alive)
+
+
+Handler = Callable[[Request, Responder], Awaitable[None]]
+
+
+class HttpProtocol(asyncio.Protocol):
+    def __init__(self, handler: Handler, on_error: Callable[[BaseException], None] | None = None) -> None:
+        self.handler = handler
+        self.on_error = on_error
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.incoming = _Incoming()
+        self.queue: list[tuple[Request, bool]] = []
+        self.busy = False
+        self.closed = False
+        self.peer = ""
+        self._paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    # asyncio callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport subclass
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._wake()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the client went away: stop the work it asked for
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reject(400, b"upgrades are not supported")
+        except httptools.HttpParserError:
+            self._reject(400, b"malformed HTTP request")
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.incoming = _Incoming()
+
+    def on_url(self, url: bytes) -> None:
+        self.incoming.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.incoming.headers) < MAX_HEADER_COUNT:
+            self.incoming.headers.append((name, value))
+
+    def on_body(self, body: bytes) -> None:
+        self.incoming.size += len(body)
+        if self.incoming.size > MAX_BODY_BYTES:
+            self.incoming.too_large = True
+        else:
+            self.incoming.body.append(body)
+
+    def on_message_complete(self) -> None:
+        inc = self.incoming
+        if inc.too_large:
+            self._reject(413, b'{"error": {"message": "request body too large", "type": "invalid_request_error", '
+                              b'"code": 413}}')
+            return
+        parts = urlsplit(inc.url.decode("latin-1"))
+        request = Request(
+            method=self.parser.get_method().decode(), path=parts.path, query=parse_qs(parts.query),
+            headers={k.decode("latin-1").lower(): v.decode("latin-1") for k, v in inc.headers},
+            body=b"".join(inc.body), peer=self.peer,
+        )
+        self.queue.append((request, self.parser.should_keep_alive()))
+        self._next()
+
+    # internals
+    def _reject(self, status: int, body: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            head = _status_line(status) + _header_block(
+                [("content-type", "application/json"), ("content-length", str(len(body))), ("connection", "close")])
+            self.transport.write(head + b"\r\n" + body)
+            self.transport.close()
+        self.closed = True
+
+    def _next(self) -> None:
+        if self.busy or not self.queue or self.closed:
+            return
+        request, keep_alive = self.queue.pop(0)
+        self.busy = True
+        responder = Responder(self, keep_alive)
+        self.task = asyncio.get_running_loop().create_task(self._run(request, responder))
+
+    async def _run(self, request: Request, responder: Responder) -> None:
+        try:
+            await self.handler(request, responder)
+        except asyncio.CancelledError:
+            return
+        except Exception as err:  # a handler bug must not take the connection's other requests down
+            if self.on_error is not None:
+                self.on_error(err)
+            if not responder.started:
+                responder.send(500, b'{"error": {"message": "internal error", "type": "server_error", "code": 500}}')
+            elif not responder.finished and self.transport is not None:
+                self.transport.close()
+            return
+        if not responder.finished:
+            if responder.started:
+                responder.end()
+            else:
+                responder.send(500, b'{"error": {"message": "no response", "type": "server_error", "code": 500}}')
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self._paused and not self.closed:
+            loop = asyncio.get_running_loop()
+            self._drain = loop.create_future()
+            await self._drain
+
+    def _wake(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def response_done(self, keep_alive: bool) -> None:
+        self.busy = False
+        if not keep_alive and self.transport is not None:
+            self.transport.close()
+            self.closed = True
+            return
+        asyncio.get_running_loop().call_soon(self._next)
+
+
+async def serve(handler: Handler, host: str, port: int, reuse_port: bool = False,
+                on_error: Callable[[BaseException], None] | None = None) -> asyncio.Server:
+    loop = asyncio.get_running_loop()
+    # asyncio and uvloop set TCP_NODELAY on accepted TCP sockets: no Nagle stall on SSE chunks.
+    return await loop.create_server(lambda: HttpProtocol(handler, on_error), host, port,
+                                    reuse_port=reuse_port, backlog=1024)

@@ -1,0 +1,164 @@
+"""The part of the OpenAI API (as vLLM serves it) that engines and the router speak: request
+fields, errors in OpenAI's shape, response and SSE chunk bodies. Plain dicts and orjson-free
+json here; validation is explicit and reports the first problem with the field's name."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+JSON = dict[str, Any]
+
+
+class ApiError(Exception):
+    """An error the client gets in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+    def body(self) -> bytes:
+        return error_body(self.status, self.message, self.kind, self.param)
+
+
+def error_body(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": status}}).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationRequest:
+    kind: str
+    """'chat' or 'completion'."""
+    model: str
+    prompt_text: str
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    priority: int
+    seed: int | None
+    kv_transfer_params: JSON | None
+    request_id: str | None
+
+
+def _field(body: JSON, name: str, types: tuple[type, ...], default: Any) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in types:
+        raise ApiError(400, f"'{name}' must be {types[0].__name__}", param=name)
+    if not isinstance(value, types):
+        raise ApiError(400, f"'{name}' must be {' or '.join(t.__name__ for t in types)}", param=name)
+    return value
+
+
+def _chat_text(messages: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list", param="messages")
+    parts = []
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages[{k}] needs a 'role'", param="messages")
+        content = m.get("content", "")
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{k}].content must be a string or a list of parts", param="messages")
+        parts.append(f"<|{m['role']}|>{content}")
+    return "\n".join(parts)
+
+
+def parse_generation(body_bytes: bytes, kind: str, max_model_len: int) -> GenerationRequest:
+    try:
+        body = json.loads(body_bytes)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required", param="model")
+    if kind == "chat":
+        text = _chat_text(body.get("messages"))
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise ApiError(400, "'prompt' must be a string (one prompt per request)", param="prompt")
+        text = prompt
+    n = _field(body, "n", (int,), 1)
+    if n != 1:
+        raise ApiError(400, "only n=1 is supported", param="n")
+    max_tokens = _field(body, "max_completion_tokens", (int,), None) or _field(body, "max_tokens", (int,), 16)
+    if max_tokens < 1:
+        raise ApiError(400, "'max_tokens' must be at least 1", param="max_tokens")
+    if max_tokens > max_model_len:
+        raise ApiError(400, f"'max_tokens' is {max_tokens}, more than the model's context of {max_model_len} tokens",
+                       param="max_tokens")
+    stream = _field(body, "stream", (bool,), False)
+    options = _field(body, "stream_options", (dict,), {})
+    params = body.get("kv_transfer_params")
+    if params is not None and not isinstance(params, dict):
+        raise ApiError(400, "'kv_transfer_params' must be an object", param="kv_transfer_params")
+    return GenerationRequest(
+        kind=kind, model=model, prompt_text=text, max_tokens=max_tokens, stream=stream,
+        include_usage=bool(options.get("include_usage")), priority=_field(body, "priority", (int,), 0),
+        seed=_field(body, "seed", (int,), None), kv_transfer_params=params,
+        request_id=_field(body, "request_id", (str,), None),
+    )
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> JSON:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def full_response(req: GenerationRequest, rid: str, text: str, finish: str, prompt_tokens: int,
+                  completion_tokens: int, extra: JSON | None = None) -> JSON:
+    created = int(time.time())
+    if req.kind == "chat":
+        choice: JSON = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                        "finish_reason": finish}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    out = {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice],
+           "usage": usage(prompt_tokens, completion_tokens)}
+    if extra:
+        out.update(extra)
+    return out
+
+
+def chunk(req: GenerationRequest, rid: str, created: int, text: str | None, finish: str | None,
+          first: bool = False) -> bytes:
+    if req.kind == "chat":
+        delta: JSON = {"role": "assistant", "content": text or ""} if first else \
+            ({"content": text} if text is not None else {})
+        choice: JSON = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    body = {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice]}
+    return sse(body)
+
+
+def usage_chunk(req: GenerationRequest, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> bytes:
+    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+    return sse({"id": rid, "object": obj, "created": created, "model": req.model, "choices": [],
+                "usage": usage(prompt_tokens, completion_tokens)})
+
+
+def sse(body: JSON) -> bytes:
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def models_body(model_ids: list[str], owner: str = "isleserve") -> bytes:
+    return json.dumps({"object": "list", "data": [
+        {"id": m, "object": "model", "created": 0, "owned_by": owner} for m in model_ids]}).encode()
