@@ -13,17 +13,17 @@ import math
 import random
 
 BYTES_PER_TOKEN = 4
-VOCAB = tuple(
-    "the of and to in a is that for it as was with be by on not he this are or his from at which but have "
-    "an they you were her she there been one all we their has would when if so no will more can out up "
-    "about into them some could time only new these two may first then do any like other my now over "
-    "such our man me even most made after also did many before must through back years where much your "
-    "way well down should because each just those people how too little state good very make world still "
-    "own see men work long get here between both life being under never day same another know while last "
-    "might us great old year off come since against go came right used take three island link route "
-    "token cache switch fabric tensor replica prefill decode latency bandwidth"
-    .split()
-)
+_WORDS = """
+the of and to in a is that for it as was with be by on not he this are or his from at which but have
+an they you were her she there been one all we their has would when if so no will more can out up
+about into them some could time only new these two may first then do any like other my now over such
+our man me even most made after also did many before must through back years where much your way
+well down should because each just those people how too little state good very make world still own
+see men work long get here between both life being under never day same another know while last
+might us great old year off come since against go came right used take three island link route token
+cache switch fabric tensor replica prefill decode latency bandwidth
+"""
+VOCAB = tuple(_WORDS.split())
 
 
 def count_tokens(text: str) -> int:
