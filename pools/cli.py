@@ -89,6 +89,12 @@ def cmd_sim_engine(args: argparse.Namespace) -> int:
     return run_engine(args)
 
 
+def cmd_engine_bench(args: argparse.Namespace) -> int:
+    from pools.engine.bench import main as engine_bench
+
+    return engine_bench(args.format)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from pools.bench import main as bench_main
 
@@ -121,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(p)
     p.set_defaults(func=cmd_sim_engine)
+    p = sub.add_parser("engine-bench", help="the simulated engine on the wall clock (TP, PD, 200 streams)")
+    p.add_argument("--format", choices=["json", "text"], default="text")
+    p.set_defaults(func=cmd_engine_bench)
     p = sub.add_parser("bench", help="plan and re-plan a 1,024-node cluster; print wall times")
     p.add_argument("--format", choices=["json", "text"], default="text")
     p.add_argument("--policy", default="island-aligned", choices=sorted(POLICIES))

@@ -46,7 +46,7 @@ class EngineConfig:
         return costmodel.kv_capacity_tokens(self.model, self.gpu, self.tp)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: the scheduler tests membership a lot
 class Seq:
     rid: str
     prompt_tokens: int

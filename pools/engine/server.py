@@ -290,14 +290,15 @@ class SimEngine:
 
     async def _stream(self, live: _Live, response: Responder) -> None:
         created = int(time.time())
+        writer = wire.ChunkWriter(live.req, live.rid, created)
         response.start_stream()
         first = True
         while True:
             piece, finish = await self._next_token(live)
-            await response.write(wire.chunk(live.req, live.rid, created, piece, None, first=first))
+            await response.write(writer.content(piece, first))
             first = False
             if finish:
-                await response.write(wire.chunk(live.req, live.rid, created, None, finish))
+                await response.write(writer.finish(finish))
                 break
         self._finish_metrics(live, "length")
         if live.req.include_usage:

@@ -146,6 +146,31 @@ def chunk(req: GenerationRequest, rid: str, created: int, text: str | None, fini
     return sse(body)
 
 
+class ChunkWriter:
+    """SSE content chunks of one response, with the constant JSON around the text built once
+    (a stream's chunks differ only in their text): the per-token cost is one json.dumps of a
+    short string."""
+
+    def __init__(self, req: GenerationRequest, rid: str, created: int) -> None:
+        self.req, self.rid, self.created = req, rid, created
+        head = json.dumps({"id": rid, "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
+                           "created": created, "model": req.model}, separators=(",", ":"))[:-1]
+        if req.kind == "chat":
+            self._prefix = f'data: {head},"choices":[{{"index":0,"delta":{{"content":'.encode()
+            self._suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        else:
+            self._prefix = f'data: {head},"choices":[{{"index":0,"text":'.encode()
+            self._suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def content(self, text: str, first: bool = False) -> bytes:
+        if first and self.req.kind == "chat":
+            return chunk(self.req, self.rid, self.created, text, None, first=True)
+        return self._prefix + json.dumps(text).encode() + self._suffix
+
+    def finish(self, reason: str) -> bytes:
+        return chunk(self.req, self.rid, self.created, None, reason)
+
+
 def usage_chunk(req: GenerationRequest, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> bytes:
     obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
     return sse({"id": rid, "object": obj, "created": created, "model": req.model, "choices": [],
