@@ -24,6 +24,8 @@ from pools.catalog import GpuSpec, ModelSpec
 from topology import Path
 
 BF16 = 2
+MIN_GB_S = 0.01
+"""Floor for a path's bandwidth: a dead link is very slow, not a division by zero."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,7 +63,7 @@ LOCAL = LinkCost(bandwidth_gb_s=float("inf"), latency_us=0.0)
 def allreduce_ms(message_bytes: float, tp: int, link: LinkCost, eff: Efficiency = DEFAULT) -> float:
     if tp <= 1:
         return 0.0
-    transfer_s = 2 * (tp - 1) / tp * message_bytes / (link.bandwidth_gb_s * 1e9)
+    transfer_s = 2 * (tp - 1) / tp * message_bytes / (max(link.bandwidth_gb_s, MIN_GB_S) * 1e9)
     latency_s = 2 * (tp - 1) * link.latency_us * 1e-6 + eff.allreduce_fixed_us * 1e-6
     return (transfer_s + latency_s) * 1e3
 
@@ -92,7 +94,7 @@ def kv_bytes(model: ModelSpec, tokens: int) -> float:
 def kv_transfer_ms(model: ModelSpec, tokens: int, path: Path) -> float:
     if path.tier == "local":
         return 0.0
-    return kv_bytes(model, tokens) / (path.bandwidth_gb_s * 1e9) * 1e3 + path.latency_us * 1e-3
+    return kv_bytes(model, tokens) / (max(path.bandwidth_gb_s, MIN_GB_S) * 1e9) * 1e3 + path.latency_us * 1e-3
 
 
 def weights_per_gpu_gb(model: ModelSpec, tp: int) -> float:

@@ -101,6 +101,8 @@ class PlacementPlan:
     score: float = 0.0
     reasons: tuple[str, ...] = ()
     pools: tuple[PoolSpec, ...] = field(default=(), compare=False)
+    slo_classes: Mapping[str, SLOClass] = field(default_factory=dict, compare=False)
+    """The classes the plan was made with (a re-plan orders and prefers by them again)."""
 
     def pool(self, name: str) -> PoolSpec:
         return next(p for p in self.pools if p.name == name)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pools import catalog, costmodel
 from pools.catalog import GpuSpec, ModelSpec
 from pools.model import SLOClass
-from topology import Topology, bottleneck, islands
+from topology import Topology, bottleneck, cliques, islands
 
 WORKLOADS: dict[str, tuple[int, int, str]] = {
     # name -> (mean prompt tokens, mean output tokens, source)
@@ -62,9 +62,10 @@ def parse_workload(text: str) -> tuple[int, int]:
 def _link(topology: Topology, tp: int) -> costmodel.LinkCost | None:
     """The best TP group of this size the cluster offers: the fastest island that holds it."""
     best: costmodel.LinkCost | None = None
-    for isl in islands(topology):
-        if isl.size >= tp and (isl.fully_connected or tp <= 2):
-            cost = costmodel.LinkCost.of(bottleneck(topology, list(isl.gpus[:tp])))
+    groups = [list(i.gpus) for i in islands(topology) if i.fully_connected] + cliques(topology)
+    for group in groups:
+        if len(group) >= tp:
+            cost = costmodel.LinkCost.of(bottleneck(topology, group[:tp]))
             if best is None or cost.bandwidth_gb_s > best.bandwidth_gb_s:
                 best = cost
     if best is None:  # no island that large: the same node over PCIe at best

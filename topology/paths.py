@@ -9,7 +9,7 @@ island), `pcie` (same node over PCIe or a host bridge), `numa` (crosses sockets)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Literal
 
@@ -53,17 +53,20 @@ def _implicit_pcie_kind(node: Node, a: int, b: int) -> LinkKind:
     return LinkKind.NODE if na is not None and na == nb else LinkKind.SYS
 
 
+def _pcie_path(node: Node, a: int, b: int, why: str) -> Path:
+    kind = _implicit_pcie_kind(node, a, b)
+    return Path(kind=kind, tier=tier_of_kind(kind), bandwidth_gb_s=default_bandwidth_gb_s(kind),
+                latency_us=default_latency_us(kind), via=f"GPU{a}-GPU{b} {kind.label} ({why})")
+
+
 def _intra_node(node: Node, a: int, b: int) -> Path:
     link = node.link(a, b)
     if link is None:
-        kind = _implicit_pcie_kind(node, a, b)
-        return Path(
-            kind=kind,
-            tier=tier_of_kind(kind),
-            bandwidth_gb_s=default_bandwidth_gb_s(kind),
-            latency_us=default_latency_us(kind),
-            via=f"GPU{a}-GPU{b} {kind.label} (not recorded; assumed from NUMA)",
-        )
+        return _pcie_path(node, a, b, "not recorded; assumed from NUMA")
+    if link.kind.is_gpu_fabric and not link.health.healthy:
+        fallback = _pcie_path(node, a, b, f"{link.kind.label} unhealthy, PCIe is faster")
+        if link.effective_bandwidth_gb_s < fallback.bandwidth_gb_s:
+            return replace(fallback, healthy=False)  # NCCL would route around a (nearly) dead bond
     lanes = f" NV{link.lanes}" if link.lanes else ""
     return Path(
         kind=link.kind,

@@ -120,7 +120,7 @@ def finish(name: str, request: PlacementRequest, placements: list[ReplicaPlaceme
     return PlacementPlan(
         policy=name, topology_fingerprint=request.topology.fingerprint(), placements=tuple(placements),
         unplaced=unplaced_summary(missing), score=score(request.topology, request, placements),
-        reasons=tuple(reasons), pools=request.pools,
+        reasons=tuple(reasons), pools=request.pools, slo_classes=dict(request.slo_classes),
     )
 
 

@@ -5,7 +5,7 @@ more than the replica is worth."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from topology import GpuRef, Topology, tier
 from topology.paths import TIERS
@@ -17,6 +17,7 @@ def _unhealthy_pair(topology: Topology, a: GpuRef, b: GpuRef) -> bool:
 
 
 def _group(topology: Topology, candidates: list[GpuRef], tp: int) -> list[GpuRef] | None:
+    """Greedy in the given order, skipping GPUs with an unhealthy link to one already chosen."""
     chosen: list[GpuRef] = []
     for g in candidates:
         if all(not _unhealthy_pair(topology, g, c) for c in chosen):
@@ -26,7 +27,8 @@ def _group(topology: Topology, candidates: list[GpuRef], tp: int) -> list[GpuRef
     return None
 
 
-def cross_island_group(topology: Topology, free: Iterable[GpuRef], tp: int) -> tuple[list[GpuRef], str] | None:
+def cross_island_group(topology: Topology, free: Iterable[GpuRef], tp: int,
+                       fits: Callable[[list[GpuRef]], bool] = lambda refs: True) -> tuple[list[GpuRef], str] | None:
     by_node: dict[str, list[GpuRef]] = {}
     for g in sorted(free):
         by_node.setdefault(g.node, []).append(g)
@@ -41,7 +43,7 @@ def cross_island_group(topology: Topology, free: Iterable[GpuRef], tp: int) -> t
                   for members in sorted(by_numa.values(), key=lambda m: (len(m) < tp, len(m)))]
         for order in orders:
             group = _group(topology, order, tp)
-            if group is None:
+            if group is None or not fits(group):
                 continue
             key = (TIERS.index(tier(topology, group)), len(gpus) - tp, node)
             if best is None or key < best[0]:

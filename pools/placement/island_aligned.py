@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pools.model import PlacementPlan, PlacementRequest, PoolSpec, ReplicaPlacement
-from pools.placement.common import Layout, Work, finish, memory_fits, replicas_in_order
+from pools.placement.common import Layout, Work, finish, gpu_memory_gb, memory_fits, replicas_in_order
 from pools.placement.fallback import cross_island_group
 from pools.placement.islandstate import IslandSlot, Positions, build_slots, carve_many
 from topology import GpuRef
@@ -54,12 +54,13 @@ def _pd_partners(pools: Sequence[PoolSpec]) -> dict[str, str]:
     return out
 
 
-def _units(request: PlacementRequest) -> list[_Unit]:
+def _units(request: PlacementRequest, pd_units: bool = True) -> list[_Unit]:
     work = replicas_in_order(request, sort=True)
     by_pool: dict[str, list[Work]] = {}
     for w in work:
         by_pool.setdefault(w.pool.name, []).append(w)
-    partners = {p: d for p, d in _pd_partners(request.pools).items() if by_pool.get(p) and by_pool.get(d)}
+    partners = {p: d for p, d in _pd_partners(request.pools).items() if by_pool.get(p) and by_pool.get(d)} \
+        if pd_units else {}
     paired = set(partners) | set(partners.values())
     units: list[_Unit] = []
     for prefill, decode in partners.items():
@@ -78,12 +79,24 @@ class IslandAligned:
     island_aware = True
 
     def place(self, request: PlacementRequest) -> PlacementPlan:
-        return _Run(request).run()
+        plan = _Run(request, pd_units=True).run()
+        if (plan.unplaced or plan.cross_island_tp_groups) and _pd_partners(request.pools):
+            # Keeping PD pairs together can use up the one island a large TP group needed:
+            # then plain first-fit decreasing may place more, inside islands.
+            alone = _Run(request, pd_units=False).run()
+            if _quality(alone) > _quality(plan):
+                return alone
+        return plan
+
+
+def _quality(plan: PlacementPlan) -> tuple[int, int, float]:
+    return (-sum(u.count for u in plan.unplaced), -plan.cross_island_tp_groups, plan.score)
 
 
 class _Run:
-    def __init__(self, request: PlacementRequest) -> None:
+    def __init__(self, request: PlacementRequest, pd_units: bool = True) -> None:
         self.request = request
+        self.pd_units = pd_units
         self.layout = Layout(request.topology)
         self.slots = build_slots(request.topology, self.layout.islands, request.occupied)
         self.by_sig: dict[tuple[object, ...], set[int]] = {}
@@ -99,9 +112,9 @@ class _Run:
         self.missing: list[tuple[Work, str]] = []
         self.leftover: list[Work] = []
 
-    @staticmethod
-    def _sig(slot: IslandSlot) -> tuple[object, ...]:
-        return (slot.shape, round(slot.quality, 3), slot.free)
+    def _sig(self, slot: IslandSlot) -> tuple[object, ...]:
+        memory = gpu_memory_gb(self.request.topology, slot.members[0])
+        return (slot.shape, round(slot.quality, 3), slot.free, memory)
 
     def _preference(self, strictness: float) -> int:
         """+1: wants the best islands; -1: the worst that fit; 0: indifferent."""
@@ -122,8 +135,9 @@ class _Run:
         slot = self.slots[k]
         return (-pref * slot.quality, len(slot.free) - need, k)
 
-    def _best_slot(self, tps: tuple[int, ...], pref: int, within: Sequence[int] | None = None
+    def _best_slot(self, members: Sequence[Work], pref: int, within: Sequence[int] | None = None
                    ) -> tuple[int, tuple[Positions, ...]] | None:
+        tps = tuple(m.pool.tp for m in members)
         need = sum(tps)
         best: tuple[tuple[float, int, int], int, tuple[Positions, ...]] | None = None
         candidates = [min(ks) for ks in self.by_sig.values() if ks] if within is None else within
@@ -134,6 +148,9 @@ class _Run:
             groups = carve_many(slot.shape, slot.free, tps)
             if groups is None:
                 continue
+            refs = ([slot.members[p] for p in g] for g in groups)
+            if not all(memory_fits(self.request.topology, m.pool, r) for m, r in zip(members, refs, strict=True)):
+                continue  # the model does not fit this island's GPUs: look at the others
             key = self._key(k, pref, need)
             if best is None or key < best[0]:
                 best = (key, k, groups)
@@ -150,14 +167,10 @@ class _Run:
 
     def _place_group(self, members: list[Work], within: Sequence[int] | None) -> bool:
         pref = self._preference(max(m.strictness for m in members))
-        found = self._best_slot(tuple(m.pool.tp for m in members), pref, within)
+        found = self._best_slot(members, pref, within)
         if found is None:
             return False
         k, groups = found
-        slot = self.slots[k]
-        refs = [[slot.members[p] for p in sorted(g)] for g in groups]
-        if not all(memory_fits(self.request.topology, m.pool, r) for m, r in zip(members, refs, strict=True)):
-            return False
         together = len(members) > 1
         for m, g in zip(members, groups, strict=True):
             taken = self._take(k, g)
@@ -169,7 +182,7 @@ class _Run:
         if len(unit.members) > 1 and self._place_group(unit.members, None):
             return
         anchor_node: str | None = None
-        for m in unit.members:
+        for m in sorted(unit.members, key=lambda w: -w.pool.tp):  # split up: largest TP first
             within = self.node_slots.get(anchor_node, []) if anchor_node else None
             if within and self._place_group([m], within):
                 continue
@@ -185,14 +198,16 @@ class _Run:
                                        "(pool requires an island)"))
             return
         free = {self.slots[k].members[p] for k in range(len(self.slots)) for p in self.slots[k].free}
-        found = cross_island_group(self.request.topology, free, work.pool.tp)
+        found = cross_island_group(self.request.topology, free, work.pool.tp,
+                                   lambda refs: memory_fits(self.request.topology, work.pool, refs))
         if found is None:
-            self.missing.append((work, f"no node has {work.pool.tp} free healthy GPUs without an unhealthy link"))
+            if cross_island_group(self.request.topology, free, work.pool.tp) is not None:
+                reason = f"{work.pool.model} does not fit in GPU memory at tp={work.pool.tp} on any free GPUs"
+            else:
+                reason = f"no node has {work.pool.tp} free healthy GPUs without an unhealthy link"
+            self.missing.append((work, reason))
             return
         refs, why = found
-        if not memory_fits(self.request.topology, work.pool, refs):
-            self.missing.append((work, f"{work.pool.model} does not fit in GPU memory at tp={work.pool.tp}"))
-            return
         slot_of = {m: k for k, s in enumerate(self.slots) for m in s.members}
         for r in refs:
             k = slot_of[r]
@@ -200,7 +215,7 @@ class _Run:
         self.placements.append(self.layout.placement(work, refs, [f"no island can hold tp={work.pool.tp}; {why}"]))
 
     def run(self) -> PlacementPlan:
-        for unit in _units(self.request):
+        for unit in _units(self.request, self.pd_units):
             self._place_unit(unit)
         for work in self.leftover:
             self._fallback(work)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pools.model import PlacementPlan, PlacementRequest, ReplicaPlacement
+from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest, ReplicaPlacement
 from pools.placement import get_policy
-from pools.placement.common import Work, finish
+from pools.placement.common import Layout, Work, finish
 from pools.placement.validate import group_problems
-from topology import GpuRef, Topology
+from topology import GpuRef, Topology, is_clique
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +43,16 @@ def _where(p: ReplicaPlacement | None) -> str:
 def _why_invalid(old: PlacementPlan, topology: Topology, p: ReplicaPlacement, island_aware: bool) -> str | None:
     refs = [GpuRef(n, g) for n, g in p.gpu_refs()]
     problems = group_problems(topology, old.pool(p.pool), refs, island_aware)
-    return problems[0] if problems else None
+    if problems:
+        return problems[0]
+    if island_aware and p.in_island and len(refs) > 1 and not is_clique(topology, refs):
+        return "its GPUs are no longer joined by healthy NVLink/XGMI (the island split)"
+    return None
+
+
+def _refresh(layout: Layout, p: ReplicaPlacement, old: PlacementPlan) -> ReplicaPlacement:
+    work = Work(replica_id=p.replica_id, pool=old.pool(p.pool), strictness=0.0)
+    return layout.placement(work, [GpuRef(n, g) for n, g in p.gpu_refs()], p.reasons)
 
 
 def replan(old: PlacementPlan, topology: Topology, seed: int = 0, previous: Topology | None = None) -> Replan:
@@ -75,8 +84,9 @@ def replan(old: PlacementPlan, topology: Topology, seed: int = 0, previous: Topo
                 reasons[rid] = "was unplaced"
     occupied = frozenset(GpuRef(n, g) for p in kept for n, g in p.gpu_refs())
     sub_pools = tuple(replace(pool, replicas=len(to_move[pool.name])) for pool in old.pools if pool.name in to_move)
+    classes = old.slo_classes or {c.name: c for c in DEFAULT_SLO_CLASSES}
     request = PlacementRequest(topology=topology, pools=sub_pools, seed=seed, occupied=occupied,
-                               ids={k: tuple(v) for k, v in to_move.items()})
+                               ids={k: tuple(v) for k, v in to_move.items()}, slo_classes=classes)
     fresh = policy.place(request) if sub_pools else None
     new_placements = list(fresh.placements) if fresh else []
     after = {p.replica_id: p for p in new_placements}
@@ -85,7 +95,14 @@ def replan(old: PlacementPlan, topology: Topology, seed: int = 0, previous: Topo
         for ids in to_move.values() for rid in ids
         if not (reasons[rid] == "was unplaced" and rid not in after)
     )
-    full = PlacementRequest(topology=topology, pools=old.pools, seed=seed)
+    full = PlacementRequest(topology=topology, pools=old.pools, seed=seed, slo_classes=classes)
+    def touched(p: ReplicaPlacement) -> bool:
+        return any(n not in unchanged for n in (p.node, *(x for x, _ in p.extra_nodes)))
+
+    if any(touched(p) for p in kept):
+        # island, tier and in-island flag follow the new topology (a kept group may now cross a bad link)
+        layout = Layout(topology)
+        kept = [_refresh(layout, p, old) if touched(p) else p for p in kept]
     missing = [(Work(replica_id=f"{u.pool}-?", pool=next(p for p in old.pools if p.name == u.pool),
                      strictness=0.0), u.reason) for u in (fresh.unplaced if fresh else ()) for _ in range(u.count)]
     plan = finish(old.policy, full, kept + new_placements, missing,

@@ -17,7 +17,8 @@ from itertools import combinations
 from pools.model import PlacementPlan, PoolSpec
 from pools.placement import get_policy
 from pools.placement.common import memory_fits
-from topology import GpuRef, Topology, is_clique, tier
+from topology import GpuRef, Topology, is_clique, islands, tier
+from topology.islands import island_of
 
 
 def _unhealthy_inside(topology: Topology, refs: list[GpuRef]) -> list[str]:
@@ -53,6 +54,8 @@ def group_problems(topology: Topology, pool: PoolSpec, refs: list[GpuRef], islan
         bad = _unhealthy_inside(topology, refs)
         if bad:
             out.append(f"unhealthy link inside the TP group ({', '.join(bad)})")
+        if len({r.node for r in refs}) > 1 and not in_island:
+            out.append("TP group spans nodes outside an NVLink domain")
     return out
 
 
@@ -79,15 +82,22 @@ def _check_group(plan: PlacementPlan, topology: Topology, pool: PoolSpec, refs: 
 
 def validate_plan(plan: PlacementPlan, topology: Topology) -> list[str]:
     problems: list[str] = []
+    where = island_of(islands(topology))
     pools = {p.name: p for p in plan.pools}
     island_aware = get_policy(plan.policy).island_aware if plan.policy else False
     used: dict[GpuRef, str] = {}
     placed: dict[str, int] = {}
+    seen_ids: set[str] = set()
     for pl in plan.placements:
         pool = pools.get(pl.pool)
         if pool is None:
             problems.append(f"{pl.replica_id}: unknown pool {pl.pool}")
             continue
+        if pl.replica_id in seen_ids:
+            problems.append(f"{pl.replica_id}: replica id used twice")
+        seen_ids.add(pl.replica_id)
+        if pl.role != pool.role:
+            problems.append(f"{pl.replica_id}: role {pl.role}, pool {pool.name} is {pool.role}")
         placed[pl.pool] = placed.get(pl.pool, 0) + 1
         refs = [GpuRef(n, g) for n, g in pl.gpu_refs()]
         for r in refs:
@@ -100,7 +110,12 @@ def validate_plan(plan: PlacementPlan, topology: Topology) -> list[str]:
                 problems.append(f"{pl.replica_id}: {r} already used by {used[r]}")
             used[r] = pl.replica_id
         problems.extend(_check_group(plan, topology, pool, refs, pl.replica_id, pl.tier, pl.in_island, island_aware))
+        label = "+".join(sorted({where[r].id for r in refs}))
+        if pl.island != label:
+            problems.append(f"{pl.replica_id}: recorded island {pl.island}, topology says {label}")
     for u in plan.unplaced:
+        if u.count < 1:
+            problems.append(f"unplaced {u.pool}: count {u.count}")
         placed[u.pool] = placed.get(u.pool, 0) + u.count
     for name, pool in pools.items():
         if placed.get(name, 0) != pool.replicas:

@@ -133,6 +133,19 @@ def test_pd_pairs_share_an_island() -> None:
     assert all(a != b for a, b in kv_nodes(ray)), kv_nodes(ray)  # prefills fill n-0, decodes n-1
 
 
+def test_memory_differs_between_nodes_and_pd_units_do_not_strand_big_groups() -> None:
+    mixed = parse_spec("nodes:\n  - {name: a, template: a30-pairs}\n  - {name: b, template: h100-nvl-pairs}\n")
+    spec = (PoolSpec(name="chat", role="mixed", tp=1, replicas=1, slo_classes=("interactive",)),
+            PoolSpec(name="big", role="mixed", tp=2, replicas=2, model="llama-3.1-70b", slo_classes=("batch",)))
+    plan = run(mixed, spec, "island-aligned")
+    assert not plan.unplaced and {p.node for p in plan.placements if p.pool == "big"} == {"b"}  # 94 GB cards only
+    mesh = parse_spec("nodes:\n  - {name: a, template: a30-pairs}\n  - {name: b, template: dgx1-v100}\n")
+    pd = (PoolSpec(name="pre", role="prefill", tp=4, replicas=2),
+          PoolSpec(name="dec", role="decode", tp=2, replicas=2, slo_classes=("interactive",)))
+    plan = run(mesh, pd, "island-aligned")
+    assert not plan.unplaced and plan.cross_island_tp_groups == 0
+
+
 def test_every_policy_is_registered_and_explains() -> None:
     topology = read_source("dgx1-v100")
     for name in POLICIES:

@@ -12,7 +12,7 @@ from pools.placement import POLICIES, place
 from pools.placement.replan import replan
 from pools.placement.validate import group_problems, validate_plan
 from tests.unit.test_placement_machines import feasible_in_island
-from topology import GpuRef, Topology, read_source
+from topology import GpuRef, LinkHealth, Topology, is_clique, read_source
 from topology.readers.spec import parse_spec
 
 MACHINES: dict[str, Topology] = {
@@ -22,6 +22,8 @@ MACHINES["two-nodes-degraded"] = parse_spec(
     "nodes:\n  - {name: a, template: hgx-h100}\n  - name: b\n    template: dgx1-v100\n"
     "    degraded_links: [{gpus: [0, 3], lanes_active: 1, replay_per_min: 50}]\n")
 MACHINES["local-sim"] = read_source("configs/clusters/local-sim.yaml")
+MACHINES["a30+dgx1"] = parse_spec("nodes:\n  - {name: a, template: a30-pairs}\n  - {name: b, template: dgx1-v100}\n")
+MACHINES["a30+nvl"] = parse_spec("nodes:\n  - {name: a, template: a30-pairs}\n  - {name: b, template: h100-nvl-pairs}\n")
 
 POLICY_NAMES = sorted(POLICIES)
 
@@ -58,11 +60,16 @@ def test_every_plan_validates_and_is_deterministic(machine: str, pools: tuple[Po
 
 
 @SETTINGS
-@given(st.sampled_from(["dgx1-v100", "a30-pairs", "h100-nvl-pairs", "two-nodes-degraded", "hgx-h100"]),
-       st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=6))
-def test_island_aligned_finds_an_in_island_assignment_whenever_one_exists(machine: str, tps: list[int]) -> None:
+@given(st.sampled_from(["dgx1-v100", "a30-pairs", "h100-nvl-pairs", "two-nodes-degraded", "hgx-h100", "a30+dgx1",
+                        "a30+nvl"]),
+       st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from(["prefill", "decode", "mixed"])),
+                min_size=1, max_size=6))
+def test_island_aligned_finds_an_in_island_assignment_whenever_one_exists(machine: str,
+                                                                         groups: list[tuple[int, str]]) -> None:
     topology = MACHINES[machine]
-    pools = tuple(PoolSpec(name=f"p{k}", role="mixed", tp=tp, replicas=1) for k, tp in enumerate(tps))
+    tps = [tp for tp, _ in groups]
+    pools = tuple(PoolSpec(name=f"p{k}", role=role, tp=tp, replicas=1)  # type: ignore[arg-type]
+                  for k, (tp, role) in enumerate(groups))
     plan = place(PlacementRequest(topology=topology, pools=pools), "island-aligned")
     if feasible_in_island(topology, sorted(tps, reverse=True)):
         assert plan.cross_island_tp_groups == 0 and not plan.unplaced, (tps, plan.to_json()["placements"])
@@ -78,11 +85,15 @@ def _changes(topology: Topology) -> list[tuple[str, Topology]]:
     out.append(("gpu lost", replace(topology, nodes=(*topology.nodes[:-1], bad_gpu))))
     added = parse_spec("nodes:\n  - {name: extra, template: hgx-h100}\n").nodes[0]
     out.append(("node added", replace(topology, nodes=(*topology.nodes, added))))
+    dead = LinkHealth(score=0.0, healthy=False, bandwidth_factor=0.0, reasons=("all NVLink lanes inactive",))
+    first = next((k for k in node.links if k.kind.is_gpu_fabric), None)
+    links = tuple(replace(k, health=dead) if k is first else k for k in node.links)
+    out.append(("link down", replace(topology, nodes=(*topology.nodes[:-1], replace(node, links=links)))))
     return out
 
 
 @SETTINGS
-@given(st.sampled_from(sorted(MACHINES)), pool_sets(), st.sampled_from(POLICY_NAMES), st.integers(0, 2))
+@given(st.sampled_from(sorted(MACHINES)), pool_sets(), st.sampled_from(POLICY_NAMES), st.integers(0, 3))
 def test_replan_moves_only_what_must_move(machine: str, pools: tuple[PoolSpec, ...], policy: str,
                                           change: int) -> None:
     topology = MACHINES[machine]
@@ -95,8 +106,10 @@ def test_replan_moves_only_what_must_move(machine: str, pools: tuple[PoolSpec, .
     island_aware = POLICIES[policy].island_aware
     for p in old.placements:
         refs = [GpuRef(n, g) for n, g in p.gpu_refs()]
-        must_move = bool(group_problems(new_topology, old.pool(p.pool), refs, island_aware))
+        must_move = bool(group_problems(new_topology, old.pool(p.pool), refs, island_aware)) or (
+            island_aware and p.in_island and len(refs) > 1 and not is_clique(new_topology, refs))
         assert (p.replica_id in moved) == must_move, (p.replica_id, must_move)
         if not must_move:
             kept = new_by_id[p.replica_id]
             assert (kept.node, kept.gpus, kept.extra_nodes) == (p.node, p.gpus, p.extra_nodes)
+    assert result.plan.slo_classes == old.slo_classes

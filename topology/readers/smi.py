@@ -68,9 +68,7 @@ def _rows(lines: list[list[str]], header: _Header) -> dict[str, list[str]]:
     rows: dict[str, list[str]] = {}
     for tokens in lines[header.line_no + 1 :]:
         if not tokens:
-            if rows:
-                break
-            continue
+            continue  # blank lines between rows (\r\r\n endings, pasted captures)
         label = tokens[0]
         if label not in names:
             if rows:
