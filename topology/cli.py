@@ -69,11 +69,28 @@ def cmd_parse(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_overlay(source: str) -> dict[str, object]:
+    """A placement-plan JSON (`python -m pools plan --format json`), checked before drawing."""
+    try:
+        plan = json.loads(Path(source).read_text())
+    except OSError as err:
+        raise TopologyError(f"{source}: cannot read plan: {err.strerror}") from None
+    except ValueError:
+        raise TopologyError(f"{source}: the plan is not JSON") from None
+    placements = plan.get("placements") if isinstance(plan, dict) else None
+    ok = isinstance(placements, list) and all(
+        isinstance(p, dict) and isinstance(p.get("node"), str) and isinstance(p.get("gpus"), list)
+        and all(isinstance(g, int) and not isinstance(g, bool) for g in p["gpus"]) for p in placements)
+    if not ok:
+        raise TopologyError(f"{source}: a plan is an object whose `placements` list has node and gpus (integers)")
+    return plan  # type: ignore[no-any-return]
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from topology.draw import draw
 
     topology = _read(args.source, args)
-    overlay = json.loads(Path(args.plan).read_text()) if args.plan else None
+    overlay = _plan_overlay(args.plan) if args.plan else None
     draw(topology, Path(args.out), plan=overlay, title=args.title or Path(args.source).name)
     print(args.out)
     return 0

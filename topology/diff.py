@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from topology.islands import islands
-from topology.kinds import rank
+from topology.kinds import LinkKind, rank
 from topology.model import GpuRef, Link, Node, Topology
 
 BANDWIDTH_DROP = 0.10
@@ -35,10 +35,17 @@ def _lanes(link: Link) -> str:
     return f"{link.kind.label} NV{link.lanes}" if link.lanes else link.kind.label
 
 
+def _family_rank(link: Link) -> tuple[int, int]:
+    """NVLink through a switch or direct is one family: only lanes compare within it (one pair
+    training down turns a board's NVSWITCH recognition off, which is not a change of its own)."""
+    kind = LinkKind.NVLINK if link.kind is LinkKind.NVSWITCH else link.kind
+    return rank(kind, link.lanes)
+
+
 def _link_changes(node: str, a: int, b: int, old: Link, new: Link) -> list[Change]:
     subject = f"GPU{a}-GPU{b}"
     out: list[Change] = []
-    before, after = rank(old.kind, old.lanes), rank(new.kind, new.lanes)
+    before, after = _family_rank(old), _family_rank(new)
     if after != before:
         out.append(Change(node=node, subject=subject, what=f"{_lanes(old)} -> {_lanes(new)}", worse=after < before))
     if old.health.healthy != new.health.healthy:
@@ -86,6 +93,11 @@ def _node_changes(old: Node, new: Node) -> list[Change]:
         if nn.level != no.level:
             out.append(Change(node=name, subject=f"NIC {n}", worse=nn.level < no.level,
                               what=f"level to nearest GPUs {no.level.name} -> {nn.level.name}"))
+        elif set(nn.nearest_gpus) != set(no.nearest_gpus):
+            lost = not set(no.nearest_gpus) <= set(nn.nearest_gpus)
+            out.append(Change(node=name, subject=f"NIC {n}", worse=lost,
+                              what=f"nearest GPUs {sorted(no.nearest_gpus)} -> {sorted(nn.nearest_gpus)} "
+                                   f"({nn.level.name})"))
         if no.speed_gbit_s and nn.speed_gbit_s and nn.speed_gbit_s != no.speed_gbit_s:
             out.append(Change(node=name, subject=f"NIC {n}", worse=nn.speed_gbit_s < no.speed_gbit_s,
                               what=f"speed {no.speed_gbit_s:g} -> {nn.speed_gbit_s:g} Gb/s"))

@@ -153,11 +153,14 @@ def score_link(
 def gpu_health(gpu: Gpu, c: GpuCounters | None, thresholds: HealthThresholds) -> Gpu:
     if c is None:
         return gpu
+    pcie = _Score()
+    _gpu_signals(pcie, LinkKind.PIX, gpu.index, c, thresholds)  # the GPU's own PCIe link
     bad = [x for x in c.xids if x in thresholds.gpu_critical_xids]
-    if not bad:
-        return gpu
     reasons = tuple(f"XID {x}" + (" (fell off the bus)" if x == XID_FELL_OFF_BUS else "") for x in bad)
-    return replace(gpu, healthy=False, health_reasons=reasons)
+    if not bad and not pcie.reasons:
+        return gpu
+    return replace(gpu, healthy=not bad, health_reasons=reasons + tuple(pcie.reasons or ()),
+                   pcie_factor=round(pcie.bandwidth, 4))
 
 
 def apply_node_health(

@@ -44,6 +44,9 @@ class Gpu:
     """'<cluster uuid>/<clique id>' when the GPU belongs to a multi-node NVLink domain."""
     healthy: bool = True
     health_reasons: tuple[str, ...] = ()
+    pcie_factor: float = 1.0
+    """Share of its PCIe bandwidth the GPU still has (width trained down, replays): scales the
+    paths that leave the GPU over PCIe (to NICs and host), also on NVSwitch boards."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +60,14 @@ class Nic:
     speed_gbit_s: float | None = None
     link_layer: str | None = None
     """'infiniband', 'ethernet' (RoCE/TCP) or 'efa'; None when the source does not say."""
+    gpu_levels: tuple[tuple[int, LinkKind], ...] = ()
+    """PCIe level to every GPU, when the source gives it (captures, NCCL XML, NVML)."""
+
+    def level_to(self, gpu: int) -> LinkKind | None:
+        for index, level in self.gpu_levels:
+            if index == gpu:
+                return level
+        return self.level if gpu in self.nearest_gpus else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +137,10 @@ class Node:
         by_index = {g.index: g for g in self.gpus}
         if len(by_index) != len(self.gpus):
             raise ValueError(f"node {self.name}: duplicate GPU index")
+        for nic in self.nics:
+            missing = [g for g in nic.nearest_gpus if g not in by_index]
+            if missing:
+                raise ValueError(f"node {self.name}: NIC {nic.name} names unknown GPUs {missing}")
         by_pair: dict[tuple[int, int], Link] = {}
         for link in self.links:
             if link.a not in by_index or link.b not in by_index:

@@ -82,6 +82,9 @@ def nearest_nic(node: Node, index: int) -> Nic | None:
     """The NIC closest to a GPU: listed as nearest to it, else the best level, then speed."""
     if not node.nics:
         return None
+    if any(n.gpu_levels for n in node.nics):  # the source gave every NIC's level to every GPU
+        return max(node.nics, key=lambda n: (int(n.level_to(index) or LinkKind.TCP), n.speed_gbit_s or 0.0,
+                                              -len(n.nearest_gpus)))
     own = [n for n in node.nics if index in n.nearest_gpus]
     pool = own or list(node.nics)
     return max(pool, key=lambda n: (int(n.level), n.speed_gbit_s or 0.0, -len(n.nearest_gpus)))
@@ -92,7 +95,8 @@ def _nic_bandwidth_gb_s(topology: Topology, node: Node, index: int) -> tuple[flo
     if nic is None:
         return topology.fabric.nic_bandwidth_gb_s, "fabric default"
     bw = nic.speed_gbit_s / 8.0 if nic.speed_gbit_s else topology.fabric.nic_bandwidth_gb_s
-    if index not in nic.nearest_gpus or nic.level is LinkKind.SYS:
+    bw *= node.gpu(index).pcie_factor  # a GPU whose PCIe link trained down feeds its NIC slower
+    if (nic.level_to(index) or LinkKind.SYS) is LinkKind.SYS:
         # GPUDirect RDMA across the socket link is capped by the socket path.
         bw = min(bw, DEFAULTS[LinkKind.SYS].bandwidth_gb_s)
     return bw, nic.name

@@ -67,27 +67,48 @@ def dumps(topology: Topology) -> str:
     return json.dumps(to_dict(topology), indent=2) + "\n"
 
 
+def _int(d: dict[str, Any], key: str, minimum: int = 0) -> int:
+    value = d[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ParseError(f"topology JSON: {key!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _opt_int(d: dict[str, Any], key: str, minimum: int = 0) -> int | None:
+    return None if d.get(key) is None else _int(d, key, minimum)
+
+
+def _bool(d: dict[str, Any], key: str, default: bool) -> bool:
+    value = d.get(key, default)
+    if not isinstance(value, bool):
+        raise ParseError(f"topology JSON: {key!r} must be true or false, got {value!r}")
+    return value
+
+
 def _link(d: dict[str, Any]) -> Link:
     h = d.get("health")
     health = LinkHealth(score=h["score"], healthy=h["healthy"], bandwidth_factor=h["bandwidth_factor"],
                         added_latency_us=h["added_latency_us"], reasons=tuple(h["reasons"])) if h else LinkHealth()
-    return Link(a=d["a"], b=d["b"], kind=LinkKind.parse(d["kind"]), lanes=d.get("lanes"),
+    return Link(a=_int(d, "a"), b=_int(d, "b"), kind=LinkKind.parse(str(d["kind"])), lanes=_opt_int(d, "lanes", 1),
                 bandwidth_gb_s=d.get("bandwidth_gb_s") or 0.0, latency_us=d.get("latency_us") or 0.0,
                 health=health)
 
 
 def _nic(d: dict[str, Any]) -> Nic:
-    return Nic(name=d["name"], nearest_gpus=tuple(d.get("nearest_gpus") or ()), level=LinkKind.parse(d["level"]),
+    nearest = d.get("nearest_gpus") or []
+    if not isinstance(nearest, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in nearest):
+        raise ParseError(f"topology JSON: NIC {d.get('name')!r} nearest_gpus must be a list of integers")
+    return Nic(name=str(d["name"]), nearest_gpus=tuple(nearest), level=LinkKind.parse(str(d["level"])),
                pci_bus_id=d.get("pci_bus_id"), numa_node=d.get("numa_node"), speed_gbit_s=d.get("speed_gbit_s"),
                link_layer=d.get("link_layer"))
 
 
 def _gpu(d: dict[str, Any]) -> Gpu:
-    return Gpu(index=d["index"], model=d.get("model"), pci_bus_id=d.get("pci_bus_id"), uuid=d.get("uuid"),
-               numa_node=d.get("numa_node"), cpu_affinity=d.get("cpu_affinity"),
+    return Gpu(index=_int(d, "index"), model=d.get("model"), pci_bus_id=d.get("pci_bus_id"), uuid=d.get("uuid"),
+               numa_node=_opt_int(d, "numa_node"), cpu_affinity=d.get("cpu_affinity"),
                gpu_numa_node=d.get("gpu_numa_node"), memory_gb=d.get("memory_gb"),
                nvlink_generation=d.get("nvlink_generation"), fabric_clique=d.get("fabric_clique"),
-               healthy=d.get("healthy", True), health_reasons=tuple(d.get("health_reasons") or ()))
+               healthy=_bool(d, "healthy", True), health_reasons=tuple(d.get("health_reasons") or ()))
 
 
 def _capture_node(d: dict[str, Any], name: str) -> Node:

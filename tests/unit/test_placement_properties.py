@@ -23,7 +23,8 @@ MACHINES["two-nodes-degraded"] = parse_spec(
     "    degraded_links: [{gpus: [0, 3], lanes_active: 1, replay_per_min: 50}]\n")
 MACHINES["local-sim"] = read_source("configs/clusters/local-sim.yaml")
 MACHINES["a30+dgx1"] = parse_spec("nodes:\n  - {name: a, template: a30-pairs}\n  - {name: b, template: dgx1-v100}\n")
-MACHINES["a30+nvl"] = parse_spec("nodes:\n  - {name: a, template: a30-pairs}\n  - {name: b, template: h100-nvl-pairs}\n")
+MACHINES["a30+nvl"] = parse_spec(
+    "nodes:\n  - {name: a, template: a30-pairs}\n  - {name: b, template: h100-nvl-pairs}\n")
 
 POLICY_NAMES = sorted(POLICIES)
 

@@ -45,7 +45,7 @@ def nics_from_levels(levels: NicLevels) -> list[Nic]:
             continue
         best = max(per_gpu.values())
         nearest = tuple(sorted(g for g, lvl in per_gpu.items() if lvl == best))
-        out.append(Nic(name=name, nearest_gpus=nearest, level=best))
+        out.append(Nic(name=name, nearest_gpus=nearest, level=best, gpu_levels=tuple(sorted(per_gpu.items()))))
     return sorted(out, key=lambda n: n.name)
 
 

@@ -28,6 +28,9 @@ from topology.model import Gpu, Link, Nic, Node
 from topology.readers.build import NicLevels, nics_from_levels
 from topology.readers.cpus import mask_to_cpu_list
 
+MAX_PCI_DEPTH = 32
+"""Real PCIe trees are a handful of switches deep."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NcclHints:
@@ -111,6 +114,8 @@ class _Walker:
         self.nics.append(dev)
 
     def pci(self, el: ET.Element, numa: int | None, cpus: str | None, key: int, path: tuple[str, ...]) -> None:
+        if len(path) > MAX_PCI_DEPTH:
+            raise ParseError(f"PCI tree deeper than {MAX_PCI_DEPTH} levels: not a machine's topology")
         busid = normalise_busid(el.get("busid") or "")
         if not busid:
             raise ParseError("a <pci> element has no busid")
@@ -235,7 +240,8 @@ def parse_nccl(text: str, node_name: str = "node0", hints: NcclHints | None = No
             meta[name] = (nic.busid, gbit, nic.numa, nic.link_layer)
     nics = [
         Nic(name=n.name, nearest_gpus=n.nearest_gpus, level=n.level, pci_bus_id=meta[n.name][0],
-            speed_gbit_s=meta[n.name][1], numa_node=meta[n.name][2], link_layer=meta[n.name][3])
+            speed_gbit_s=meta[n.name][1], numa_node=meta[n.name][2], link_layer=meta[n.name][3],
+            gpu_levels=n.gpu_levels)
         for n in nics_from_levels(levels)
     ]
     model = facts.name if facts else None

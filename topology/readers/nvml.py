@@ -134,7 +134,8 @@ def _nics(probes: list[GpuProbe], sysfs_root: Path) -> list[Nic]:
         n.name: {p.index: pci_level(sysfs_root, p.bus_id, n.pci_bus_id) for p in probes} for n in found
     }
     by_name = {n.name: n for n in found}
-    return [replace(by_name[n.name], nearest_gpus=n.nearest_gpus, level=n.level) for n in nics_from_levels(levels)]
+    return [replace(by_name[n.name], nearest_gpus=n.nearest_gpus, level=n.level, gpu_levels=n.gpu_levels)
+            for n in nics_from_levels(levels)]
 
 
 def discover(
