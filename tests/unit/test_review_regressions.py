@@ -65,7 +65,8 @@ def test_pcie_trained_down_slows_the_nic_path_on_nvswitch_boards() -> None:
 
 def test_dead_nvlink_falls_back_to_pcie_and_sizing_works(tmp_path: Path) -> None:
     spec = tmp_path / "d.yaml"
-    spec.write_text("nodes:\n  - name: a\n    template: hgx-h100\n    degraded_links: [{gpus: [1, 2], lanes_active: 0}]\n")
+    spec.write_text("nodes:\n  - name: a\n    template: hgx-h100\n"
+                    "    degraded_links: [{gpus: [1, 2], lanes_active: 0}]\n")
     topo = read_source(str(spec))
     p = path(topo, GpuRef("a", 1), GpuRef("a", 2))
     assert p.bandwidth_gb_s > 0 and p.tier == "pcie" and not p.healthy
