@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from pools.model import PlacementPlan, PoolSpec
+from pools.model import PlacementPlan, PoolSpec, ReplicaPlacement
 from pools.placement import get_policy
 from pools.placement.common import memory_fits
-from topology import GpuRef, Topology, is_clique, islands, tier
+from topology import GpuRef, Island, Topology, is_clique, islands, tier
 from topology.islands import island_of
 
 
@@ -59,24 +59,17 @@ def group_problems(topology: Topology, pool: PoolSpec, refs: list[GpuRef], islan
     return out
 
 
-def _check_group(plan: PlacementPlan, topology: Topology, pool: PoolSpec, refs: list[GpuRef],
-                 label: str, recorded_tier: str, in_island: bool, island_aware: bool) -> list[str]:
+def _recorded(topology: Topology, pl: ReplicaPlacement, refs: list[GpuRef], where: dict[GpuRef, Island]) -> list[str]:
+    """What the placement says about itself must be what the topology says."""
     out = []
-    if len(refs) != pool.tp:
-        out.append(f"{label}: {len(refs)} GPUs for tp={pool.tp}")
-    if not memory_fits(topology, pool, refs):
-        out.append(f"{label}: {pool.model} does not fit at tp={pool.tp}")
     actual_in = len(refs) == 1 or is_clique(topology, refs)
-    if actual_in != in_island:
-        out.append(f"{label}: recorded in_island={in_island}, topology says {actual_in}")
-    if tier(topology, refs) != recorded_tier:
-        out.append(f"{label}: recorded tier {recorded_tier}, topology says {tier(topology, refs)}")
-    if pool.require_island and not actual_in:
-        out.append(f"{label}: pool {pool.name} requires one island, group crosses islands")
-    if island_aware or pool.require_island:
-        bad = _unhealthy_inside(topology, refs)
-        if bad:
-            out.append(f"{label}: unhealthy link inside the TP group ({', '.join(bad)})")
+    if actual_in != pl.in_island:
+        out.append(f"recorded in_island={pl.in_island}, topology says {actual_in}")
+    if tier(topology, refs) != pl.tier:
+        out.append(f"recorded tier {pl.tier}, topology says {tier(topology, refs)}")
+    label = "+".join(sorted({where[r].id for r in refs}))
+    if pl.island != label:
+        out.append(f"recorded island {pl.island}, topology says {label}")
     return out
 
 
@@ -100,19 +93,15 @@ def validate_plan(plan: PlacementPlan, topology: Topology) -> list[str]:
             problems.append(f"{pl.replica_id}: role {pl.role}, pool {pool.name} is {pool.role}")
         placed[pl.pool] = placed.get(pl.pool, 0) + 1
         refs = [GpuRef(n, g) for n, g in pl.gpu_refs()]
+        found = group_problems(topology, pool, refs, island_aware)
+        problems.extend(f"{pl.replica_id}: {p}" for p in found)
+        if any(p.endswith(("is gone", "does not exist")) for p in found):
+            continue
+        problems.extend(f"{pl.replica_id}: {p}" for p in _recorded(topology, pl, refs, where))
         for r in refs:
-            if not topology.has_node(r.node) or not topology.node(r.node).has_gpu(r.index):
-                problems.append(f"{pl.replica_id}: {r} does not exist")
-                return problems
-            if not topology.gpu(r).healthy:
-                problems.append(f"{pl.replica_id}: {r} is unhealthy ({'; '.join(topology.gpu(r).health_reasons)})")
             if r in used:
                 problems.append(f"{pl.replica_id}: {r} already used by {used[r]}")
             used[r] = pl.replica_id
-        problems.extend(_check_group(plan, topology, pool, refs, pl.replica_id, pl.tier, pl.in_island, island_aware))
-        label = "+".join(sorted({where[r].id for r in refs}))
-        if pl.island != label:
-            problems.append(f"{pl.replica_id}: recorded island {pl.island}, topology says {label}")
     for u in plan.unplaced:
         if u.count < 1:
             problems.append(f"unplaced {u.pool}: count {u.count}")
