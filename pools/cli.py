@@ -14,11 +14,11 @@ import json
 import sys
 from collections.abc import Sequence
 
-from pools.config import load_pools
+from pools.config import PoolsConfig, load_pools
 from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest
 from pools.placement import POLICIES, get_policy
 from pools.placement.replan import replan
-from topology import TopologyError
+from topology import Topology, TopologyError
 from topology.readers import ReadOptions, read_source
 
 
@@ -36,11 +36,26 @@ def _table(plan: PlacementPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _auto_counts(config: PoolsConfig, topology: Topology, args: argparse.Namespace) -> dict[str, int]:
+    """Replica counts for `replicas: auto` pools, from pool sizing."""
+    from pools.sizing import size
+
+    counts: dict[str, int] = {}
+    classes = config.classes()
+    for prefill, decode in config.auto_pairs():
+        slos = [classes[c] for c in {*prefill.slo_classes, *decode.slo_classes}] or list(classes.values())
+        proposal = size(topology, str(prefill.model), args.workload, slos, args.gpu, prefill.tp, decode.tp)
+        counts[prefill.name], counts[decode.name] = proposal.prefill_replicas, proposal.decode_replicas
+        print(f"auto: {prefill.name} x {proposal.prefill_replicas}, {decode.name} x {proposal.decode_replicas} "
+              f"({proposal.explanation[-1]})", file=sys.stderr)
+    return counts
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     topology = read_source(args.topology, ReadOptions(gpu=args.gpu))
     config = load_pools(args.pools)
-    request = PlacementRequest(topology=topology, pools=config.pool_specs(), slo_classes=config.classes(),
-                               seed=args.seed)
+    request = PlacementRequest(topology=topology, pools=config.pool_specs(_auto_counts(config, topology, args)),
+                               slo_classes=config.classes(), seed=args.seed)
     plan = get_policy(args.policy).place(request)
     if args.replan_after:
         plan = replan(plan, read_source(args.replan_after, ReadOptions(gpu=args.gpu)), seed=args.seed).plan
@@ -113,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", help="GPU model when the topology source does not name it")
     p.add_argument("--replan-after", metavar="SOURCE", help="then re-plan incrementally on this topology")
     p.add_argument("--explain", action="store_true", help="print each placement's reasons")
+    p.add_argument("--workload", default="azure-conv", help="for replicas: auto (see `size`)")
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("size", help="propose the prefill:decode split")
     p.add_argument("--topology", required=True)

@@ -83,6 +83,22 @@ class PoolsConfig(_Strict):
         chosen = [c.to_slo() for c in self.slo_classes] or list(DEFAULT_SLO_CLASSES)
         return {c.name: c for c in chosen}
 
+    def auto_pairs(self) -> list[tuple[PoolConfig, PoolConfig]]:
+        """(prefill, decode) pools of one model where either says `replicas: auto`."""
+        autos = [p for p in self.pools if p.replicas == "auto"]
+        pairs = []
+        for pool in autos:
+            if pool.role == "mixed":
+                raise ParseError(f"pool {pool.name}: replicas auto sizes prefill/decode pools; give mixed pools a count")
+            want = "decode" if pool.role == "prefill" else "prefill"
+            partner = next((p for p in self.pools if p.role == want and p.model == pool.model), None)
+            if partner is None or pool.model is None:
+                raise ParseError(f"pool {pool.name}: replicas auto needs a model and a {want} pool of the same model")
+            pair = (pool, partner) if pool.role == "prefill" else (partner, pool)
+            if pair not in pairs:
+                pairs.append(pair)
+        return pairs
+
     def pool_specs(self, auto_counts: dict[str, int] | None = None) -> tuple[PoolSpec, ...]:
         specs = []
         for p in self.pools:

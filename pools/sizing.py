@@ -112,7 +112,8 @@ def decode_option(model: ModelSpec, gpu: GpuSpec, tp: int, link: costmodel.LinkC
 
 
 def size(topology: Topology, model_name: str, workload: str, slos: list[SLOClass],
-         gpu_name: str | None = None) -> SizingProposal:
+         gpu_name: str | None = None, prefill_tp: int | None = None, decode_tp: int | None = None) -> SizingProposal:
+    """`prefill_tp` / `decode_tp` fix a phase's TP size (a pools file says it); else it is searched."""
     model = catalog.model(model_name)
     gpu_name = gpu_name or next((g.model for n in topology.nodes for g in n.gpus if g.model), None)
     if gpu_name is None:
@@ -125,13 +126,13 @@ def size(topology: Topology, model_name: str, workload: str, slos: list[SLOClass
                 if topology.gpu(r).healthy and topology.gpu(r).model in (None, gpu_name))
     kv_ms = prompt * model.kv_bytes_per_token() / 450e9 * 1e3  # NVLink pair in one island
     prefills, decodes = [], []
-    for tp in TP_SIZES:
+    for tp in sorted(set(TP_SIZES) | {t for t in (prefill_tp, decode_tp) if t}):
         link = _link(topology, tp)
         if link is None or not costmodel.fits(model, gpu.memory_gb, tp):
             continue
-        if (p := prefill_option(model, gpu, tp, link, prompt, ttft, kv_ms)) is not None:
+        if prefill_tp in (None, tp) and (p := prefill_option(model, gpu, tp, link, prompt, ttft, kv_ms)) is not None:
             prefills.append(p)
-        if (d := decode_option(model, gpu, tp, link, prompt, output, tpot)) is not None:
+        if decode_tp in (None, tp) and (d := decode_option(model, gpu, tp, link, prompt, output, tpot)) is not None:
             decodes.append(d)
     if not prefills or not decodes:
         raise ValueError(f"no TP size of {model_name} on {gpu_name} meets TTFT {ttft:g} ms and TPOT {tpot:g} ms "

@@ -14,8 +14,8 @@ exactly that on bridge machines). Instead:
    healthy GPUs (a clique on mesh machines like the DGX-1). The strictest pools take the
    best islands (bottleneck bandwidth x health), the most lenient ones the worst that fit,
    and ties go to the island left with the fewest free GPUs (best fit).
-4. Inside the island the group keeps the largest clique free, stays on one NUMA node and
-   fills the fuller NUMA node first (islandstate.carve).
+4. Inside the island the group keeps the largest clique free, stays on one NUMA node, prefers
+   GPUs with a NIC at PIX/PXB distance, and fills the fuller NUMA node first (islandstate.carve).
 5. A replica that no island can hold crosses islands only if its pool allows it, on one node,
    on one NUMA node when possible, never over an unhealthy link; otherwise it is unplaced with
    the reason.

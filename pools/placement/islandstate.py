@@ -26,6 +26,8 @@ class Shape:
     full: bool
     cliques: tuple[Positions, ...]
     """Maximal cliques (positions) when the island is not fully connected."""
+    nic_level: tuple[int, ...] = ()
+    """Per position: the best PCIe level to any NIC (PIX > PXB > ... ; 0 without NICs)."""
 
 
 @dataclass(slots=True)
@@ -42,12 +44,14 @@ class IslandSlot:
 def _shape(topology: Topology, isl: Island, members: Sequence[GpuRef]) -> Shape:
     nodes = {n: k for k, n in enumerate(sorted({m.node for m in members}))}
     numa = tuple((nodes[m.node], topology.gpu(m).numa_node) for m in members)
+    near = tuple(max((int(nic.level_to(m.index) or 0) for nic in topology.node(m.node).nics), default=0)
+                 for m in members)
     if isl.fully_connected:
-        return Shape(numa=numa, full=True, cliques=())
+        return Shape(numa=numa, full=True, cliques=(), nic_level=near)
     pos = {m: k for k, m in enumerate(members)}
     adj = {m: {o for o in members if o != m and joined(topology, m, o)} for m in members}
     cliques = tuple(sorted(frozenset(pos[g] for g in c) for c in maximal_cliques(adj)) or ())
-    return Shape(numa=numa, full=False, cliques=tuple(sorted(cliques, key=sorted)))
+    return Shape(numa=numa, full=False, cliques=tuple(sorted(cliques, key=sorted)), nic_level=near)
 
 
 def _health(topology: Topology, members: Sequence[GpuRef]) -> float:
@@ -131,10 +135,11 @@ def _candidates(shape: Shape, free: Positions, tp: int) -> list[Positions]:
 def carve(shape: Shape, free: Positions, tp: int) -> Positions | None:
     """The group that keeps the island most useful: the largest clique left, then one NUMA
     node, then the best-fitting NUMA node, then the lowest positions."""
-    best: tuple[tuple[int, int, int, list[int]], Positions] | None = None
+    best: tuple[tuple[int, int, int, int, list[int]], Positions] | None = None
     for group in _candidates(shape, free, tp):
         left = free - group
-        key = (-_largest_clique_left(shape, left), _numa_spread(shape, group),
+        nic_distance = -sum(shape.nic_level[p] for p in group) if shape.nic_level else 0
+        key = (-_largest_clique_left(shape, left), _numa_spread(shape, group), nic_distance,
                len([p for p in left if shape.numa[p] in {shape.numa[g] for g in group}]), sorted(group))
         if best is None or key < best[0]:
             best = (key, group)

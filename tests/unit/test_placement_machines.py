@@ -168,3 +168,10 @@ def test_memory_refusal_is_a_value() -> None:
 def test_policy_names_are_validated(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown placement policy 'greedy'"):
         place(PlacementRequest(topology=read_source("a30-pairs"), pools=pools(1)), "greedy")
+
+
+def test_groups_prefer_gpus_next_to_a_nic() -> None:
+    # a30 pairs: only GPU3 has a PIX NIC; a TP=1 replica goes there when the pair choice is free
+    topology = capture("a30-4gpu-nv4-bridge-pairs-1nic")
+    plan = run(topology, pools(2, 1), "island-aligned")
+    assert {p.pool: p.gpus for p in plan.placements} == {"tp2-0": (0, 1), "tp1-1": (3,)}

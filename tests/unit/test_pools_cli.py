@@ -116,3 +116,15 @@ def test_bench_runs_small() -> None:
     figures = bench.run(racks=2)  # the full 32-rack run is `python -m pools bench` (README)
     assert figures["gpus"] == 2 * 32 * 8 and isinstance(figures["placed"], int) and figures["placed"] > 0
     assert isinstance(figures["plan_s"], float) and isinstance(figures["replan_s"], float)
+
+
+def test_replicas_auto_is_sized_then_placed(tmp_path: Path) -> None:
+    result = pools_cli("plan", "--topology", "configs/clusters/local-sim.yaml", "--pools", "configs/pools/pd-auto.yaml",
+                       "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    roles = [p["role"] for p in doc["placements"]]
+    assert roles.count("prefill") >= 1 and roles.count("decode") >= 1 and "auto: prefill x" in result.stderr
+    (tmp_path / "bad.yaml").write_text("pools:\n  - {name: m, role: mixed, tp: 1, replicas: auto, model: llama-3.1-8b}\n")
+    bad = pools_cli("plan", "--topology", "hgx-h100", "--pools", str(tmp_path / "bad.yaml"))
+    assert bad.returncode == 2 and "give mixed pools a count" in bad.stderr
