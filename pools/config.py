@@ -89,7 +89,8 @@ class PoolsConfig(_Strict):
         pairs = []
         for pool in autos:
             if pool.role == "mixed":
-                raise ParseError(f"pool {pool.name}: replicas auto sizes prefill/decode pools; give mixed pools a count")
+                raise ParseError(f"pool {pool.name}: replicas auto sizes prefill/decode pools; "
+                                 "give mixed pools a count")
             want = "decode" if pool.role == "prefill" else "prefill"
             partner = next((p for p in self.pools if p.role == want and p.model == pool.model), None)
             if partner is None or pool.model is None:

@@ -125,6 +125,7 @@ def test_replicas_auto_is_sized_then_placed(tmp_path: Path) -> None:
     doc = json.loads(result.stdout)
     roles = [p["role"] for p in doc["placements"]]
     assert roles.count("prefill") >= 1 and roles.count("decode") >= 1 and "auto: prefill x" in result.stderr
-    (tmp_path / "bad.yaml").write_text("pools:\n  - {name: m, role: mixed, tp: 1, replicas: auto, model: llama-3.1-8b}\n")
+    (tmp_path / "bad.yaml").write_text(
+        "pools:\n  - {name: m, role: mixed, tp: 1, replicas: auto, model: llama-3.1-8b}\n")
     bad = pools_cli("plan", "--topology", "hgx-h100", "--pools", str(tmp_path / "bad.yaml"))
     assert bad.returncode == 2 and "give mixed pools a count" in bad.stderr
