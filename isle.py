@@ -18,7 +18,8 @@ commands:
   topology   parse, draw, diff and discover GPU interconnects (python -m topology)
   plan       place pools on a topology (python -m pools plan)
   size       propose the prefill:decode split (python -m pools size)
-  pools      every `python -m pools` command (bench, ...)
+  pools      every `python -m pools` command (bench, sim-engine, ...)
+  router     serve the router standalone (python -m router --config FILE)
 """
 
 
@@ -34,7 +35,14 @@ def _pools(argv: Sequence[str]) -> int:
     return pools_main(argv)
 
 
+def _router(argv: Sequence[str]) -> int:
+    from router.cli import main as router_main
+
+    return router_main(argv)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "router": _router,
     "topology": _topology,
     "plan": lambda argv: _pools(["plan", *argv]),
     "size": lambda argv: _pools(["size", *argv]),

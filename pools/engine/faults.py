@@ -5,6 +5,7 @@
     {"stall_s": 2.0}                  the engine stops stepping for 2 s (requests hang, then go on)
     {"crash_after_tokens": 5}         the process dies after 5 more tokens (mid-stream)
     {"refuse_connections": true}      stop accepting connections (false: accept again)
+    {"fail_requests": 503}            answer generation requests with this status (0: stop)
     {"clear": true}                   back to normal
 """
 
@@ -31,17 +32,19 @@ class Faults:
         self.crash_after: int | None = None
         self.tokens = 0
         self.refusing = False
+        self.fail_status = 0
 
     def describe(self) -> dict[str, Any]:
         return {"slowdown": self.slowdown, "link_bandwidth_factor": self.link_factor,
                 "stalled_for_s": max(0.0, round(self.stall_until - time.monotonic(), 3)),
-                "crash_after_tokens": self.crash_after, "refuse_connections": self.refusing}
+                "crash_after_tokens": self.crash_after, "refuse_connections": self.refusing,
+                "fail_requests": self.fail_status}
 
     def apply(self, spec: dict[str, Any], engine: SimEngine) -> None:
         if not isinstance(spec, dict):
             raise TypeError("a fault is a JSON object")
         unknown = set(spec) - {"slowdown", "link_bandwidth_factor", "stall_s", "crash_after_tokens",
-                               "refuse_connections", "clear"}
+                               "refuse_connections", "fail_requests", "clear"}
         if unknown:
             raise ValueError(f"unknown fault fields {sorted(unknown)}")
         if spec.get("clear"):
@@ -65,6 +68,11 @@ class Faults:
             self.stall_until = time.monotonic() + float(spec["stall_s"])
         if "crash_after_tokens" in spec:
             self.crash_after = self.tokens + int(spec["crash_after_tokens"])
+        if "fail_requests" in spec:
+            status = int(spec["fail_requests"])
+            if status and not 400 <= status <= 599:
+                raise ValueError("fail_requests is an HTTP error status (or 0 to stop)")
+            self.fail_status = status
         if "refuse_connections" in spec:
             asyncio.get_running_loop().create_task(self._accept(engine, not spec["refuse_connections"]))
 

@@ -202,6 +202,9 @@ class SimEngine:
         response.send(200, json.dumps({"released": rid}).encode())
 
     async def _generate(self, request: Request, response: Responder, kind: str) -> None:
+        if self.faults.fail_status:
+            raise wire.ApiError(self.faults.fail_status, "injected failure (admin fault fail_requests)",
+                                "server_error")
         max_len = self.config.model.max_context
         req = wire.parse_generation(request.body, kind, max_len)
         if req.model != self.id.served_model:

@@ -1,0 +1,60 @@
+"""The routing table the controller publishes and every router replica follows (versioned)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pools.model import PlacementPlan, Role
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaEndpoint:
+    replica_id: str
+    url: str
+    """Base URL of the engine's OpenAI server, e.g. http://127.0.0.1:8101 (no /v1)."""
+    model: str
+    """The served model id clients ask for."""
+    pool: str
+    role: Role
+    node: str = ""
+    gpus: tuple[int, ...] = ()
+    island: str = ""
+    tier: str = "local"
+    tp: int = 1
+    gpu_model: str | None = None
+    catalog_model: str | None = None
+    """Cost-model name of the model (for PD TTFT prediction), when it is in the catalogue."""
+    healthy: bool = True
+    health_score: float = 1.0
+    """Worst link health inside the replica's TP group (1.0 healthy)."""
+    draining: bool = False
+    """Still serving what it has, but takes no new interactive traffic."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoutingTable:
+    version: int
+    replicas: tuple[ReplicaEndpoint, ...]
+    topology_fingerprint: str = ""
+
+    def models(self) -> list[str]:
+        return sorted({r.model for r in self.replicas})
+
+    def with_replica(self, replica: ReplicaEndpoint) -> RoutingTable:
+        others = tuple(r for r in self.replicas if r.replica_id != replica.replica_id)
+        return replace(self, version=self.version + 1, replicas=(*others, replica))
+
+
+def table_from_plan(plan: PlacementPlan, urls: dict[str, str], served_model: dict[str, str],
+                    version: int = 1) -> RoutingTable:
+    """Endpoints for the placed replicas that have a URL (pool -> served model name)."""
+    out = []
+    for p in plan.placements:
+        if p.replica_id not in urls:
+            continue
+        pool = plan.pool(p.pool)
+        out.append(ReplicaEndpoint(replica_id=p.replica_id, url=urls[p.replica_id],
+                                   model=served_model.get(p.pool, pool.model or p.pool), pool=p.pool, role=p.role,
+                                   node=p.node, gpus=p.gpus, island=p.island, tier=p.tier, tp=pool.tp,
+                                   catalog_model=pool.model))
+    return RoutingTable(version=version, replicas=tuple(out), topology_fingerprint=plan.topology_fingerprint)

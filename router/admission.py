@@ -1,0 +1,59 @@
+"""Admission control by SLO class: per-class concurrency and queue-time limits, and shedding of
+sheddable classes first when every replica is backed up. A shed request gets 429 with
+Retry-After; the router never queues without a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+from pools.model import SLOClass
+from pools.wire.openai import ApiError
+from router.decision import Candidate
+
+OVERLOAD_WAITING = 8.0
+"""Requests waiting per replica (engine queue + a quarter of the router's in-flight) at which
+the cluster counts as overloaded for sheddable classes."""
+DEFAULT_QUEUE_MS = 2000.0
+
+
+class Admission:
+    def __init__(self, classes: dict[str, SLOClass]) -> None:
+        self.classes = classes
+        self.inflight = {name: 0 for name in classes}
+        self.freed = {name: asyncio.Event() for name in classes}
+
+    @staticmethod
+    def overloaded(snapshot: Sequence[Candidate]) -> bool:
+        live = [c for c in snapshot if c.endpoint.healthy and not c.load.breaker_open]
+        if not live:
+            return False
+        return min(c.load.waiting + c.load.inflight / 4 for c in live) >= OVERLOAD_WAITING
+
+    def check_overload(self, slo: SLOClass, snapshot: Sequence[Candidate]) -> None:
+        if slo.sheddable and self.overloaded(snapshot):
+            raise ApiError(429, f"overloaded: {slo.name} requests are shed first; retry later", "rate_limit_error")
+
+    @contextlib.asynccontextmanager
+    async def slot(self, slo: SLOClass) -> AsyncIterator[None]:
+        limit = slo.max_concurrency
+        if limit is not None and self.inflight[slo.name] >= limit:
+            if slo.sheddable:
+                raise ApiError(429, f"{slo.name} is at its concurrency limit ({limit}); retry later",
+                               "rate_limit_error")
+            deadline = asyncio.get_running_loop().time() + (slo.max_queue_ms or DEFAULT_QUEUE_MS) / 1000
+            while self.inflight[slo.name] >= limit:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise ApiError(429, f"{slo.name} waited its queue limit for a slot; retry later",
+                                   "rate_limit_error")
+                self.freed[slo.name].clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.freed[slo.name].wait(), left)
+        self.inflight[slo.name] += 1
+        try:
+            yield
+        finally:
+            self.inflight[slo.name] -= 1
+            self.freed[slo.name].set()

@@ -1,0 +1,70 @@
+"""API keys to tenants and SLO classes. Every key, admin included, comes as
+`Authorization: Bearer <key>`; `x-slo-class` may only narrow to a class the key is entitled to."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from pools.model import SLOClass
+from pools.wire.openai import ApiError
+from router.config import RouterConfig, sha256
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    tenant: str
+    classes: frozenset[str]
+
+
+class Auth:
+    def __init__(self, config: RouterConfig) -> None:
+        all_classes = frozenset(config.classes())
+        self.users: dict[str, Principal] = {}
+        for key in config.keys:
+            classes = all_classes if "*" in key.slo_classes else frozenset(key.slo_classes)
+            self.users[key.digest()] = Principal(key.tenant, classes)
+        self.admins = {k.digest() for k in config.admin_keys}
+        self.open = not config.keys and not config.require_keys
+        self.classes = config.classes()
+        self.default = config.default_slo_class
+
+    @staticmethod
+    def _digest(headers: dict[str, str]) -> str | None:
+        value = headers.get("authorization", "")
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return sha256(token.strip())
+
+    def user(self, headers: dict[str, str]) -> Principal:
+        if self.open:
+            return Principal("anonymous", frozenset(self.classes))
+        digest = self._digest(headers)
+        if digest is None:
+            raise ApiError(401, "missing API key: send `Authorization: Bearer <key>`", "authentication_error")
+        for known, principal in self.users.items():
+            if hmac.compare_digest(known, digest):
+                return principal
+        raise ApiError(401, "invalid API key", "authentication_error")
+
+    def admin(self, headers: dict[str, str]) -> None:
+        digest = self._digest(headers)
+        if digest is None:
+            raise ApiError(401, "missing admin key: send `Authorization: Bearer <admin key>`", "authentication_error")
+        if not any(hmac.compare_digest(known, digest) for known in self.admins):
+            raise ApiError(403, "this key does not open admin routes", "permission_error")
+
+    def slo_class(self, principal: Principal, requested: str | None) -> SLOClass:
+        """The class the request runs in: the header's, if the key is entitled to it; else the
+        key's strictest (lowest priority value) entitled class, or the configured default."""
+        if requested:
+            if requested not in self.classes:
+                raise ApiError(400, f"unknown SLO class {requested!r}", param="x-slo-class")
+            if requested not in principal.classes:
+                raise ApiError(403, f"this key is not entitled to SLO class {requested!r}", "permission_error")
+            return self.classes[requested]
+        if self.default is not None and self.default in principal.classes:
+            return self.classes[self.default]
+        entitled = [self.classes[c] for c in principal.classes if c in self.classes]
+        return min(entitled, key=lambda c: c.priority)

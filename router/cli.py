@@ -1,0 +1,65 @@
+"""`python -m router --config FILE` (also `isle router`): serve the router standalone."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from pools.routing import ReplicaEndpoint, RoutingTable
+from router.config import RouterConfig, load_router_config
+from router.server import Router
+from topology import Topology, TopologyError, read_source
+
+
+def table_from_config(config: RouterConfig) -> RoutingTable:
+    return RoutingTable(version=1, replicas=tuple(
+        ReplicaEndpoint(replica_id=r.replica_id, url=r.url, model=r.model, pool=r.pool, role=r.role, node=r.node,
+                        gpus=tuple(r.gpus), tier=r.tier, tp=r.tp, gpu_model=r.gpu_model,
+                        catalog_model=r.catalog_model) for r in config.replicas))
+
+
+def build_router(config: RouterConfig) -> Router:
+    topology: Topology | None = read_source(config.topology) if config.topology else None
+    return Router(config, table_from_config(config), topology)
+
+
+async def _serve(router: Router) -> None:
+    await router.start()
+    print(f"isleserve router ready: http://{router.config.host}:{router.port}/v1", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await router.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m router", description="the isleserve router, standalone")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--port", type=int, help="override the config's port (0: any free port)")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = load_router_config(args.config)
+        if args.port is not None:
+            config = config.model_copy(update={"port": args.port})
+        router = build_router(config)
+    except (TopologyError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_serve(router))
+    return 0

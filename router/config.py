@@ -1,0 +1,156 @@
+"""Router configuration (pydantic, `extra="forbid"`, every problem reported at once).
+
+API keys are stored as SHA-256 hashes (`key_sha256`), or read from an environment variable
+(`key_env`) or a file (`key_file`); a key is never logged. Each key names a tenant and the SLO
+classes it is entitled to (`"*"`: all). Admin keys open the admin routes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pools.config import SLOClassConfig
+from pools.model import DEFAULT_SLO_CLASSES, SLOClass
+from topology.errors import ParseError
+from topology.readers.spec import format_validation
+
+DEV_KEY, DEV_ADMIN_KEY = "isle-dev-key", "isle-dev-admin"
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KeyConfig(_Strict):
+    tenant: str = Field(min_length=1)
+    key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    key_env: str | None = None
+    key_file: str | None = None
+    slo_classes: list[str] = Field(default_factory=lambda: ["*"], description="entitled classes; * = all")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KeyConfig:
+        if sum(x is not None for x in (self.key_sha256, self.key_env, self.key_file)) != 1:
+            raise ValueError("give exactly one of key_sha256, key_env, key_file")
+        return self
+
+    def digest(self) -> str:
+        if self.key_sha256 is not None:
+            return self.key_sha256
+        if self.key_env is not None:
+            value = os.environ.get(self.key_env)
+            if not value:
+                raise ValueError(f"tenant {self.tenant}: environment variable {self.key_env} is not set")
+            return sha256(value.strip())
+        try:
+            return sha256(Path(str(self.key_file)).read_text().strip())
+        except OSError as err:
+            raise ValueError(f"tenant {self.tenant}: cannot read key file {self.key_file}: {err.strerror}") from None
+
+
+class ReplicaConfig(_Strict):
+    replica_id: str
+    url: str = Field(pattern=r"^http://(127\.\d+\.\d+\.\d+|localhost|\[::1\]):\d+$",
+                     description="loopback engine URL without /v1")
+    model: str
+    pool: str = "default"
+    role: Literal["prefill", "decode", "mixed"] = "mixed"
+    node: str = ""
+    gpus: list[int] = Field(default_factory=list)
+    tier: str = "local"
+    tp: int = 1
+    gpu_model: str | None = None
+    catalog_model: str | None = None
+
+
+class ProfileConfig(_Strict):
+    filters: list[str] = Field(default_factory=lambda: ["health-filter", "drain-filter", "role-filter"])
+    scorers: dict[str, float] = Field(default_factory=lambda: {"queue-depth-scorer": 1.0, "kv-usage-scorer": 1.0})
+    picker: str = "max-score-picker"
+
+
+class PDConfig(_Strict):
+    enabled: bool = True
+    min_prompt_tokens: int = Field(default=256, ge=0, description="shorter prompts go to one mixed replica")
+
+
+class UpstreamConfig(_Strict):
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    first_byte_timeout_s: float = Field(default=60.0, gt=0)
+    idle_timeout_s: float = Field(default=60.0, gt=0, description="longest gap between chunks")
+    retries: int = Field(default=2, ge=0, description="other replicas tried before the first byte")
+    breaker_failures: int = Field(default=3, ge=1)
+    breaker_open_s: float = Field(default=5.0, gt=0)
+
+
+class RouterConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    require_keys: bool = True
+    """Production configs refuse to start without keys; local configs may hold the dev keys."""
+    keys: list[KeyConfig] = Field(default_factory=list)
+    admin_keys: list[KeyConfig] = Field(default_factory=list)
+    slo_classes: list[SLOClassConfig] = Field(default_factory=list)
+    default_slo_class: str | None = None
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+    default_profile: ProfileConfig = ProfileConfig()
+    pd: PDConfig = PDConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    replicas: list[ReplicaConfig] = Field(default_factory=list)
+    topology: str | None = Field(default=None, description="topology source for tiers and PD paths")
+    scrape_interval_s: float = Field(default=1.0, gt=0)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_tokens_limit: int = Field(default=32768, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RouterConfig:
+        if self.require_keys and (not self.keys or not self.admin_keys):
+            raise ValueError("require_keys is set: give `keys` and `admin_keys` (production configs must have keys)")
+        names = {c.name for c in self.classes().values()}
+        for k in self.keys:
+            unknown = sorted(set(k.slo_classes) - names - {"*"})
+            if unknown:
+                raise ValueError(f"tenant {k.tenant}: unknown SLO classes {unknown}")
+        unknown = sorted(set(self.profiles) - names)
+        if unknown:
+            raise ValueError(f"profiles for unknown SLO classes {unknown}")
+        if self.default_slo_class is not None and self.default_slo_class not in names:
+            raise ValueError(f"default_slo_class {self.default_slo_class!r} is not a class")
+        return self
+
+    def classes(self) -> dict[str, SLOClass]:
+        chosen = [c.to_slo() for c in self.slo_classes] or list(DEFAULT_SLO_CLASSES)
+        return {c.name: c for c in chosen}
+
+    def profile(self, slo_class: str) -> ProfileConfig:
+        return self.profiles.get(slo_class, self.default_profile)
+
+
+def load_router_config(path: str) -> RouterConfig:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise ParseError(f"cannot read router config: {err.strerror}", path) from None
+    except yaml.YAMLError as err:
+        raise ParseError(f"not valid YAML ({str(err).splitlines()[0]})", path) from None
+    return parse_router_config(raw, path)
+
+
+def parse_router_config(raw: object, where: str = "router config") -> RouterConfig:
+    if not isinstance(raw, dict):
+        raise ParseError("a router config is a mapping", where)
+    try:
+        return RouterConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ParseError(f"invalid router config: {format_validation(err)}", where) from None

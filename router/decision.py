@@ -1,0 +1,220 @@
+"""Routing decisions: pure functions of a snapshot (llm-d's shape: filters, weighted scorers in
+[0, 1], a picker, profiles per SLO class). The live router and the offline simulator call the
+same functions; a decision is a `RouteDecision` value that names every candidate's scores.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pools import catalog, costmodel
+from pools.model import Role, SLOClass
+from pools.placement.common import TIER_QUALITY
+from pools.routing import ReplicaEndpoint
+from topology import GpuRef, Topology, path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaLoad:
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    inflight: int = 0
+    """Requests this router has open on the replica right now."""
+    latency_ms: float = 0.0
+    """The router's own moving average of the replica's time to first byte."""
+    breaker_open: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    endpoint: ReplicaEndpoint
+    load: ReplicaLoad = ReplicaLoad()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouteRequest:
+    model: str
+    slo_class: SLOClass
+    prompt_tokens: int
+    prefix_hash: int = 0
+    role: Role | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ranked:
+    replica_id: str
+    total: float
+    scores: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouteDecision:
+    winner: Candidate | None
+    ranked: tuple[Ranked, ...]
+    reason: str
+
+    def log_line(self) -> str:
+        parts = " ".join(f"{r.replica_id}={r.total:.3f}" for r in self.ranked[:6])
+        return f"route -> {self.winner.endpoint.replica_id if self.winner else 'none'} ({self.reason}) [{parts}]"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    filters: tuple[str, ...] = ("health-filter", "drain-filter", "role-filter")
+    scorers: Mapping[str, float] = field(default_factory=lambda: {"queue-depth-scorer": 1.0})
+    picker: str = "max-score-picker"
+
+
+Filter = Callable[[RouteRequest, list[Candidate]], list[Candidate]]
+Scorer = Callable[[RouteRequest, Candidate], float]
+
+
+def _health(req: RouteRequest, cands: list[Candidate]) -> list[Candidate]:
+    return [c for c in cands if c.endpoint.healthy and not c.load.breaker_open]
+
+
+def _drain(req: RouteRequest, cands: list[Candidate]) -> list[Candidate]:
+    """A draining replica takes no new traffic of the classes that are not sheddable."""
+    return cands if req.slo_class.sheddable else [c for c in cands if not c.endpoint.draining]
+
+
+def _role(req: RouteRequest, cands: list[Candidate]) -> list[Candidate]:
+    want = req.role or "mixed"
+    return [c for c in cands if c.endpoint.role == want]
+
+
+FILTERS: dict[str, Filter] = {"health-filter": _health, "drain-filter": _drain, "role-filter": _role}
+
+
+def _queue(req: RouteRequest, c: Candidate) -> float:
+    return 1.0 / (1.0 + c.load.waiting + 0.25 * (c.load.running + c.load.inflight))
+
+
+def _kv(req: RouteRequest, c: Candidate) -> float:
+    return max(0.0, 1.0 - c.load.kv_usage)
+
+
+def _tier(req: RouteRequest, c: Candidate) -> float:
+    return TIER_QUALITY.get(c.endpoint.tier, 0.1)
+
+
+def _link_health(req: RouteRequest, c: Candidate) -> float:
+    """Topology health of the replica's TP group times how its observed latency compares with
+    the class's TTFT target (a replica slower than the target scores under 0.5)."""
+    observed = c.load.latency_ms / max(req.slo_class.ttft_ms, 1.0)
+    return c.endpoint.health_score / (1.0 + observed)
+
+
+def _prefix(req: RouteRequest, c: Candidate) -> float:
+    """Rendezvous hash of the prompt's leading blocks: the same prefix prefers the same replica."""
+    if not req.prefix_hash:
+        return 0.5
+    return (zlib.crc32(f"{req.prefix_hash}:{c.endpoint.replica_id}".encode()) % 10_000) / 10_000
+
+
+SCORERS: dict[str, Scorer] = {
+    "queue-depth-scorer": _queue, "kv-usage-scorer": _kv, "link-tier-scorer": _tier,
+    "link-health-scorer": _link_health, "prefix-affinity-scorer": _prefix,
+}
+PICKERS = ("max-score-picker", "round-robin-picker", "random-picker")
+
+
+def check_profile(profile: Profile) -> None:
+    unknown = [f for f in profile.filters if f not in FILTERS] + [s for s in profile.scorers if s not in SCORERS]
+    if profile.picker not in PICKERS:
+        unknown.append(profile.picker)
+    if unknown:
+        known = ", ".join([*FILTERS, *SCORERS, *PICKERS])
+        raise ValueError(f"unknown routing plugins {unknown} (known: {known})")
+
+
+def decide(req: RouteRequest, candidates: Sequence[Candidate], profile: Profile, rng: random.Random,
+           turn: int = 0) -> RouteDecision:
+    """Filter, score, pick. `turn` is the round-robin position (the caller's counter)."""
+    cands = [c for c in candidates if c.endpoint.model == req.model]
+    if not cands:
+        return RouteDecision(winner=None, ranked=(), reason=f"no replica serves {req.model}")
+    for name in profile.filters:
+        cands = FILTERS[name](req, cands)
+        if not cands:
+            return RouteDecision(winner=None, ranked=(), reason=f"{name} left no replica")
+    ranked = []
+    for c in cands:
+        scores = {name: SCORERS[name](req, c) for name in profile.scorers}
+        total = sum(profile.scorers[n] * s for n, s in scores.items())
+        ranked.append((total, c, scores))
+    ranked.sort(key=lambda t: (-t[0], t[1].endpoint.replica_id))
+    if profile.picker == "round-robin-picker":
+        winner = sorted(cands, key=lambda c: c.endpoint.replica_id)[turn % len(cands)]
+    elif profile.picker == "random-picker":
+        winner = rng.choice(cands)
+    else:
+        best = [r for r in ranked if r[0] >= ranked[0][0] - 1e-9]
+        winner = rng.choice(best)[1] if len(best) > 1 else best[0][1]
+    out = tuple(Ranked(replica_id=c.endpoint.replica_id, total=t, scores=s) for t, c, s in ranked)
+    return RouteDecision(winner=winner, ranked=out, reason=f"{profile.picker} of {len(cands)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PDDecision:
+    prefill: Candidate
+    decode: Candidate
+    predicted_ttft_ms: float
+    kv_ms: float
+    tier: str
+    """Tier of the KV path (prefill GPUs + decode GPUs)."""
+    ranked: tuple[tuple[str, str, float], ...]
+
+
+def _prefill_ms(c: Candidate, tokens: int) -> float | None:
+    e = c.endpoint
+    if not e.catalog_model or not e.gpu_model or e.catalog_model not in catalog.models() \
+            or e.gpu_model not in catalog.gpus():
+        return None
+    link = costmodel.LinkCost(bandwidth_gb_s=450.0, latency_us=0.5)
+    return costmodel.prefill_ms(catalog.model(e.catalog_model), catalog.gpu(e.gpu_model), e.tp, link, tokens)
+
+
+def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[Candidate],
+            topology: Topology | None) -> PDDecision | None:
+    """The prefill/decode pair with the lowest predicted TTFT: prefill queue + prefill time + KV
+    transfer over the path between the two replicas + decode admission."""
+    best: PDDecision | None = None
+    ranked = []
+    for p in prefills:
+        pre = _prefill_ms(p, req.prompt_tokens)
+        per_request = pre if pre is not None else 50.0
+        for d in decodes:
+            if d.endpoint.model != p.endpoint.model:
+                continue
+            kv, tier_name = _kv_ms(p, d, req.prompt_tokens, topology)
+            queue = (p.load.waiting + p.load.inflight) * per_request
+            admission = d.load.waiting * 20.0 + d.load.kv_usage * 50.0
+            predicted = queue + per_request + kv + admission
+            ranked.append((p.endpoint.replica_id, d.endpoint.replica_id, predicted))
+            if best is None or predicted < best.predicted_ttft_ms:
+                best = PDDecision(prefill=p, decode=d, predicted_ttft_ms=predicted, kv_ms=kv, tier=tier_name,
+                                  ranked=())
+    if best is None:
+        return None
+    ranked.sort(key=lambda r: r[2])
+    return PDDecision(prefill=best.prefill, decode=best.decode, predicted_ttft_ms=best.predicted_ttft_ms,
+                      kv_ms=best.kv_ms, tier=best.tier, ranked=tuple(ranked[:8]))
+
+
+def _kv_ms(p: Candidate, d: Candidate, tokens: int, topology: Topology | None) -> tuple[float, str]:
+    pe, de = p.endpoint, d.endpoint
+    if topology is None or not pe.gpus or not de.gpus or not topology.has_node(pe.node) \
+            or not topology.has_node(de.node):
+        return 0.0, "local" if pe.node == de.node and pe.node else "rdma"
+    refs = [GpuRef(pe.node, g) for g in pe.gpus] + [GpuRef(de.node, g) for g in de.gpus]
+    from topology import tier
+
+    worst = path(topology, GpuRef(pe.node, pe.gpus[0]), GpuRef(de.node, de.gpus[0]))
+    model = catalog.models().get(pe.catalog_model or "")
+    ms = costmodel.kv_transfer_ms(model, tokens, worst) if model is not None else worst.latency_us / 1000
+    return ms, tier(topology, refs)

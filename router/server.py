@@ -1,0 +1,311 @@
+"""The router's data plane: one asyncio HTTP server (pools.wire.http) that authenticates, admits
+by SLO class, routes (pure decisions), orchestrates PD, proxies with retries before the first
+byte, and records per-tier latency. The same code runs in tests, standalone and under Ray Serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import random
+import time
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pools.engine.text import count_tokens
+from pools.model import SLOClass
+from pools.routing import RoutingTable
+from pools.wire import openai as wire
+from pools.wire.http import Request, Responder, serve
+from router.admission import Admission
+from router.auth import Auth
+from router.config import RouterConfig
+from router.decision import Candidate, PDDecision, Profile, RouteDecision, RouteRequest, check_profile, decide, pd_pair
+from router.metrics import RouterMetrics
+from router.state import Replicas
+from router.upstream import Pool, UpstreamError, UpstreamResponse
+from topology import Topology
+
+log = logging.getLogger("isleserve.router")
+PREFIX_CHARS = 256
+
+
+@dataclass(slots=True)
+class _Call:
+    slo: SLOClass
+    body: dict[str, Any]
+    stream: bool
+    route: RouteRequest
+
+
+class Router:
+    def __init__(self, config: RouterConfig, table: RoutingTable, topology: Topology | None = None,
+                 plan: Mapping[str, Any] | None = None) -> None:
+        self.config = config
+        self.auth = Auth(config)
+        self.replicas = Replicas(table, config.upstream.breaker_failures, config.upstream.breaker_open_s)
+        self.topology = topology
+        self.plan = plan
+        self.metrics = RouterMetrics()
+        self.admission = Admission(config.classes())
+        self.pool = Pool(config.upstream.connect_timeout_s)
+        self.rng = random.Random(config.seed)
+        self.turns = itertools.count()
+        self.profiles = {name: self._profile(name) for name in config.classes()}
+        self.server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _profile(self, slo_class: str) -> Profile:
+        p = self.config.profile(slo_class)
+        profile = Profile(filters=tuple(p.filters), scorers=dict(p.scorers), picker=p.picker)
+        check_profile(profile)
+        return profile
+
+    async def start(self) -> None:
+        self.server = await serve(self.handle, self.config.host, self.config.port,
+                                  on_error=lambda e: log.exception("handler error", exc_info=e))
+        self._tasks.append(asyncio.get_running_loop().create_task(
+            self.replicas.scrape_forever(self.pool, self.config.scrape_interval_s)))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.server is not None:
+            self.server.close()
+        self.pool.close()
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    # routes
+    async def handle(self, request: Request, response: Responder) -> None:
+        try:
+            await self._route(request, response)
+        except wire.ApiError as err:
+            if not response.started:
+                headers = [("retry-after", "1")] if err.status in (429, 503) else []
+                response.send(err.status, err.body(), headers=headers)
+
+    async def _route(self, request: Request, response: Responder) -> None:
+        method, path = request.method, request.path
+        if path in ("/v1/chat/completions", "/v1/completions") and method == "POST":
+            await self._generate(request, response, "chat" if "chat" in path else "completion")
+        elif (method, path) == ("GET", "/v1/models"):
+            self.auth.user(request.headers)
+            response.send(200, wire.models_body(self.replicas.table.models()))
+        elif (method, path) == ("GET", "/health"):
+            response.send(200, b'{"status": "ok"}')
+        elif (method, path) == ("GET", "/metrics"):
+            response.send(200, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+        elif path.startswith("/admin/") and method == "GET":
+            self.auth.admin(request.headers)
+            response.send(200, json.dumps(self._admin(path)).encode())
+        else:
+            raise wire.ApiError(404, f"no route {method} {path}", "not_found_error")
+
+    def _admin(self, path: str) -> Any:
+        if path == "/admin/replicas":
+            now = time.monotonic()
+            return {"version": self.replicas.table.version, "replicas": [
+                {"replica_id": s.endpoint.replica_id, "url": s.endpoint.url, "model": s.endpoint.model,
+                 "pool": s.endpoint.pool, "role": s.endpoint.role, "node": s.endpoint.node,
+                 "gpus": list(s.endpoint.gpus), "tier": s.endpoint.tier, "healthy": s.endpoint.healthy,
+                 "draining": s.endpoint.draining, "breaker_open": now < s.open_until, "running": s.running,
+                 "waiting": s.waiting, "kv_usage": s.kv_usage, "inflight": s.inflight,
+                 "latency_ms": round(s.latency_ms, 3)} for s in self.replicas.states.values()]}
+        if path == "/admin/topology":
+            if self.topology is None:
+                raise wire.ApiError(404, "this router was started without a topology", "not_found_error")
+            from topology.serialize import to_dict
+
+            return to_dict(self.topology)
+        if path == "/admin/plan":
+            if self.plan is None:
+                raise wire.ApiError(404, "this router was started without a placement plan", "not_found_error")
+            return self.plan
+        raise wire.ApiError(404, f"no admin route {path}", "not_found_error")
+
+    # generation
+    def _parse(self, request: Request, kind: str, slo: SLOClass) -> _Call:
+        if len(request.body) > self.config.max_body_bytes:
+            raise wire.ApiError(413, f"request body over {self.config.max_body_bytes} bytes")
+        parsed = wire.parse_generation(request.body, kind, self.config.max_tokens_limit)
+        body = json.loads(request.body)
+        body["priority"] = slo.priority  # vLLM's priority scheduling: lower is earlier
+        prefix = parsed.prompt_text[:PREFIX_CHARS]
+        route = RouteRequest(model=parsed.model, slo_class=slo, prompt_tokens=count_tokens(parsed.prompt_text),
+                             prefix_hash=zlib.crc32(prefix.encode()) if prefix else 0)
+        return _Call(slo=slo, body=body, stream=parsed.stream, route=route)
+
+    async def _generate(self, request: Request, response: Responder, kind: str) -> None:
+        principal = self.auth.user(request.headers)
+        slo = self.auth.slo_class(principal, request.headers.get("x-slo-class"))
+        call = self._parse(request, kind, slo)
+        if call.route.model not in self.replicas.table.models():
+            raise wire.ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model")
+        started = time.perf_counter()
+        self.admission.check_overload(slo, self.replicas.snapshot())
+        async with self.admission.slot(slo):
+            self.metrics.inflight.labels(slo.name).inc()
+            outcome = "error"
+            try:
+                outcome = await self._serve(call, request, response, started)
+            except asyncio.CancelledError:
+                outcome = "cancelled"
+                raise
+            except wire.ApiError as err:
+                outcome = "rejected" if err.status < 500 else "error"
+                raise
+            finally:
+                self.metrics.inflight.labels(slo.name).dec()
+                self.metrics.requests.labels(slo.name, outcome).inc()
+
+    async def _serve(self, call: _Call, request: Request, response: Responder, started: float) -> str:
+        snapshot = self.replicas.snapshot()
+        pd = self._pd_choice(call, snapshot)
+        if pd is not None:
+            return await self._serve_pd(call, pd, response, started)
+        t0 = time.perf_counter()
+        decision = decide(call.route, snapshot, self.profiles[call.slo.name], self.rng, next(self.turns))
+        self.metrics.decision.observe(time.perf_counter() - t0)
+        log.debug(decision.log_line())
+        return await self._proxy(call, decision, snapshot, response, started)
+
+    def _pd_choice(self, call: _Call, snapshot: list[Candidate]) -> PDDecision | None:
+        if not self.config.pd.enabled or call.route.prompt_tokens < self.config.pd.min_prompt_tokens:
+            return None
+        live = [c for c in snapshot if c.endpoint.model == call.route.model and c.endpoint.healthy
+                and not c.load.breaker_open and (call.slo.sheddable or not c.endpoint.draining)]
+        prefills = [c for c in live if c.endpoint.role == "prefill"]
+        decodes = [c for c in live if c.endpoint.role == "decode"]
+        if not prefills or not decodes:
+            return None  # no healthy pair: a mixed replica serves it whole
+        return pd_pair(call.route, prefills, decodes, self.topology)
+
+    def _order(self, decision: RouteDecision, snapshot: list[Candidate]) -> list[Candidate]:
+        by_id = {c.endpoint.replica_id: c for c in snapshot}
+        first = [decision.winner] if decision.winner else []
+        rest = [by_id[r.replica_id] for r in decision.ranked
+                if decision.winner is None or r.replica_id != decision.winner.endpoint.replica_id]
+        return first + rest
+
+    async def _send(self, cand: Candidate, body: dict[str, Any], path: str) -> UpstreamResponse:
+        up = self.config.upstream
+        payload = json.dumps(body).encode()
+        return await self.pool.request(cand.endpoint.url, "POST", path, payload,
+                                       {"content-type": "application/json"}, up.first_byte_timeout_s,
+                                       up.idle_timeout_s)
+
+    async def _first_answer(self, order: list[Candidate], body: dict[str, Any], path: str
+                            ) -> tuple[Candidate, UpstreamResponse]:
+        """Try replicas in order; connect errors and 5xx before the first byte go to the next."""
+        if not order:
+            raise wire.ApiError(503, "no healthy replica can serve this request now", "service_unavailable")
+        last = "no replica tried"
+        for cand in order[: self.config.upstream.retries + 1]:
+            state = self.replicas.states.get(cand.endpoint.replica_id)
+            if state is not None:
+                state.inflight += 1
+            try:
+                t0 = time.perf_counter()
+                resp = await self._send(cand, body, path)
+            except UpstreamError as err:
+                last = str(err)
+                self.replicas.failed(cand.endpoint.replica_id)
+                if state is not None:
+                    state.inflight -= 1
+                continue
+            if resp.status >= 500:
+                last = f"{cand.endpoint.replica_id} answered {resp.status}"
+                await resp.body()
+                self.replicas.failed(cand.endpoint.replica_id)
+                if state is not None:
+                    state.inflight -= 1
+                continue
+            self.replicas.ok(cand.endpoint.replica_id, (time.perf_counter() - t0) * 1000)
+            return cand, resp
+        raise wire.ApiError(502, f"upstream failed: {last}", "bad_gateway")
+
+    def _done(self, cand: Candidate) -> None:
+        state = self.replicas.states.get(cand.endpoint.replica_id)
+        if state is not None:
+            state.inflight = max(0, state.inflight - 1)
+
+    async def _proxy(self, call: _Call, decision: RouteDecision, snapshot: list[Candidate], response: Responder,
+                     started: float, extra_headers: tuple[tuple[str, str], ...] = (), path: str = "") -> str:
+        path = path or ("/v1/chat/completions" if "messages" in call.body else "/v1/completions")
+        cand, resp = await self._first_answer(self._order(decision, snapshot), call.body, path)
+        try:
+            return await self._relay(call, cand, resp, response, started, extra_headers, cand.endpoint.tier)
+        finally:
+            resp.release()
+            self._done(cand)
+
+    async def _relay(self, call: _Call, cand: Candidate, resp: UpstreamResponse, response: Responder,
+                     started: float, extra: tuple[tuple[str, str], ...], tier: str) -> str:
+        labels = (call.slo.name, cand.endpoint.pool, tier)
+        headers = [("x-isle-replica", cand.endpoint.replica_id), ("x-isle-tier", tier), *extra]
+        ctype = resp.headers.get("content-type", "application/json")
+        if not ctype.startswith("text/event-stream"):
+            body = await resp.body()
+            response.send(resp.status, body, ctype, headers)
+            if resp.status < 400:
+                self.metrics.e2e.labels(*labels).observe(time.perf_counter() - started)
+            return "ok" if resp.status < 400 else "rejected"
+        response.start_stream(resp.status, ctype, headers)
+        first = last = 0.0
+        chunks = 0
+        async for data in resp.chunks():
+            now = time.perf_counter()
+            if chunks == 0:
+                first = now
+                self.metrics.ttft.labels(*labels).observe(now - started)
+            else:
+                self.metrics.itl.labels(*labels).observe(now - last)
+            last = now
+            chunks += 1
+            await response.write(data)
+        response.end()
+        if chunks > 1:
+            self.metrics.tpot.labels(*labels).observe((last - first) / (chunks - 1))
+        self.metrics.e2e.labels(*labels).observe(time.perf_counter() - started)
+        return "ok"
+
+    async def _serve_pd(self, call: _Call, pd: PDDecision, response: Responder, started: float) -> str:
+        """vLLM's disaggregated-serving protocol: prefill with kv_transfer_params and max_tokens=1,
+        then decode with what the prefill returned, streamed back."""
+        path = "/v1/chat/completions" if "messages" in call.body else "/v1/completions"
+        first = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
+        first.pop("stream_options", None)
+        first.pop("max_completion_tokens", None)
+        pcand, presp = await self._first_answer([pd.prefill], first, path)
+        try:
+            raw = await presp.body()
+        finally:
+            presp.release()
+            self._done(pcand)
+        if presp.status != 200:
+            response.send(presp.status, raw)
+            return "rejected"
+        try:
+            params = json.loads(raw)["kv_transfer_params"]
+        except (ValueError, KeyError, TypeError):
+            raise wire.ApiError(502, f"prefill replica {pcand.endpoint.replica_id} returned no kv_transfer_params",
+                                "bad_gateway") from None
+        handover = time.perf_counter()
+        second = {**call.body, "kv_transfer_params": params}
+        dcand, dresp = await self._first_answer([pd.decode], second, path)
+        labels = (call.slo.name, dcand.endpoint.pool, pd.tier)
+        self.metrics.kv.labels(*labels).observe(pd.kv_ms / 1000 if pd.kv_ms else time.perf_counter() - handover)
+        extra = (("x-isle-prefill-replica", pcand.endpoint.replica_id),)
+        try:
+            return await self._relay(call, dcand, dresp, response, started, extra, pd.tier)
+        finally:
+            dresp.release()
+            self._done(dcand)

@@ -1,0 +1,100 @@
+"""What the router knows about each replica right now: load scraped from the engine's /metrics
+(vLLM's names), its own in-flight count and latency, and a circuit breaker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, replace
+
+from pools.routing import ReplicaEndpoint, RoutingTable
+from router.decision import Candidate, ReplicaLoad
+from router.upstream import Pool, UpstreamError
+
+GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:gpu_cache_usage_perc": "kv_usage",
+}
+
+
+def parse_vllm_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        field = GAUGES.get(name)
+        if field is not None:
+            try:
+                out[field] = out.get(field, 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return out
+
+
+@dataclass(slots=True)
+class ReplicaState:
+    endpoint: ReplicaEndpoint
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    inflight: int = 0
+    latency_ms: float = 0.0
+    failures: int = 0
+    open_until: float = 0.0
+
+    def candidate(self, now: float) -> Candidate:
+        return Candidate(endpoint=self.endpoint, load=ReplicaLoad(
+            running=self.running, waiting=self.waiting, kv_usage=self.kv_usage, inflight=self.inflight,
+            latency_ms=self.latency_ms, breaker_open=now < self.open_until))
+
+
+class Replicas:
+    def __init__(self, table: RoutingTable, breaker_failures: int, breaker_open_s: float) -> None:
+        self.table = table
+        self.states = {r.replica_id: ReplicaState(r) for r in table.replicas}
+        self.breaker_failures, self.breaker_open_s = breaker_failures, breaker_open_s
+
+    def follow(self, table: RoutingTable) -> None:
+        """A newer routing table: keep what we learnt about replicas that stay."""
+        if table.version <= self.table.version:
+            return
+        old = self.states
+        self.states = {r.replica_id: (replace(old[r.replica_id], endpoint=r) if r.replica_id in old
+                                      else ReplicaState(r)) for r in table.replicas}
+        self.table = table
+
+    def snapshot(self) -> list[Candidate]:
+        now = time.monotonic()
+        return [s.candidate(now) for s in self.states.values()]
+
+    def ok(self, replica_id: str, latency_ms: float) -> None:
+        s = self.states.get(replica_id)
+        if s is not None:
+            s.failures = 0
+            s.latency_ms = latency_ms if s.latency_ms == 0 else 0.8 * s.latency_ms + 0.2 * latency_ms
+
+    def failed(self, replica_id: str) -> None:
+        s = self.states.get(replica_id)
+        if s is None:
+            return
+        s.failures += 1
+        if s.failures >= self.breaker_failures:
+            s.open_until = time.monotonic() + self.breaker_open_s
+
+    async def scrape_forever(self, pool: Pool, interval_s: float) -> None:
+        while True:
+            await asyncio.gather(*(self._scrape(pool, s) for s in list(self.states.values())))
+            await asyncio.sleep(interval_s)
+
+    async def _scrape(self, pool: Pool, s: ReplicaState) -> None:
+        with contextlib.suppress(UpstreamError, TimeoutError, ValueError):
+            resp = await pool.request(s.endpoint.url, "GET", "/metrics", b"", {}, 2.0, 2.0)
+            text = (await resp.body()).decode("utf-8", "replace")
+            values = parse_vllm_metrics(text)
+            s.running = values.get("running", s.running)
+            s.waiting = values.get("waiting", s.waiting)
+            s.kv_usage = values.get("kv_usage", s.kv_usage)

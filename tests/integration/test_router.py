@@ -1,0 +1,215 @@
+"""The router on loopback in front of simulated engines, driven by the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import yaml
+
+from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
+from tests.conftest import ROOT
+from tests.engines import EngineProcess, start_engine, stop_engine
+
+pytestmark = pytest.mark.integration
+MODEL = "llama-3.1-8b"
+LONG = "the prompt that needs a prefill replica " * 200
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    common = ("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.02", "--topology",
+              "configs/clusters/local-sim.yaml")
+    specs = {"m1": ("mixed", '{"node": "h100-0", "gpus": [0]}'), "m2": ("mixed", '{"node": "h100-1", "gpus": [0]}'),
+             "p1": ("prefill", '{"node": "h100-0", "gpus": [1]}'), "d1": ("decode", '{"node": "h100-0", "gpus": [2]}')}
+    engines: dict[str, EngineProcess] = {}
+    try:
+        for name, (role, placement) in specs.items():
+            engines[name] = start_engine(*common, "--role", role, "--placement", placement, "--engine-id", name)
+        config = {
+            "port": 0, "require_keys": True, "topology": "configs/clusters/local-sim.yaml",
+            "keys": [{"tenant": "dev", "key_sha256": sha256(DEV_KEY)},
+                     {"tenant": "batchy", "key_sha256": sha256("batch-only"), "slo_classes": ["batch"]}],
+            "admin_keys": [{"tenant": "ops", "key_sha256": sha256(DEV_ADMIN_KEY)}],
+            "slo_classes": [
+                {"name": "interactive", "priority": 0, "ttft_ms": 500, "tpot_ms": 50},
+                {"name": "standard", "priority": 1, "ttft_ms": 2000, "tpot_ms": 100},
+                {"name": "batch", "priority": 2, "ttft_ms": 30000, "tpot_ms": 500, "sheddable": True,
+                 "max_concurrency": 1}],
+            "default_slo_class": "standard",
+            "pd": {"enabled": True, "min_prompt_tokens": 1000},
+            "upstream": {"retries": 2, "breaker_failures": 2, "breaker_open_s": 30},
+            "scrape_interval_s": 0.2,
+            "replicas": [
+                {"replica_id": name, "url": engines[name].base, "model": MODEL, "pool": f"pool-{role}", "role": role,
+                 "node": json.loads(p)["node"], "gpus": json.loads(p)["gpus"], "tier": "local",
+                 "gpu_model": "h100-sxm", "catalog_model": MODEL}
+                for name, (role, p) in specs.items()],
+        }
+        path = tmp_path_factory.mktemp("router") / "router.yaml"
+        path.write_text(yaml.safe_dump(config))
+        proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(path)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "ready:" in line, proc.stderr.read() if proc.stderr else ""
+        url = line.split("ready:")[1].strip()
+        yield {"url": url, "base": url.removesuffix("/v1"), "engines": engines, "proc": proc}
+        proc.terminate()
+        proc.wait(10)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    finally:
+        for e in engines.values():
+            stop_engine(e)
+
+
+def client(cluster: dict[str, Any], key: str = DEV_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=cluster["url"], api_key=key, max_retries=0, timeout=30)
+
+
+def get(url: str, key: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_openai_client_through_the_router(cluster: dict[str, Any]) -> None:
+    c = client(cluster)
+    raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                      max_tokens=5)
+    chat = raw.parse()
+    assert chat.usage is not None and chat.usage.completion_tokens == 5
+    assert raw.headers["x-isle-replica"] in ("m1", "m2") and raw.headers["x-isle-tier"] == "local"
+    stream = c.completions.create(model=MODEL, prompt="stream me", max_tokens=4, stream=True,
+                                  stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+    assert [m.id for m in c.models.list()] == [MODEL]
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="gpt-9", prompt="x")
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=MODEL, prompt="x", n=3)
+
+
+def test_keys_classes_and_admin(cluster: dict[str, Any]) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        client(cluster, key="wrong").completions.create(model=MODEL, prompt="x", max_tokens=1)
+    batchy = client(cluster, key="batch-only")
+    with pytest.raises(openai.PermissionDeniedError, match="not entitled"):
+        batchy.completions.create(model=MODEL, prompt="x", max_tokens=1, extra_headers={"x-slo-class": "interactive"})
+    assert batchy.completions.create(model=MODEL, prompt="x", max_tokens=1).choices
+    assert get(f"{cluster['base']}/admin/replicas")[0] == 401
+    assert get(f"{cluster['base']}/admin/replicas", DEV_KEY)[0] == 403
+    status, body = get(f"{cluster['base']}/admin/replicas", DEV_ADMIN_KEY)
+    assert status == 200 and {r["replica_id"] for r in json.loads(body)["replicas"]} == {"m1", "m2", "p1", "d1"}
+    status, body = get(f"{cluster['base']}/admin/topology", DEV_ADMIN_KEY)
+    assert status == 200 and "fingerprint" in json.loads(body)
+
+
+def test_long_prompts_go_prefill_then_decode(cluster: dict[str, Any]) -> None:
+    c = client(cluster)
+    raw = c.completions.with_raw_response.create(model=MODEL, prompt=LONG, max_tokens=6,
+                                                 extra_headers={"x-slo-class": "interactive"})
+    assert raw.headers["x-isle-prefill-replica"] == "p1" and raw.headers["x-isle-replica"] == "d1"
+    assert raw.headers["x-isle-tier"] == "nvlink"  # h100-0 GPU1 -> GPU2: one island
+    assert raw.parse().usage.completion_tokens == 6  # type: ignore[union-attr]
+    short = c.completions.with_raw_response.create(model=MODEL, prompt="short", max_tokens=2)
+    assert "x-isle-prefill-replica" not in short.headers
+
+
+def test_metrics_carry_class_pool_and_tier(cluster: dict[str, Any]) -> None:
+    c = client(cluster)
+    list(c.completions.create(model=MODEL, prompt=LONG, max_tokens=3, stream=True,
+                              extra_headers={"x-slo-class": "interactive"}))
+    list(c.completions.create(model=MODEL, prompt="x", max_tokens=3, stream=True))
+    status, text = get(f"{cluster['base']}/metrics")
+    body = text.decode()
+    assert status == 200
+    assert 'isle_router_ttft_seconds_bucket{le="0.005",pool="pool-decode",slo_class="interactive",tier="nvlink"}' \
+        in body
+    assert 'slo_class="standard",tier="local"' in body
+    assert 'isle_router_requests_total{outcome="ok",slo_class="interactive"}' in body
+
+
+def test_batch_is_shed_with_retry_after(cluster: dict[str, Any]) -> None:
+    async def main() -> list[int]:
+        async def one() -> int:
+            c = openai.AsyncOpenAI(base_url=cluster["url"], api_key="batch-only", max_retries=0, timeout=30)
+            try:
+                await c.completions.create(model=MODEL, prompt="x", max_tokens=40)
+                return 200
+            except openai.RateLimitError as err:
+                assert err.response.headers["retry-after"] == "1"
+                return 429
+            finally:
+                await c.close()
+
+        return await asyncio.gather(*(one() for _ in range(6)))
+
+    codes = asyncio.run(main())
+    assert 200 in codes and 429 in codes
+
+
+def test_retries_and_circuit_breaker(cluster: dict[str, Any]) -> None:
+    m1 = cluster["engines"]["m1"]
+    req = urllib.request.Request(f"{m1.base}/admin/faults", data=b'{"fail_requests": 503}',
+                                 headers={"content-type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).read()
+    c = client(cluster)
+    served = {c.completions.with_raw_response.create(model=MODEL, prompt=f"r{i}", max_tokens=1).headers[
+        "x-isle-replica"] for i in range(8)}
+    assert served == {"m2"}  # m1 fails before the first byte: every request retried on m2, none lost
+    status, body = get(f"{cluster['base']}/admin/replicas", DEV_ADMIN_KEY)
+    states = {r["replica_id"]: r for r in json.loads(body)["replicas"]}
+    assert states["m1"]["breaker_open"]
+
+
+def fault(engine: EngineProcess, spec: dict[str, Any]) -> None:
+    req = urllib.request.Request(f"{engine.base}/admin/faults", data=json.dumps(spec).encode(),
+                                 headers={"content-type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).read()
+
+
+def running(engine: EngineProcess) -> float:
+    text = urllib.request.urlopen(f"{engine.base}/metrics", timeout=5).read().decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_client_disconnect_cancels_the_upstream_request(cluster: dict[str, Any]) -> None:
+    import socket
+
+    engines = cluster["engines"]
+    for name in ("m1", "m2"):
+        fault(engines[name], {"clear": True})
+        fault(engines[name], {"slowdown": 100})
+    host, port = cluster["base"].removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "long", "max_tokens": 2000, "stream": True}).encode()
+    with socket.create_connection((host, int(port)), 5) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {DEV_KEY}\r\n"
+                     f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+        got = b""
+        while b"data: {" not in got:  # headers first, then the first token
+            got += sock.recv(65536)
+        assert running(engines["m1"]) + running(engines["m2"]) == 1
+    deadline = time.monotonic() + 3
+    while running(engines["m1"]) + running(engines["m2"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running(engines["m1"]) + running(engines["m2"]) == 0  # the engine stopped generating
+    for name in ("m1", "m2"):
+        fault(engines[name], {"clear": True})
