@@ -10,7 +10,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -174,7 +173,7 @@ def test_retries_and_circuit_breaker(cluster: dict[str, Any]) -> None:
     served = {c.completions.with_raw_response.create(model=MODEL, prompt=f"r{i}", max_tokens=1).headers[
         "x-isle-replica"] for i in range(8)}
     assert served == {"m2"}  # m1 fails before the first byte: every request retried on m2, none lost
-    status, body = get(f"{cluster['base']}/admin/replicas", DEV_ADMIN_KEY)
+    _status, body = get(f"{cluster['base']}/admin/replicas", DEV_ADMIN_KEY)
     states = {r["replica_id"]: r for r in json.loads(body)["replicas"]}
     assert states["m1"]["breaker_open"]
 
