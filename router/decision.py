@@ -168,6 +168,10 @@ class PDDecision:
     tier: str
     """Tier of the KV path (prefill GPUs + decode GPUs)."""
     ranked: tuple[tuple[str, str, float], ...]
+    decode_order: tuple[Candidate, ...] = ()
+    """Decodes to try for this prefill, best first (any decode can claim the prefill's KV)."""
+    tiers: Mapping[str, str] = field(default_factory=dict)
+    """KV-path tier per decode replica id."""
 
 
 def _prefill_ms(c: Candidate, tokens: int) -> float | None:
@@ -185,6 +189,7 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
     transfer over the path between the two replicas + decode admission."""
     best: PDDecision | None = None
     ranked = []
+    tiers: dict[tuple[str, str], str] = {}
     for p in prefills:
         pre = _prefill_ms(p, req.prompt_tokens)
         per_request = pre if pre is not None else 50.0
@@ -192,6 +197,7 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
             if d.endpoint.model != p.endpoint.model:
                 continue
             kv, tier_name = _kv_ms(p, d, req.prompt_tokens, topology)
+            tiers[(p.endpoint.replica_id, d.endpoint.replica_id)] = tier_name
             queue = (p.load.waiting + p.load.inflight) * per_request
             admission = d.load.waiting * 20.0 + d.load.kv_usage * 50.0
             predicted = queue + per_request + kv + admission
@@ -202,8 +208,12 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
     if best is None:
         return None
     ranked.sort(key=lambda r: r[2])
+    chosen = best.prefill.endpoint.replica_id
+    by_id = {d.endpoint.replica_id: d for d in decodes}
+    order = tuple(by_id[d] for p, d, _ in ranked if p == chosen)
     return PDDecision(prefill=best.prefill, decode=best.decode, predicted_ttft_ms=best.predicted_ttft_ms,
-                      kv_ms=best.kv_ms, tier=best.tier, ranked=tuple(ranked[:8]))
+                      kv_ms=best.kv_ms, tier=best.tier, ranked=tuple(ranked[:8]), decode_order=order,
+                      tiers={d: t for (p, d), t in tiers.items() if p == chosen})
 
 
 def _kv_ms(p: Candidate, d: Candidate, tokens: int, topology: Topology | None) -> tuple[float, str]:

@@ -168,6 +168,9 @@ class Router:
 
     async def _serve(self, call: _Call, request: Request, response: Responder, started: float) -> str:
         snapshot = self.replicas.snapshot()
+        for c in snapshot:
+            self.metrics.healthy.labels(c.endpoint.replica_id).set(
+                1.0 if c.endpoint.healthy and not c.load.breaker_open else 0.0)
         pd = self._pd_choice(call, snapshot)
         if pd is not None:
             return await self._serve_pd(call, pd, response, started)
@@ -300,12 +303,13 @@ class Router:
                                 "bad_gateway") from None
         handover = time.perf_counter()
         second = {**call.body, "kv_transfer_params": params}
-        dcand, dresp = await self._first_answer([pd.decode], second, path)
-        labels = (call.slo.name, dcand.endpoint.pool, pd.tier)
+        dcand, dresp = await self._first_answer(list(pd.decode_order) or [pd.decode], second, path)
+        tier = pd.tiers.get(dcand.endpoint.replica_id, pd.tier)
+        labels = (call.slo.name, dcand.endpoint.pool, tier)
         self.metrics.kv.labels(*labels).observe(pd.kv_ms / 1000 if pd.kv_ms else time.perf_counter() - handover)
         extra = (("x-isle-prefill-replica", pcand.endpoint.replica_id),)
         try:
-            return await self._relay(call, dcand, dresp, response, started, extra, pd.tier)
+            return await self._relay(call, dcand, dresp, response, started, extra, tier)
         finally:
             dresp.release()
             self._done(dcand)

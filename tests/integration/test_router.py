@@ -30,7 +30,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     common = ("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.02", "--topology",
               "configs/clusters/local-sim.yaml")
     specs = {"m1": ("mixed", '{"node": "h100-0", "gpus": [0]}'), "m2": ("mixed", '{"node": "h100-1", "gpus": [0]}'),
-             "p1": ("prefill", '{"node": "h100-0", "gpus": [1]}'), "d1": ("decode", '{"node": "h100-0", "gpus": [2]}')}
+             "p1": ("prefill", '{"node": "h100-0", "gpus": [1]}'), "d1": ("decode", '{"node": "h100-0", "gpus": [2]}'),
+             "d2": ("decode", '{"node": "h100-1", "gpus": [1]}')}
     engines: dict[str, EngineProcess] = {}
     try:
         for name, (role, placement) in specs.items():
@@ -115,7 +116,7 @@ def test_keys_classes_and_admin(cluster: dict[str, Any]) -> None:
     assert get(f"{cluster['base']}/admin/replicas")[0] == 401
     assert get(f"{cluster['base']}/admin/replicas", DEV_KEY)[0] == 403
     status, body = get(f"{cluster['base']}/admin/replicas", DEV_ADMIN_KEY)
-    assert status == 200 and {r["replica_id"] for r in json.loads(body)["replicas"]} == {"m1", "m2", "p1", "d1"}
+    assert status == 200 and {r["replica_id"] for r in json.loads(body)["replicas"]} == {"m1", "m2", "p1", "d1", "d2"}
     status, body = get(f"{cluster['base']}/admin/topology", DEV_ADMIN_KEY)
     assert status == 200 and "fingerprint" in json.loads(body)
 
@@ -212,3 +213,35 @@ def test_client_disconnect_cancels_the_upstream_request(cluster: dict[str, Any])
     assert running(engines["m1"]) + running(engines["m2"]) == 0  # the engine stopped generating
     for name in ("m1", "m2"):
         fault(engines[name], {"clear": True})
+
+
+def test_pd_falls_back_to_the_next_decode_and_the_tier_says_cross_node(cluster: dict[str, Any]) -> None:
+    engines = cluster["engines"]
+    fault(engines["d1"], {"fail_requests": 503})  # the same-island decode is failing
+    try:
+        raw = client(cluster).completions.with_raw_response.create(
+            model=MODEL, prompt=LONG + "again", max_tokens=3, extra_headers={"x-slo-class": "interactive"})
+        assert raw.headers["x-isle-prefill-replica"] == "p1" and raw.headers["x-isle-replica"] == "d2"
+        assert raw.headers["x-isle-tier"] == "rdma"  # the KV crossed nodes: not the same-island tier
+        text = get(f"{cluster['base']}/metrics")[1].decode()
+        assert 'isle_router_kv_transfer_seconds_count{pool="pool-decode",slo_class="interactive",tier="rdma"}' in text
+        assert 'isle_router_kv_transfer_seconds_count{pool="pool-decode",slo_class="interactive",tier="nvlink"}' in text
+    finally:
+        fault(engines["d1"], {"clear": True})
+
+
+def test_no_retry_after_the_first_byte(cluster: dict[str, Any]) -> None:
+    engines = cluster["engines"]
+    for name in ("m1", "m2"):
+        fault(engines[name], {"clear": True})
+        fault(engines[name], {"crash_after_tokens": 3})
+    got: list[str] = []
+    with pytest.raises((openai.APIError, openai.APIConnectionError)):
+        for ch in client(cluster).completions.create(model=MODEL, prompt="crash", max_tokens=50, stream=True):
+            got.extend(c.text for c in ch.choices)
+    assert 0 < len(got) < 50 and len(got) == len(set(zip(range(len(got)), got, strict=True)))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and all(engines[n].proc.poll() is None for n in ("m1", "m2")):
+        time.sleep(0.05)
+    # the replica died mid-stream; the client got an error, not a second copy of the tokens
+    assert any(engines[n].proc.poll() == 17 for n in ("m1", "m2"))
