@@ -40,7 +40,21 @@ async def _serve(router: Router) -> None:
     await router.stop()
 
 
+def bench(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m router bench", description="ours vs nginx vs vllm-router")
+    parser.add_argument("--format", choices=["json", "text"], default="text")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    from router.bench.run import main as bench_main
+
+    return bench_main(args.format, args.reps, args.seconds)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        return bench(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m router", description="the isleserve router, standalone")
     parser.add_argument("--config", required=True)
     parser.add_argument("--port", type=int, help="override the config's port (0: any free port)")

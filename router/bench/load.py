@@ -1,0 +1,130 @@
+"""Load generation for the router benchmark: wrk at saturation, an open-loop fixed-rate client for
+added latency, concurrent streams for time to first chunk, and CPU of a process tree."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+AUTH = "Bearer isle-dev-key"
+CHAT = '{"model":"fake","messages":[{"role":"user","content":"Hello, how are you?"}],"max_tokens":16}'
+STREAM = '{"model":"fake","messages":[{"role":"user","content":"Hello"}],"max_tokens":64,"stream":true}'
+
+
+def tree_cpu_s(pid: int) -> float:
+    """user+sys seconds of a process and its descendants (nginx forks workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                children.setdefault(int(fields[1]), []).append(int(entry))
+            except OSError:
+                continue
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+        todo.extend(children.get(p, []))
+    return total
+
+
+def wrk(port: int, body: str, seconds: float, connections: int = 64) -> float:
+    """Requests per second at saturation."""
+    script = ("wrk.method = 'POST'\nwrk.headers['Content-Type'] = 'application/json'\n"
+              f"wrk.headers['Authorization'] = '{AUTH}'\nwrk.body = [[{body}]]\n")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+    try:
+        out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "10s", "-s", f.name,
+                              f"http://127.0.0.1:{port}/v1/chat/completions"], capture_output=True, text=True,
+                             timeout=seconds + 30, check=True).stdout
+    finally:
+        Path(f.name).unlink()
+    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    if match is None or non2xx is not None:
+        raise RuntimeError(f"wrk against port {port} failed or got errors:\n{out}")
+    return float(match.group(1))
+
+
+class _Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+
+async def _one(port: int, pool: list[_Conn], body: bytes, stream: bool) -> tuple[float, float]:
+    """(seconds to the first body byte, seconds to the end) of one request on a keep-alive conn."""
+    conn = pool.pop() if pool else _Conn(*await asyncio.open_connection("127.0.0.1", port))
+    start = time.perf_counter()
+    conn.writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                      b"authorization: " + AUTH.encode() + b"\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
+    headers: dict[str, str] = {}
+    await conn.reader.readline()
+    while (line := await conn.reader.readline()) not in (b"\r\n", b""):
+        k, _, v = line.decode().partition(":")
+        headers[k.strip().lower()] = v.strip()
+    first = 0.0
+    if "content-length" in headers:
+        await conn.reader.readexactly(int(headers["content-length"]))
+        first = time.perf_counter() - start
+    else:
+        while True:
+            size = int((await conn.reader.readline()).strip(), 16)
+            if size == 0:
+                await conn.reader.readline()
+                break
+            data = await conn.reader.readexactly(size + 2)
+            if not first and b"data: {" in data:
+                first = time.perf_counter() - start
+    pool.append(conn)
+    return first, time.perf_counter() - start
+
+
+async def open_loop(port: int, rate: float, seconds: float, warmup_s: float = 1.0) -> list[float]:
+    """Latencies (s) of requests sent at a fixed rate, measured from their scheduled send time."""
+    pool: list[_Conn] = []
+    body = CHAT.encode()
+    tasks: list[asyncio.Task[tuple[float, float]]] = []
+    start = time.perf_counter()
+    n = int(rate * (seconds + warmup_s))
+    sched = []
+    for i in range(n):
+        at = start + i / rate
+        await asyncio.sleep(max(0.0, at - time.perf_counter()))
+        sched.append(at)
+        tasks.append(asyncio.create_task(_one(port, pool, body, False)))
+    results = await asyncio.gather(*tasks)
+    skip = int(rate * warmup_s)
+    return [r[1] for r in results[skip:]]
+
+
+async def streams(port: int, concurrency: int, rounds: int) -> list[float]:
+    """Time to first chunk (s) of `concurrency` simultaneous streams, `rounds` times."""
+    out: list[float] = []
+    pools: list[list[_Conn]] = [[] for _ in range(concurrency)]
+    for _ in range(rounds):
+        res = await asyncio.gather(*(_one(port, pools[i], STREAM.encode(), True) for i in range(concurrency)))
+        out.extend(r[0] for r in res)
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

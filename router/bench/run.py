@@ -1,0 +1,189 @@
+"""`python -m router bench`: our router, nginx (plain reverse proxy) and the Rust vllm-router, side
+by side on loopback in front of the same two fast fake backends, medians of `--reps` runs.
+
+Per proxy: requests/s and proxy CPU-seconds per 1,000 requests at saturation (wrk, 64
+connections), added latency p50/p99 at a fixed 200 req/s (open loop, against the backend
+directly), and the same for streaming (64-chunk streams: saturation and time to first chunk p99
+of 32 simultaneous streams). Installs missing peers itself: nginx from Debian's packages, the
+Rust router into `.bench/vllm-router` (a side environment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from router.bench import load
+from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
+
+SIDE = Path(".bench")
+
+
+def _spawn(cmd: list[str], ready: str | None = None, port: int | None = None) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if ready is not None and proc.stdout is not None:
+            if ready in proc.stdout.readline():
+                return proc
+        elif port is not None:
+            try:
+                import socket
+
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                return proc
+            except OSError:
+                time.sleep(0.2)
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}")
+    proc.kill()
+    raise RuntimeError(f"{cmd[0]} did not start")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ensure_peers() -> tuple[str, str]:
+    if shutil.which("nginx") is None or shutil.which("wrk") is None:
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "nginx-light", "wrk"], check=True)
+    venv = SIDE / "vllm-router"
+    binary = venv / "bin" / "vllm-router"
+    if not binary.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "vllm-router==0.1.17"], check=True)
+    return str(shutil.which("nginx")), str(binary)
+
+
+def _ours(backends: list[str], port: int, workdir: Path) -> subprocess.Popen[str]:
+    config = {"port": port, "keys": [{"tenant": "bench", "key_sha256": sha256(DEV_KEY)}],
+              "admin_keys": [{"tenant": "ops", "key_sha256": sha256(DEV_ADMIN_KEY)}],
+              "pd": {"enabled": False}, "default_profile": {"scorers": {"queue-depth-scorer": 1.0}},
+              "replicas": [{"replica_id": f"b{i}", "url": b, "model": "fake"} for i, b in enumerate(backends)]}
+    path = workdir / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return _spawn([sys.executable, "-m", "router", "--config", str(path)], ready="ready:")
+
+
+def _nginx(binary: str, backends: list[str], port: int, workdir: Path) -> subprocess.Popen[str]:
+    servers = "\n".join(f"    server {b.removeprefix('http://')};" for b in backends)
+    conf = f"""worker_processes 2;
+pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {workdir}/body;
+  proxy_temp_path {workdir}/proxy;
+  upstream backends {{
+{servers}
+    keepalive 256;
+  }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://backends;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
+    (workdir / "nginx.conf").write_text(conf)
+    return _spawn([binary, "-c", str(workdir / "nginx.conf"), "-p", str(workdir), "-g", "daemon off;"], port=port)
+
+
+def _vllm_router(binary: str, backends: list[str], port: int) -> subprocess.Popen[str]:
+    return _spawn([binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *backends,
+                   "--policy", "round_robin", "--prometheus-port", str(_free_port())], port=port)
+
+
+def _measure(proc: subprocess.Popen[str], port: int, direct: int, seconds: float) -> dict[str, float]:
+    cpu0 = load.tree_cpu_s(proc.pid)
+    rps = load.wrk(port, load.CHAT, seconds)
+    cpu = load.tree_cpu_s(proc.pid) - cpu0
+    mine = asyncio.run(load.open_loop(port, 200, seconds))
+    base = asyncio.run(load.open_loop(direct, 200, seconds))
+    cpu0 = load.tree_cpu_s(proc.pid)
+    srps = load.wrk(port, load.STREAM, seconds)
+    scpu = load.tree_cpu_s(proc.pid) - cpu0
+    ttfc = asyncio.run(load.streams(port, 32, 5))
+    ttfc_base = asyncio.run(load.streams(direct, 32, 5))
+    return {"rps": rps, "cpu_s_per_1k": cpu / (rps * seconds / 1000),
+            "p50_added_ms": (load.pct(mine, 0.5) - load.pct(base, 0.5)) * 1000,
+            "p99_added_ms": (load.pct(mine, 0.99) - load.pct(base, 0.99)) * 1000,
+            "s_rps": srps, "s_cpu_s_per_1k": scpu / (srps * seconds / 1000),
+            "ttfc_p99_added_ms": (load.pct(ttfc, 0.99) - load.pct(ttfc_base, 0.99)) * 1000}
+
+
+def run(reps: int = 3, seconds: float = 5.0) -> dict[str, Any]:
+    nginx, vllm_router = _ensure_peers()
+    workdir = Path(tempfile.mkdtemp(prefix="isle-bench-"))
+    ports = [_free_port(), _free_port()]
+    backends_p = [_spawn([sys.executable, "-m", "router.bench.fake_backend", "--port", str(p)], ready="ready:")
+                  for p in ports]
+    backends = [f"http://127.0.0.1:{p}" for p in ports]
+    direct = ports[0]
+    starters: dict[str, Callable[[int], subprocess.Popen[str]]] = {
+        "ours": lambda p: _ours(backends, p, workdir),
+        "nginx": lambda p: _nginx(nginx, backends, p, workdir),
+        "vllm_router": lambda p: _vllm_router(vllm_router, backends, p),
+    }
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in starters}
+    try:
+        for name, start in starters.items():
+            port = _free_port()
+            proc = start(port)
+            try:
+                load.wrk(port, load.CHAT, 1.0)  # warm-up
+                for _ in range(reps):
+                    results[name].append(_measure(proc, port, direct, seconds))
+            finally:
+                proc.terminate()
+                proc.wait(10)
+    finally:
+        for b in backends_p:
+            b.terminate()
+            b.wait(10)
+    return {name: _summary(runs) for name, runs in results.items()}
+
+
+def _summary(runs: list[dict[str, float]]) -> dict[str, Any]:
+    def med(key: str) -> float:
+        return round(load.median([r[key] for r in runs]), 4)
+
+    return {"rps": med("rps"), "cpu_s_per_1k": med("cpu_s_per_1k"), "p50_added_ms": med("p50_added_ms"),
+            "p99_added_ms": med("p99_added_ms"),
+            "streaming": {"rps": med("s_rps"), "cpu_s_per_1k": med("s_cpu_s_per_1k"),
+                          "ttfc_p99_added_ms": med("ttfc_p99_added_ms")}}
+
+
+def main(fmt: str, reps: int, seconds: float) -> int:
+    figures = run(reps, seconds)
+    if fmt == "json":
+        print(json.dumps(figures))
+        return 0
+    print(f"{'proxy':<12} {'req/s':>9} {'CPU ms/1k':>10} {'+p50 ms':>8} {'+p99 ms':>8} {'stream/s':>9} "
+          f"{'CPU ms/1k':>10} {'+TTFC p99':>10}")
+    for name, f in figures.items():
+        s = f["streaming"]
+        print(f"{name:<12} {f['rps']:>9.0f} {f['cpu_s_per_1k'] * 1000:>10.1f} {f['p50_added_ms']:>8.3f} "
+              f"{f['p99_added_ms']:>8.3f} {s['rps']:>9.0f} {s['cpu_s_per_1k'] * 1000:>10.1f} "
+              f"{s['ttfc_p99_added_ms']:>10.3f}")
+    return 0
