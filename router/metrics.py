@@ -3,6 +3,8 @@ topology tier (no unbounded labels: never a request id). `/metrics` renders this
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
@@ -31,6 +33,16 @@ class RouterMetrics:
                              ["replica"], registry=r)
         self.inflight = Gauge("isle_router_inflight_requests", "Requests in flight by SLO class", ["slo_class"],
                               registry=r)
+
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached: the label lookup costs more than the observation."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

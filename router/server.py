@@ -69,7 +69,12 @@ class Router:
         self.server = await serve(self.handle, self.config.host, self.config.port,
                                   on_error=lambda e: log.exception("handler error", exc_info=e))
         self._tasks.append(asyncio.get_running_loop().create_task(
-            self.replicas.scrape_forever(self.pool, self.config.scrape_interval_s)))
+            self.replicas.scrape_forever(self.pool, self.config.scrape_interval_s, self._publish_health)))
+
+    def _publish_health(self) -> None:
+        for c in self.replicas.snapshot():
+            self.metrics.child(self.metrics.healthy, c.endpoint.replica_id).set(
+                1.0 if c.endpoint.healthy and not c.load.breaker_open else 0.0)
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -135,8 +140,8 @@ class Router:
     def _parse(self, request: Request, kind: str, slo: SLOClass) -> _Call:
         if len(request.body) > self.config.max_body_bytes:
             raise wire.ApiError(413, f"request body over {self.config.max_body_bytes} bytes")
-        parsed = wire.parse_generation(request.body, kind, self.config.max_tokens_limit)
-        body = json.loads(request.body)
+        body = wire.load_body(request.body)
+        parsed = wire.parse_generation(body, kind, self.config.max_tokens_limit)
         body["priority"] = slo.priority  # vLLM's priority scheduling: lower is earlier
         prefix = parsed.prompt_text[:PREFIX_CHARS]
         route = RouteRequest(model=parsed.model, slo_class=slo, prompt_tokens=count_tokens(parsed.prompt_text),
@@ -152,7 +157,7 @@ class Router:
         started = time.perf_counter()
         self.admission.check_overload(slo, self.replicas.snapshot())
         async with self.admission.slot(slo):
-            self.metrics.inflight.labels(slo.name).inc()
+            self.metrics.child(self.metrics.inflight, slo.name).inc()
             outcome = "error"
             try:
                 outcome = await self._serve(call, request, response, started)
@@ -163,14 +168,11 @@ class Router:
                 outcome = "rejected" if err.status < 500 else "error"
                 raise
             finally:
-                self.metrics.inflight.labels(slo.name).dec()
-                self.metrics.requests.labels(slo.name, outcome).inc()
+                self.metrics.child(self.metrics.inflight, slo.name).dec()
+                self.metrics.child(self.metrics.requests, slo.name, outcome).inc()
 
     async def _serve(self, call: _Call, request: Request, response: Responder, started: float) -> str:
         snapshot = self.replicas.snapshot()
-        for c in snapshot:
-            self.metrics.healthy.labels(c.endpoint.replica_id).set(
-                1.0 if c.endpoint.healthy and not c.load.breaker_open else 0.0)
         pd = self._pd_choice(call, snapshot)
         if pd is not None:
             return await self._serve_pd(call, pd, response, started)
@@ -259,7 +261,7 @@ class Router:
             body = await resp.body()
             response.send(resp.status, body, ctype, headers)
             if resp.status < 400:
-                self.metrics.e2e.labels(*labels).observe(time.perf_counter() - started)
+                self.metrics.child(self.metrics.e2e, *labels).observe(time.perf_counter() - started)
             return "ok" if resp.status < 400 else "rejected"
         response.start_stream(resp.status, ctype, headers)
         first = last = 0.0
@@ -268,16 +270,16 @@ class Router:
             now = time.perf_counter()
             if chunks == 0:
                 first = now
-                self.metrics.ttft.labels(*labels).observe(now - started)
+                self.metrics.child(self.metrics.ttft, *labels).observe(now - started)
             else:
-                self.metrics.itl.labels(*labels).observe(now - last)
+                self.metrics.child(self.metrics.itl, *labels).observe(now - last)
             last = now
             chunks += 1
             await response.write(data)
         response.end()
         if chunks > 1:
-            self.metrics.tpot.labels(*labels).observe((last - first) / (chunks - 1))
-        self.metrics.e2e.labels(*labels).observe(time.perf_counter() - started)
+            self.metrics.child(self.metrics.tpot, *labels).observe((last - first) / (chunks - 1))
+        self.metrics.child(self.metrics.e2e, *labels).observe(time.perf_counter() - started)
         return "ok"
 
     async def _serve_pd(self, call: _Call, pd: PDDecision, response: Responder, started: float) -> str:
@@ -306,7 +308,8 @@ class Router:
         dcand, dresp = await self._first_answer(list(pd.decode_order) or [pd.decode], second, path)
         tier = pd.tiers.get(dcand.endpoint.replica_id, pd.tier)
         labels = (call.slo.name, dcand.endpoint.pool, tier)
-        self.metrics.kv.labels(*labels).observe(pd.kv_ms / 1000 if pd.kv_ms else time.perf_counter() - handover)
+        kv_s = pd.kv_ms / 1000 if pd.kv_ms else time.perf_counter() - handover
+        self.metrics.child(self.metrics.kv, *labels).observe(kv_s)
         extra = (("x-isle-prefill-replica", pcand.endpoint.replica_id),)
         try:
             return await self._relay(call, dcand, dresp, response, started, extra, tier)

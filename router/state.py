@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pools.routing import ReplicaEndpoint, RoutingTable
@@ -85,9 +86,11 @@ class Replicas:
         if s.failures >= self.breaker_failures:
             s.open_until = time.monotonic() + self.breaker_open_s
 
-    async def scrape_forever(self, pool: Pool, interval_s: float) -> None:
+    async def scrape_forever(self, pool: Pool, interval_s: float, after: Callable[[], None] | None = None) -> None:
         while True:
             await asyncio.gather(*(self._scrape(pool, s) for s in list(self.states.values())))
+            if after is not None:
+                after()
             await asyncio.sleep(interval_s)
 
     async def _scrape(self, pool: Pool, s: ReplicaState) -> None:

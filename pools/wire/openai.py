@@ -69,13 +69,18 @@ def _chat_text(messages: Any) -> str:
     return "\n".join(parts)
 
 
-def parse_generation(body_bytes: bytes, kind: str, max_model_len: int) -> GenerationRequest:
+def load_body(body_bytes: bytes) -> JSON:
     try:
         body = json.loads(body_bytes)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+def parse_generation(body_bytes: bytes | JSON, kind: str, max_model_len: int) -> GenerationRequest:
+    body = load_body(body_bytes) if isinstance(body_bytes, bytes) else body_bytes
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required", param="model")
