@@ -105,3 +105,18 @@ def test_spec_capture_nodes_and_bad_references(tmp_path: Path) -> None:
         parse_spec("nodes:\n  - {name: y, template: a30-pairs, degraded_links: [{gpus: [0, 9]}]}\n")
     with pytest.raises(ParseError, match="duplicate node names: z"):
         parse_spec("nodes:\n  - {name: z, template: a30-pairs}\n  - {name: z, template: a30-pairs}\n")
+
+
+def test_grafana_dashboard_queries_metrics_the_router_exports() -> None:
+    import json
+
+    from router.metrics import RouterMetrics
+
+    dash = json.loads((ROOT / "configs/grafana-isleserve.json").read_text())
+    exported = RouterMetrics().render().decode()
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            words = target["expr"].replace("(", " ").replace(")", " ").split()
+            for name in [w for w in words if w.startswith("isle_")]:
+                base = name.split("[")[0].removesuffix("_bucket").removesuffix("_total")
+                assert base in exported, name
