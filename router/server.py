@@ -31,7 +31,8 @@ from router.upstream import Pool, UpstreamError, UpstreamResponse
 from topology import Topology
 
 log = logging.getLogger("isleserve.router")
-PREFIX_CHARS = 256
+PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
+"""Prefix affinity hashes the prompt's leading full blocks (about 16 tokens each), up to 4."""
 
 
 @dataclass(slots=True)
@@ -143,7 +144,8 @@ class Router:
         body = wire.load_body(request.body)
         parsed = wire.parse_generation(body, kind, self.config.max_tokens_limit)
         body["priority"] = slo.priority  # vLLM's priority scheduling: lower is earlier
-        prefix = parsed.prompt_text[:PREFIX_CHARS]
+        blocks = min(len(parsed.prompt_text) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
+        prefix = parsed.prompt_text[: blocks * PREFIX_BLOCK_CHARS]
         route = RouteRequest(model=parsed.model, slo_class=slo, prompt_tokens=count_tokens(parsed.prompt_text),
                              prefix_hash=zlib.crc32(prefix.encode()) if prefix else 0)
         return _Call(slo=slo, body=body, stream=parsed.stream, route=route)
@@ -175,7 +177,14 @@ class Router:
         snapshot = self.replicas.snapshot()
         pd = self._pd_choice(call, snapshot)
         if pd is not None:
-            return await self._serve_pd(call, pd, response, started)
+            try:
+                return await self._serve_pd(call, pd, response, started)
+            except wire.ApiError as err:
+                if response.started or err.status < 500:
+                    raise
+                log.debug("PD pair %s/%s failed before the first byte (%s): a mixed replica serves it",
+                          pd.prefill.endpoint.replica_id, pd.decode.endpoint.replica_id, err.message)
+                snapshot = self.replicas.snapshot()
         t0 = time.perf_counter()
         decision = decide(call.route, snapshot, self.profiles[call.slo.name], self.rng, next(self.turns))
         self.metrics.decision.observe(time.perf_counter() - t0)

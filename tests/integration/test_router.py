@@ -47,6 +47,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                 {"name": "batch", "priority": 2, "ttft_ms": 30000, "tpot_ms": 500, "sheddable": True,
                  "max_concurrency": 1}],
             "default_slo_class": "standard",
+            "profiles": {
+                "interactive": {"scorers": {"link-tier-scorer": 1.0, "link-health-scorer": 1.0,
+                                            "queue-depth-scorer": 1.0}},
+                "standard": {"scorers": {"prefix-affinity-scorer": 2.0, "kv-usage-scorer": 0.1}},
+                "batch": {"picker": "round-robin-picker"},
+            },
             "pd": {"enabled": True, "min_prompt_tokens": 1000},
             "upstream": {"retries": 2, "breaker_failures": 2, "breaker_open_s": 30},
             "scrape_interval_s": 0.2,
@@ -104,6 +110,24 @@ def test_openai_client_through_the_router(cluster: dict[str, Any]) -> None:
         c.completions.create(model="gpt-9", prompt="x")
     with pytest.raises(openai.BadRequestError):
         c.completions.create(model=MODEL, prompt="x", n=3)
+
+
+def test_profiles_per_class_use_their_plugins(cluster: dict[str, Any]) -> None:
+    c = client(cluster)
+
+    def served(prompt: str, cls: str, key: str = DEV_KEY) -> str:
+        raw = client(cluster, key).completions.with_raw_response.create(
+            model=MODEL, prompt=prompt, max_tokens=1, extra_headers={"x-slo-class": cls})
+        return str(raw.headers["x-isle-replica"])
+
+    system = "You are a helpful assistant that answers questions about GPU interconnects. " * 4
+    sticky = {served(system + f"question {i}", "standard") for i in range(6)}
+    assert len(sticky) == 1  # prefix affinity: one shared prefix, one replica
+    spread = {served(f"{i} different prompt", "standard") for i in range(12)}
+    assert spread == {"m1", "m2"}
+    turns = [served("rr", "batch", "batch-only") for _ in range(4)]
+    assert turns in (["m1", "m2", "m1", "m2"], ["m2", "m1", "m2", "m1"])  # round robin
+    assert c.models.list().data
 
 
 def test_keys_classes_and_admin(cluster: dict[str, Any]) -> None:
@@ -228,6 +252,35 @@ def test_pd_falls_back_to_the_next_decode_and_the_tier_says_cross_node(cluster: 
         assert 'isle_router_kv_transfer_seconds_count{pool="pool-decode",slo_class="interactive",tier="nvlink"}' in text
     finally:
         fault(engines["d1"], {"clear": True})
+
+
+def test_interactive_holds_while_batch_is_shed_and_pd_falls_back_to_mixed(cluster: dict[str, Any]) -> None:
+    async def main() -> tuple[list[int], list[int]]:
+        async def one(key: str, cls: str) -> int:
+            c = openai.AsyncOpenAI(base_url=cluster["url"], api_key=key, max_retries=0, timeout=30)
+            try:
+                await c.completions.create(model=MODEL, prompt="x", max_tokens=30, extra_headers={"x-slo-class": cls})
+                return 200
+            except openai.RateLimitError:
+                return 429
+            finally:
+                await c.close()
+
+        inter = [one(DEV_KEY, "interactive") for _ in range(6)]
+        batch = [one("batch-only", "batch") for _ in range(6)]
+        results = await asyncio.gather(*inter, *batch)
+        return list(results[:6]), list(results[6:])
+
+    interactive, batch = asyncio.run(main())
+    assert interactive == [200] * 6 and 429 in batch  # batch is shed first; interactive is served
+
+    fault(cluster["engines"]["p1"], {"fail_requests": 503})
+    try:
+        raw = client(cluster).completions.with_raw_response.create(
+            model=MODEL, prompt=LONG + "fallback", max_tokens=2, extra_headers={"x-slo-class": "interactive"})
+        assert "x-isle-prefill-replica" not in raw.headers and raw.headers["x-isle-replica"] in ("m1", "m2")
+    finally:
+        fault(cluster["engines"]["p1"], {"clear": True})
 
 
 def test_no_retry_after_the_first_byte(cluster: dict[str, Any]) -> None:
