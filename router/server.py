@@ -6,6 +6,7 @@ byte, and records per-tier latency. The same code runs in tests, standalone and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -26,11 +27,13 @@ from router.auth import Auth
 from router.config import RouterConfig
 from router.decision import Candidate, PDDecision, Profile, RouteDecision, RouteRequest, check_profile, decide, pd_pair
 from router.metrics import RouterMetrics
+from router.relay import Exchange, RelayPool, finish
 from router.state import Replicas
-from router.upstream import Pool, UpstreamError, UpstreamResponse
+from router.upstream import Pool, UpstreamError
 from topology import Topology
 
 log = logging.getLogger("isleserve.router")
+JSON_HEADERS = b"content-type: application/json\r\nconnection: keep-alive\r\n"
 PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
 """Prefix affinity hashes the prompt's leading full blocks (about 16 tokens each), up to 4."""
 
@@ -53,7 +56,8 @@ class Router:
         self.plan = plan
         self.metrics = RouterMetrics()
         self.admission = Admission(config.classes())
-        self.pool = Pool(config.upstream.connect_timeout_s)
+        self.pool = Pool(config.upstream.connect_timeout_s)  # scraping engines' /metrics
+        self.relay = RelayPool(config.upstream.connect_timeout_s)  # the request path
         self.rng = random.Random(config.seed)
         self.turns = itertools.count()
         self.profiles = {name: self._profile(name) for name in config.classes()}
@@ -83,6 +87,7 @@ class Router:
         if self.server is not None:
             self.server.close()
         self.pool.close()
+        self.relay.close()
 
     @property
     def port(self) -> int:
@@ -209,15 +214,13 @@ class Router:
                 if decision.winner is None or r.replica_id != decision.winner.endpoint.replica_id]
         return first + rest
 
-    async def _send(self, cand: Candidate, body: dict[str, Any], path: str) -> UpstreamResponse:
-        up = self.config.upstream
+    async def _start(self, cand: Candidate, body: dict[str, Any], path: str) -> Exchange:
         payload = json.dumps(body).encode()
-        return await self.pool.request(cand.endpoint.url, "POST", path, payload,
-                                       {"content-type": "application/json"}, up.first_byte_timeout_s,
-                                       up.idle_timeout_s)
+        return await self.relay.start(cand.endpoint.url, "POST", path, payload, JSON_HEADERS,
+                                      self.config.upstream.first_byte_timeout_s)
 
     async def _first_answer(self, order: list[Candidate], body: dict[str, Any], path: str
-                            ) -> tuple[Candidate, UpstreamResponse]:
+                            ) -> tuple[Candidate, Exchange]:
         """Try replicas in order; connect errors and 5xx before the first byte go to the next."""
         if not order:
             raise wire.ApiError(503, "no healthy replica can serve this request now", "service_unavailable")
@@ -226,24 +229,22 @@ class Router:
             state = self.replicas.states.get(cand.endpoint.replica_id)
             if state is not None:
                 state.inflight += 1
+            t0 = time.perf_counter()
             try:
-                t0 = time.perf_counter()
-                resp = await self._send(cand, body, path)
+                ex = await self._start(cand, body, path)
+                if ex.status >= 500:
+                    last = f"{cand.endpoint.replica_id} answered {ex.status}"
+                    with contextlib.suppress(UpstreamError):
+                        await finish(ex, self.config.upstream.idle_timeout_s)
+                    raise UpstreamError(last)
             except UpstreamError as err:
                 last = str(err)
                 self.replicas.failed(cand.endpoint.replica_id)
                 if state is not None:
                     state.inflight -= 1
                 continue
-            if resp.status >= 500:
-                last = f"{cand.endpoint.replica_id} answered {resp.status}"
-                await resp.body()
-                self.replicas.failed(cand.endpoint.replica_id)
-                if state is not None:
-                    state.inflight -= 1
-                continue
             self.replicas.ok(cand.endpoint.replica_id, (time.perf_counter() - t0) * 1000)
-            return cand, resp
+            return cand, ex
         raise wire.ApiError(502, f"upstream failed: {last}", "bad_gateway")
 
     def _done(self, cand: Candidate) -> None:
@@ -254,40 +255,50 @@ class Router:
     async def _proxy(self, call: _Call, decision: RouteDecision, snapshot: list[Candidate], response: Responder,
                      started: float, extra_headers: tuple[tuple[str, str], ...] = (), path: str = "") -> str:
         path = path or ("/v1/chat/completions" if "messages" in call.body else "/v1/completions")
-        cand, resp = await self._first_answer(self._order(decision, snapshot), call.body, path)
+        cand, ex = await self._first_answer(self._order(decision, snapshot), call.body, path)
         try:
-            return await self._relay(call, cand, resp, response, started, extra_headers, cand.endpoint.tier)
+            return await self._relay(call, cand, ex, response, started, extra_headers, cand.endpoint.tier)
         finally:
-            resp.release()
+            ex.abort()
             self._done(cand)
 
-    async def _relay(self, call: _Call, cand: Candidate, resp: UpstreamResponse, response: Responder,
-                     started: float, extra: tuple[tuple[str, str], ...], tier: str) -> str:
+    async def _relay(self, call: _Call, cand: Candidate, ex: Exchange, response: Responder, started: float,
+                     extra: tuple[tuple[str, str], ...], tier: str) -> str:
         labels = (call.slo.name, cand.endpoint.pool, tier)
         headers = [("x-isle-replica", cand.endpoint.replica_id), ("x-isle-tier", tier), *extra]
-        ctype = resp.headers.get("content-type", "application/json")
+        ctype = ex.headers.get("content-type", "application/json")
+        idle = self.config.upstream.idle_timeout_s
         if not ctype.startswith("text/event-stream"):
-            body = await resp.body()
-            response.send(resp.status, body, ctype, headers)
-            if resp.status < 400:
+            await finish(ex, idle)
+            response.send(ex.status, ex.body(), ctype, headers)
+            if ex.status < 400:
                 self.metrics.child(self.metrics.e2e, *labels).observe(time.perf_counter() - started)
-            return "ok" if resp.status < 400 else "rejected"
-        response.start_stream(resp.status, ctype, headers)
-        first = last = 0.0
-        chunks = 0
-        async for data in resp.chunks():
+            return "ok" if ex.status < 400 else "rejected"
+        response.start_stream(ex.status, ctype, headers)
+        ttft, itl = self.metrics.child(self.metrics.ttft, *labels), self.metrics.child(self.metrics.itl, *labels)
+        times = [0.0, 0.0, 0.0]  # first, last, chunks
+
+        def sink(data: bytes) -> None:
             now = time.perf_counter()
-            if chunks == 0:
-                first = now
-                self.metrics.child(self.metrics.ttft, *labels).observe(now - started)
+            if times[2] == 0:
+                times[0] = now
+                ttft.observe(now - started)
             else:
-                self.metrics.child(self.metrics.itl, *labels).observe(now - last)
-            last = now
-            chunks += 1
-            await response.write(data)
+                itl.observe(now - times[1])
+            times[1] = now
+            times[2] += 1
+            if response.write_nowait(data) and ex.conn is not None:
+                ex.conn.pause()  # the client is slower than the engine: stop reading upstream
+                response.on_resume(ex.conn.resume)
+
+        for part in ex.parts:
+            sink(part)
+        ex.parts.clear()
+        ex.sink = sink
+        await finish(ex, idle)
         response.end()
-        if chunks > 1:
-            self.metrics.child(self.metrics.tpot, *labels).observe((last - first) / (chunks - 1))
+        if times[2] > 1:
+            self.metrics.child(self.metrics.tpot, *labels).observe((times[1] - times[0]) / (times[2] - 1))
         self.metrics.child(self.metrics.e2e, *labels).observe(time.perf_counter() - started)
         return "ok"
 
@@ -298,14 +309,15 @@ class Router:
         first = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
         first.pop("stream_options", None)
         first.pop("max_completion_tokens", None)
-        pcand, presp = await self._first_answer([pd.prefill], first, path)
+        pcand, pex = await self._first_answer([pd.prefill], first, path)
         try:
-            raw = await presp.body()
+            await finish(pex, self.config.upstream.idle_timeout_s)
+            raw = pex.body()
         finally:
-            presp.release()
+            pex.abort()
             self._done(pcand)
-        if presp.status != 200:
-            response.send(presp.status, raw)
+        if pex.status != 200:
+            response.send(pex.status, raw)
             return "rejected"
         try:
             params = json.loads(raw)["kv_transfer_params"]
@@ -314,14 +326,14 @@ class Router:
                                 "bad_gateway") from None
         handover = time.perf_counter()
         second = {**call.body, "kv_transfer_params": params}
-        dcand, dresp = await self._first_answer(list(pd.decode_order) or [pd.decode], second, path)
+        dcand, dex = await self._first_answer(list(pd.decode_order) or [pd.decode], second, path)
         tier = pd.tiers.get(dcand.endpoint.replica_id, pd.tier)
         labels = (call.slo.name, dcand.endpoint.pool, tier)
         kv_s = pd.kv_ms / 1000 if pd.kv_ms else time.perf_counter() - handover
         self.metrics.child(self.metrics.kv, *labels).observe(kv_s)
         extra = (("x-isle-prefill-replica", pcand.endpoint.replica_id),)
         try:
-            return await self._relay(call, dcand, dresp, response, started, extra, tier)
+            return await self._relay(call, dcand, dex, response, started, extra, tier)
         finally:
-            dresp.release()
+            dex.abort()
             self._done(dcand)

@@ -92,6 +92,16 @@ class Responder:
         self._p.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         await self._p.drain()
 
+    def write_nowait(self, chunk: bytes) -> bool:
+        """Write a chunk from a callback; True when the client is not keeping up (pause the
+        source and resume it from `on_resume`)."""
+        if chunk and not self._p.closed:
+            self._p.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        return self._p.paused
+
+    def on_resume(self, callback: Callable[[], None]) -> None:
+        self._p.resume_callbacks.append(callback)
+
     def end(self) -> None:
         if self.finished:
             return
@@ -117,6 +127,7 @@ class HttpProtocol(asyncio.Protocol):
         self.peer = ""
         self._paused = False
         self._drain: asyncio.Future[None] | None = None
+        self.resume_callbacks: list[Callable[[], None]] = []
         self.task: asyncio.Task[None] | None = None
 
     # asyncio callbacks
@@ -137,6 +148,13 @@ class HttpProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._paused = False
         self._wake()
+        callbacks, self.resume_callbacks = self.resume_callbacks, []
+        for callback in callbacks:
+            callback()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
 
     def data_received(self, data: bytes) -> None:
         try:
