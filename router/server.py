@@ -162,12 +162,13 @@ class Router:
         if call.route.model not in self.replicas.table.models():
             raise wire.ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model")
         started = time.perf_counter()
-        self.admission.check_overload(slo, self.replicas.snapshot())
+        snapshot = self.replicas.snapshot()
+        self.admission.check_overload(slo, snapshot)
         async with self.admission.slot(slo):
             self.metrics.child(self.metrics.inflight, slo.name).inc()
             outcome = "error"
             try:
-                outcome = await self._serve(call, request, response, started)
+                outcome = await self._serve(call, snapshot, response, started)
             except asyncio.CancelledError:
                 outcome = "cancelled"
                 raise
@@ -178,8 +179,7 @@ class Router:
                 self.metrics.child(self.metrics.inflight, slo.name).dec()
                 self.metrics.child(self.metrics.requests, slo.name, outcome).inc()
 
-    async def _serve(self, call: _Call, request: Request, response: Responder, started: float) -> str:
-        snapshot = self.replicas.snapshot()
+    async def _serve(self, call: _Call, snapshot: list[Candidate], response: Responder, started: float) -> str:
         pd = self._pd_choice(call, snapshot)
         if pd is not None:
             try:
