@@ -66,20 +66,41 @@ class _Conn:
 
 
 async def _one(port: int, pool: list[_Conn], body: bytes, stream: bool) -> tuple[float, float]:
-    """(seconds to the first body byte, seconds to the end) of one request on a keep-alive conn."""
-    conn = pool.pop() if pool else _Conn(*await asyncio.open_connection("127.0.0.1", port))
+    """(seconds to the first body byte, seconds to the end) of one request on a keep-alive conn;
+    a pooled connection the proxy closed meanwhile is replaced once."""
     start = time.perf_counter()
+    for attempt in range(2):
+        reused = bool(pool) and attempt == 0
+        conn = pool.pop() if reused else _Conn(*await asyncio.open_connection("127.0.0.1", port))
+        try:
+            first, end, keep = await _exchange(conn, body)
+        except (ValueError, OSError, asyncio.IncompleteReadError):
+            conn.writer.close()
+            if reused:
+                continue
+            raise
+        if keep:
+            pool.append(conn)
+        else:
+            conn.writer.close()
+        return first - start if first else 0.0, end - start
+    raise RuntimeError("unreachable")
+
+
+async def _exchange(conn: _Conn, body: bytes) -> tuple[float, float, bool]:
+    """Absolute perf_counter times of the first body byte and of the end; keep-alive or not."""
     conn.writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                       b"authorization: " + AUTH.encode() + b"\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
     headers: dict[str, str] = {}
-    await conn.reader.readline()
+    if not (await conn.reader.readline()).startswith(b"HTTP/1.1 2"):
+        raise ValueError("not a 2xx response")
     while (line := await conn.reader.readline()) not in (b"\r\n", b""):
         k, _, v = line.decode().partition(":")
         headers[k.strip().lower()] = v.strip()
     first = 0.0
     if "content-length" in headers:
         await conn.reader.readexactly(int(headers["content-length"]))
-        first = time.perf_counter() - start
+        first = time.perf_counter()
     else:
         while True:
             size = int((await conn.reader.readline()).strip(), 16)
@@ -88,9 +109,8 @@ async def _one(port: int, pool: list[_Conn], body: bytes, stream: bool) -> tuple
                 break
             data = await conn.reader.readexactly(size + 2)
             if not first and b"data: {" in data:
-                first = time.perf_counter() - start
-    pool.append(conn)
-    return first, time.perf_counter() - start
+                first = time.perf_counter()
+    return first, time.perf_counter(), headers.get("connection", "").lower() != "close"
 
 
 async def open_loop(port: int, rate: float, seconds: float, warmup_s: float = 1.0) -> list[float]:
