@@ -9,16 +9,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pools import catalog
 from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
 from topology.errors import ParseError
 from topology.readers.spec import format_validation
+from topology.yamlfile import load_yaml_file
 
 
 class _Strict(BaseModel):
@@ -115,12 +114,7 @@ class PoolsConfig(_Strict):
 
 
 def load_pools(path: str) -> PoolsConfig:
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise ParseError(f"cannot read pools file: {err.strerror}", path) from None
-    except yaml.YAMLError as err:
-        raise ParseError(f"not valid YAML ({str(err).splitlines()[0]})", path) from None
+    raw = load_yaml_file(path, "pools file")
     if not isinstance(raw, dict):
         raise ParseError("a pools file is a mapping with a top-level `pools:` list", path)
     try:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 
 from pools.routing import ReplicaEndpoint, RoutingTable
+from pools.wire.lifecycle import serve_until_signalled
 from router.config import RouterConfig, load_router_config
 from router.server import Router
 from topology import Topology, TopologyError, read_source
@@ -26,18 +25,6 @@ def table_from_config(config: RouterConfig) -> RoutingTable:
 def build_router(config: RouterConfig) -> Router:
     topology: Topology | None = read_source(config.topology) if config.topology else None
     return Router(config, table_from_config(config), topology)
-
-
-async def _serve(router: Router) -> None:
-    await router.start()
-    print(f"isleserve router ready: http://{router.config.host}:{router.port}/v1", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await router.stop()
 
 
 def bench(argv: Sequence[str]) -> int:
@@ -75,5 +62,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_serve(router))
+    asyncio.run(serve_until_signalled(
+        router.start, router.stop, lambda: f"isleserve router ready: http://{router.config.host}:{router.port}/v1"))
     return 0

@@ -12,13 +12,13 @@ import os
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pools.config import SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, SLOClass
 from topology.errors import ParseError
 from topology.readers.spec import format_validation
+from topology.yamlfile import load_yaml_file
 
 DEV_KEY, DEV_ADMIN_KEY = "isle-dev-key", "isle-dev-admin"
 
@@ -138,13 +138,7 @@ class RouterConfig(_Strict):
 
 
 def load_router_config(path: str) -> RouterConfig:
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise ParseError(f"cannot read router config: {err.strerror}", path) from None
-    except yaml.YAMLError as err:
-        raise ParseError(f"not valid YAML ({str(err).splitlines()[0]})", path) from None
-    return parse_router_config(raw, path)
+    return parse_router_config(load_yaml_file(path, "router config"), path)
 
 
 def parse_router_config(raw: object, where: str = "router config") -> RouterConfig:

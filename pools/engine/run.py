@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
-import signal
 import uuid
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from pools.costmodel import LinkCost
 from pools.engine.core import EngineConfig
 from pools.engine.pd import Placement, is_loopback
 from pools.engine.server import EngineIdentity, SimEngine
+from pools.wire.lifecycle import serve_until_signalled
 from topology import GpuRef, LinkKind, bottleneck, read_source
 from topology.gpus import gpu_facts
 from topology.kinds import default_bandwidth_gb_s, default_latency_us
@@ -85,18 +84,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="warning")
 
 
-async def _serve(engine: SimEngine, ready: str) -> None:
-    await engine.start()
-    print(f"{ready} {engine.url}/v1", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await engine.stop()
-
-
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = build(args)
@@ -107,5 +94,6 @@ def main(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     desc = f"(model {engine.id.served_model}, {args.gpu} tp={args.tp} {args.tp_link}, role {args.role})"
-    asyncio.run(_serve(engine, f"isleserve sim-engine {desc} ready:"))
+    asyncio.run(serve_until_signalled(engine.start, engine.stop,
+                                      lambda: f"isleserve sim-engine {desc} ready: {engine.url}/v1"))
     return 0
