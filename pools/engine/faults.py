@@ -14,14 +14,17 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import TYPE_CHECKING, Any
-
-from pools.costmodel import LinkCost
-
-if TYPE_CHECKING:
-    from pools.engine.server import SimEngine
+from typing import Any, Protocol
 
 CRASH_EXIT_CODE = 17
+
+
+class FaultTarget(Protocol):
+    """What a fault acts on (the engine), without this module knowing the engine."""
+
+    def set_link_factor(self, factor: float) -> None: ...
+
+    async def set_accepting(self, accept: bool) -> None: ...
 
 
 class Faults:
@@ -40,7 +43,7 @@ class Faults:
                 "crash_after_tokens": self.crash_after, "refuse_connections": self.refusing,
                 "fail_requests": self.fail_status}
 
-    def apply(self, spec: dict[str, Any], engine: SimEngine) -> None:
+    def apply(self, spec: dict[str, Any], engine: FaultTarget) -> None:
         if not isinstance(spec, dict):
             raise TypeError("a fault is a JSON object")
         unknown = set(spec) - {"slowdown", "link_bandwidth_factor", "stall_s", "crash_after_tokens",
@@ -49,8 +52,8 @@ class Faults:
             raise ValueError(f"unknown fault fields {sorted(unknown)}")
         if spec.get("clear"):
             self.__init__()  # type: ignore[misc]
-            engine.core.link = engine.config.link
-            asyncio.get_running_loop().create_task(self._accept(engine, True))
+            engine.set_link_factor(1.0)
+            asyncio.get_running_loop().create_task(engine.set_accepting(True))
             return
         if "slowdown" in spec:
             self.slowdown = float(spec["slowdown"])
@@ -61,9 +64,7 @@ class Faults:
             if not 0 < factor <= 1:
                 raise ValueError("link_bandwidth_factor must be in (0, 1]")
             self.link_factor = factor
-            base = engine.config.link
-            engine.core.link = LinkCost(bandwidth_gb_s=base.bandwidth_gb_s * factor,
-                                        latency_us=base.latency_us / factor)
+            engine.set_link_factor(factor)
         if "stall_s" in spec:
             self.stall_until = time.monotonic() + float(spec["stall_s"])
         if "crash_after_tokens" in spec:
@@ -74,17 +75,8 @@ class Faults:
                 raise ValueError("fail_requests is an HTTP error status (or 0 to stop)")
             self.fail_status = status
         if "refuse_connections" in spec:
-            asyncio.get_running_loop().create_task(self._accept(engine, not spec["refuse_connections"]))
-
-    async def _accept(self, engine: SimEngine, accept: bool) -> None:
-        from pools.wire.http import serve
-
-        self.refusing = not accept
-        if accept:
-            if engine.server is None or not engine.server.is_serving():
-                engine.server = await serve(engine.handle, engine.id.host, engine.port)
-        elif engine.server is not None:
-            engine.server.close()  # stop listening (connect: refused); open connections carry on
+            self.refusing = bool(spec["refuse_connections"])
+            asyncio.get_running_loop().create_task(engine.set_accepting(not self.refusing))
 
     async def wait_if_stalled(self) -> None:
         left = self.stall_until - time.monotonic()

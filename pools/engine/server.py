@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from pools.costmodel import LinkCost
 from pools.engine import pd
 from pools.engine.core import EngineConfig, EngineCore, StepResult
 from pools.engine.faults import Faults
@@ -86,6 +87,18 @@ class SimEngine:
             self._driver.cancel()
         if self.server is not None:
             self.server.close()
+
+    def set_link_factor(self, factor: float) -> None:
+        """A degraded TP link: `factor` of its bandwidth, latency divided by it."""
+        base = self.config.link
+        self.core.link = LinkCost(bandwidth_gb_s=base.bandwidth_gb_s * factor, latency_us=base.latency_us / factor)
+
+    async def set_accepting(self, accept: bool) -> None:
+        if accept:
+            if self.server is None or not self.server.is_serving():
+                self.server = await serve(self.handle, self.id.host, self.port)
+        elif self.server is not None:
+            self.server.close()  # stop listening (connect: refused); open connections carry on
 
     @property
     def url(self) -> str:
