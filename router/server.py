@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from pools.engine.text import count_tokens
 from pools.model import SLOClass
 from pools.routing import RoutingTable
@@ -159,7 +161,7 @@ class Router:
         principal = self.auth.user(request.headers)
         slo = self.auth.slo_class(principal, request.headers.get("x-slo-class"))
         call = self._parse(request, kind, slo)
-        if call.route.model not in self.replicas.table.models():
+        if call.route.model not in self.replicas.served:
             raise wire.ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model")
         started = time.perf_counter()
         snapshot = self.replicas.snapshot()
@@ -215,7 +217,7 @@ class Router:
         return first + rest
 
     async def _start(self, cand: Candidate, body: dict[str, Any], path: str) -> Exchange:
-        payload = json.dumps(body).encode()
+        payload = orjson.dumps(body)
         return await self.relay.start(cand.endpoint.url, "POST", path, payload, JSON_HEADERS,
                                       self.config.upstream.first_byte_timeout_s)
 

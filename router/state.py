@@ -56,6 +56,7 @@ class ReplicaState:
 class Replicas:
     def __init__(self, table: RoutingTable, breaker_failures: int, breaker_open_s: float) -> None:
         self.table = table
+        self.served = frozenset(table.models())
         self.states = {r.replica_id: ReplicaState(r) for r in table.replicas}
         self.breaker_failures, self.breaker_open_s = breaker_failures, breaker_open_s
 
@@ -67,6 +68,7 @@ class Replicas:
         self.states = {r.replica_id: (replace(old[r.replica_id], endpoint=r) if r.replica_id in old
                                       else ReplicaState(r)) for r in table.replicas}
         self.table = table
+        self.served = frozenset(table.models())
 
     def snapshot(self) -> list[Candidate]:
         now = time.monotonic()

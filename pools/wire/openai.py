@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 JSON = dict[str, Any]
 
 
@@ -71,8 +73,8 @@ def _chat_text(messages: Any) -> str:
 
 def load_body(body_bytes: bytes) -> JSON:
     try:
-        body = json.loads(body_bytes)
-    except (ValueError, UnicodeDecodeError):
+        body = orjson.loads(body_bytes)
+    except orjson.JSONDecodeError:
         raise ApiError(400, "request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
