@@ -1,0 +1,113 @@
+"""The product's settings under a Ray Serve config's `args` (configs/local.yaml, configs/prod.yaml),
+validated by pydantic with every problem reported at once, and the plan they would deploy.
+
+    applications:
+      - name: isleserve
+        import_path: router.serve:build
+        args:
+          topology: configs/clusters/local-sim.yaml     # or nvml: discovery on every Ray node
+          engine: sim                                   # or vllm
+          policy: island-aligned
+          pools: [{name: ..., role: ..., tp: ..., replicas: ..., model: ...}]
+          router: {port: 8000, keys: [...], admin_keys: [...], ...}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pools.config import PoolConfig, PoolsConfig, SLOClassConfig
+from pools.model import PlacementPlan, PlacementRequest
+from pools.placement import POLICIES, get_policy
+from router.config import RouterConfig
+from topology import Topology
+from topology.errors import ParseError
+from topology.readers import read_source
+from topology.readers.spec import format_validation
+from topology.yamlfile import load_yaml_file
+
+
+class AppArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    topology: str = Field(description="`nvml` (discovery on every Ray node) or a topology source")
+    engine: Literal["sim", "vllm"] = Field(description="simulated engines, or real vLLM servers")
+    policy: str = Field(default="island-aligned", description="placement policy name")
+    pools: list[PoolConfig] = Field(min_length=1)
+    slo_classes: list[SLOClassConfig] = Field(default_factory=list)
+    router: RouterConfig = Field(description="the router's settings (its replicas come from the plan)")
+    time_scale: float = Field(default=1.0, gt=0, description="simulated engines: wall seconds per modelled second")
+    workload: str = Field(default="azure-conv", description="for `replicas: auto`")
+    state_dir: str = Field(default="/tmp/isleserve", description="where the controller records topology and plans")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AppArgs:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r} (policies: {', '.join(POLICIES)})")
+        if self.engine == "sim" and self.topology == "nvml":
+            raise ValueError("simulated engines need a declared topology (a cluster spec), not nvml")
+        if self.engine == "vllm" and not self.router.require_keys:
+            raise ValueError("a vLLM (production) deployment must set router.require_keys")
+        PoolsConfig(pools=self.pools, slo_classes=self.slo_classes)  # pool-level cross-checks
+        return self
+
+    def pools_config(self) -> PoolsConfig:
+        return PoolsConfig(pools=self.pools, slo_classes=self.slo_classes)
+
+
+def parse_app_args(raw: object, where: str = "args") -> AppArgs:
+    if not isinstance(raw, dict):
+        raise ParseError("the application's `args` must be a mapping", where)
+    try:
+        return AppArgs.model_validate(raw)
+    except ValidationError as err:
+        raise ParseError(f"invalid isleserve args: {format_validation(err)}", where) from None
+
+
+def app_args_from_serve_config(path: str) -> AppArgs:
+    """The isleserve application's args in a Ray Serve config file."""
+    doc = load_yaml_file(path, "Ray Serve config")
+    apps = doc.get("applications") if isinstance(doc, dict) else None
+    if not isinstance(apps, list):
+        raise ParseError("a Ray Serve config has an `applications` list", path)
+    for app in apps:
+        if isinstance(app, dict) and app.get("import_path") == "router.serve:build":
+            return parse_app_args(app.get("args"), path)
+    raise ParseError("no application with import_path router.serve:build", path)
+
+
+def resolve_topology(args: AppArgs, discover: Callable[[], Topology] | None = None,
+                     base: Path | None = None) -> Topology:
+    """The cluster topology: discovered (`nvml`, via `discover`: one task per Ray node) or read."""
+    if args.topology == "nvml":
+        if discover is None:
+            raise ParseError("topology nvml needs discovery on the cluster's nodes")
+        return discover()
+    source = Path(args.topology)
+    if not source.is_absolute() and base is not None and not source.exists():
+        source = base / source
+    return read_source(str(source))
+
+
+def plan_for(args: AppArgs, topology: Topology) -> PlacementPlan:
+    """The placement the deployment would make (no Ray needed): pools sized if `auto`."""
+    config = args.pools_config()
+    counts: dict[str, int] = {}
+    if config.auto_pairs():
+        from pools.sizing import size
+
+        classes = config.classes()
+        for prefill, decode in config.auto_pairs():
+            slos = [classes[c] for c in {*prefill.slo_classes, *decode.slo_classes}] or list(classes.values())
+            proposal = size(topology, str(prefill.model), args.workload, slos, None, prefill.tp, decode.tp)
+            counts[prefill.name], counts[decode.name] = proposal.prefill_replicas, proposal.decode_replicas
+    request = PlacementRequest(topology=topology, pools=config.pool_specs(counts), slo_classes=config.classes())
+    return get_policy(args.policy).place(request)
+
+
+def describe(plan: PlacementPlan) -> dict[str, Any]:
+    return plan.to_json()
