@@ -9,6 +9,7 @@ import random
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pools import catalog, costmodel
 from pools.model import Role, SLOClass
@@ -17,8 +18,7 @@ from pools.routing import ReplicaEndpoint
 from topology import GpuRef, Topology, path
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReplicaLoad:
+class ReplicaLoad(NamedTuple):  # built for every replica on every request: tuples are cheap
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
@@ -29,14 +29,12 @@ class ReplicaLoad:
     breaker_open: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Candidate:
+class Candidate(NamedTuple):
     endpoint: ReplicaEndpoint
     load: ReplicaLoad = ReplicaLoad()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RouteRequest:
+class RouteRequest(NamedTuple):
     model: str
     slo_class: SLOClass
     prompt_tokens: int

@@ -195,6 +195,9 @@ class RelayPool:
 
 async def finish(exchange: Exchange, idle_timeout_s: float) -> None:
     """Wait for the body to end; a gap longer than the idle timeout aborts it."""
+    if exchange.done.done():  # small bodies are usually complete with their head
+        exchange.done.result()
+        return
     while True:
         left = exchange.last_data + idle_timeout_s - time.monotonic()
         if left <= 0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 import pytest
 
@@ -107,7 +106,7 @@ def test_pd_pair_prefers_the_same_island_unless_it_is_backed_up() -> None:
     choice = pd_pair(req(INTERACTIVE, tokens=8000), [prefill], [far, near], topo)
     assert choice is not None and choice.decode.endpoint.replica_id == "near" and choice.tier == "nvlink"
     assert choice.tiers["far"] == "rdma" and [c.endpoint.replica_id for c in choice.decode_order] == ["near", "far"]
-    busy = replace(near, load=ReplicaLoad(waiting=50))
+    busy = near._replace(load=ReplicaLoad(waiting=50))
     choice = pd_pair(req(INTERACTIVE, tokens=8000), [prefill], [far, busy], topo)
     assert choice is not None and choice.decode.endpoint.replica_id == "far"
     print(f"predicted TTFT via far decode {choice.predicted_ttft_ms:.1f} ms, KV {choice.kv_ms:.2f} ms over rdma")
