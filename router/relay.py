@@ -173,16 +173,16 @@ class RelayPool:
             exchange = Exchange(loop)
             exchange.sink = sink
             conn.send(raw, exchange)
+            late = UpstreamError(f"no response from {key} within {first_byte_timeout_s:g} s")
+            timer = loop.call_later(first_byte_timeout_s, _too_late, exchange, conn, late)
             try:
-                async with asyncio.timeout(first_byte_timeout_s):
-                    await exchange.head
-            except TimeoutError:
-                conn.close()
-                raise UpstreamError(f"no response from {key} within {first_byte_timeout_s:g} s") from None
-            except UpstreamError:
-                if reused:
+                await exchange.head
+            except UpstreamError as err:
+                if reused and err is not late:
                     continue
                 raise
+            finally:
+                timer.cancel()
             return exchange
         raise UpstreamError(f"{key} closed the connection twice")
 
@@ -191,6 +191,12 @@ class RelayPool:
             for conn in list(bucket):
                 conn.close()
         self.idle.clear()
+
+
+def _too_late(exchange: Exchange, conn: UpstreamProtocol, error: UpstreamError) -> None:
+    if not exchange.head.done():
+        exchange.fail(error)
+        conn.close()
 
 
 async def finish(exchange: Exchange, idle_timeout_s: float) -> None:

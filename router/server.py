@@ -48,6 +48,28 @@ class _Call:
     route: RouteRequest
 
 
+def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, str, bool]:
+    """Only what routing needs: model, prompt text (length, prefix), stream, and the router's own
+    token limit. Everything else the engine validates; its 4xx comes back to the client as is."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise wire.ApiError(400, "'model' is required", param="model")
+    messages = body.get("messages")
+    if messages is not None:
+        if not isinstance(messages, list):
+            raise wire.ApiError(400, "'messages' must be a list", param="messages")
+        text = "".join(m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
+    else:
+        prompt = body.get("prompt")
+        text = prompt if isinstance(prompt, str) else (prompt[0] if isinstance(prompt, list) and prompt and
+                                                       isinstance(prompt[0], str) else "")
+    for key in ("max_tokens", "max_completion_tokens"):
+        limit = body.get(key)
+        if isinstance(limit, int) and limit > max_tokens_limit:
+            raise wire.ApiError(400, f"'{key}' is {limit}, over this router's limit of {max_tokens_limit}", param=key)
+    return model, text, body.get("stream") is True
+
+
 class Router:
     def __init__(self, config: RouterConfig, table: RoutingTable, topology: Topology | None = None,
                  plan: Mapping[str, Any] | None = None) -> None:
@@ -149,13 +171,13 @@ class Router:
         if len(request.body) > self.config.max_body_bytes:
             raise wire.ApiError(413, f"request body over {self.config.max_body_bytes} bytes")
         body = wire.load_body(request.body)
-        parsed = wire.parse_generation(body, kind, self.config.max_tokens_limit)
+        model, text, stream = peek(body, self.config.max_tokens_limit)
         body["priority"] = slo.priority  # vLLM's priority scheduling: lower is earlier
-        blocks = min(len(parsed.prompt_text) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
-        prefix = parsed.prompt_text[: blocks * PREFIX_BLOCK_CHARS]
-        route = RouteRequest(model=parsed.model, slo_class=slo, prompt_tokens=count_tokens(parsed.prompt_text),
+        blocks = min(len(text) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
+        prefix = text[: blocks * PREFIX_BLOCK_CHARS]
+        route = RouteRequest(model=model, slo_class=slo, prompt_tokens=count_tokens(text),
                              prefix_hash=zlib.crc32(prefix.encode()) if prefix else 0)
-        return _Call(slo=slo, body=body, stream=parsed.stream, route=route)
+        return _Call(slo=slo, body=body, stream=stream, route=route)
 
     async def _generate(self, request: Request, response: Responder, kind: str) -> None:
         principal = self.auth.user(request.headers)
