@@ -98,6 +98,24 @@ def cmd_size(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node_labels(args: argparse.Namespace) -> int:
+    from pools.nodelabels import node_labels, node_resources, ray_start_args
+
+    topology = read_source(args.source, ReadOptions(node_name=args.node or "node0"))
+    if len(topology.nodes) == 1:
+        node = topology.nodes[0]
+    elif args.node and topology.has_node(args.node):
+        node = topology.node(args.node)
+    else:
+        names = ", ".join(n.name for n in topology.nodes)
+        raise ValueError(f"{args.source} has several nodes: pick one with --node ({names})")
+    if args.format == "json":
+        print(json.dumps({"labels": node_labels(topology, node), "resources": node_resources(topology, node)}))
+    else:
+        print(ray_start_args(topology, node))
+    return 0
+
+
 def cmd_sim_engine(args: argparse.Namespace) -> int:
     from pools.engine.run import main as run_engine
 
@@ -138,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu")
     p.add_argument("--format", choices=["json", "text"], default="text")
     p.set_defaults(func=cmd_size)
+    p = sub.add_parser("node-labels", help="print the `ray start` labels and resources of this node")
+    p.add_argument("--source", default="nvml", help="nvml (default), or a topology source for a simulated node")
+    p.add_argument("--node", help="which node of a multi-node source (default: the only one)")
+    p.add_argument("--format", choices=["args", "json"], default="args")
+    p.set_defaults(func=cmd_node_labels)
     p = sub.add_parser("sim-engine", help="serve a simulated engine (OpenAI API, cost-model timing)")
     from pools.engine.run import add_arguments
 
