@@ -46,7 +46,7 @@ class RoutingTable:
 
 
 def table_from_plan(plan: PlacementPlan, urls: dict[str, str], served_model: dict[str, str],
-                    version: int = 1) -> RoutingTable:
+                    version: int = 1, gpu_models: dict[str, str | None] | None = None) -> RoutingTable:
     """Endpoints for the placed replicas that have a URL (pool -> served model name)."""
     out = []
     for p in plan.placements:
@@ -56,5 +56,5 @@ def table_from_plan(plan: PlacementPlan, urls: dict[str, str], served_model: dic
         out.append(ReplicaEndpoint(replica_id=p.replica_id, url=urls[p.replica_id],
                                    model=served_model.get(p.pool, pool.model or p.pool), pool=p.pool, role=p.role,
                                    node=p.node, gpus=p.gpus, island=p.island, tier=p.tier, tp=pool.tp,
-                                   catalog_model=pool.model))
+                                   catalog_model=pool.model, gpu_model=(gpu_models or {}).get(p.replica_id)))
     return RoutingTable(version=version, replicas=tuple(out), topology_fingerprint=plan.topology_fingerprint)

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import json
 import logging
+import os
+import signal
+import sys
 import uuid
 from pathlib import Path
 
@@ -84,7 +89,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="warning")
 
 
+def die_with_parent() -> None:
+    """Started by a replica actor (ISLE_PARENT_PID): exit when it dies (Linux PR_SET_PDEATHSIG)."""
+    parent = os.environ.get("ISLE_PARENT_PID")
+    if not parent:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if str(os.getppid()) != parent:
+        sys.exit(1)  # the parent died before we asked to follow it
+
+
 def main(args: argparse.Namespace) -> int:
+    die_with_parent()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = build(args)
     try:

@@ -1,0 +1,115 @@
+"""`import_path: router.serve:build` — the Ray Serve application of configs/local.yaml and prod.yaml.
+
+`build(args)` validates the product's args (every problem at once; a failed build shows up in
+`serve status` with that message), then binds one deployment. Its replica gets or creates the
+detached controller (which plans and starts the engines), and runs the router on its own
+listener (Ray Serve's proxy is disabled: its extra hop costs milliseconds) in a thread with
+its own event loop, following the controller's routing table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pools.controller.controller import ControllerSpec
+from pools.routing import RoutingTable
+from router.appconfig import AppArgs, parse_app_args
+from router.server import Router
+
+REPO = Path(__file__).resolve().parents[1]
+FOLLOW_INTERVAL_S = 1.0
+
+
+def _absolute(source: str) -> str:
+    """Relative topology paths are relative to the working directory, else to the repository
+    (`serve deploy` builds the app in Ray's processes, whose working directory is elsewhere)."""
+    if source == "nvml" or Path(source).is_absolute():
+        return source
+    for base in (Path.cwd(), REPO):
+        if (base / source).exists():
+            return str(base / source)
+    return source
+
+
+def controller_spec(args: AppArgs) -> ControllerSpec:
+    config = args.pools_config()
+    return ControllerSpec(topology_source=_absolute(args.topology), engine=args.engine, policy=args.policy,
+                          pools=config.pool_specs(), slo_classes=config.classes(), time_scale=args.time_scale,
+                          state_dir=args.state_dir)
+
+
+class RouterThread:
+    """The router's own event loop, in a thread of the Serve replica."""
+
+    def __init__(self, args: AppArgs, controller: Any) -> None:
+        import ray
+
+        self.ray, self.controller = ray, controller
+        table: RoutingTable = ray.get(controller.deploy.remote())
+        plan = ray.get(controller.plan.remote())
+        topology = ray.get(controller.topology.remote())
+        self.router = Router(args.router, table, topology, plan)
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.follower: asyncio.Task[None] | None = None
+        self.thread = threading.Thread(target=self._run, name="isleserve-router", daemon=True)
+        self.thread.start()
+        if not self.ready.wait(30) or self.error is not None:
+            raise RuntimeError(f"the router did not start: {self.error}")
+
+    def _run(self) -> None:
+        try:
+            import uvloop
+
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        except ImportError:
+            loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self.router.start())
+        except BaseException as err:  # a port already taken, for instance: report it to Serve
+            self.error = err
+            self.ready.set()
+            return
+        self.ready.set()
+        self.follower = loop.create_task(self._follow())
+        loop.run_forever()
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(FOLLOW_INTERVAL_S)
+            ref = self.controller.table.remote()
+            table: RoutingTable = await asyncio.get_running_loop().run_in_executor(None, self.ray.get, ref)
+            self.router.replicas.follow(table)
+
+    def alive(self) -> bool:
+        return self.thread.is_alive() and self.error is None
+
+
+def build(args: dict[str, Any]) -> Any:
+    from ray import serve
+
+    from pools.controller.actors import get_or_create_controller
+
+    app_args = parse_app_args(args)
+    spec = controller_spec(app_args)
+
+    class IsleServe:
+        def __init__(self, raw: dict[str, Any]) -> None:
+            self.args = parse_app_args(raw)
+            self.router = RouterThread(self.args, get_or_create_controller(spec))
+            self.started = time.time()
+
+        async def __call__(self, request: Any) -> dict[str, Any]:
+            return {"router": f"http://{self.args.router.host}:{self.router.router.port}/v1"}
+
+        def check_health(self) -> None:
+            if not self.router.alive():
+                raise RuntimeError("the isleserve router thread stopped")
+
+    deployment: Any = serve.deployment(name="isleserve-router", num_replicas=1,
+                                       ray_actor_options={"num_cpus": 0})(IsleServe)
+    return deployment.bind(args)

@@ -1,0 +1,108 @@
+"""The product as a user starts it: `serve run configs/local.yaml`, then the OpenAI endpoint on
+http://127.0.0.1:8000/v1 with the development key, metrics, the admin plan, and a clean stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from router.config import DEV_ADMIN_KEY, DEV_KEY
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+BASE = "http://127.0.0.1:8000"
+
+
+def _our_engines() -> list[int]:
+    """Engine processes started by Ray replica actors (not by anything else on the machine)."""
+    out = subprocess.run(["pgrep", "-f", "pools sim-engine"], capture_output=True, text=True, check=False).stdout
+    mine = []
+    for pid in (int(p) for p in out.split()):
+        try:
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            if Path(f"/proc/{ppid}/cmdline").read_bytes().startswith(b"ray::"):
+                mine.append(pid)
+        except OSError:
+            continue
+    return mine
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+@pytest.fixture(scope="module")
+def product() -> Iterator[None]:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    serve = Path(sys.executable).parent / "serve"
+    proc = subprocess.Popen([str(serve), "run", "configs/local.yaml"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                req = urllib.request.Request(f"{BASE}/v1/models", headers={"authorization": f"Bearer {DEV_KEY}"})
+                with urllib.request.urlopen(req, timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+            assert proc.poll() is None, "serve run exited"
+        else:
+            pytest.fail("the product did not answer on 127.0.0.1:8000 within 120 s")
+        engines = _our_engines()
+        assert len(engines) == 4  # prefill, decode and two mixed replicas
+        yield
+    finally:
+        engines = locals().get("engines", [])
+        proc.send_signal(signal.SIGINT)  # what a user's Ctrl-C does: serve run stops its local Ray
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while _alive(engines) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        leftover = _alive(engines)
+        for pid in leftover:
+            os.kill(pid, signal.SIGKILL)
+        assert not leftover, f"engines left behind: {leftover}"
+
+
+def test_chat_streams_metrics_and_admin(product: None) -> None:
+    c = openai.OpenAI(base_url=f"{BASE}/v1", api_key=DEV_KEY, max_retries=0, timeout=30)
+    chat = c.chat.completions.create(model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert chat.usage is not None and chat.usage.completion_tokens == 4
+    chunks = list(c.chat.completions.create(model="llama-3.1-8b", messages=[{"role": "user", "content": "x " * 600}],
+                                            max_tokens=3, stream=True, stream_options={"include_usage": True},
+                                            extra_headers={"x-slo-class": "interactive"}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+    with urllib.request.urlopen(f"{BASE}/metrics", timeout=5) as resp:
+        metrics = resp.read().decode()
+    assert 'tier="nvlink"' in metrics and 'slo_class="interactive"' in metrics
+    req = urllib.request.Request(f"{BASE}/admin/plan", headers={"authorization": f"Bearer {DEV_ADMIN_KEY}"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        plan = json.loads(resp.read())
+    assert {p["pool"] for p in plan["placements"]} == {"prefill", "decode", "mixed"}
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{BASE}/admin/plan", timeout=5)
+    assert err.value.code == 401
+    err.value.close()
