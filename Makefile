@@ -1,6 +1,7 @@
-# `make run`  : venv, install, parse and draw every capture (shared/data when present) and the
-#               shipped cluster specs, print their islands (until the local deployment exists)
-# `make test` : venv, install with dev tools, ruff + mypy --strict + import-linter + pytest
+# `make run`    : venv, install, `serve run configs/local.yaml`: the product on the simulated
+#                cluster, OpenAI endpoint http://127.0.0.1:8000/v1 (key isle-dev-key); Ctrl-C stops it
+# `make survey` : parse and draw every capture (shared/data when present) and cluster spec
+# `make test`   : venv, install with dev tools, ruff + mypy --strict + import-linter + pytest
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ CAPTURES := $(wildcard $(SHARED)/topo/*.txt) $(wildcard $(SHARED)/nccl-topo/*.xm
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: install run test lint clean
+.PHONY: install run survey test lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +23,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: install
+	$(BIN)/serve run configs/local.yaml
+
+survey: install
 	$(BIN)/isle topology survey $(CAPTURES) configs/clusters/*.yaml --out-dir out/topology
 
 lint: install
