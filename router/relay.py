@@ -181,6 +181,9 @@ class RelayPool:
                 if reused and err is not late:
                     continue
                 raise
+            except BaseException:  # cancelled (the client left): the engine's request stops with the connection
+                conn.close()
+                raise
             finally:
                 timer.cancel()
             return exchange

@@ -46,6 +46,8 @@ class _Call:
     body: dict[str, Any]
     stream: bool
     route: RouteRequest
+    path: str
+    """The route the client called: the engine gets the same one."""
 
 
 def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, str, bool]:
@@ -172,12 +174,14 @@ class Router:
             raise wire.ApiError(413, f"request body over {self.config.max_body_bytes} bytes")
         body = wire.load_body(request.body)
         model, text, stream = peek(body, self.config.max_tokens_limit)
+        # PD handover parameters are the router's business: a client cannot steer KV transfers
+        body.pop("kv_transfer_params", None)
         body["priority"] = slo.priority  # vLLM's priority scheduling: lower is earlier
         blocks = min(len(text) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
         prefix = text[: blocks * PREFIX_BLOCK_CHARS]
         route = RouteRequest(model=model, slo_class=slo, prompt_tokens=count_tokens(text),
                              prefix_hash=zlib.crc32(prefix.encode()) if prefix else 0)
-        return _Call(slo=slo, body=body, stream=stream, route=route)
+        return _Call(slo=slo, body=body, stream=stream, route=route, path=request.path)
 
     async def _generate(self, request: Request, response: Responder, kind: str) -> None:
         principal = self.auth.user(request.headers)
@@ -240,8 +244,10 @@ class Router:
 
     async def _start(self, cand: Candidate, body: dict[str, Any], path: str) -> Exchange:
         payload = orjson.dumps(body)
-        return await self.relay.start(cand.endpoint.url, "POST", path, payload, JSON_HEADERS,
-                                      self.config.upstream.first_byte_timeout_s)
+        up = self.config.upstream
+        # an engine answers a non-stream request only when it is done: wait for the whole of it
+        wait_s = up.first_byte_timeout_s if body.get("stream") is True else up.request_timeout_s
+        return await self.relay.start(cand.endpoint.url, "POST", path, payload, JSON_HEADERS, wait_s)
 
     async def _first_answer(self, order: list[Candidate], body: dict[str, Any], path: str
                             ) -> tuple[Candidate, Exchange]:
@@ -267,6 +273,10 @@ class Router:
                 if state is not None:
                     state.inflight -= 1
                 continue
+            except BaseException:  # the client left before the first byte: nothing is in flight
+                if state is not None:
+                    state.inflight -= 1
+                raise
             self.replicas.ok(cand.endpoint.replica_id, (time.perf_counter() - t0) * 1000)
             return cand, ex
         raise wire.ApiError(502, f"upstream failed: {last}", "bad_gateway")
@@ -278,7 +288,7 @@ class Router:
 
     async def _proxy(self, call: _Call, decision: RouteDecision, snapshot: list[Candidate], response: Responder,
                      started: float, extra_headers: tuple[tuple[str, str], ...] = (), path: str = "") -> str:
-        path = path or ("/v1/chat/completions" if "messages" in call.body else "/v1/completions")
+        path = path or call.path
         cand, ex = await self._first_answer(self._order(decision, snapshot), call.body, path)
         try:
             return await self._relay(call, cand, ex, response, started, extra_headers, cand.endpoint.tier)
@@ -326,10 +336,17 @@ class Router:
         self.metrics.child(self.metrics.e2e, *labels).observe(time.perf_counter() - started)
         return "ok"
 
+    async def _release_prefill(self, pcand: Candidate, params: dict[str, Any]) -> None:
+        body = orjson.dumps({"request_id": params.get("remote_request_id"),
+                             "engine_id": params.get("remote_engine_id")})
+        with contextlib.suppress(UpstreamError, OSError, asyncio.CancelledError):
+            ex = await self.relay.start(pcand.endpoint.url, "POST", "/internal/kv/release", body, JSON_HEADERS, 2.0)
+            await finish(ex, 2.0)
+
     async def _serve_pd(self, call: _Call, pd: PDDecision, response: Responder, started: float) -> str:
         """vLLM's disaggregated-serving protocol: prefill with kv_transfer_params and max_tokens=1,
         then decode with what the prefill returned, streamed back."""
-        path = "/v1/chat/completions" if "messages" in call.body else "/v1/completions"
+        path = call.path
         first = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
         first.pop("stream_options", None)
         first.pop("max_completion_tokens", None)
@@ -350,7 +367,11 @@ class Router:
                                 "bad_gateway") from None
         handover = time.perf_counter()
         second = {**call.body, "kv_transfer_params": params}
-        dcand, dex = await self._first_answer(list(pd.decode_order) or [pd.decode], second, path)
+        try:
+            dcand, dex = await self._first_answer(list(pd.decode_order) or [pd.decode], second, path)
+        except BaseException:
+            await self._release_prefill(pcand, params)  # nobody will claim the held KV now
+            raise
         tier = pd.tiers.get(dcand.endpoint.replica_id, pd.tier)
         labels = (call.slo.name, dcand.endpoint.pool, tier)
         kv_s = pd.kv_ms / 1000 if pd.kv_ms else time.perf_counter() - handover

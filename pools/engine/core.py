@@ -260,7 +260,8 @@ class EngineCore:
         """One iteration at `self.now`; None when nothing is runnable now."""
         plan = _Plan()
         budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
-        self._admit_waiting(plan, budget)
+        if not plan.preempted:  # as vLLM: a step that had to preempt admits nobody new
+            self._admit_waiting(plan, budget)
         if not plan.chunks and not plan.decodes:
             return None
         start, duration = self.now, self._duration_s(plan)

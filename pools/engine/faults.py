@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from typing import Any, Protocol
@@ -50,6 +51,7 @@ class Faults:
                                "refuse_connections", "fail_requests", "clear"}
         if unknown:
             raise ValueError(f"unknown fault fields {sorted(unknown)}")
+        self._validate(spec)
         if spec.get("clear"):
             self.__init__()  # type: ignore[misc]
             engine.set_link_factor(1.0)
@@ -77,6 +79,24 @@ class Faults:
         if "refuse_connections" in spec:
             self.refusing = bool(spec["refuse_connections"])
             asyncio.get_running_loop().create_task(engine.set_accepting(not self.refusing))
+
+    @staticmethod
+    def _validate(spec: dict[str, Any]) -> None:
+        """Every field checked before anything changes (a rejected fault changes nothing)."""
+        numbers = {k: float(spec[k]) for k in ("slowdown", "link_bandwidth_factor", "stall_s") if k in spec}
+        if any(not math.isfinite(v) for v in numbers.values()):
+            raise ValueError("fault values must be finite numbers")
+        if numbers.get("slowdown", 1.0) < 1.0:
+            raise ValueError("slowdown must be >= 1")
+        if not 0 < numbers.get("link_bandwidth_factor", 1.0) <= 1:
+            raise ValueError("link_bandwidth_factor must be in (0, 1]")
+        if numbers.get("stall_s", 0.0) < 0:
+            raise ValueError("stall_s must be >= 0")
+        if "crash_after_tokens" in spec and int(spec["crash_after_tokens"]) < 0:
+            raise ValueError("crash_after_tokens must be >= 0")
+        status = int(spec.get("fail_requests", 0))
+        if status and not 400 <= status <= 599:
+            raise ValueError("fail_requests is an HTTP error status (or 0 to stop)")
 
     async def wait_if_stalled(self) -> None:
         left = self.stall_until - time.monotonic()

@@ -44,6 +44,8 @@ def _placement(text: str) -> Placement:
 
 
 def build(args: argparse.Namespace) -> SimEngine:
+    if not args.time_scale > 0 or args.time_scale != args.time_scale:
+        raise ValueError("--time-scale must be a positive number")
     if not is_loopback(args.host):
         raise ValueError(f"--host {args.host}: the simulated engine listens on loopback addresses only")
     model, gpu = catalog.model(args.model), catalog.gpu(args.gpu)

@@ -129,8 +129,14 @@ class SimEngine:
             self.core.slowdown = self.faults.slowdown
             result = self.core.step()
             if result is None:
+                # Blocked: nothing fits until a request finishes, is aborted or released, or held
+                # KV expires. Wait for one of those; never spin.
+                if self._expire_held():
+                    continue  # blocks came free: try again now
                 self.core.advance_to(self.virtual_now())
-                await asyncio.sleep(0)
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self._next_expiry_s())
                 continue
             await asyncio.sleep(max(0.0, self.wall0 + self.core.now * self.time_scale - time.monotonic()))
             self._emit(result)
@@ -161,12 +167,20 @@ class SimEngine:
             self.faults.count_token()
         self.metrics.state(self.core.num_running, self.core.num_waiting, self.core.kv_usage)
 
-    def _expire_held(self) -> None:
+    def _expire_held(self) -> bool:
+        """Free the KV no decode claimed in time; True when anything was freed."""
         now = time.monotonic()
+        freed = False
         for rid, at in list(self._held_at.items()):
             if now - at > self.id.kv_hold_s:
-                self.core.release(rid)
+                freed = self.core.release(rid) or freed
                 del self._held_at[rid]
+        return freed
+
+    def _next_expiry_s(self) -> float | None:
+        if not self._held_at:
+            return None
+        return max(0.01, min(self._held_at.values()) + self.id.kv_hold_s - time.monotonic() + 0.01)
 
     # routes
     async def handle(self, request: Request, response: Responder) -> None:
@@ -212,6 +226,7 @@ class SimEngine:
         if body.get("engine_id") not in (None, self.id.engine_id) or not self.core.release(rid):
             raise wire.ApiError(404, f"engine {self.id.engine_id} holds no KV for request {rid}", "not_found_error")
         self._held_at.pop(rid, None)
+        self.wake.set()  # blocks freed: a waiting request may fit now
         response.send(200, json.dumps({"released": rid}).encode())
 
     async def _generate(self, request: Request, response: Responder, kind: str) -> None:
@@ -224,6 +239,9 @@ class SimEngine:
             raise wire.ApiError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model")
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{self.id.engine_id}-{next(self._ids)}"
         prompt_tokens = count_tokens(req.prompt_text)
+        if prompt_tokens + req.max_tokens > max_len:
+            raise wire.ApiError(400, f"prompt ({prompt_tokens} tokens) plus max_tokens ({req.max_tokens}) exceeds "
+                                     f"the model's context of {max_len} tokens", param="max_tokens")
         live = _Live(req=req, rid=rid, prompt_tokens=prompt_tokens, text=TokenText(seed_for(req.seed, rid
                      if req.seed is not None else req.prompt_text + str(req.request_id or ""))))
         ready_after, remote_prefill = 0.0, False
@@ -253,6 +271,7 @@ class SimEngine:
                 self._held_at[rid] = time.monotonic()
             elif live.emitted < req.max_tokens:
                 self.core.abort(rid)  # client gone or engine failing: free its blocks
+                self.wake.set()
 
     async def _claim(self, req: wire.GenerationRequest, prompt_tokens: int, live: _Live) -> tuple[float, bool]:
         params = req.kv_transfer_params or {}

@@ -98,7 +98,9 @@ def parse_generation(body_bytes: bytes | JSON, kind: str, max_model_len: int) ->
     n = _field(body, "n", (int,), 1)
     if n != 1:
         raise ApiError(400, "only n=1 is supported", param="n")
-    max_tokens = _field(body, "max_completion_tokens", (int,), None) or _field(body, "max_tokens", (int,), 16)
+    max_tokens = _field(body, "max_completion_tokens", (int,), None)
+    if max_tokens is None:
+        max_tokens = _field(body, "max_tokens", (int,), 16)
     if max_tokens < 1:
         raise ApiError(400, "'max_tokens' must be at least 1", param="max_tokens")
     if max_tokens > max_model_len:

@@ -105,3 +105,28 @@ def test_faults_slow_stall_refuse_and_crash() -> None:
         assert e.proc.wait(10) == 17
         with pytest.raises(urllib.error.URLError):
             urllib.request.urlopen(f"{e.base}/health", timeout=2)
+
+
+def test_held_kv_expires_even_when_the_engine_is_blocked() -> None:
+    args = ("--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--time-scale", "0.05", "--kv-capacity-tokens", "256",
+            "--kv-hold-s", "1")
+    with running_engine(*args) as e:
+        status, _ = post(f"{e.base}/v1/completions", {"model": "llama-3.1-8b", "prompt": "k" * 800, "max_tokens": 1,
+                                                      "kv_transfer_params": {"do_remote_decode": True}})
+        assert status == 200  # ~200 tokens of KV now held for a decode that never comes
+        start = time.monotonic()
+        status, body = post(f"{e.base}/v1/completions", {"model": "llama-3.1-8b", "prompt": "x" * 400,
+                                                         "max_tokens": 4})
+        assert status == 200, body
+        assert time.monotonic() - start < 5  # served once the hold expired; the engine did not wedge
+
+
+def test_rejected_faults_change_nothing_and_context_is_enforced() -> None:
+    with running_engine("--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--time-scale", "0.05") as e:
+        for bad in ({"slowdown": -5}, {"slowdown": float("nan")}, {"link_bandwidth_factor": 2}):
+            status, _ = post(f"{e.base}/admin/faults", bad)
+            assert status == 400
+        assert fault(e.base, {})["slowdown"] == 1.0
+        status, body = post(f"{e.base}/v1/completions", {"model": "llama-3.1-8b", "prompt": "x" * 400_000,
+                                                         "max_tokens": 100_000})
+        assert status == 400 and "context" in body["error"]["message"]

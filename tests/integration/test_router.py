@@ -283,6 +283,64 @@ def test_interactive_holds_while_batch_is_shed_and_pd_falls_back_to_mixed(cluste
         fault(cluster["engines"]["p1"], {"clear": True})
 
 
+def test_clients_cannot_steer_kv_transfer_and_the_path_is_kept(cluster: dict[str, Any]) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2,
+            "kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": "m1", "remote_host": "127.0.0.1",
+                                   "remote_port": 1, "remote_request_id": "cmpl-m1-0"}}
+    for _ in range(3):
+        req = urllib.request.Request(f"{cluster['url']}/completions", data=json.dumps(body).encode(),
+                                     headers={"authorization": f"Bearer {DEV_KEY}", "content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 200 and "kv_transfer_params" not in json.loads(resp.read())
+    _status, replicas = get(f"{cluster['base']}/admin/replicas", DEV_ADMIN_KEY)
+    before = {r["replica_id"]: r["breaker_open"] for r in json.loads(replicas)["replicas"]}
+    assert not before["m2"]  # the bogus params never reached an engine: m2 (serving while m1's breaker is open) is fine
+    with pytest.raises(openai.BadRequestError):  # a completion body on the chat route: the engine says no
+        client(cluster).post("/chat/completions", cast_to=object, body={"model": MODEL, "prompt": "x"})
+
+
+def test_client_leaving_before_the_first_byte_frees_everything(cluster: dict[str, Any]) -> None:
+    import socket
+
+    engines = cluster["engines"]
+    for name in ("m1", "m2"):
+        fault(engines[name], {"clear": True})
+        fault(engines[name], {"slowdown": 100})
+    host, port = cluster["base"].removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "slow", "max_tokens": 500}).encode()  # non-stream
+    with socket.create_connection((host, int(port)), 5) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {DEV_KEY}\r\n"
+                     f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.5)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        _status, data = get(f"{cluster['base']}/admin/replicas", DEV_ADMIN_KEY)
+        inflight = sum(r["inflight"] for r in json.loads(data)["replicas"])
+        if inflight == 0 and running(engines["m1"]) + running(engines["m2"]) == 0:
+            break
+        time.sleep(0.1)
+    assert inflight == 0 and running(engines["m1"]) + running(engines["m2"]) == 0
+    for name in ("m1", "m2"):
+        fault(engines[name], {"clear": True})
+
+
+def test_failed_decode_releases_the_prefills_kv(cluster: dict[str, Any]) -> None:
+    engines = cluster["engines"]
+    for name in ("d1", "d2"):
+        fault(engines[name], {"fail_requests": 503})
+    try:
+        raw = client(cluster).completions.with_raw_response.create(
+            model=MODEL, prompt=LONG + "release", max_tokens=2, extra_headers={"x-slo-class": "interactive"})
+        assert raw.headers["x-isle-replica"] in ("m1", "m2")  # served by a mixed replica instead
+        with urllib.request.urlopen(f"{engines['p1'].base}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        usage = next(ln for ln in text.splitlines() if ln.startswith("vllm:kv_cache_usage_perc"))
+        assert float(usage.rsplit(" ", 1)[1]) == 0.0  # nothing held for a decode that will never come
+    finally:
+        for name in ("d1", "d2"):
+            fault(engines[name], {"clear": True})
+
+
 def test_no_retry_after_the_first_byte(cluster: dict[str, Any]) -> None:
     engines = cluster["engines"]
     for name in ("m1", "m2"):
