@@ -329,7 +329,16 @@ class Router:
             sink(part)
         ex.parts.clear()
         ex.sink = sink
-        await finish(ex, idle)
+        try:
+            await finish(ex, idle)
+        except UpstreamError as err:
+            # Tokens already went out: no retry (never a token twice). Say so in the stream and end it.
+            self.replicas.failed(cand.endpoint.replica_id)
+            log.warning("replica %s failed mid-stream: %s", cand.endpoint.replica_id, err)
+            response.write_nowait(wire.sse({"error": {"message": f"upstream replica failed mid-stream: {err}",
+                                                      "type": "server_error", "code": 502}}))
+            response.end()
+            return "error"
         response.end()
         if times[2] > 1:
             self.metrics.child(self.metrics.tpot, *labels).observe((times[1] - times[0]) / (times[2] - 1))

@@ -17,14 +17,18 @@ async def claim_blocks(params: dict[str, Any]) -> None:
     body = json.dumps({"request_id": params["remote_request_id"], "engine_id": params["remote_engine_id"]}).encode()
     head = (f"POST /internal/kv/release HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
+    writer: asyncio.StreamWriter | None = None
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CLAIM_TIMEOUT_S)
-        writer.write(head + body)
+        reader, conn = await asyncio.wait_for(asyncio.open_connection(host, port), CLAIM_TIMEOUT_S)
+        writer = conn
+        conn.write(head + body)
         status_line = await asyncio.wait_for(reader.readline(), CLAIM_TIMEOUT_S)
-        writer.close()
     except (OSError, TimeoutError):
         raise ApiError(503, f"prefill engine {params['remote_engine_id']} at {host}:{port} is unreachable; "
                             "the KV cache cannot be fetched", "service_unavailable") from None
+    finally:
+        if writer is not None:
+            writer.close()
     parts = status_line.split()
     status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
     if status == 404:

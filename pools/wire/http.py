@@ -55,9 +55,10 @@ def _header_block(headers: Iterable[tuple[str, str]]) -> bytes:
 class Responder:
     """One response. Either `send()` once, or `start_stream()` then `write()`s then `end()`."""
 
-    def __init__(self, protocol: HttpProtocol, keep_alive: bool) -> None:
+    def __init__(self, protocol: HttpProtocol, keep_alive: bool, head_only: bool = False) -> None:
         self._p = protocol
         self._keep_alive = keep_alive
+        self._head_only = head_only
         self.started = False
         self.finished = False
 
@@ -73,7 +74,7 @@ class Responder:
         conn = "keep-alive" if self._keep_alive else "close"
         head = _status_line(status) + _header_block(
             [("content-type", content_type), ("content-length", str(len(body))), ("connection", conn), *headers])
-        self._p.write(head + b"\r\n" + body)
+        self._p.write(head + b"\r\n" + (b"" if self._head_only else body))
         self._p.response_done(self._keep_alive)
 
     def start_stream(self, status: int = 200, content_type: str = "text/event-stream",
@@ -121,7 +122,7 @@ class HttpProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.incoming = _Incoming()
-        self.queue: list[tuple[Request, bool]] = []
+        self.queue: list[tuple[Request, bool, bool]] = []
         self.busy = False
         self.closed = False
         self.peer = ""
@@ -175,6 +176,10 @@ class HttpProtocol(asyncio.Protocol):
         if len(self.incoming.headers) < MAX_HEADER_COUNT:
             self.incoming.headers.append((name, value))
 
+    def on_headers_complete(self) -> None:
+        if any(k.lower() == b"expect" and v.lower() == b"100-continue" for k, v in self.incoming.headers):
+            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for this before a large body
+
     def on_body(self, body: bytes) -> None:
         self.incoming.size += len(body)
         if self.incoming.size > MAX_BODY_BYTES:
@@ -189,12 +194,13 @@ class HttpProtocol(asyncio.Protocol):
                               b'"code": 413}}')
             return
         parts = urlsplit(inc.url.decode("latin-1"))
+        method = self.parser.get_method().decode()
         request = Request(
-            method=self.parser.get_method().decode(), path=parts.path, query=parse_qs(parts.query),
+            method="GET" if method == "HEAD" else method, path=parts.path, query=parse_qs(parts.query),
             headers={k.decode("latin-1").lower(): v.decode("latin-1") for k, v in inc.headers},
             body=b"".join(inc.body), peer=self.peer,
         )
-        self.queue.append((request, self.parser.should_keep_alive()))
+        self.queue.append((request, self.parser.should_keep_alive(), method == "HEAD"))
         self._next()
 
     # internals
@@ -209,9 +215,9 @@ class HttpProtocol(asyncio.Protocol):
     def _next(self) -> None:
         if self.busy or not self.queue or self.closed:
             return
-        request, keep_alive = self.queue.pop(0)
+        request, keep_alive, head_only = self.queue.pop(0)
         self.busy = True
-        responder = Responder(self, keep_alive)
+        responder = Responder(self, keep_alive, head_only)
         self.task = asyncio.get_running_loop().create_task(self._run(request, responder))
 
     async def _run(self, request: Request, responder: Responder) -> None:
