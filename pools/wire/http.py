@@ -18,6 +18,12 @@ import httptools
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_HEADER_COUNT = 100
+MAX_PIPELINED = 16
+"""Requests parsed ahead of the one being answered; past this the connection stops reading."""
+IDLE_TIMEOUT_S = 75.0
+"""A keep-alive connection with no request in progress is closed after this long."""
+READ_TIMEOUT_S = 30.0
+"""A request whose headers and body have not all arrived after this long is answered 408."""
 
 
 @dataclass(slots=True)
@@ -130,15 +136,59 @@ class HttpProtocol(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self.resume_callbacks: list[Callable[[], None]] = []
         self.task: asyncio.Task[None] | None = None
+        self._pending_reject: tuple[int, bytes] | None = None
+        self._reading_paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._on_expiry: Callable[[], None] | None = None
+
+    # timers: idle between requests, read while a request arrives. One lazy timer per connection:
+    # re-arming only moves a deadline, the timer re-schedules itself when it fires early.
+    def _arm(self, seconds: float, on_expiry: Callable[[], None]) -> None:
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + seconds
+        self._on_expiry = on_expiry
+        if self._timer is None or self._deadline < self._timer.when():
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(self._deadline, self._fire)
+
+    def _disarm(self) -> None:
+        self._on_expiry = None
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self.closed or self._on_expiry is None:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._deadline:
+            self._timer = loop.call_at(self._deadline, self._fire)
+            return
+        on_expiry, self._on_expiry = self._on_expiry, None
+        on_expiry()
+
+    def _idle_expired(self) -> None:
+        if not self.busy and not self.queue and self.transport is not None and not self.closed:
+            self.transport.close()
+            self.closed = True
+
+    def _read_expired(self) -> None:
+        self._reject(408, b'{"error": {"message": "request not received in time", "type": "invalid_request_error", '
+                          b'"code": 408}}')
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport subclass
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+        self._arm(IDLE_TIMEOUT_S, self._idle_expired)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._disarm()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._wake()
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the client went away: stop the work it asked for
@@ -168,6 +218,7 @@ class HttpProtocol(asyncio.Protocol):
     # httptools callbacks
     def on_message_begin(self) -> None:
         self.incoming = _Incoming()
+        self._arm(READ_TIMEOUT_S, self._read_expired)
 
     def on_url(self, url: bytes) -> None:
         self.incoming.url += url
@@ -188,6 +239,7 @@ class HttpProtocol(asyncio.Protocol):
             self.incoming.body.append(body)
 
     def on_message_complete(self) -> None:
+        self._disarm()
         inc = self.incoming
         if inc.too_large:
             self._reject(413, b'{"error": {"message": "request body too large", "type": "invalid_request_error", '
@@ -201,10 +253,22 @@ class HttpProtocol(asyncio.Protocol):
             body=b"".join(inc.body), peer=self.peer,
         )
         self.queue.append((request, self.parser.should_keep_alive(), method == "HEAD"))
+        if len(self.queue) >= MAX_PIPELINED and self.transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
         self._next()
 
     # internals
     def _reject(self, status: int, body: bytes) -> None:
+        """Answer and close; behind pipelined requests still being answered, after them, in order."""
+        if self.busy or self.queue:
+            if self._pending_reject is None:
+                self._pending_reject = (status, body)
+                if self.transport is not None and not self._reading_paused:
+                    self._reading_paused = True
+                    self.transport.pause_reading()
+            return
+        self._disarm()
         if self.transport is not None and not self.closed:
             head = _status_line(status) + _header_block(
                 [("content-type", "application/json"), ("content-length", str(len(body))), ("connection", "close")])
@@ -213,8 +277,18 @@ class HttpProtocol(asyncio.Protocol):
         self.closed = True
 
     def _next(self) -> None:
-        if self.busy or not self.queue or self.closed:
+        if self.busy or self.closed:
             return
+        if not self.queue:
+            if self._pending_reject is not None:
+                self._reject(*self._pending_reject)
+            else:
+                self._arm(IDLE_TIMEOUT_S, self._idle_expired)
+            return
+        if self._reading_paused and self._pending_reject is None and len(self.queue) <= MAX_PIPELINED // 2 \
+                and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
         request, keep_alive, head_only = self.queue.pop(0)
         self.busy = True
         responder = Responder(self, keep_alive, head_only)
