@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pools import catalog
 from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
 from topology.errors import ParseError
-from topology.readers.spec import format_validation
+from topology.readers.spec import validate_mapping
 from topology.yamlfile import load_yaml_file
 
 
@@ -115,9 +115,5 @@ class PoolsConfig(_Strict):
 
 def load_pools(path: str) -> PoolsConfig:
     raw = load_yaml_file(path, "pools file")
-    if not isinstance(raw, dict):
-        raise ParseError("a pools file is a mapping with a top-level `pools:` list", path)
-    try:
-        return PoolsConfig.model_validate(raw)
-    except ValidationError as err:
-        raise ParseError(f"invalid pools file: {format_validation(err)}", path) from None
+    return validate_mapping(PoolsConfig, raw, "pools file", "a pools file is a mapping with a top-level `pools:` list",
+                            path)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pools.config import PoolConfig, PoolsConfig, SLOClassConfig
 from pools.model import PlacementPlan, PlacementRequest
@@ -27,7 +27,7 @@ from router.config import RouterConfig
 from topology import Topology
 from topology.errors import ParseError
 from topology.readers import read_source
-from topology.readers.spec import format_validation
+from topology.readers.spec import validate_mapping
 from topology.yamlfile import load_yaml_file
 
 
@@ -60,12 +60,7 @@ class AppArgs(BaseModel):
 
 
 def parse_app_args(raw: object, where: str = "args") -> AppArgs:
-    if not isinstance(raw, dict):
-        raise ParseError("the application's `args` must be a mapping", where)
-    try:
-        return AppArgs.model_validate(raw)
-    except ValidationError as err:
-        raise ParseError(f"invalid isleserve args: {format_validation(err)}", where) from None
+    return validate_mapping(AppArgs, raw, "isleserve args", "the application's `args` must be a mapping", where)
 
 
 def app_args_from_serve_config(path: str) -> AppArgs:

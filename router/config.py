@@ -12,12 +12,11 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pools.config import SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, SLOClass
-from topology.errors import ParseError
-from topology.readers.spec import format_validation
+from topology.readers.spec import validate_mapping
 from topology.yamlfile import load_yaml_file
 
 DEV_KEY, DEV_ADMIN_KEY = "isle-dev-key", "isle-dev-admin"
@@ -143,9 +142,4 @@ def load_router_config(path: str) -> RouterConfig:
 
 
 def parse_router_config(raw: object, where: str = "router config") -> RouterConfig:
-    if not isinstance(raw, dict):
-        raise ParseError("a router config is a mapping", where)
-    try:
-        return RouterConfig.model_validate(raw)
-    except ValidationError as err:
-        raise ParseError(f"invalid router config: {format_validation(err)}", where) from None
+    return validate_mapping(RouterConfig, raw, "router config", "a router config is a mapping", where)

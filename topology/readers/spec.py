@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -137,6 +137,19 @@ def format_validation(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def validate_mapping(model: type[_M], raw: object, what: str, shape: str, where: str | None = None) -> _M:
+    """`raw` (parsed YAML) as `model`, or one ParseError naming every problem at once."""
+    if not isinstance(raw, dict):
+        raise ParseError(shape, where)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        raise ParseError(f"invalid {what}: {format_validation(err)}", where) from None
+
+
 def _fabric(spec: FabricSpec) -> Fabric:
     kind, gbit, latency = FABRICS[spec.technology]
     return Fabric(
@@ -218,10 +231,5 @@ def parse_spec(text: str, base_dir: Path | None = None) -> Topology:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ParseError(f"cluster spec is not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise ParseError("cluster spec must be a YAML mapping")
-    try:
-        spec = ClusterSpec.model_validate(raw)
-    except ValidationError as err:
-        raise ParseError(f"invalid cluster spec: {format_validation(err)}") from None
+    spec = validate_mapping(ClusterSpec, raw, "cluster spec", "cluster spec must be a YAML mapping")
     return build_topology(spec, base_dir)
