@@ -20,6 +20,7 @@ commands:
   size       propose the prefill:decode split (python -m pools size)
   pools      every `python -m pools` command (bench, sim-engine, ...)
   router     serve the router standalone (python -m router --config FILE)
+  status     a running deployment: nodes, islands, pools, replicas, health, plan
 """
 
 
@@ -41,8 +42,15 @@ def _router(argv: Sequence[str]) -> int:
     return router_main(argv)
 
 
+def _status(argv: Sequence[str]) -> int:
+    from router.status import main as status_main
+
+    return status_main(argv)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "router": _router,
+    "status": _status,
     "topology": _topology,
     "plan": lambda argv: _pools(["plan", *argv]),
     "size": lambda argv: _pools(["size", *argv]),

@@ -106,3 +106,16 @@ def test_chat_streams_metrics_and_admin(product: None) -> None:
         urllib.request.urlopen(f"{BASE}/admin/plan", timeout=5)
     assert err.value.code == 401
     err.value.close()
+
+    isle = str(Path(sys.executable).parent / "isle")
+    status = subprocess.run([isle, "status"], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert f"policy {plan['policy']}" in status and "nodes:" in status, status
+    for p in plan["placements"]:  # every planned replica, on its planned node and GPUs
+        gpus = ",".join(str(g) for g in p["gpus"])
+        assert any(p["replica_id"] in line and f"{p['node']}:[{gpus}]" in line for line in status.splitlines()), status
+    as_json = json.loads(subprocess.run([isle, "status", "--format", "json"], capture_output=True, text=True,
+                                        timeout=30, check=True).stdout)
+    assert as_json["plan"]["placements"] == plan["placements"]
+    refused = subprocess.run([isle, "status", "--admin-key", "wrong"], capture_output=True, text=True, timeout=30,
+                             check=False)
+    assert refused.returncode == 1 and "check --admin-key" in refused.stderr

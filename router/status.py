@@ -1,0 +1,105 @@
+"""`isle status`: what a running deployment is doing, read from its router's admin API — nodes
+and their NVLink islands, pools, replicas with their GPUs and health, the plan's policy and the
+routing table's version.
+
+    isle status [--url http://127.0.0.1:8000] [--admin-key KEY] [--format text|json]
+
+The admin key comes from --admin-key, else $ISLE_ADMIN_KEY, else the development admin key of
+the local configs (`isle-dev-admin`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from router.config import DEV_ADMIN_KEY
+from topology.islands import islands
+from topology.serialize import from_dict
+
+
+def _get(url: str, key: str) -> Any:
+    request = urllib.request.Request(url, headers={"authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def collect(base: str, key: str) -> dict[str, Any]:
+    """The deployment's state as one JSON document (topology and plan are optional on a router)."""
+    state: dict[str, Any] = {"url": base, "replicas": _get(f"{base}/admin/replicas", key)}
+    for name in ("plan", "topology"):
+        try:
+            state[name] = _get(f"{base}/admin/{name}", key)
+        except urllib.error.HTTPError as err:
+            if err.code != 404:
+                raise
+            state[name] = None
+    return state
+
+
+def render(state: dict[str, Any]) -> str:
+    """A person's view of `collect`'s document."""
+    lines = []
+    plan, table = state["plan"], state["replicas"]
+    policy = plan["policy"] if plan else "-"
+    fingerprint = plan["topology_fingerprint"][:12] if plan else "-"
+    lines.append(f"deployment {state['url']}: routing table v{table['version']}, policy {policy}, "
+                 f"topology {fingerprint}")
+    if state["topology"] is not None:
+        topology = from_dict(state["topology"])
+        lines.append("nodes:")
+        by_node: dict[str, list[str]] = {}
+        for island in islands(topology):
+            kind = island.kind.name.lower() if island.kind is not None else "single"
+            gpus = ",".join(str(ref.index) for ref in island.gpus)
+            by_node.setdefault(island.gpus[0].node, []).append(f"{island.id.split('/')[-1]}[{gpus}] {kind}")
+        for node in topology.nodes:
+            unhealthy = sum(1 for link in node.links if not link.health.healthy)
+            health = f", {unhealthy} unhealthy link(s)" if unhealthy else ""
+            lines.append(f"  {node.name} ({node.machine or '?'}, {len(node.gpus)} GPUs{health}): "
+                         + "  ".join(by_node.get(node.name, [])))
+    if plan is not None:
+        pools: dict[str, int] = {}
+        for p in plan["placements"]:
+            pools[p["pool"]] = pools.get(p["pool"], 0) + 1
+        unplaced = f", {len(plan['unplaced'])} unplaced" if plan["unplaced"] else ""
+        lines.append("pools: " + ", ".join(f"{name} x{count}" for name, count in pools.items()) + unplaced)
+    lines.append("replicas:")
+    for r in table["replicas"]:
+        health = "healthy" if r["healthy"] and not r["breaker_open"] else "UNHEALTHY"
+        if r["draining"]:
+            health += ", draining"
+        gpus = ",".join(str(g) for g in r["gpus"])
+        lines.append(f"  {r['replica_id']:<14} {r['pool']:<10} {r['role']:<8} {r['node']}:[{gpus}] {r['tier']:<8} "
+                     f"{health}; running {r['running']:g}, waiting {r['waiting']:g}, in flight {r['inflight']}, "
+                     f"kv {r['kv_usage']:.0%}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="isle status", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the router's base URL")
+    parser.add_argument("--admin-key", default=None, help="admin API key (default: $ISLE_ADMIN_KEY, else the dev key)")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    args = parser.parse_args(argv)
+    key = args.admin_key or os.environ.get("ISLE_ADMIN_KEY") or DEV_ADMIN_KEY
+    base = args.url.rstrip("/")
+    try:
+        state = collect(base, key)
+    except urllib.error.HTTPError as err:
+        hint = " (check --admin-key or $ISLE_ADMIN_KEY)" if err.code in (401, 403) else ""
+        print(f"isle status: {base} answered HTTP {err.code}{hint}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        print(f"isle status: cannot reach the router at {base} ({reason}); is the product running?",
+              file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(state, indent=2) + "\n" if args.format == "json" else render(state))
+    return 0
