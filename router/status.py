@@ -16,6 +16,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,9 +66,7 @@ def render(state: dict[str, Any]) -> str:
             lines.append(f"  {node.name} ({node.machine or '?'}, {len(node.gpus)} GPUs{health}): "
                          + "  ".join(by_node.get(node.name, [])))
     if plan is not None:
-        pools: dict[str, int] = {}
-        for p in plan["placements"]:
-            pools[p["pool"]] = pools.get(p["pool"], 0) + 1
+        pools = Counter(p["pool"] for p in plan["placements"])
         unplaced = f", {len(plan['unplaced'])} unplaced" if plan["unplaced"] else ""
         lines.append("pools: " + ", ".join(f"{name} x{count}" for name, count in pools.items()) + unplaced)
     lines.append("replicas:")

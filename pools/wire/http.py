@@ -185,7 +185,6 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._disarm()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
