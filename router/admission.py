@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 from pools.model import SLOClass
 from pools.wire.openai import ApiError
@@ -35,25 +35,33 @@ class Admission:
         if slo.sheddable and self.overloaded(snapshot):
             raise ApiError(429, f"overloaded: {slo.name} requests are shed first; retry later", "rate_limit_error")
 
-    @contextlib.asynccontextmanager
-    async def slot(self, slo: SLOClass) -> AsyncIterator[None]:
+    def enter(self, slo: SLOClass) -> bool:
+        """Take a slot now if one is free (the common case: no await, no context manager)."""
         limit = slo.max_concurrency
         if limit is not None and self.inflight[slo.name] >= limit:
             if slo.sheddable:
                 raise ApiError(429, f"{slo.name} is at its concurrency limit ({limit}); retry later",
                                "rate_limit_error")
-            deadline = asyncio.get_running_loop().time() + (slo.max_queue_ms or DEFAULT_QUEUE_MS) / 1000
-            while self.inflight[slo.name] >= limit:
-                left = deadline - asyncio.get_running_loop().time()
-                if left <= 0:
-                    raise ApiError(429, f"{slo.name} waited its queue limit for a slot; retry later",
-                                   "rate_limit_error")
-                self.freed[slo.name].clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.freed[slo.name].wait(), left)
+            return False
         self.inflight[slo.name] += 1
-        try:
-            yield
-        finally:
-            self.inflight[slo.name] -= 1
-            self.freed[slo.name].set()
+        return True
+
+    async def wait(self, slo: SLOClass) -> None:
+        """Queue for a slot up to the class's queue-time limit, then take it (or 429)."""
+        limit = slo.max_concurrency or 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (slo.max_queue_ms or DEFAULT_QUEUE_MS) / 1000
+        while self.inflight[slo.name] >= limit:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise ApiError(429, f"{slo.name} waited its queue limit for a slot; retry later", "rate_limit_error")
+            self.freed[slo.name].clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.freed[slo.name].wait(), left)
+        self.inflight[slo.name] += 1
+
+    def leave(self, slo: SLOClass) -> None:
+        self.inflight[slo.name] -= 1
+        event = self.freed[slo.name]
+        if not event.is_set():
+            event.set()

@@ -28,6 +28,8 @@ class Auth:
         self.open = not config.keys and not config.require_keys
         self.classes = config.classes()
         self.default = config.default_slo_class
+        self.anonymous = Principal("anonymous", frozenset(self.classes))
+        self._defaults: dict[frozenset[str], SLOClass] = {}
 
     @staticmethod
     def _digest(headers: dict[str, str]) -> str | None:
@@ -39,7 +41,7 @@ class Auth:
 
     def user(self, headers: dict[str, str]) -> Principal:
         if self.open:
-            return Principal("anonymous", frozenset(self.classes))
+            return self.anonymous
         digest = self._digest(headers)
         if digest is None:
             raise ApiError(401, "missing API key: send `Authorization: Bearer <key>`", "authentication_error")
@@ -64,6 +66,12 @@ class Auth:
             if requested not in principal.classes:
                 raise ApiError(403, f"this key is not entitled to SLO class {requested!r}", "permission_error")
             return self.classes[requested]
+        found = self._defaults.get(principal.classes)
+        if found is None:
+            found = self._defaults[principal.classes] = self._default_for(principal)
+        return found
+
+    def _default_for(self, principal: Principal) -> SLOClass:
         if self.default is not None and self.default in principal.classes:
             return self.classes[self.default]
         entitled = [self.classes[c] for c in principal.classes if c in self.classes]

@@ -42,15 +42,14 @@ class RouteRequest(NamedTuple):
     role: Role | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Ranked:
+class Ranked(NamedTuple):
     replica_id: str
     total: float
     scores: Mapping[str, float]
+    candidate: Candidate
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RouteDecision:
+class RouteDecision(NamedTuple):  # one per request: a tuple costs a fraction of a frozen dataclass
     winner: Candidate | None
     ranked: tuple[Ranked, ...]
     reason: str
@@ -58,6 +57,13 @@ class RouteDecision:
     def log_line(self) -> str:
         parts = " ".join(f"{r.replica_id}={r.total:.3f}" for r in self.ranked[:6])
         return f"route -> {self.winner.endpoint.replica_id if self.winner else 'none'} ({self.reason}) [{parts}]"
+
+    def order(self) -> list[Candidate]:
+        """Replicas to try: the winner, then the rest best first (retries before the first byte)."""
+        if self.winner is None:
+            return []
+        won = self.winner.endpoint.replica_id
+        return [self.winner, *(r.candidate for r in self.ranked if r.replica_id != won)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,28 +139,40 @@ def check_profile(profile: Profile) -> None:
 def decide(req: RouteRequest, candidates: Sequence[Candidate], profile: Profile, rng: random.Random,
            turn: int = 0) -> RouteDecision:
     """Filter, score, pick. `turn` is the round-robin position (the caller's counter)."""
-    cands = [c for c in candidates if c.endpoint.model == req.model]
+    model = req.model
+    cands = [c for c in candidates if c.endpoint.model == model]
     if not cands:
-        return RouteDecision(winner=None, ranked=(), reason=f"no replica serves {req.model}")
+        return RouteDecision(None, (), f"no replica serves {req.model}")
     for name in profile.filters:
         cands = FILTERS[name](req, cands)
         if not cands:
-            return RouteDecision(winner=None, ranked=(), reason=f"{name} left no replica")
+            return RouteDecision(None, (), f"{name} left no replica")
+    plugins = [(name, SCORERS[name], weight) for name, weight in profile.scorers.items()]
     ranked = []
     for c in cands:
-        scores = {name: SCORERS[name](req, c) for name in profile.scorers}
-        total = sum(profile.scorers[n] * s for n, s in scores.items())
-        ranked.append((total, c, scores))
-    ranked.sort(key=lambda t: (-t[0], t[1].endpoint.replica_id))
+        scores = {name: fn(req, c) for name, fn, _ in plugins}
+        total = 0.0
+        for name, _, weight in plugins:
+            total += weight * scores[name]
+        ranked.append(Ranked(c.endpoint.replica_id, total, scores, c))
+    ranked.sort(key=_rank_key)
     if profile.picker == "round-robin-picker":
-        winner = sorted(cands, key=lambda c: c.endpoint.replica_id)[turn % len(cands)]
+        winner = sorted(cands, key=_replica_id)[turn % len(cands)]
     elif profile.picker == "random-picker":
         winner = rng.choice(cands)
     else:
-        best = [r for r in ranked if r[0] >= ranked[0][0] - 1e-9]
-        winner = rng.choice(best)[1] if len(best) > 1 else best[0][1]
-    out = tuple(Ranked(replica_id=c.endpoint.replica_id, total=t, scores=s) for t, c, s in ranked)
-    return RouteDecision(winner=winner, ranked=out, reason=f"{profile.picker} of {len(cands)}")
+        top = ranked[0].total - 1e-9
+        best = [r for r in ranked if r.total >= top]
+        winner = (rng.choice(best) if len(best) > 1 else best[0]).candidate
+    return RouteDecision(winner, tuple(ranked), f"{profile.picker} of {len(cands)}")
+
+
+def _rank_key(r: Ranked) -> tuple[float, str]:
+    return -r.total, r.replica_id
+
+
+def _replica_id(c: Candidate) -> str:
+    return c.endpoint.replica_id
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,9 +3,12 @@ topology tier (no unbounded labels: never a request id). `/metrics` renders this
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 FAST = (0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01)
@@ -31,8 +34,9 @@ class RouterMetrics:
                                   registry=r)
         self.healthy = Gauge("isle_router_replica_healthy", "1 when the router sends traffic to the replica",
                              ["replica"], registry=r)
-        self.inflight = Gauge("isle_router_inflight_requests", "Requests in flight by SLO class", ["slo_class"],
-                              registry=r)
+        self.inflight: Mapping[str, int] = {}
+        """Requests in flight by class: admission's own counts, read when /metrics is scraped."""
+        r.register(_Inflight(self))
 
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -46,3 +50,15 @@ class RouterMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Inflight(Collector):
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("isle_router_inflight_requests", "Requests in flight by SLO class",
+                                   labels=["slo_class"])
+        for name, count in sorted(self.metrics.inflight.items()):
+            family.add_metric([name], float(count))
+        yield family

@@ -82,6 +82,7 @@ class Router:
         self.plan = plan
         self.metrics = RouterMetrics()
         self.admission = Admission(config.classes())
+        self.metrics.inflight = self.admission.inflight
         self.pool = Pool(config.upstream.connect_timeout_s)  # scraping engines' /metrics
         self.relay = RelayPool(config.upstream.connect_timeout_s)  # the request path
         self.rng = random.Random(config.seed)
@@ -192,20 +193,20 @@ class Router:
         started = time.perf_counter()
         snapshot = self.replicas.snapshot()
         self.admission.check_overload(slo, snapshot)
-        async with self.admission.slot(slo):
-            self.metrics.child(self.metrics.inflight, slo.name).inc()
-            outcome = "error"
-            try:
-                outcome = await self._serve(call, snapshot, response, started)
-            except asyncio.CancelledError:
-                outcome = "cancelled"
-                raise
-            except wire.ApiError as err:
-                outcome = "rejected" if err.status < 500 else "error"
-                raise
-            finally:
-                self.metrics.child(self.metrics.inflight, slo.name).dec()
-                self.metrics.child(self.metrics.requests, slo.name, outcome).inc()
+        if not self.admission.enter(slo):
+            await self.admission.wait(slo)
+        outcome = "error"
+        try:
+            outcome = await self._serve(call, snapshot, response, started)
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except wire.ApiError as err:
+            outcome = "rejected" if err.status < 500 else "error"
+            raise
+        finally:
+            self.admission.leave(slo)
+            self.metrics.child(self.metrics.requests, slo.name, outcome).inc()
 
     async def _serve(self, call: _Call, snapshot: list[Candidate], response: Responder, started: float) -> str:
         pd = self._pd_choice(call, snapshot)
@@ -221,8 +222,9 @@ class Router:
         t0 = time.perf_counter()
         decision = decide(call.route, snapshot, self.profiles[call.slo.name], self.rng, next(self.turns))
         self.metrics.decision.observe(time.perf_counter() - t0)
-        log.debug(decision.log_line())
-        return await self._proxy(call, decision, snapshot, response, started)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(decision.log_line())
+        return await self._proxy(call, decision, response, started)
 
     def _pd_choice(self, call: _Call, snapshot: list[Candidate]) -> PDDecision | None:
         if not self.config.pd.enabled or call.route.prompt_tokens < self.config.pd.min_prompt_tokens:
@@ -234,13 +236,6 @@ class Router:
         if not prefills or not decodes:
             return None  # no healthy pair: a mixed replica serves it whole
         return pd_pair(call.route, prefills, decodes, self.topology)
-
-    def _order(self, decision: RouteDecision, snapshot: list[Candidate]) -> list[Candidate]:
-        by_id = {c.endpoint.replica_id: c for c in snapshot}
-        first = [decision.winner] if decision.winner else []
-        rest = [by_id[r.replica_id] for r in decision.ranked
-                if decision.winner is None or r.replica_id != decision.winner.endpoint.replica_id]
-        return first + rest
 
     async def _start(self, cand: Candidate, body: dict[str, Any], path: str) -> Exchange:
         payload = orjson.dumps(body)
@@ -286,10 +281,10 @@ class Router:
         if state is not None:
             state.inflight = max(0, state.inflight - 1)
 
-    async def _proxy(self, call: _Call, decision: RouteDecision, snapshot: list[Candidate], response: Responder,
-                     started: float, extra_headers: tuple[tuple[str, str], ...] = (), path: str = "") -> str:
+    async def _proxy(self, call: _Call, decision: RouteDecision, response: Responder, started: float,
+                     extra_headers: tuple[tuple[str, str], ...] = (), path: str = "") -> str:
         path = path or call.path
-        cand, ex = await self._first_answer(self._order(decision, snapshot), call.body, path)
+        cand, ex = await self._first_answer(decision.order(), call.body, path)
         try:
             return await self._relay(call, cand, ex, response, started, extra_headers, cand.endpoint.tier)
         finally:

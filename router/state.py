@@ -48,9 +48,8 @@ class ReplicaState:
     open_until: float = 0.0
 
     def candidate(self, now: float) -> Candidate:
-        return Candidate(endpoint=self.endpoint, load=ReplicaLoad(
-            running=self.running, waiting=self.waiting, kv_usage=self.kv_usage, inflight=self.inflight,
-            latency_ms=self.latency_ms, breaker_open=now < self.open_until))
+        return Candidate(self.endpoint, ReplicaLoad(self.running, self.waiting, self.kv_usage, self.inflight,
+                                                    self.latency_ms, now < self.open_until))
 
 
 class Replicas:
@@ -72,7 +71,8 @@ class Replicas:
 
     def snapshot(self) -> list[Candidate]:
         now = time.monotonic()
-        return [s.candidate(now) for s in self.states.values()]
+        return [Candidate(s.endpoint, ReplicaLoad(s.running, s.waiting, s.kv_usage, s.inflight, s.latency_ms,
+                                                  now < s.open_until)) for s in self.states.values()]
 
     def ok(self, replica_id: str, latency_ms: float) -> None:
         s = self.states.get(replica_id)

@@ -40,18 +40,24 @@ class Request:
 @dataclass(slots=True)
 class _Incoming:
     url: bytes = b""
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
     body: list[bytes] = field(default_factory=list)
     size: int = 0
     too_large: bool = False
 
 
+_STATUS_LINES: dict[int, bytes] = {}
+
+
 def _status_line(status: int) -> bytes:
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = "Status"
-    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "Status"
+        line = _STATUS_LINES[status] = f"HTTP/1.1 {status} {phrase}\r\n".encode()
+    return line
 
 
 def _header_block(headers: Iterable[tuple[str, str]]) -> bytes:
@@ -77,10 +83,10 @@ class Responder:
         if self.started:
             raise RuntimeError("response already started")
         self.started = self.finished = True
-        conn = "keep-alive" if self._keep_alive else "close"
-        head = _status_line(status) + _header_block(
-            [("content-type", content_type), ("content-length", str(len(body))), ("connection", conn), *headers])
-        self._p.write(head + b"\r\n" + (b"" if self._head_only else body))
+        head = b"%bcontent-type: %b\r\ncontent-length: %d\r\nconnection: %b\r\n%b\r\n" % (
+            _status_line(status), content_type.encode("latin-1"), len(body),
+            b"keep-alive" if self._keep_alive else b"close", _header_block(headers))
+        self._p.write(head if self._head_only else head + body)
         self._p.response_done(self._keep_alive)
 
     def start_stream(self, status: int = 200, content_type: str = "text/event-stream",
@@ -223,11 +229,13 @@ class HttpProtocol(asyncio.Protocol):
         self.incoming.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(self.incoming.headers) < MAX_HEADER_COUNT:
-            self.incoming.headers.append((name, value))
+        headers = self.incoming.headers
+        if len(headers) < MAX_HEADER_COUNT:
+            headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        if any(k.lower() == b"expect" and v.lower() == b"100-continue" for k, v in self.incoming.headers):
+        expect = self.incoming.headers.get("expect")
+        if expect is not None and expect.lower() == "100-continue":
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for this before a large body
 
     def on_body(self, body: bytes) -> None:
@@ -244,13 +252,16 @@ class HttpProtocol(asyncio.Protocol):
             self._reject(413, b'{"error": {"message": "request body too large", "type": "invalid_request_error", '
                               b'"code": 413}}')
             return
-        parts = urlsplit(inc.url.decode("latin-1"))
+        url = inc.url.decode("latin-1")
+        if url.startswith("/") and "?" not in url and "#" not in url:
+            path, query = url, {}  # the common case: a plain origin-form path
+        else:
+            parts = urlsplit(url)
+            path, query = parts.path, parse_qs(parts.query)
         method = self.parser.get_method().decode()
-        request = Request(
-            method="GET" if method == "HEAD" else method, path=parts.path, query=parse_qs(parts.query),
-            headers={k.decode("latin-1").lower(): v.decode("latin-1") for k, v in inc.headers},
-            body=b"".join(inc.body), peer=self.peer,
-        )
+        body = inc.body[0] if len(inc.body) == 1 else b"".join(inc.body)
+        request = Request(method="GET" if method == "HEAD" else method, path=path, query=query, headers=inc.headers,
+                          body=body, peer=self.peer)
         self.queue.append((request, self.parser.should_keep_alive(), method == "HEAD"))
         if len(self.queue) >= MAX_PIPELINED and self.transport is not None and not self._reading_paused:
             self._reading_paused = True
@@ -332,7 +343,10 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.close()
             self.closed = True
             return
-        asyncio.get_running_loop().call_soon(self._next)
+        if self.queue or self._pending_reject is not None:
+            asyncio.get_running_loop().call_soon(self._next)  # after the current handler has returned
+        else:
+            self._arm(IDLE_TIMEOUT_S, self._idle_expired)
 
 
 async def serve(handler: Handler, host: str, port: int, reuse_port: bool = False,
