@@ -136,25 +136,44 @@ def check_profile(profile: Profile) -> None:
         raise ValueError(f"unknown routing plugins {unknown} (known: {known})")
 
 
+def _fast_filter(req: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The default filters (health, drain, role) and the model match in one pass."""
+    model, want, sheddable = req.model, req.role or "mixed", req.slo_class.sheddable
+    return [c for c in candidates if c.endpoint.model == model and c.endpoint.healthy and not c.load.breaker_open
+            and (sheddable or not c.endpoint.draining) and c.endpoint.role == want]
+
+
+DEFAULT_FILTERS = ("health-filter", "drain-filter", "role-filter")
+
+
 def decide(req: RouteRequest, candidates: Sequence[Candidate], profile: Profile, rng: random.Random,
            turn: int = 0) -> RouteDecision:
     """Filter, score, pick. `turn` is the round-robin position (the caller's counter)."""
-    model = req.model
-    cands = [c for c in candidates if c.endpoint.model == model]
-    if not cands:
-        return RouteDecision(None, (), f"no replica serves {req.model}")
-    for name in profile.filters:
-        cands = FILTERS[name](req, cands)
+    cands = _fast_filter(req, candidates) if profile.filters == DEFAULT_FILTERS else []
+    if not cands:  # the general path (it also says which filter left nothing)
+        model = req.model
+        cands = [c for c in candidates if c.endpoint.model == model]
         if not cands:
-            return RouteDecision(None, (), f"{name} left no replica")
-    plugins = [(name, SCORERS[name], weight) for name, weight in profile.scorers.items()]
+            return RouteDecision(None, (), f"no replica serves {req.model}")
+        for name in profile.filters:
+            cands = FILTERS[name](req, cands)
+            if not cands:
+                return RouteDecision(None, (), f"{name} left no replica")
     ranked = []
-    for c in cands:
-        scores = {name: fn(req, c) for name, fn, _ in plugins}
-        total = 0.0
-        for name, _, weight in plugins:
-            total += weight * scores[name]
-        ranked.append(Ranked(c.endpoint.replica_id, total, scores, c))
+    if len(profile.scorers) == 1:
+        [(name, weight)] = profile.scorers.items()
+        fn = SCORERS[name]
+        for c in cands:
+            score = fn(req, c)
+            ranked.append(Ranked(c.endpoint.replica_id, weight * score, {name: score}, c))
+    else:
+        plugins = [(name, SCORERS[name], weight) for name, weight in profile.scorers.items()]
+        for c in cands:
+            scores = {name: fn(req, c) for name, fn, _ in plugins}
+            total = 0.0
+            for name, _, weight in plugins:
+                total += weight * scores[name]
+            ranked.append(Ranked(c.endpoint.replica_id, total, scores, c))
     ranked.sort(key=_rank_key)
     if profile.picker == "round-robin-picker":
         winner = sorted(cands, key=_replica_id)[turn % len(cands)]

@@ -1,51 +1,36 @@
 """The router's upstream side as a raw asyncio Protocol with httptools: one keep-alive connection
-pool per replica, the response head awaited once, and body bytes handed to a sink as they
-arrive — no task, no future and no await per chunk. This is the hot path of every request.
+pool per replica; a response is reported to a listener as plain callbacks (head, body pieces,
+done, error) — no task, no future and no await per request or per chunk. This is the hot path.
 
     UpstreamError   nothing usable came back before the first byte (connect refused, reset,
                     timeout, bad HTTP): the request may go to another replica
+
+`Exchange` adapts the callbacks to awaitables for the few callers that are coroutines (the
+prefill leg of a PD request, releasing held KV).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable
+from typing import Protocol
 
 import httptools
 
 from router.upstream import UpstreamError
 
-Sink = Callable[[bytes], None]
 
+class Listener(Protocol):
+    conn: UpstreamProtocol | None
+    """Set when the request goes out on a connection (pause, resume, abort go through it)."""
 
-class Exchange:
-    """One request and its response on one upstream connection."""
+    def on_head(self, status: int, content_type: str) -> None: ...
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.head: asyncio.Future[None] = loop.create_future()
-        self.done: asyncio.Future[None] = loop.create_future()
-        self.status = 0
-        self.headers: dict[str, str] = {}
-        self.parts: list[bytes] = []
-        self.sink: Sink | None = None
-        self.last_data = time.monotonic()
-        self.conn: UpstreamProtocol | None = None
+    def on_body(self, data: bytes) -> None: ...
 
-    def fail(self, error: Exception) -> None:
-        for fut in (self.head, self.done):
-            if not fut.done():
-                fut.set_exception(error)
-                fut.exception()  # mark retrieved: a failed head may never be awaited for its body
+    def on_done(self) -> None: ...
 
-    def body(self) -> bytes:
-        return b"".join(self.parts)
-
-    def abort(self) -> None:
-        """Stop relaying (client gone, idle timeout): the connection cannot be reused."""
-        if self.conn is not None and not self.done.done():
-            self.conn.close()
+    def on_error(self, error: UpstreamError) -> None: ...
 
 
 class UpstreamProtocol(asyncio.Protocol):
@@ -53,9 +38,14 @@ class UpstreamProtocol(asyncio.Protocol):
         self.pool, self.key = pool, key
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.exchange: Exchange | None = None
+        self.listener: Listener | None = None
         self.closed = False
-        self._name = b""
+        self.reused = False
+        self.answered = False
+        """A byte of the current response has arrived (a reused connection failing before that
+        was closed by the engine while idle: the request is re-sent on a fresh one)."""
+        self.raw = b""
+        self.content_type = "application/json"
 
     # asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -64,55 +54,53 @@ class UpstreamProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
-        if self.exchange is not None:
-            self.exchange.fail(UpstreamError(f"{self.key} closed the connection"))
-            self.exchange = None
+        listener, self.listener = self.listener, None
+        if listener is None:
+            return
+        if self.reused and not self.answered:
+            self.pool.send_fresh(self.key, self.raw, listener)
+        else:
+            listener.on_error(UpstreamError(f"{self.key} closed the connection"))
 
     def data_received(self, data: bytes) -> None:
+        self.answered = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            if self.exchange is not None:
-                self.exchange.fail(UpstreamError(f"{self.key} sent malformed HTTP"))
+            listener, self.listener = self.listener, None
             self.close()
+            if listener is not None:
+                listener.on_error(UpstreamError(f"{self.key} sent malformed HTTP"))
 
     # httptools
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.exchange is not None:
-            self.exchange.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        if len(name) == 12 and name.lower() == b"content-type":
+            self.content_type = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        ex = self.exchange
-        if ex is not None:
-            ex.status = self.parser.get_status_code()
-            if not ex.head.done():
-                ex.head.set_result(None)
+        if self.listener is not None:
+            self.listener.on_head(self.parser.get_status_code(), self.content_type)
 
     def on_body(self, body: bytes) -> None:
-        ex = self.exchange
-        if ex is None:
-            return
-        ex.last_data = time.monotonic()
-        if ex.sink is not None:
-            ex.sink(body)
-        else:
-            ex.parts.append(body)
+        if self.listener is not None:
+            self.listener.on_body(body)
 
     def on_message_complete(self) -> None:
-        ex, self.exchange = self.exchange, None
-        keep = self.parser.should_keep_alive()
-        if ex is not None and not ex.done.done():
-            ex.done.set_result(None)
-        if keep and not self.closed:
+        listener, self.listener = self.listener, None
+        if self.parser.should_keep_alive() and not self.closed:
             self.parser = httptools.HttpResponseParser(self)
             self.pool.put(self)
         else:
             self.close()
+        if listener is not None:
+            listener.on_done()
 
     # use
-    def send(self, raw: bytes, exchange: Exchange) -> None:
-        exchange.conn = self
-        self.exchange = exchange
+    def begin(self, raw: bytes, listener: Listener) -> None:
+        self.listener, self.raw = listener, raw
+        self.answered = False
+        self.content_type = "application/json"
+        listener.conn = self
         assert self.transport is not None
         self.transport.write(raw)
 
@@ -124,10 +112,22 @@ class UpstreamProtocol(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
+    def abort(self) -> None:
+        """The listener is gone (client left, timeout): no more callbacks; the connection cannot
+        be reused (the engine's request stops with it)."""
+        self.listener = None
+        self.close()
+
     def close(self) -> None:
         if not self.closed and self.transport is not None:
             self.transport.close()
         self.closed = True
+
+
+def request_bytes(base: str, method: str, path: str, body: bytes, extra_headers: bytes) -> bytes:
+    key = base.removeprefix("http://")
+    return b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n%b\r\n%b" % (
+        method.encode(), path.encode("latin-1"), key.encode(), len(body), extra_headers, body)
 
 
 class RelayPool:
@@ -135,10 +135,12 @@ class RelayPool:
         self.connect_timeout_s = connect_timeout_s
         self.max_idle = max_idle_per_host
         self.idle: dict[str, list[UpstreamProtocol]] = {}
+        self._connecting: set[asyncio.Task[None]] = set()
 
     def put(self, conn: UpstreamProtocol) -> None:
         bucket = self.idle.setdefault(conn.key, [])
         if len(bucket) < self.max_idle:
+            conn.reused = True
             bucket.append(conn)
         else:
             conn.close()
@@ -148,58 +150,106 @@ class RelayPool:
         if bucket and conn in bucket:
             bucket.remove(conn)
 
-    async def _connect(self, key: str) -> UpstreamProtocol:
+    def send(self, base: str, raw: bytes, listener: Listener) -> None:
+        """Send on an idle keep-alive connection now, or on a new one once it is connected."""
+        key = base.removeprefix("http://")
+        bucket = self.idle.get(key)
+        if bucket:
+            bucket.pop().begin(raw, listener)
+        else:
+            self.send_fresh(key, raw, listener)
+
+    def send_fresh(self, key: str, raw: bytes, listener: Listener) -> None:
+        listener.conn = None
+        task = asyncio.get_running_loop().create_task(self._connect_and_send(key, raw, listener))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
+
+    async def _connect_and_send(self, key: str, raw: bytes, listener: Listener) -> None:
         host, _, port = key.rpartition(":")
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, proto = await loop.create_connection(lambda: UpstreamProtocol(self, key), host, int(port))
         except (OSError, TimeoutError) as err:
-            raise UpstreamError(f"cannot connect to {key} ({type(err).__name__})") from None
-        return proto
-
-    async def start(self, base: str, method: str, path: str, body: bytes, extra_headers: bytes,
-                    first_byte_timeout_s: float, sink: Sink | None = None) -> Exchange:
-        """Send; return once the response head is in (status and headers). The body then flows
-        to `sink` (or collects in `Exchange.parts`) until `Exchange.done`."""
-        key = base.removeprefix("http://")
-        raw = (f"{method} {path} HTTP/1.1\r\nhost: {key}\r\ncontent-length: {len(body)}\r\n".encode()
-               + extra_headers + b"\r\n" + body)
-        loop = asyncio.get_running_loop()
-        for attempt in range(2):  # a pooled connection the engine closed meanwhile: one fresh retry
-            bucket = self.idle.get(key)
-            reused = attempt == 0 and bool(bucket)
-            conn = bucket.pop() if reused and bucket else await self._connect(key)
-            exchange = Exchange(loop)
-            exchange.sink = sink
-            conn.send(raw, exchange)
-            late = UpstreamError(f"no response from {key} within {first_byte_timeout_s:g} s")
-            timer = loop.call_later(first_byte_timeout_s, _too_late, exchange, conn, late)
-            try:
-                await exchange.head
-            except UpstreamError as err:
-                if reused and err is not late:
-                    continue
-                raise
-            except BaseException:  # cancelled (the client left): the engine's request stops with the connection
-                conn.close()
-                raise
-            finally:
-                timer.cancel()
-            return exchange
-        raise UpstreamError(f"{key} closed the connection twice")
+            listener.on_error(UpstreamError(f"cannot connect to {key} ({type(err).__name__})"))
+            return
+        if getattr(listener, "abandoned", False):  # the client left while we were connecting
+            self.put(proto)
+            return
+        proto.begin(raw, listener)
 
     def close(self) -> None:
+        for task in list(self._connecting):
+            task.cancel()
         for bucket in self.idle.values():
             for conn in list(bucket):
                 conn.close()
         self.idle.clear()
 
 
-def _too_late(exchange: Exchange, conn: UpstreamProtocol, error: UpstreamError) -> None:
-    if not exchange.head.done():
-        exchange.fail(error)
-        conn.close()
+class Exchange:
+    """One request and its response as awaitables: `await RelayPool.start(...)` gives the head;
+    the body collects in `parts` (or goes to `sink`) until `done`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.head: asyncio.Future[None] = loop.create_future()
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.loop = loop
+        self.status = 0
+        self.content_type = "application/json"
+        self.parts: list[bytes] = []
+        self.last_data = loop.time()
+        self.conn: UpstreamProtocol | None = None
+        self.abandoned = False
+
+    def on_head(self, status: int, content_type: str) -> None:
+        self.status, self.content_type = status, content_type
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, data: bytes) -> None:
+        self.last_data = self.loop.time()
+        self.parts.append(data)
+
+    def on_done(self) -> None:
+        if not self.head.done():
+            self.head.set_result(None)
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def on_error(self, error: UpstreamError) -> None:
+        for fut in (self.head, self.done):
+            if not fut.done():
+                fut.set_exception(error)
+                fut.exception()  # mark retrieved: a failed head may never be awaited for its body
+
+    def body(self) -> bytes:
+        return b"".join(self.parts)
+
+    def abort(self) -> None:
+        """Stop (client gone, timeout): the connection cannot be reused."""
+        self.abandoned = True
+        if self.conn is not None and not self.done.done():
+            self.conn.abort()
+
+
+async def start(pool: RelayPool, base: str, path: str, body: bytes, extra_headers: bytes,
+                first_byte_timeout_s: float) -> Exchange:
+    """POST and return once the response head is in; the body then collects until `done`."""
+    exchange = Exchange(asyncio.get_running_loop())
+    pool.send(base, request_bytes(base, "POST", path, body, extra_headers), exchange)
+    try:
+        async with asyncio.timeout(first_byte_timeout_s):
+            await asyncio.shield(exchange.head)
+    except TimeoutError:
+        exchange.abort()
+        raise UpstreamError(f"no response from {base.removeprefix('http://')} within "
+                            f"{first_byte_timeout_s:g} s") from None
+    except BaseException:  # cancelled (the client left): the engine's request stops with the connection
+        exchange.abort()
+        raise
+    return exchange
 
 
 async def finish(exchange: Exchange, idle_timeout_s: float) -> None:
@@ -208,7 +258,7 @@ async def finish(exchange: Exchange, idle_timeout_s: float) -> None:
         exchange.done.result()
         return
     while True:
-        left = exchange.last_data + idle_timeout_s - time.monotonic()
+        left = exchange.last_data + idle_timeout_s - exchange.loop.time()
         if left <= 0:
             exchange.abort()
             raise UpstreamError("upstream went quiet mid-response")

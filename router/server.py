@@ -13,7 +13,7 @@ import logging
 import random
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,18 +24,20 @@ from pools.model import SLOClass
 from pools.routing import RoutingTable
 from pools.wire import openai as wire
 from pools.wire.http import Request, Responder, serve
+from router import relay
 from router.admission import Admission
 from router.auth import Auth
 from router.config import RouterConfig
 from router.decision import Candidate, PDDecision, Profile, RouteDecision, RouteRequest, check_profile, decide, pd_pair
+from router.flight import JSON_HEADERS, Ended, Flight
 from router.metrics import RouterMetrics
-from router.relay import Exchange, RelayPool, finish
+from router.relay import RelayPool
 from router.state import Replicas
 from router.upstream import Pool, UpstreamError
 from topology import Topology
 
 log = logging.getLogger("isleserve.router")
-JSON_HEADERS = b"content-type: application/json\r\nconnection: keep-alive\r\n"
+GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
 """Prefix affinity hashes the prompt's leading full blocks (about 16 tokens each), up to 4."""
 
@@ -88,6 +90,7 @@ class Router:
         self.rng = random.Random(config.seed)
         self.turns = itertools.count()
         self.profiles = {name: self._profile(name) for name in config.classes()}
+        self._served_by: dict[tuple[str, str, tuple[tuple[str, str], ...]], bytes] = {}
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -121,31 +124,28 @@ class Router:
         assert self.server is not None
         return int(self.server.sockets[0].getsockname()[1])
 
-    # routes
-    async def handle(self, request: Request, response: Responder) -> None:
-        try:
-            await self._route(request, response)
-        except wire.ApiError as err:
-            if not response.started:
-                headers = [("retry-after", "1")] if err.status in (429, 503) else []
-                response.send(err.status, err.body(), headers=headers)
-
-    async def _route(self, request: Request, response: Responder) -> None:
+    # routes. `handle` is synchronous: most requests finish through the upstream connection's
+    # callbacks (router.flight); it returns a coroutine only for work that must wait.
+    def handle(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         method, path = request.method, request.path
-        if path in ("/v1/chat/completions", "/v1/completions") and method == "POST":
-            await self._generate(request, response, "chat" if "chat" in path else "completion")
-        elif (method, path) == ("GET", "/v1/models"):
-            self.auth.user(request.headers)
-            response.send(200, wire.models_body(self.replicas.table.models()))
-        elif (method, path) == ("GET", "/health"):
-            response.send(200, b'{"status": "ok"}')
-        elif (method, path) == ("GET", "/metrics"):
-            response.send(200, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
-        elif path.startswith("/admin/") and method == "GET":
-            self.auth.admin(request.headers)
-            response.send(200, json.dumps(self._admin(path)).encode())
-        else:
-            raise wire.ApiError(404, f"no route {method} {path}", "not_found_error")
+        try:
+            if method == "POST" and path in GENERATE_PATHS:
+                return self._generate(request, response)
+            if (method, path) == ("GET", "/v1/models"):
+                self.auth.user(request.headers)
+                response.send(200, wire.models_body(self.replicas.table.models()))
+            elif (method, path) == ("GET", "/health"):
+                response.send(200, b'{"status": "ok"}')
+            elif (method, path) == ("GET", "/metrics"):
+                response.send(200, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path.startswith("/admin/") and method == "GET":
+                self.auth.admin(request.headers)
+                response.send(200, json.dumps(self._admin(path)).encode())
+            else:
+                raise wire.ApiError(404, f"no route {method} {path}", "not_found_error")
+        except wire.ApiError as err:
+            _send_error(response, err)
+        return None
 
     def _admin(self, path: str) -> Any:
         if path == "/admin/replicas":
@@ -170,7 +170,7 @@ class Router:
         raise wire.ApiError(404, f"no admin route {path}", "not_found_error")
 
     # generation
-    def _parse(self, request: Request, kind: str, slo: SLOClass) -> _Call:
+    def _parse(self, request: Request, slo: SLOClass) -> _Call:
         if len(request.body) > self.config.max_body_bytes:
             raise wire.ApiError(413, f"request body over {self.config.max_body_bytes} bytes")
         body = wire.load_body(request.body)
@@ -180,36 +180,71 @@ class Router:
         body["priority"] = slo.priority  # vLLM's priority scheduling: lower is earlier
         blocks = min(len(text) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
         prefix = text[: blocks * PREFIX_BLOCK_CHARS]
-        route = RouteRequest(model=model, slo_class=slo, prompt_tokens=count_tokens(text),
-                             prefix_hash=zlib.crc32(prefix.encode()) if prefix else 0)
+        route = RouteRequest(model, slo, count_tokens(text), zlib.crc32(prefix.encode()) if prefix else 0)
         return _Call(slo=slo, body=body, stream=stream, route=route, path=request.path)
 
-    async def _generate(self, request: Request, response: Responder, kind: str) -> None:
+    def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         principal = self.auth.user(request.headers)
         slo = self.auth.slo_class(principal, request.headers.get("x-slo-class"))
-        call = self._parse(request, kind, slo)
+        call = self._parse(request, slo)
         if call.route.model not in self.replicas.served:
             raise wire.ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model")
         started = time.perf_counter()
         snapshot = self.replicas.snapshot()
         self.admission.check_overload(slo, snapshot)
         if not self.admission.enter(slo):
-            await self.admission.wait(slo)
+            return self._waiting(call, response, started, queued=True)
+        try:
+            pd = self._pd_choice(call, snapshot)
+            if pd is not None:
+                return self._waiting(call, response, started, pd=pd)
+            flight = Flight(self, call, self._decide(call, snapshot).order(), response, started,
+                            orjson.dumps(call.body), owner=True)
+        except BaseException:
+            self.request_ended(slo, "error")
+            raise
+        response.on_disconnect(flight.abandon)
+        flight.begin()
+        return None
+
+    def request_ended(self, slo: SLOClass, outcome: str) -> None:
+        self.admission.leave(slo)
+        self.metrics.child(self.metrics.requests, slo.name, outcome).inc()
+
+    def _decide(self, call: _Call, snapshot: list[Candidate]) -> RouteDecision:
+        t0 = time.perf_counter()
+        decision = decide(call.route, snapshot, self.profiles[call.slo.name], self.rng, next(self.turns))
+        self.metrics.decision.observe(time.perf_counter() - t0)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(decision.log_line())
+        return decision
+
+    async def _waiting(self, call: _Call, response: Responder, started: float, queued: bool = False,
+                       pd: PDDecision | None = None) -> None:
+        """The coroutine path: a request queued for an admission slot, or a PD request."""
+        slo = call.slo
+        if queued:
+            try:
+                await self.admission.wait(slo)
+            except wire.ApiError as err:
+                self.metrics.child(self.metrics.requests, slo.name, "rejected").inc()
+                _send_error(response, err)
+                return
+            if pd is None:
+                pd = self._pd_choice(call, self.replicas.snapshot())
         outcome = "error"
         try:
-            outcome = await self._serve(call, snapshot, response, started)
+            outcome = await self._serve(call, pd, response, started)
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         except wire.ApiError as err:
             outcome = "rejected" if err.status < 500 else "error"
-            raise
+            _send_error(response, err)
         finally:
-            self.admission.leave(slo)
-            self.metrics.child(self.metrics.requests, slo.name, outcome).inc()
+            self.request_ended(slo, outcome)
 
-    async def _serve(self, call: _Call, snapshot: list[Candidate], response: Responder, started: float) -> str:
-        pd = self._pd_choice(call, snapshot)
+    async def _serve(self, call: _Call, pd: PDDecision | None, response: Responder, started: float) -> str:
         if pd is not None:
             try:
                 return await self._serve_pd(call, pd, response, started)
@@ -218,13 +253,21 @@ class Router:
                     raise
                 log.debug("PD pair %s/%s failed before the first byte (%s): a mixed replica serves it",
                           pd.prefill.endpoint.replica_id, pd.decode.endpoint.replica_id, err.message)
-                snapshot = self.replicas.snapshot()
-        t0 = time.perf_counter()
-        decision = decide(call.route, snapshot, self.profiles[call.slo.name], self.rng, next(self.turns))
-        self.metrics.decision.observe(time.perf_counter() - t0)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(decision.log_line())
-        return await self._proxy(call, decision, response, started)
+        decision = self._decide(call, self.replicas.snapshot())
+        flight = await self._fly(Flight, call, decision.order(), response, started, orjson.dumps(call.body))
+        return flight.outcome_or_raise()
+
+    async def _fly(self, cls: type[Flight], call: _Call, order: list[Candidate], response: Responder,
+                   started: float, payload: bytes, **kwargs: Any) -> Flight:
+        waiter: asyncio.Future[Ended] = asyncio.get_running_loop().create_future()
+        flight = cls(self, call, order, response, started, payload, waiter=waiter, **kwargs)
+        flight.begin()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            flight.abandon()
+            raise
+        return flight
 
     def _pd_choice(self, call: _Call, snapshot: list[Candidate]) -> PDDecision | None:
         if not self.config.pd.enabled or call.route.prompt_tokens < self.config.pd.min_prompt_tokens:
@@ -237,132 +280,57 @@ class Router:
             return None  # no healthy pair: a mixed replica serves it whole
         return pd_pair(call.route, prefills, decodes, self.topology)
 
-    async def _start(self, cand: Candidate, body: dict[str, Any], path: str) -> Exchange:
-        payload = orjson.dumps(body)
-        up = self.config.upstream
-        # an engine answers a non-stream request only when it is done: wait for the whole of it
-        wait_s = up.first_byte_timeout_s if body.get("stream") is True else up.request_timeout_s
-        return await self.relay.start(cand.endpoint.url, "POST", path, payload, JSON_HEADERS, wait_s)
-
-    async def _first_answer(self, order: list[Candidate], body: dict[str, Any], path: str
-                            ) -> tuple[Candidate, Exchange]:
-        """Try replicas in order; connect errors and 5xx before the first byte go to the next."""
-        if not order:
-            raise wire.ApiError(503, "no healthy replica can serve this request now", "service_unavailable")
-        last = "no replica tried"
-        for cand in order[: self.config.upstream.retries + 1]:
-            state = self.replicas.states.get(cand.endpoint.replica_id)
-            if state is not None:
-                state.inflight += 1
-            t0 = time.perf_counter()
-            try:
-                ex = await self._start(cand, body, path)
-                if ex.status >= 500:
-                    last = f"{cand.endpoint.replica_id} answered {ex.status}"
-                    with contextlib.suppress(UpstreamError):
-                        await finish(ex, self.config.upstream.idle_timeout_s)
-                    raise UpstreamError(last)
-            except UpstreamError as err:
-                last = str(err)
-                self.replicas.failed(cand.endpoint.replica_id)
-                if state is not None:
-                    state.inflight -= 1
-                continue
-            except BaseException:  # the client left before the first byte: nothing is in flight
-                if state is not None:
-                    state.inflight -= 1
-                raise
-            self.replicas.ok(cand.endpoint.replica_id, (time.perf_counter() - t0) * 1000)
-            return cand, ex
-        raise wire.ApiError(502, f"upstream failed: {last}", "bad_gateway")
-
-    def _done(self, cand: Candidate) -> None:
-        state = self.replicas.states.get(cand.endpoint.replica_id)
-        if state is not None:
-            state.inflight = max(0, state.inflight - 1)
-
-    async def _proxy(self, call: _Call, decision: RouteDecision, response: Responder, started: float,
-                     extra_headers: tuple[tuple[str, str], ...] = (), path: str = "") -> str:
-        path = path or call.path
-        cand, ex = await self._first_answer(decision.order(), call.body, path)
-        try:
-            return await self._relay(call, cand, ex, response, started, extra_headers, cand.endpoint.tier)
-        finally:
-            ex.abort()
-            self._done(cand)
-
-    async def _relay(self, call: _Call, cand: Candidate, ex: Exchange, response: Responder, started: float,
-                     extra: tuple[tuple[str, str], ...], tier: str) -> str:
-        labels = (call.slo.name, cand.endpoint.pool, tier)
-        headers = [("x-isle-replica", cand.endpoint.replica_id), ("x-isle-tier", tier), *extra]
-        ctype = ex.headers.get("content-type", "application/json")
-        idle = self.config.upstream.idle_timeout_s
-        if not ctype.startswith("text/event-stream"):
-            await finish(ex, idle)
-            response.send(ex.status, ex.body(), ctype, headers)
-            if ex.status < 400:
-                self.metrics.child(self.metrics.e2e, *labels).observe(time.perf_counter() - started)
-            return "ok" if ex.status < 400 else "rejected"
-        response.start_stream(ex.status, ctype, headers)
-        ttft, itl = self.metrics.child(self.metrics.ttft, *labels), self.metrics.child(self.metrics.itl, *labels)
-        times = [0.0, 0.0, 0.0]  # first, last, chunks
-
-        def sink(data: bytes) -> None:
-            now = time.perf_counter()
-            if times[2] == 0:
-                times[0] = now
-                ttft.observe(now - started)
-            else:
-                itl.observe(now - times[1])
-            times[1] = now
-            times[2] += 1
-            if response.write_nowait(data) and ex.conn is not None:
-                ex.conn.pause()  # the client is slower than the engine: stop reading upstream
-                response.on_resume(ex.conn.resume)
-
-        for part in ex.parts:
-            sink(part)
-        ex.parts.clear()
-        ex.sink = sink
-        try:
-            await finish(ex, idle)
-        except UpstreamError as err:
-            # Tokens already went out: no retry (never a token twice). Say so in the stream and end it.
-            self.replicas.failed(cand.endpoint.replica_id)
-            log.warning("replica %s failed mid-stream: %s", cand.endpoint.replica_id, err)
-            response.write_nowait(wire.sse({"error": {"message": f"upstream replica failed mid-stream: {err}",
-                                                      "type": "server_error", "code": 502}}))
-            response.end()
-            return "error"
-        response.end()
-        if times[2] > 1:
-            self.metrics.child(self.metrics.tpot, *labels).observe((times[1] - times[0]) / (times[2] - 1))
-        self.metrics.child(self.metrics.e2e, *labels).observe(time.perf_counter() - started)
-        return "ok"
+    def served_by(self, cand: Candidate, tier: str, extra: tuple[tuple[str, str], ...]) -> bytes:
+        """The response headers that say what served a request (cached: a handful of combinations)."""
+        key = (cand.endpoint.replica_id, tier, extra)
+        found = self._served_by.get(key)
+        if found is None:
+            found = self._served_by[key] = b"".join(
+                f"{k}: {v}\r\n".encode("latin-1")
+                for k, v in (("x-isle-replica", cand.endpoint.replica_id), ("x-isle-tier", tier), *extra))
+            if len(self._served_by) > 4096:
+                self._served_by.clear()
+        return found
 
     async def _release_prefill(self, pcand: Candidate, params: dict[str, Any]) -> None:
         body = orjson.dumps({"request_id": params.get("remote_request_id"),
                              "engine_id": params.get("remote_engine_id")})
         with contextlib.suppress(UpstreamError, OSError, asyncio.CancelledError):
-            ex = await self.relay.start(pcand.endpoint.url, "POST", "/internal/kv/release", body, JSON_HEADERS, 2.0)
-            await finish(ex, 2.0)
+            ex = await relay.start(self.relay, pcand.endpoint.url, "/internal/kv/release", body, JSON_HEADERS, 2.0)
+            await relay.finish(ex, 2.0)
+
+    async def _prefill(self, call: _Call, pcand: Candidate) -> tuple[int, bytes]:
+        first = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
+        first.pop("stream_options", None)
+        first.pop("max_completion_tokens", None)
+        rid = pcand.endpoint.replica_id
+        self.replicas.opened(rid)
+        t0 = time.perf_counter()
+        try:
+            ex = await relay.start(self.relay, pcand.endpoint.url, call.path, orjson.dumps(first), JSON_HEADERS,
+                                   self.config.upstream.request_timeout_s)
+            try:
+                await relay.finish(ex, self.config.upstream.idle_timeout_s)
+            finally:
+                ex.abort()
+        except UpstreamError as err:
+            self.replicas.failed(rid)
+            raise wire.ApiError(502, f"upstream failed: {err}", "bad_gateway") from None
+        finally:
+            self.replicas.closed(rid)
+        if ex.status >= 500:
+            self.replicas.failed(rid)
+            raise wire.ApiError(502, f"upstream failed: {rid} answered {ex.status}", "bad_gateway")
+        self.replicas.ok(rid, (time.perf_counter() - t0) * 1000)
+        return ex.status, ex.body()
 
     async def _serve_pd(self, call: _Call, pd: PDDecision, response: Responder, started: float) -> str:
         """vLLM's disaggregated-serving protocol: prefill with kv_transfer_params and max_tokens=1,
         then decode with what the prefill returned, streamed back."""
-        path = call.path
-        first = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
-        first.pop("stream_options", None)
-        first.pop("max_completion_tokens", None)
-        pcand, pex = await self._first_answer([pd.prefill], first, path)
-        try:
-            await finish(pex, self.config.upstream.idle_timeout_s)
-            raw = pex.body()
-        finally:
-            pex.abort()
-            self._done(pcand)
-        if pex.status != 200:
-            response.send(pex.status, raw)
+        pcand = pd.prefill
+        status, raw = await self._prefill(call, pcand)
+        if status != 200:
+            response.send(status, raw)
             return "rejected"
         try:
             params = json.loads(raw)["kv_transfer_params"]
@@ -370,19 +338,20 @@ class Router:
             raise wire.ApiError(502, f"prefill replica {pcand.endpoint.replica_id} returned no kv_transfer_params",
                                 "bad_gateway") from None
         handover = time.perf_counter()
-        second = {**call.body, "kv_transfer_params": params}
+        second = orjson.dumps({**call.body, "kv_transfer_params": params})
         try:
-            dcand, dex = await self._first_answer(list(pd.decode_order) or [pd.decode], second, path)
+            flight = await self._fly(Flight, call, list(pd.decode_order) or [pd.decode], response, started, second,
+                                     extra=(("x-isle-prefill-replica", pcand.endpoint.replica_id),), tiers=pd.tiers)
+            outcome = flight.outcome_or_raise()
         except BaseException:
             await self._release_prefill(pcand, params)  # nobody will claim the held KV now
             raise
-        tier = pd.tiers.get(dcand.endpoint.replica_id, pd.tier)
-        labels = (call.slo.name, dcand.endpoint.pool, tier)
-        kv_s = pd.kv_ms / 1000 if pd.kv_ms else time.perf_counter() - handover
-        self.metrics.child(self.metrics.kv, *labels).observe(kv_s)
-        extra = (("x-isle-prefill-replica", pcand.endpoint.replica_id),)
-        try:
-            return await self._relay(call, dcand, dex, response, started, extra, tier)
-        finally:
-            dex.abort()
-            self._done(dcand)
+        kv_s = pd.kv_ms / 1000 if pd.kv_ms else max(0.0, flight.head_at - handover)
+        self.metrics.child(self.metrics.kv, *flight.labels).observe(kv_s)
+        return outcome
+
+
+def _send_error(response: Responder, err: wire.ApiError) -> None:
+    if not response.started:
+        headers = [("retry-after", "1")] if err.status in (429, 503) else []
+        response.send(err.status, err.body(), headers=headers)

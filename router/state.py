@@ -74,6 +74,16 @@ class Replicas:
         return [Candidate(s.endpoint, ReplicaLoad(s.running, s.waiting, s.kv_usage, s.inflight, s.latency_ms,
                                                   now < s.open_until)) for s in self.states.values()]
 
+    def opened(self, replica_id: str) -> None:
+        s = self.states.get(replica_id)
+        if s is not None:
+            s.inflight += 1
+
+    def closed(self, replica_id: str) -> None:
+        s = self.states.get(replica_id)
+        if s is not None and s.inflight > 0:
+            s.inflight -= 1
+
     def ok(self, replica_id: str, latency_ms: float) -> None:
         s = self.states.get(replica_id)
         if s is not None:

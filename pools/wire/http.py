@@ -60,7 +60,9 @@ def _status_line(status: int) -> bytes:
     return line
 
 
-def _header_block(headers: Iterable[tuple[str, str]]) -> bytes:
+def _header_block(headers: Iterable[tuple[str, str]] | bytes) -> bytes:
+    if isinstance(headers, bytes):  # already a header block ("name: value\r\n"...)
+        return headers
     return b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers)
 
 
@@ -79,7 +81,7 @@ class Responder:
         return self._p.closed
 
     def send(self, status: int, body: bytes, content_type: str = "application/json",
-             headers: Iterable[tuple[str, str]] = ()) -> None:
+             headers: Iterable[tuple[str, str]] | bytes = ()) -> None:
         if self.started:
             raise RuntimeError("response already started")
         self.started = self.finished = True
@@ -90,14 +92,15 @@ class Responder:
         self._p.response_done(self._keep_alive)
 
     def start_stream(self, status: int = 200, content_type: str = "text/event-stream",
-                     headers: Iterable[tuple[str, str]] = ()) -> None:
+                     headers: Iterable[tuple[str, str]] | bytes = ()) -> None:
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
-        head = _status_line(status) + _header_block(
-            [("content-type", content_type), ("transfer-encoding", "chunked"), ("cache-control", "no-cache"),
-             ("connection", "keep-alive" if self._keep_alive else "close"), *headers])
-        self._p.write(head + b"\r\n")
+        head = (b"%bcontent-type: %b\r\ntransfer-encoding: chunked\r\ncache-control: no-cache\r\n"
+                b"connection: %b\r\n%b\r\n") % (
+            _status_line(status), content_type.encode("latin-1"), b"keep-alive" if self._keep_alive else b"close",
+            _header_block(headers))
+        self._p.write(head)
 
     async def write(self, chunk: bytes) -> None:
         if not chunk or self._p.closed:
@@ -115,6 +118,11 @@ class Responder:
     def on_resume(self, callback: Callable[[], None]) -> None:
         self._p.resume_callbacks.append(callback)
 
+    def on_disconnect(self, callback: Callable[[], None]) -> None:
+        """Called once if the client goes away before this response is finished (a handler that
+        returned without awaiting uses it to stop the upstream work; a task is cancelled instead)."""
+        self._p.on_disconnect = callback
+
     def end(self) -> None:
         if self.finished:
             return
@@ -124,7 +132,9 @@ class Responder:
         self._p.response_done(self._keep_alive)
 
 
-Handler = Callable[[Request, Responder], Awaitable[None]]
+Handler = Callable[[Request, Responder], Awaitable[None] | None]
+"""Either a coroutine function, or a plain function that answers through `Responder` — now or
+later from callbacks — and returns None (or a coroutine for the part that has to wait)."""
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -142,6 +152,7 @@ class HttpProtocol(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self.resume_callbacks: list[Callable[[], None]] = []
         self.task: asyncio.Task[None] | None = None
+        self.on_disconnect: Callable[[], None] | None = None
         self._pending_reject: tuple[int, bytes] | None = None
         self._reading_paused = False
         self._timer: asyncio.TimerHandle | None = None
@@ -197,6 +208,9 @@ class HttpProtocol(asyncio.Protocol):
         self._wake()
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the client went away: stop the work it asked for
+        hook, self.on_disconnect = self.on_disconnect, None
+        if hook is not None and self.busy:
+            hook()
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -302,20 +316,31 @@ class HttpProtocol(asyncio.Protocol):
         request, keep_alive, head_only = self.queue.pop(0)
         self.busy = True
         responder = Responder(self, keep_alive, head_only)
-        self.task = asyncio.get_running_loop().create_task(self._run(request, responder))
-
-    async def _run(self, request: Request, responder: Responder) -> None:
+        self.task = None
         try:
-            await self.handler(request, responder)
+            pending = self.handler(request, responder)
+        except Exception as err:
+            self._failed(responder, err)
+            return
+        if pending is not None:
+            self.task = asyncio.get_running_loop().create_task(self._run(pending, responder))
+
+    def _failed(self, responder: Responder, err: Exception) -> None:
+        """A handler bug must not take the connection's other requests down."""
+        if self.on_error is not None:
+            self.on_error(err)
+        if not responder.started:
+            responder.send(500, b'{"error": {"message": "internal error", "type": "server_error", "code": 500}}')
+        elif not responder.finished and self.transport is not None:
+            self.transport.close()
+
+    async def _run(self, pending: Awaitable[None], responder: Responder) -> None:
+        try:
+            await pending
         except asyncio.CancelledError:
             return
-        except Exception as err:  # a handler bug must not take the connection's other requests down
-            if self.on_error is not None:
-                self.on_error(err)
-            if not responder.started:
-                responder.send(500, b'{"error": {"message": "internal error", "type": "server_error", "code": 500}}')
-            elif not responder.finished and self.transport is not None:
-                self.transport.close()
+        except Exception as err:
+            self._failed(responder, err)
             return
         if not responder.finished:
             if responder.started:
@@ -339,6 +364,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def response_done(self, keep_alive: bool) -> None:
         self.busy = False
+        self.on_disconnect = None
         if not keep_alive and self.transport is not None:
             self.transport.close()
             self.closed = True

@@ -1,0 +1,237 @@
+"""One proxied generation request, driven by the upstream connection's callbacks: try the
+ranked replicas in order until one answers (connect errors, timeouts and 5xx before the first
+byte go to the next — never after, so no token reaches the client twice), then relay the body
+verbatim (SSE chunks as they come, with back-pressure) and record per-tier latency.
+
+No task, future or await per request: this is what keeps the router's CPU per request small.
+A coroutine that needs the outcome (the decode leg of a PD request) passes a `waiter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from pools.wire import openai as wire
+from pools.wire.http import Responder
+from router.decision import Candidate
+from router.relay import UpstreamProtocol, request_bytes
+from router.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from router.server import Router, _Call
+
+log = logging.getLogger("isleserve.router")
+JSON_HEADERS = b"content-type: application/json\r\nconnection: keep-alive\r\n"
+Ended = tuple[str, "wire.ApiError | None"]
+
+
+class Flight:
+    __slots__ = ("abandoned", "bad", "call", "cand", "chunks", "conn", "content_type", "deadline", "ended", "error",
+                 "extra", "first", "head_at", "labels", "last", "last_data", "order", "outcome", "owner", "parts",
+                 "payload", "prev", "response", "router", "sent_at", "started", "status", "streaming", "tiers",
+                 "timer", "tried", "waiter")
+
+    def __init__(self, router: Router, call: _Call, order: list[Candidate], response: Responder, started: float,
+                 payload: bytes, *, extra: tuple[tuple[str, str], ...] = (), tiers: Mapping[str, str] | None = None,
+                 waiter: asyncio.Future[Ended] | None = None, owner: bool = False) -> None:
+        """`owner`: this flight holds the request's admission slot and counts its outcome (the
+        callback path); otherwise the coroutine awaiting `waiter` does."""
+        self.router, self.call, self.order, self.response = router, call, order, response
+        self.started, self.payload, self.extra, self.tiers = started, payload, extra, tiers
+        self.waiter, self.owner = waiter, owner
+        self.conn: UpstreamProtocol | None = None
+        self.abandoned = False
+        self.tried = 0
+        self.cand: Candidate | None = None
+        self.labels: tuple[str, str, str] = ("", "", "")
+        self.status = 0
+        self.content_type = ""
+        self.parts: list[bytes] = []
+        self.streaming = False
+        self.bad = ""
+        self.last = "no replica tried"
+        self.sent_at = self.deadline = self.last_data = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.chunks = 0
+        self.first = self.prev = 0.0
+        self.ended = False
+        self.head_at = 0.0
+        self.outcome = ""
+        self.error: wire.ApiError | None = None
+
+    # trying replicas
+    def begin(self) -> None:
+        if not self.order:
+            self._fail(wire.ApiError(503, "no healthy replica can serve this request now", "service_unavailable"))
+            return
+        self._next()
+
+    def _next(self) -> None:
+        r = self.router
+        if self.tried >= len(self.order) or self.tried > r.config.upstream.retries:
+            self._fail(wire.ApiError(502, f"upstream failed: {self.last}", "bad_gateway"))
+            return
+        cand = self.cand = self.order[self.tried]
+        self.tried += 1
+        r.replicas.opened(cand.endpoint.replica_id)
+        self.status, self.bad, self.parts = 0, "", []
+        up = r.config.upstream
+        # an engine answers a non-stream request only when it is done: wait for the whole of it
+        wait_s = up.first_byte_timeout_s if self.call.stream else up.request_timeout_s
+        loop = asyncio.get_running_loop()
+        self.sent_at = time.perf_counter()
+        self._arm(loop, loop.time() + wait_s)
+        r.relay.send(cand.endpoint.url, request_bytes(cand.endpoint.url, "POST", self.call.path, self.payload,
+                                                      JSON_HEADERS), self)
+
+    def _retry(self, reason: str) -> None:
+        assert self.cand is not None
+        self.last = reason
+        self.router.replicas.failed(self.cand.endpoint.replica_id)
+        self.router.replicas.closed(self.cand.endpoint.replica_id)
+        self.cand = None
+        self._next()
+
+    # timers: one lazy handle per flight; moving the deadline later costs nothing
+    def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        self.deadline = deadline
+        if self.timer is None or deadline < self.timer.when():
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = loop.call_at(deadline, self._fire)
+
+    def _fire(self) -> None:
+        self.timer = None
+        if self.ended:
+            return
+        loop = asyncio.get_running_loop()
+        due = self.last_data + self.router.config.upstream.idle_timeout_s if self.status else self.deadline
+        if loop.time() < due:
+            self.timer = loop.call_at(due, self._fire)
+            return
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.abort()
+        if self.status:
+            self.on_error(UpstreamError("upstream went quiet mid-response"))
+        else:
+            key = self.cand.endpoint.url.removeprefix("http://") if self.cand else "upstream"
+            self._retry(f"no response from {key} in time")
+
+    # relay.Listener
+    def on_head(self, status: int, content_type: str) -> None:
+        cand = self.cand
+        assert cand is not None
+        self.status, self.content_type = status, content_type
+        self.last_data = asyncio.get_running_loop().time()
+        if status >= 500:
+            self.bad = f"{cand.endpoint.replica_id} answered {status}"
+            return  # read the error body to keep the connection, then try the next replica
+        r = self.router
+        self.head_at = time.perf_counter()
+        r.replicas.ok(cand.endpoint.replica_id, (self.head_at - self.sent_at) * 1000)
+        tier = self.tiers.get(cand.endpoint.replica_id, cand.endpoint.tier) if self.tiers else cand.endpoint.tier
+        self.labels = (self.call.slo.name, cand.endpoint.pool, tier)
+        if content_type.startswith("text/event-stream"):
+            self.streaming = True
+            self.response.start_stream(status, content_type, r.served_by(cand, tier, self.extra))
+
+    def on_body(self, data: bytes) -> None:
+        if self.bad:
+            return
+        if not self.streaming:
+            self.parts.append(data)
+            return
+        now = time.perf_counter()
+        self.last_data = asyncio.get_running_loop().time()
+        m = self.router.metrics
+        if self.chunks == 0:
+            self.first = now
+            m.child(m.ttft, *self.labels).observe(now - self.started)
+        else:
+            m.child(m.itl, *self.labels).observe(now - self.prev)
+        self.prev = now
+        self.chunks += 1
+        if self.response.write_nowait(data) and self.conn is not None:
+            self.conn.pause()  # the client is slower than the engine: stop reading upstream
+            self.response.on_resume(self.conn.resume)
+
+    def on_done(self) -> None:
+        self.conn = None
+        if self.bad:
+            self._retry(self.bad)
+            return
+        m = self.router.metrics
+        if self.streaming:
+            self.response.end()
+            if self.chunks > 1:
+                m.child(m.tpot, *self.labels).observe((self.prev - self.first) / (self.chunks - 1))
+            m.child(m.e2e, *self.labels).observe(time.perf_counter() - self.started)
+            self._end("ok")
+            return
+        cand = self.cand
+        assert cand is not None
+        body = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+        self.response.send(self.status, body, self.content_type, self.router.served_by(cand, self.labels[2],
+                                                                                        self.extra))
+        if self.status < 400:
+            m.child(m.e2e, *self.labels).observe(time.perf_counter() - self.started)
+        self._end("ok" if self.status < 400 else "rejected")
+
+    def on_error(self, error: UpstreamError) -> None:
+        self.conn = None
+        if self.ended:
+            return
+        if not self.response.started:
+            self._retry(str(error))
+            return
+        # Tokens already went out: no retry (never a token twice). Say so in the stream and end it.
+        assert self.cand is not None
+        rid = self.cand.endpoint.replica_id
+        self.router.replicas.failed(rid)
+        log.warning("replica %s failed mid-stream: %s", rid, error)
+        self.response.write_nowait(wire.sse({"error": {"message": f"upstream replica failed mid-stream: {error}",
+                                                       "type": "server_error", "code": 502}}))
+        self.response.end()
+        self._end("error")
+
+    # the end
+    def outcome_or_raise(self) -> str:
+        if self.error is not None:
+            raise self.error
+        return self.outcome
+
+    def abandon(self) -> None:
+        """The client went away: stop the engine's work (close the connection), count it."""
+        if self.ended:
+            return
+        self.abandoned = True
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.abort()
+        self._end("cancelled")
+
+    def _fail(self, error: wire.ApiError) -> None:
+        if self.waiter is None and not self.response.started:
+            self.response.send(error.status, error.body(), headers=[("retry-after", "1")] if error.status == 503
+                               else ())
+        self._end("error", error)
+
+    def _end(self, outcome: str, error: wire.ApiError | None = None) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.outcome, self.error = outcome, error
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.cand is not None:
+            self.router.replicas.closed(self.cand.endpoint.replica_id)
+        if self.owner:
+            self.router.request_ended(self.call.slo, outcome)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result((outcome, error))
