@@ -42,7 +42,12 @@ class AppArgs(BaseModel):
     router: RouterConfig = Field(description="the router's settings (its replicas come from the plan)")
     time_scale: float = Field(default=1.0, gt=0, description="simulated engines: wall seconds per modelled second")
     workload: str = Field(default="azure-conv", description="for `replicas: auto`")
-    state_dir: str = Field(default="/tmp/isleserve", description="where the controller records topology and plans")
+    state_dir: str = Field(default="/tmp/isleserve",
+                           description="where the controller records topology, plans and the state it resumes from")
+    counters_interval_s: float = Field(default=30.0, ge=0,
+                                       description="how often link counters are read on every node (0: never)")
+    drain_timeout_s: float = Field(default=30.0, gt=0,
+                                   description="a replaced replica stops when idle, or after this long at the latest")
 
     @model_validator(mode="after")
     def _consistent(self) -> AppArgs:

@@ -10,6 +10,7 @@ its own event loop, following the controller's routing table.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from router.server import Router
 
 REPO = Path(__file__).resolve().parents[1]
 FOLLOW_INTERVAL_S = 1.0
+log = logging.getLogger("isleserve.serve")
 
 
 def _absolute(source: str) -> str:
@@ -39,7 +41,8 @@ def controller_spec(args: AppArgs) -> ControllerSpec:
     config = args.pools_config()
     return ControllerSpec(topology_source=_absolute(args.topology), engine=args.engine, policy=args.policy,
                           pools=config.pool_specs(), slo_classes=config.classes(), time_scale=args.time_scale,
-                          state_dir=args.state_dir)
+                          state_dir=args.state_dir, counters_interval_s=args.counters_interval_s,
+                          drain_timeout_s=args.drain_timeout_s)
 
 
 class RouterThread:
@@ -79,11 +82,18 @@ class RouterThread:
         loop.run_forever()
 
     async def _follow(self) -> None:
+        """Every second: a newer table (and with it the plan and topology the admin API shows)."""
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(FOLLOW_INTERVAL_S)
-            ref = self.controller.table.remote()
-            table: RoutingTable = await asyncio.get_running_loop().run_in_executor(None, self.ray.get, ref)
-            self.router.replicas.follow(table)
+            try:
+                table: RoutingTable = await loop.run_in_executor(None, self.ray.get, self.controller.table.remote())
+                if table.version > self.router.replicas.table.version:
+                    refs = [self.controller.plan.remote(), self.controller.topology.remote()]
+                    self.router.plan, self.router.topology = await loop.run_in_executor(None, self.ray.get, refs)
+                self.router.replicas.follow(table)
+            except self.ray.exceptions.RayError as err:  # a controller restarting: keep the last table
+                log.warning("following the controller's routing table: %s", err)
 
     def alive(self) -> bool:
         return self.thread.is_alive() and self.error is None

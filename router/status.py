@@ -69,6 +69,7 @@ def render(state: dict[str, Any]) -> str:
         pools = Counter(p["pool"] for p in plan["placements"])
         unplaced = f", {len(plan['unplaced'])} unplaced" if plan["unplaced"] else ""
         lines.append("pools: " + ", ".join(f"{name} x{count}" for name, count in pools.items()) + unplaced)
+    lines.extend(_controller_lines(plan.get("controller") if plan else None))
     lines.append("replicas:")
     for r in table["replicas"]:
         health = "healthy" if r["healthy"] and not r["breaker_open"] else "UNHEALTHY"
@@ -79,6 +80,22 @@ def render(state: dict[str, Any]) -> str:
                      f"{health}; running {r['running']:g}, waiting {r['waiting']:g}, in flight {r['inflight']}, "
                      f"kv {r['kv_usage']:.0%}")
     return "\n".join(lines) + "\n"
+
+
+def _controller_lines(view: dict[str, Any] | None) -> list[str]:
+    """The controller's own view: Ray nodes missing their labels, marked links, lost nodes, moves."""
+    if not view:
+        return []
+    lines = []
+    problems = view.get("node_check", {}).get("problems", {})
+    if problems:
+        lines.append("node check (Ray labels and resources, see `python -m pools node-labels`):")
+        lines.extend(f"  {node}: {'; '.join(why)}" for node, why in sorted(problems.items()))
+    for what, key in (("marked links", "marked_links"), ("lost nodes", "lost_nodes"), ("draining", "draining")):
+        if view.get(key):
+            lines.append(f"{what}: " + ", ".join(":".join(map(str, x)) if isinstance(x, list) else str(x)
+                                                for x in view[key]))
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,18 +1,32 @@
-"""The Ray actors: a detached, named controller and one replica actor per placement."""
+"""The Ray actors: a detached, named controller and one detached, named replica actor per
+placement (detached so that they outlive a controller restart, which reattaches to them by name).
+
+A replica actor is pinned to its planned node (node affinity) and holds one unit of each of its
+planned GPUs' `isle_gpu_<node>_<i>` resources, so Ray's accounting matches the plan.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from pools.controller import state
+from pools.controller.backend import Discovery, Replica
 from pools.controller.controller import CONTROLLER_NAME, NAMESPACE, ControllerCore, ControllerSpec
-from pools.controller.replica import ReplicaProcess
+from pools.controller.discovery import discover_cluster, ray_nodes
+from pools.controller.nodecheck import RayNode
+from pools.controller.replica import READY_TIMEOUT_S, ReplicaProcess
 from pools.controller.spec import EngineLaunch
+from pools.nodelabels import PREFIX
 from pools.routing import RoutingTable
 
 HEALTH_INTERVAL_S = 2.0
+CALL_TIMEOUT_S = 30.0
 
 
 class _ReplicaActor:
@@ -25,6 +39,9 @@ class _ReplicaActor:
     def healthy(self) -> bool:
         return self.process.healthy()
 
+    def idle(self) -> bool:
+        return self.process.idle()
+
     def ensure(self) -> str:
         return self.process.ensure()
 
@@ -32,45 +49,100 @@ class _ReplicaActor:
         self.process.stop()
 
     def info(self) -> dict[str, Any]:
-        return self.process.info()
+        ctx: Any = ray.get_runtime_context()
+        labels = {k: v for k, v in ctx.get_node_labels().items() if k.startswith(PREFIX)}
+        return {**self.process.info(), "actor": ctx.get_actor_name(), "ray_node_id": ctx.get_node_id(),
+                "ray_node_labels": labels, "ray_resources": ctx.get_assigned_resources(), "actor_pid": os.getpid()}
 
 
 _remote: Any = ray.remote  # Ray's overloads do not type a class decorated with options
 ReplicaActor: Any = _remote(num_cpus=0)(_ReplicaActor)
 
 
-class _RemoteReplica:
+class RemoteReplica:
     """The controller's view of a replica actor (the Replica protocol, over ray.get)."""
 
-    def __init__(self, launch: EngineLaunch) -> None:
-        self.actor = ReplicaActor.options(name=f"isleserve-{launch.replica_id}", namespace=NAMESPACE).remote(launch)
+    def __init__(self, actor: Any, launch: EngineLaunch) -> None:
+        self.actor, self.launch = actor, launch
+
+    @classmethod
+    def create(cls, launch: EngineLaunch) -> RemoteReplica:
+        pin = launch.pin
+        options: dict[str, Any] = {"name": launch.actor_name, "namespace": NAMESPACE, "lifetime": "detached",
+                                   "resources": dict(pin.resources)}
+        if pin.ray_node_id is not None:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(pin.ray_node_id, soft=False)
+        return cls(ReplicaActor.options(**options).remote(launch), launch)
+
+    def _call(self, method: str, timeout_s: float = CALL_TIMEOUT_S) -> Any:
+        return ray.get(getattr(self.actor, method).remote(), timeout=timeout_s)
 
     def start(self) -> str:
-        return str(ray.get(self.actor.start.remote()))
+        try:  # includes waiting for Ray to schedule the actor where its GPUs are
+            return str(self._call("start", READY_TIMEOUT_S + CALL_TIMEOUT_S))
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"replica {self.launch.replica_id}: not running after "
+                               f"{READY_TIMEOUT_S + CALL_TIMEOUT_S:g} s; does Ray node "
+                               f"{self.launch.pin.ray_node_id} have free {sorted(self.launch.pin.resources)}?"
+                               ) from None
 
     def healthy(self) -> bool:
-        return bool(ray.get(self.actor.healthy.remote()))
+        return bool(self._call("healthy"))
+
+    def idle(self) -> bool:
+        return bool(self._call("idle"))
 
     def ensure(self) -> str:
-        return str(ray.get(self.actor.ensure.remote()))
+        return str(self._call("ensure", READY_TIMEOUT_S + CALL_TIMEOUT_S))
 
     def stop(self) -> None:
-        ray.get(self.actor.stop.remote())
-        ray.kill(self.actor)
+        try:
+            self._call("stop")
+        finally:
+            ray.kill(self.actor, no_restart=True)
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._call("info"))
+
+
+class RayBackend:
+    def session(self) -> str:
+        return str(ray.get_runtime_context().get_session_name())
+
+    def discover(self, source: str) -> Discovery:
+        return discover_cluster(source)
+
+    def nodes(self) -> list[RayNode] | None:
+        return ray_nodes()
+
+    def create(self, launch: EngineLaunch) -> Replica:
+        return RemoteReplica.create(launch)
+
+    def attach(self, launch: EngineLaunch) -> Replica | None:
+        try:
+            actor = ray.get_actor(launch.actor_name, namespace=NAMESPACE)
+        except ValueError:
+            return None
+        return RemoteReplica(actor, launch)
 
 
 class _ControllerActor:
     def __init__(self, spec: ControllerSpec) -> None:
-        self.core = ControllerCore(spec, _RemoteReplica)
+        self.core = ControllerCore(spec, RayBackend())
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.loop: threading.Thread | None = None
+        if state.resumable(spec.state_dir, self.core.backend.session(), state.digest(spec)):
+            self.deploy()  # restarted by Ray: reattach to the replicas the last incarnation started
+
+    def spec_digest(self) -> str:
+        return state.digest(self.core.spec)
 
     def deploy(self) -> RoutingTable:
         with self.lock:
             if self.core.table.version == 0:
                 self.core.deploy()
-                self.loop = threading.Thread(target=self._health_loop, daemon=True)
+                self.loop = threading.Thread(target=self._health_loop, name="isleserve-health", daemon=True)
                 self.loop.start()
             return self.core.table
 
@@ -79,14 +151,25 @@ class _ControllerActor:
             with self.lock:
                 self.core.check()
 
+    def mark_link(self, node: str, a: int, b: int, healthy: bool = False, reason: str = "") -> list[dict[str, Any]]:
+        with self.lock:
+            return self.core.mark_link(node, a, b, healthy, reason)
+
     def table(self) -> RoutingTable:
         return self.core.table
 
     def plan(self) -> dict[str, Any] | None:
-        return self.core.plan.to_json() if self.core.plan is not None else None
+        """The placement plan's JSON, with the controller's own view under `controller`."""
+        if self.core.plan is None:
+            return None
+        return {**self.core.plan.to_json(), "controller": self.core.status()}
 
     def topology(self) -> Any:
         return self.core.topology
+
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        """Each running replica's info (node, GPUs, the environment its engine got)."""
+        return {rid: r.replica.info() for rid, r in list(self.core.running.items())}
 
     def shutdown(self) -> None:
         self.stopping.set()
@@ -94,9 +177,22 @@ class _ControllerActor:
             self.core.shutdown()
 
 
-ControllerActor: Any = _remote(num_cpus=0, max_concurrency=4)(_ControllerActor)
+ControllerActor: Any = _remote(num_cpus=0, max_concurrency=4, max_restarts=-1)(_ControllerActor)
 
 
 def get_or_create_controller(spec: ControllerSpec) -> Any:
-    return ControllerActor.options(name=CONTROLLER_NAME, namespace=NAMESPACE, lifetime="detached",
-                                   get_if_exists=True).remote(spec)
+    """The detached controller; one left by a deployment with other settings is replaced."""
+    options = {"name": CONTROLLER_NAME, "namespace": NAMESPACE, "lifetime": "detached", "get_if_exists": True}
+    actor = ControllerActor.options(**options).remote(spec)
+    if ray.get(actor.spec_digest.remote()) == state.digest(spec):
+        return actor
+    ray.get(actor.shutdown.remote())
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+        except ValueError:
+            break
+        time.sleep(0.2)
+    return ControllerActor.options(**options).remote(spec)

@@ -1,37 +1,41 @@
-"""The controller: topology -> plan -> one replica per placement -> a versioned routing table,
-then a health loop that restarts dead engines and publishes the new table. Every topology and
-plan goes to a JSON-lines record with its fingerprint.
+"""The controller: topology -> plan -> one pinned replica per placement -> a versioned routing
+table; then the health loop.
 
-`ControllerCore` is plain Python over an injected replica factory (tests run it without Ray);
-`ControllerActor` is the detached, named Ray actor around it.
+`check()` is one pass of the loop: a Ray node that left takes its topology node with it; link
+counters (a fresh discovery every `counters_interval_s`) and `mark_link` change link health;
+either way the replicas whose TP group is hurt are drained (the table says so at once, so
+routers stop sending them interactive traffic), re-placed by `replan()` (only what must move),
+started before the old ones stop where their GPUs allow it, and published. Engines that die are
+restarted in place. Everything goes to `<state_dir>/events.jsonl` with the topology fingerprint,
+and the state a restarted controller resumes from to `<state_dir>/state.json`.
+
+Plain Python over an injected `Backend` (tests run it without Ray); `ControllerActor`
+(pools.controller.actors) is the detached, named Ray actor around it.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from pools.controller import health, nodecheck, state
+from pools.controller.backend import Backend, Replica
+from pools.controller.events import EventLog
+from pools.controller.pinning import pin_for
+from pools.controller.rollout import Change, changes
 from pools.controller.spec import EngineLaunch
-from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest, PoolSpec, SLOClass
+from pools.controller.table import build_table
+from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest, PoolSpec, ReplicaPlacement, SLOClass
 from pools.placement import get_policy
-from pools.routing import RoutingTable, table_from_plan
-from topology import Topology, read_source
+from pools.placement.replan import replan
+from pools.routing import RoutingTable
+from topology import Topology
 
 CONTROLLER_NAME, NAMESPACE = "isleserve-controller", "isleserve"
-
-
-class Replica(Protocol):
-    def start(self) -> str: ...
-
-    def healthy(self) -> bool: ...
-
-    def ensure(self) -> str: ...
-
-    def stop(self) -> None: ...
+log = logging.getLogger("isleserve.controller")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,74 +47,304 @@ class ControllerSpec:
     slo_classes: Mapping[str, SLOClass] = field(default_factory=lambda: {c.name: c for c in DEFAULT_SLO_CLASSES})
     time_scale: float = 1.0
     state_dir: str = "/tmp/isleserve"
+    counters_interval_s: float = 30.0
+    """How often link counters are read again (a discovery on every node); 0: never."""
+    drain_timeout_s: float = 30.0
+    """A replaced replica stops when idle, or after this long at the latest."""
+
+
+@dataclass(slots=True)
+class Running:
+    replica: Replica
+    launch: EngineLaunch
+    placement: ReplicaPlacement
+    url: str
+    draining: bool = False
+    retire_by: float = 0.0
 
 
 class ControllerCore:
-    def __init__(self, spec: ControllerSpec, make_replica: Callable[[EngineLaunch], Replica]) -> None:
+    def __init__(self, spec: ControllerSpec, backend: Backend, clock: Callable[[], float] = time.monotonic) -> None:
         if spec.engine != "sim":
             raise ValueError("this controller launches simulated engines; vLLM replicas come with the vLLM launcher")
-        self.spec = spec
-        self.make_replica = make_replica
-        self.replicas: dict[str, Replica] = {}
-        self.urls: dict[str, str] = {}
+        self.spec, self.backend, self.clock = spec, backend, clock
+        self.events = EventLog(spec.state_dir)
+        self.running: dict[str, Running] = {}
+        self.retiring: list[Running] = []
+        self.discovered: Topology | None = None
+        self.bindings: Mapping[str, nodecheck.RayNode] = {}
+        self.report = nodecheck.NodeReport()
+        self.marks: dict[tuple[str, int, int], health.LinkMark] = {}
+        self.lost: set[str] = set()
         self.topology: Topology | None = None
         self.plan: PlacementPlan | None = None
         self.table = RoutingTable(version=0, replicas=())
+        self.last_changes: list[Change] = []
+        self.counters_at = clock()
 
+    # records ------------------------------------------------------------------------------
     def _record(self, kind: str, payload: dict[str, Any]) -> None:
-        path = Path(self.spec.state_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        with (path / "events.jsonl").open("a") as f:
-            f.write(json.dumps({"time": time.time(), "kind": kind, **payload}) + "\n")
+        self.events.record(kind, self.topology.fingerprint() if self.topology else "", payload)
 
-    def _launch(self, topology: Topology, plan: PlacementPlan) -> list[EngineLaunch]:
-        out = []
-        for p in plan.placements:
-            pool = plan.pool(p.pool)
-            gpu = topology.node(p.node).gpu(p.gpus[0]).model
-            if pool.model is None or gpu is None:
-                raise ValueError(f"{p.replica_id}: a simulated replica needs the pool's model and the GPU's model")
-            out.append(EngineLaunch(replica_id=p.replica_id, pool=p.pool, role=p.role, model=pool.model, gpu=gpu,
-                                    tp=pool.tp, node=p.node, gpus=p.gpus, topology_source=self.spec.topology_source,
-                                    time_scale=self.spec.time_scale))
-        return out
+    def _save(self) -> None:
+        assert self.plan is not None
+        saved = {rid: state.SavedReplica(placement=r.placement, generation=r.launch.generation, url=r.url,
+                                         draining=r.draining) for rid, r in self.running.items()}
+        retiring = tuple(state.SavedReplica(placement=r.placement, generation=r.launch.generation, url=r.url,
+                                            draining=True) for r in self.retiring)
+        state.save(self.spec.state_dir, state.ControllerState(
+            session=self.backend.session(), spec_digest=state.digest(self.spec), plan=self.plan,
+            table_version=self.table.version, replicas=saved, retiring=retiring, marks=tuple(self.marks.values()),
+            lost_nodes=tuple(sorted(self.lost))))
 
+    # topology -----------------------------------------------------------------------------
+    def _discover(self) -> Topology:
+        found = self.backend.discover(self.spec.topology_source)
+        self.discovered, self.bindings = found.topology, found.bindings
+        self.report = nodecheck.check(found.topology, found.bindings, found.simulated)
+        for line in self.report.lines():
+            log.warning("node check: %s", line)
+        return health.effective(found.topology, self.marks.values(), self.lost)
+
+    def _launch(self, p: ReplicaPlacement, generation: int) -> EngineLaunch:
+        assert self.plan is not None and self.topology is not None
+        pool = self.plan.pool(p.pool)
+        gpu = self.topology.node(p.node).gpu(p.gpus[0]).model
+        if pool.model is None or gpu is None:
+            raise ValueError(f"{p.replica_id}: a simulated replica needs the pool's model and the GPU's model")
+        ray = self.bindings.get(p.node)
+        pin = pin_for(self.topology, p, ray.node_id if ray else None, ray.resources if ray else {})
+        return EngineLaunch(replica_id=p.replica_id, pool=p.pool, role=p.role, model=pool.model, gpu=gpu, tp=pool.tp,
+                            node=p.node, gpus=p.gpus, topology_source=self.spec.topology_source,
+                            time_scale=self.spec.time_scale, pin=pin, generation=generation)
+
+    def _start(self, p: ReplicaPlacement, generation: int) -> Running:
+        launch = self._launch(p, generation)
+        replica = self.backend.create(launch)
+        try:
+            url = replica.start()
+        except Exception:
+            self._stop(replica)
+            raise
+        self._record("replica_started", {"replica_id": p.replica_id, "generation": generation, "url": url,
+                                         "node": p.node, "gpus": list(p.gpus), "ray_node": launch.pin.ray_node_id,
+                                         "resources": dict(launch.pin.resources), "env": dict(launch.pin.env),
+                                         "notes": list(launch.pin.notes)})
+        return Running(replica=replica, launch=launch, placement=p, url=url)
+
+    def _stop(self, replica: Replica) -> None:
+        try:
+            replica.stop()
+        except Exception as err:  # an actor on a lost node is already gone
+            log.info("stopping a replica: %s", err)
+
+    # deploy and resume --------------------------------------------------------------------
     def deploy(self) -> RoutingTable:
-        """Discover, plan, start every replica, publish the first table."""
-        topology = read_source(self.spec.topology_source)
-        request = PlacementRequest(topology=topology, pools=self.spec.pools, slo_classes=self.spec.slo_classes)
-        plan = get_policy(self.spec.policy).place(request)
-        self.topology, self.plan = topology, plan
-        self._record("topology", {"fingerprint": topology.fingerprint(), "nodes": [n.name for n in topology.nodes]})
-        self._record("plan", plan.to_json())
-        for launch in self._launch(topology, plan):
-            replica = self.make_replica(launch)
-            self.replicas[launch.replica_id] = replica
-            self.urls[launch.replica_id] = replica.start()
+        """Resume a saved state of this cluster and spec, else discover, plan, start, publish."""
+        if self._resume():
+            return self.table
+        self.topology = self._discover()
+        self._record("topology", {"reason": "deploy", "nodes": [n.name for n in self.topology.nodes],
+                                  "node_check": self.report.to_json()})
+        request = PlacementRequest(topology=self.topology, pools=self.spec.pools, slo_classes=self.spec.slo_classes)
+        self.plan = get_policy(self.spec.policy).place(request)
+        self._record("plan", self.plan.to_json())
+        for p in self.plan.placements:
+            self.running[p.replica_id] = self._start(p, 0)
         return self._publish()
 
+    def _resume(self) -> bool:
+        if not state.resumable(self.spec.state_dir, self.backend.session(), state.digest(self.spec)):
+            return False
+        saved = state.load(self.spec.state_dir, self.spec.pools, self.spec.slo_classes)
+        if saved is None:
+            return False
+        self.marks = {m.key: m for m in saved.marks}
+        self.lost = set(saved.lost_nodes)
+        self.topology, self.plan = self._discover(), saved.plan
+        self.table = RoutingTable(version=saved.table_version, replicas=())
+        reattached, started = [], []
+        for rid, r in saved.replicas.items():
+            launch = self._launch(r.placement, r.generation)
+            replica = self.backend.attach(launch)
+            if replica is None:
+                self.running[rid] = self._start(r.placement, r.generation + 1)
+                started.append(rid)
+                continue
+            url = replica.ensure()
+            self.running[rid] = Running(replica=replica, launch=launch, placement=r.placement, url=url,
+                                        draining=r.draining, retire_by=0.0)
+            reattached.append(rid)
+        for r in saved.retiring:
+            old = self.backend.attach(self._launch(r.placement, r.generation))
+            if old is not None:
+                self._stop(old)
+        self._record("resumed", {"reattached": reattached, "restarted": started, "table_version": saved.table_version})
+        self._publish()
+        if self.topology.fingerprint() != self.plan.topology_fingerprint:
+            self._topology_changed("the topology changed while the controller was away", self.topology)
+        return True
+
+    # publishing ---------------------------------------------------------------------------
     def _publish(self) -> RoutingTable:
         assert self.plan is not None and self.topology is not None
-        served = {p.name: p.model or p.name for p in self.plan.pools}
-        gpu_of = {p.replica_id: self.topology.node(p.node).gpu(p.gpus[0]).model for p in self.plan.placements}
-        self.table = table_from_plan(self.plan, self.urls, served, version=self.table.version + 1, gpu_models=gpu_of)
-        self._record("routing_table", {"version": self.table.version, "replicas": len(self.table.replicas)})
+        serving = replace(self.plan, placements=tuple(r.placement for r in self.running.values()))
+        urls = {rid: r.url for rid, r in self.running.items()}
+        draining = {rid for rid, r in self.running.items() if r.draining}
+        self.table = build_table(serving, self.topology, urls, draining, self.table.version + 1)
+        self._record("routing_table", {"version": self.table.version, "replicas": len(self.table.replicas),
+                                       "draining": sorted(draining)})
+        self._save()
         return self.table
 
+    # health -------------------------------------------------------------------------------
+    def mark_link(self, node: str, a: int, b: int, healthy: bool = False, reason: str = "") -> list[dict[str, Any]]:
+        """Take a link out of service (or give it back); returns the moves this caused."""
+        assert self.discovered is not None
+        health.check_mark(self.discovered, node, a, b)
+        mark = health.LinkMark(node=node, a=a, b=b, reason=reason or "marked unhealthy by the operator")
+        if healthy:
+            self.marks.pop(mark.key, None)
+        else:
+            self.marks[mark.key] = mark
+        what = f"link {node}:gpu{a}-gpu{b} marked {'healthy' if healthy else 'unhealthy'}"
+        done = self._topology_changed(what, health.effective(self.discovered, self.marks.values(), self.lost))
+        return [c.to_json() for c in done]
+
+    def _topology_changed(self, why: str, new: Topology) -> list[Change]:
+        assert self.plan is not None and self.topology is not None
+        old = self.topology
+        if new.fingerprint() == old.fingerprint():
+            return []
+        self.topology = new
+        self._record("topology", {"reason": why, "previous": old.fingerprint(), "lost_nodes": sorted(self.lost),
+                                  "marks": [m.key for m in self.marks.values()]})
+        result = replan(self.plan, new, previous=old)
+        todo = changes({rid: r.placement for rid, r in self.running.items()}, result.plan, result.moves)
+        self.plan = result.plan
+        self._record("plan", {**result.plan.to_json(), "reason": why, "moves": [c.to_json() for c in todo]})
+        for c in todo:
+            if c.old is not None and c.replica_id in self.running:
+                self.running[c.replica_id].draining = True
+        if todo:
+            self._record("drain", {"replicas": [c.replica_id for c in todo if c.old is not None], "reason": why})
+        self._publish()  # routers stop sending interactive traffic to them now
+        for c in todo:
+            self._apply(c)
+        self.last_changes = todo
+        self._publish()
+        return todo
+
+    def _apply(self, c: Change) -> None:
+        old = self.running.get(c.replica_id)
+        if c.order == "keep-draining" or c.new is None:
+            self._record("move", {**c.to_json(), "result": "no room: kept running, drained"})
+            return
+        if old is not None and c.order == "break-before-make":
+            self.running.pop(c.replica_id)
+            self._stop(old.replica)
+        generation = old.launch.generation + 1 if old is not None else 0
+        try:
+            new = self._start(c.new, generation)
+        except Exception as err:
+            self._record("move", {**c.to_json(), "result": f"replacement failed to start: {err}"})
+            return
+        if old is not None and c.order != "break-before-make":
+            old.retire_by = self.clock() + self.spec.drain_timeout_s
+            self.retiring.append(old)
+        self.running[c.replica_id] = new
+        self._record("move", {**c.to_json(), "result": "replacement serving", "url": new.url})
+
     def check(self) -> RoutingTable:
-        """One pass of the health loop: restart what died, publish if anything moved."""
-        changed = False
-        for rid, replica in self.replicas.items():
-            if not replica.healthy():
-                url = replica.ensure()
-                self._record("restart", {"replica_id": rid, "url": url})
-                if url != self.urls.get(rid):
-                    self.urls[rid] = url
-                    changed = True
+        """One pass of the health loop."""
+        if self.topology is None or self.plan is None:
+            return self.table
+        self._watch_nodes()
+        self._read_counters()
+        changed = self._restart_dead()
+        self._retire()
         return self._publish() if changed else self.table
 
-    def shutdown(self) -> None:
-        for replica in self.replicas.values():
-            replica.stop()
-        self.replicas.clear()
+    def _watch_nodes(self) -> None:
+        nodes = self.backend.nodes()
+        if nodes is None or self.discovered is None:
+            return
+        alive = {n.node_id for n in nodes if n.alive}
+        gone = {name for name, ray in self.bindings.items() if ray.node_id not in alive and name not in self.lost}
+        if gone:
+            self.lost |= gone
+            self._topology_changed(f"Ray node gone: {', '.join(sorted(gone))}",
+                                   health.effective(self.discovered, self.marks.values(), self.lost))
 
+    def _read_counters(self) -> None:
+        if self.spec.counters_interval_s <= 0 or self.clock() - self.counters_at < self.spec.counters_interval_s:
+            return
+        self.counters_at = self.clock()
+        before = self.discovered.fingerprint() if self.discovered else ""
+        new = self._discover()
+        if self.discovered is not None and self.discovered.fingerprint() != before:
+            self._topology_changed("link counters changed", new)
+
+    def _restart_dead(self) -> bool:
+        changed = False
+        for rid, r in list(self.running.items()):
+            if r.placement.node in self.lost or self._healthy(r.replica):
+                continue
+            try:
+                url = r.replica.ensure()
+                self._record("restart", {"replica_id": rid, "url": url})
+            except Exception as err:  # the actor itself died: a new one on the same GPUs
+                self._record("restart", {"replica_id": rid, "error": str(err), "result": "new actor"})
+                self._stop(r.replica)
+                try:
+                    fresh = self._start(r.placement, r.launch.generation + 1)
+                except Exception as again:
+                    self._record("restart_failed", {"replica_id": rid, "error": str(again)})
+                    continue
+                self.running[rid], url = replace(fresh, draining=r.draining), fresh.url
+            if url != r.url:
+                self.running[rid].url = url
+                changed = True
+        return changed
+
+    @staticmethod
+    def _healthy(replica: Replica) -> bool:
+        try:
+            return replica.healthy()
+        except Exception:
+            return False
+
+    def _retire(self) -> None:
+        keep = []
+        for r in self.retiring:
+            try:
+                idle = r.replica.idle()
+            except Exception:
+                idle = True
+            if idle or self.clock() >= r.retire_by:
+                self._stop(r.replica)
+                self._record("stopped", {"replica_id": r.placement.replica_id, "generation": r.launch.generation,
+                                         "idle": idle})
+            else:
+                keep.append(r)
+        if len(keep) != len(self.retiring):
+            self.retiring = keep
+            self._save()
+
+    # views --------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """What the admin API shows beside the plan: node checks, draining, last moves."""
+        return {"table_version": self.table.version, "node_check": self.report.to_json(),
+                "draining": sorted(rid for rid, r in self.running.items() if r.draining),
+                "retiring": [r.placement.replica_id for r in self.retiring],
+                "marked_links": [list(m.key) for m in self.marks.values()], "lost_nodes": sorted(self.lost),
+                "last_moves": [c.to_json() for c in self.last_changes], "events": str(self.events.path)}
+
+    def shutdown(self) -> None:
+        """Stop every replica and forget the saved state (a later controller starts afresh)."""
+        for r in [*self.running.values(), *self.retiring]:
+            self._stop(r.replica)
+        self.running.clear()
+        self.retiring.clear()
+        state.forget(self.spec.state_dir)
+        self._record("shutdown", {})

@@ -1,49 +1,130 @@
-"""The controller's logic with real engine processes and no Ray: plan, start, table, restart."""
+"""The controller's logic with real engine processes and no Ray: plan, start, table, restart,
+drain and re-place on a marked link, resume from the saved state."""
 
 from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from pools.controller.backend import LocalBackend, Replica
 from pools.controller.controller import ControllerCore, ControllerSpec
 from pools.controller.replica import ReplicaProcess
+from pools.controller.spec import EngineLaunch
 from pools.model import PoolSpec
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
+PAIRS = str(ROOT / "tests/data/pairs-cluster.yaml")
+
+
+class KeepingBackend(LocalBackend):
+    """Engines outlive a controller object (as detached replica actors outlive a controller
+    actor): `attach` finds them by their actor name."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, ReplicaProcess] = {}
+
+    def session(self) -> str:
+        return "test-session"
+
+    def create(self, launch: EngineLaunch) -> Replica:
+        self.by_name[launch.actor_name] = ReplicaProcess(launch)
+        return self.by_name[launch.actor_name]
+
+    def attach(self, launch: EngineLaunch) -> Replica | None:
+        return self.by_name.get(launch.actor_name)
+
+
+def _spec(tmp_path: Path, source: str = PAIRS, replicas: int = 2) -> ControllerSpec:
+    return ControllerSpec(topology_source=source, engine="sim", policy="island-aligned", time_scale=0.05,
+                          state_dir=str(tmp_path), counters_interval_s=0, drain_timeout_s=5,
+                          pools=(PoolSpec(name="mixed", role="mixed", tp=2, replicas=replicas, model="llama-3.1-8b",
+                                          slo_classes=("interactive", "standard", "batch")),))
+
+
+def _events(tmp_path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+
+
+def _health(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+        return int(resp.status)
+
+
+@pytest.fixture
+def backend() -> Iterator[KeepingBackend]:
+    b = KeepingBackend()
+    yield b
+    for r in b.by_name.values():
+        r.stop()
+    assert all(r.proc is None or r.proc.poll() is not None for r in b.by_name.values())
 
 
 def test_deploy_publish_and_restart_a_dead_engine(tmp_path: Path) -> None:
-    spec = ControllerSpec(topology_source=str(ROOT / "configs/clusters/local-sim.yaml"), engine="sim",
-                          policy="island-aligned", time_scale=0.05, state_dir=str(tmp_path),
-                          pools=(PoolSpec(name="mixed", role="mixed", tp=2, replicas=2, model="llama-3.1-8b"),))
-    core = ControllerCore(spec, ReplicaProcess)
+    core = ControllerCore(_spec(tmp_path, str(ROOT / "configs/clusters/local-sim.yaml")), LocalBackend())
     try:
         table = core.deploy()
         assert table.version == 1 and {r.replica_id for r in table.replicas} == {"mixed-0", "mixed-1"}
         for r in table.replicas:
-            assert r.gpu_model == "h100-sxm" and r.tier == "nvlink" and len(r.gpus) == 2
-            assert urllib.request.urlopen(f"{r.url}/health", timeout=5).status == 200
-        victim = core.replicas["mixed-0"]
+            assert r.gpu_model == "h100-sxm" and r.tier == "nvlink" and len(r.gpus) == 2 and _health(r.url) == 200
+        victim = core.running["mixed-0"].replica
         assert isinstance(victim, ReplicaProcess) and victim.proc is not None
         victim.proc.kill()
         victim.proc.wait(5)
         table = core.check()
         assert table.version == 2 and victim.restarts == 1
-        url = next(r.url for r in table.replicas if r.replica_id == "mixed-0")
-        assert urllib.request.urlopen(f"{url}/health", timeout=5).status == 200
-        events = [json.loads(line)["kind"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-        assert events[:2] == ["topology", "plan"] and "restart" in events
+        assert _health(next(r.url for r in table.replicas if r.replica_id == "mixed-0")) == 200
+        kinds = [e["kind"] for e in _events(tmp_path)]
+        assert kinds[:2] == ["topology", "plan"] and "restart" in kinds
     finally:
-        procs = [r.proc for r in core.replicas.values() if isinstance(r, ReplicaProcess)]
+        procs = [r.replica.proc for r in core.running.values() if isinstance(r.replica, ReplicaProcess)]
         core.shutdown()
     assert all(p is not None and p.poll() is not None for p in procs)  # every engine stopped
 
 
-def test_vllm_engine_is_refused_clearly() -> None:
-    spec = ControllerSpec(topology_source="nvml", engine="vllm", policy="island-aligned", pools=())
-    with pytest.raises(ValueError, match="vLLM replicas come with the vLLM launcher"):
-        ControllerCore(spec, ReplicaProcess)
+def test_marked_link_drains_then_replaces_before_stopping(tmp_path: Path, backend: KeepingBackend) -> None:
+    core = ControllerCore(_spec(tmp_path), backend)
+    core.deploy()
+    victim = next(rid for rid, r in core.running.items() if (r.placement.node, r.placement.gpus) == ("a", (0, 1)))
+    old = core.running[victim]
+    moves = core.mark_link("a", 0, 1, reason="test: NVLink down")
+    assert [(m["replica_id"], m["order"], m["to"]) for m in moves] == [(victim, "make-before-break", "b:0,b:1")]
+    new = core.running[victim]
+    assert new.url != old.url and not new.draining and _health(new.url) == 200
+    assert core.topology is not None and core.table.topology_fingerprint == core.topology.fingerprint()
+    assert _health(old.url) == 200  # the old one still finishes what it has ...
+    core.check()  # ... and stops once idle
+    assert isinstance(old.replica, ReplicaProcess) and old.replica.proc is not None
+    assert old.replica.proc.poll() is not None and not core.retiring
+    events = _events(tmp_path)
+    drained = next(i for i, e in enumerate(events) if e["kind"] == "drain")
+    table_after_drain = events[drained + 1]
+    assert table_after_drain["kind"] == "routing_table" and table_after_drain["draining"] == [victim]
+    started = next(i for i, e in enumerate(events) if e["kind"] == "replica_started" and e["generation"] == 1)
+    stopped = next(i for i, e in enumerate(events) if e["kind"] == "stopped")
+    assert drained < started < stopped  # make before break
+    assert all(e["fingerprint"] for e in events) and len({e["fingerprint"] for e in events}) == 2
+    with pytest.raises(ValueError, match="no link GPU0-GPU9"):
+        core.mark_link("a", 0, 9)
+
+
+def test_a_new_controller_resumes_instead_of_starting_duplicates(tmp_path: Path, backend: KeepingBackend) -> None:
+    first = ControllerCore(_spec(tmp_path), backend)
+    first.deploy()
+    first.mark_link("a", 0, 1)
+    first.check()
+    before = {rid: (r.url, r.placement) for rid, r in first.running.items()}
+    version = first.table.version
+    second = ControllerCore(_spec(tmp_path), backend)  # the actor restarted: same spec, same state_dir
+    table = second.deploy()
+    assert {rid: (r.url, r.placement) for rid, r in second.running.items()} == before
+    assert table.version == version + 1 and len(backend.by_name) == 3  # two replicas, one replaced: no new one
+    assert second.marks == first.marks and second.topology is not None and first.topology is not None
+    assert second.topology.fingerprint() == first.topology.fingerprint()
+    assert _events(tmp_path)[-2]["kind"] == "resumed"
+    other = ControllerCore(_spec(tmp_path, replicas=1), backend)  # other settings: a fresh deployment
+    assert not other._resume()

@@ -1,0 +1,126 @@
+"""What a restarted controller needs to resume instead of starting duplicates, saved as JSON in
+`<state_dir>/state.json` (written whole, then renamed: a crash never leaves half a file).
+
+It holds the Ray session (a state from an earlier cluster is not resumed), a digest of the
+controller's spec (a state made for other settings is not resumed), the plan, every running
+replica (where it runs, its generation, hence its actor's name, its URL, whether it drains),
+the old replicas still being retired, the routing table's version, and the health marks and
+lost nodes that the topology on disk does not show.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pools.controller.health import LinkMark
+from pools.model import PlacementPlan, PoolSpec, ReplicaPlacement, SLOClass, Unplaced
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SavedReplica:
+    placement: ReplicaPlacement
+    generation: int
+    url: str = ""
+    draining: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControllerState:
+    session: str
+    spec_digest: str
+    plan: PlacementPlan
+    table_version: int
+    replicas: Mapping[str, SavedReplica] = field(default_factory=dict)
+    retiring: tuple[SavedReplica, ...] = ()
+    marks: tuple[LinkMark, ...] = ()
+    lost_nodes: tuple[str, ...] = ()
+
+
+def digest(spec: object) -> str:
+    return hashlib.sha256(repr(spec).encode()).hexdigest()[:16]
+
+
+def _placement(p: ReplicaPlacement) -> dict[str, Any]:
+    return {"replica_id": p.replica_id, "pool": p.pool, "role": p.role, "node": p.node, "gpus": list(p.gpus),
+            "island": p.island, "tier": p.tier, "in_island": p.in_island, "reasons": list(p.reasons),
+            "extra_nodes": [[n, list(g)] for n, g in p.extra_nodes]}
+
+
+def _placement_from(x: dict[str, Any]) -> ReplicaPlacement:
+    return ReplicaPlacement(replica_id=x["replica_id"], pool=x["pool"], role=x["role"], node=x["node"],
+                            gpus=tuple(x["gpus"]), island=x["island"], tier=x["tier"], in_island=x["in_island"],
+                            reasons=tuple(x["reasons"]), extra_nodes=tuple((n, tuple(g)) for n, g in x["extra_nodes"]))
+
+
+def _saved(r: SavedReplica) -> dict[str, Any]:
+    return {"placement": _placement(r.placement), "generation": r.generation, "url": r.url, "draining": r.draining}
+
+
+def _saved_from(x: dict[str, Any]) -> SavedReplica:
+    return SavedReplica(placement=_placement_from(x["placement"]), generation=int(x["generation"]), url=x["url"],
+                        draining=bool(x["draining"]))
+
+
+def to_json(state: ControllerState) -> dict[str, Any]:
+    plan = state.plan
+    return {
+        "session": state.session, "spec_digest": state.spec_digest, "table_version": state.table_version,
+        "replicas": {k: _saved(v) for k, v in state.replicas.items()},
+        "retiring": [_saved(r) for r in state.retiring],
+        "marks": [{"node": m.node, "a": m.a, "b": m.b, "reason": m.reason}
+                  for m in state.marks],
+        "lost_nodes": list(state.lost_nodes),
+        "plan": {"policy": plan.policy, "topology_fingerprint": plan.topology_fingerprint, "score": plan.score,
+                 "reasons": list(plan.reasons), "placements": [_placement(p) for p in plan.placements],
+                 "unplaced": [{"pool": u.pool, "count": u.count, "reason": u.reason} for u in plan.unplaced]},
+    }
+
+
+def from_json(doc: dict[str, Any], pools: tuple[PoolSpec, ...], classes: Mapping[str, SLOClass]) -> ControllerState:
+    p = doc["plan"]
+    placements = tuple(_placement_from(x) for x in p["placements"])
+    plan = PlacementPlan(policy=p["policy"], topology_fingerprint=p["topology_fingerprint"], placements=placements,
+                         unplaced=tuple(Unplaced(**u) for u in p["unplaced"]), score=p["score"],
+                         reasons=tuple(p["reasons"]), pools=pools, slo_classes=dict(classes))
+    return ControllerState(session=doc["session"], spec_digest=doc["spec_digest"], plan=plan,
+                           table_version=int(doc["table_version"]),
+                           replicas={k: _saved_from(v) for k, v in doc["replicas"].items()},
+                           retiring=tuple(_saved_from(r) for r in doc["retiring"]),
+                           marks=tuple(LinkMark(**m) for m in doc["marks"]),
+                           lost_nodes=tuple(doc["lost_nodes"]))
+
+
+def save(state_dir: str, state: ControllerState) -> None:
+    path = Path(state_dir) / "state.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(to_json(state), indent=1))
+    os.replace(tmp, path)
+
+
+def load(state_dir: str, pools: tuple[PoolSpec, ...], classes: Mapping[str, SLOClass]) -> ControllerState | None:
+    """The saved state, or None when there is none or it cannot be read (then: a fresh deploy)."""
+    path = Path(state_dir) / "state.json"
+    try:
+        return from_json(json.loads(path.read_text()), pools, classes)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def forget(state_dir: str) -> None:
+    (Path(state_dir) / "state.json").unlink(missing_ok=True)
+
+
+def resumable(state_dir: str, session: str, spec_digest: str) -> bool:
+    """A saved state of this cluster and these settings exists."""
+    try:
+        doc = json.loads((Path(state_dir) / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("session") == session and doc.get("spec_digest") == spec_digest
