@@ -33,7 +33,7 @@ class Flight:
     __slots__ = ("abandoned", "bad", "call", "cand", "chunks", "conn", "content_type", "deadline", "ended", "error",
                  "extra", "first", "head_at", "labels", "last", "last_data", "order", "outcome", "owner", "parts",
                  "payload", "prev", "response", "router", "sent_at", "started", "status", "streaming", "tiers",
-                 "timer", "tried", "waiter")
+                 "tried", "waiter")
 
     def __init__(self, router: Router, call: _Call, order: list[Candidate], response: Responder, started: float,
                  payload: bytes, *, extra: tuple[tuple[str, str], ...] = (), tiers: Mapping[str, str] | None = None,
@@ -55,7 +55,6 @@ class Flight:
         self.bad = ""
         self.last = "no replica tried"
         self.sent_at = self.deadline = self.last_data = 0.0
-        self.timer: asyncio.TimerHandle | None = None
         self.chunks = 0
         self.first = self.prev = 0.0
         self.ended = False
@@ -82,9 +81,8 @@ class Flight:
         up = r.config.upstream
         # an engine answers a non-stream request only when it is done: wait for the whole of it
         wait_s = up.first_byte_timeout_s if self.call.stream else up.request_timeout_s
-        loop = asyncio.get_running_loop()
         self.sent_at = time.perf_counter()
-        self._arm(loop, loop.time() + wait_s)
+        self.deadline = r.watch.add(self, wait_s)
         r.relay.send(cand.endpoint.url, request_bytes(cand.endpoint.url, "POST", self.call.path, self.payload,
                                                       JSON_HEADERS), self)
 
@@ -96,22 +94,12 @@ class Flight:
         self.cand = None
         self._next()
 
-    # timers: one lazy handle per flight; moving the deadline later costs nothing
-    def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-        self.deadline = deadline
-        if self.timer is None or deadline < self.timer.when():
-            if self.timer is not None:
-                self.timer.cancel()
-            self.timer = loop.call_at(deadline, self._fire)
-
-    def _fire(self) -> None:
-        self.timer = None
+    # deadlines: the router's watch sweeps every flight a few times a second (no timer per request)
+    def check(self, now: float) -> None:
         if self.ended:
             return
-        loop = asyncio.get_running_loop()
         due = self.last_data + self.router.config.upstream.idle_timeout_s if self.status else self.deadline
-        if loop.time() < due:
-            self.timer = loop.call_at(due, self._fire)
+        if now < due:
             return
         conn, self.conn = self.conn, None
         if conn is not None:
@@ -226,12 +214,44 @@ class Flight:
             return
         self.ended = True
         self.outcome, self.error = outcome, error
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.router.watch.discard(self)
         if self.cand is not None:
             self.router.replicas.closed(self.cand.endpoint.replica_id)
         if self.owner:
             self.router.request_ended(self.call.slo, outcome)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result((outcome, error))
+
+
+class Watch:
+    """Deadlines of the flights in progress, swept every `interval_s` while any exist: one timer
+    for the router instead of one per request (timeouts are seconds; a tenth more is fine)."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self.flights: set[Flight] = set()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, flight: Flight, wait_s: float) -> float:
+        """Watch `flight`; returns its deadline on the loop's clock."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self.flights.add(flight)
+        if self.timer is None:
+            self.timer = loop.call_at(now + self.interval_s, self._sweep)
+        return now + wait_s
+
+    def discard(self, flight: Flight) -> None:
+        self.flights.discard(flight)
+
+    def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for flight in list(self.flights):
+            flight.check(now)
+        self.timer = loop.call_at(now + self.interval_s, self._sweep) if self.flights else None
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None

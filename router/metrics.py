@@ -1,64 +1,136 @@
 """The router's Prometheus metrics, defined once: `isle_router_*`, labelled by SLO class, pool and
-topology tier (no unbounded labels: never a request id). `/metrics` renders this registry."""
+topology tier (no unbounded labels: never a request id). `/metrics` renders this registry.
+
+The per-request series (latency histograms, request counts) are plain counters that the event
+loop updates without a lock — the router's loop is their only writer and `/metrics` is served on
+that same loop — and a prometheus-client collector turns them into families when scraped. That
+costs a bisect and two additions per observation instead of prometheus-client's locked values.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 FAST = (0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01)
+
+
+class HistogramSeries:
+    """One label combination of a histogram."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+class CounterSeries:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class Family:
+    """A histogram or counter family: its series by label values."""
+
+    def __init__(self, name: str, doc: str, labels: Sequence[str], buckets: tuple[float, ...] | None = None) -> None:
+        self.name, self.doc, self.labels, self.buckets = name, doc, tuple(labels), buckets
+        self.series: dict[tuple[str, ...], Any] = {}
+
+    def labels_(self, *values: str) -> Any:
+        found = self.series.get(values)
+        if found is None:
+            if len(values) != len(self.labels):
+                raise ValueError(f"{self.name} takes labels {self.labels}, got {values}")
+            found = self.series[values] = (HistogramSeries(self.buckets) if self.buckets is not None
+                                           else CounterSeries())
+        return found
+
+    def observe(self, value: float) -> None:
+        """For a family without labels."""
+        self.labels_().observe(value)
+
+    def collect(self) -> Metric:
+        if self.buckets is None:
+            counter = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+            for values, c in sorted(self.series.items()):
+                counter.add_metric(list(values), c.value)
+            return counter
+        hist = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for values, h in sorted(self.series.items()):
+            running, buckets = 0, []
+            for bound, count in zip((*self.buckets, float("inf")), h.counts, strict=True):
+                running += count
+                buckets.append((_go(bound), float(running)))
+            hist.add_metric(list(values), buckets, h.sum)
+        return hist
 
 
 class RouterMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         labels = ["slo_class", "pool", "tier"]
-        self.ttft = Histogram("isle_router_ttft_seconds", "Time to first token seen by the router", labels,
-                              buckets=BUCKETS, registry=r)
-        self.tpot = Histogram("isle_router_tpot_seconds", "Mean time per output token of a request", labels,
-                              buckets=BUCKETS, registry=r)
-        self.itl = Histogram("isle_router_itl_seconds", "Gap between streamed chunks", labels, buckets=BUCKETS,
-                             registry=r)
-        self.e2e = Histogram("isle_router_e2e_seconds", "Request latency end to end", labels, buckets=BUCKETS,
-                             registry=r)
-        self.kv = Histogram("isle_router_kv_transfer_seconds", "Prefill-to-decode handover (PD)", labels,
-                            buckets=BUCKETS, registry=r)
-        self.requests = Counter("isle_router_requests", "Requests by SLO class and outcome", ["slo_class", "outcome"],
-                                registry=r)
-        self.decision = Histogram("isle_router_decision_seconds", "Time to make a routing decision", buckets=FAST,
-                                  registry=r)
+        self.ttft = Family("isle_router_ttft_seconds", "Time to first token seen by the router", labels, BUCKETS)
+        self.tpot = Family("isle_router_tpot_seconds", "Mean time per output token of a request", labels, BUCKETS)
+        self.itl = Family("isle_router_itl_seconds", "Gap between streamed chunks", labels, BUCKETS)
+        self.e2e = Family("isle_router_e2e_seconds", "Request latency end to end", labels, BUCKETS)
+        self.kv = Family("isle_router_kv_transfer_seconds", "Prefill-to-decode handover (PD)", labels, BUCKETS)
+        self.requests = Family("isle_router_requests", "Requests by SLO class and outcome", ["slo_class", "outcome"])
+        self.decision = Family("isle_router_decision_seconds", "Time to make a routing decision", [], FAST)
         self.healthy = Gauge("isle_router_replica_healthy", "1 when the router sends traffic to the replica",
                              ["replica"], registry=r)
         self.inflight: Mapping[str, int] = {}
         """Requests in flight by class: admission's own counts, read when /metrics is scraped."""
-        r.register(_Inflight(self))
-
+        r.register(_Families(self))
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
-        """`metric.labels(*labels)`, cached: the label lookup costs more than the observation."""
+        """The series of `metric` with these label values (cached)."""
         key = (id(metric), labels)
         found = self._children.get(key)
         if found is None:
-            found = self._children[key] = metric.labels(*labels)
+            found = self._children[key] = (metric.labels_(*labels) if isinstance(metric, Family)
+                                           else metric.labels(*labels))
         return found
+
+    def families(self) -> tuple[Family, ...]:
+        return self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.decision
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class _Inflight(Collector):
+class _Families(Collector):
     def __init__(self, metrics: RouterMetrics) -> None:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily("isle_router_inflight_requests", "Requests in flight by SLO class",
-                                   labels=["slo_class"])
+        for family in self.metrics.families():
+            yield family.collect()
+        inflight = GaugeMetricFamily("isle_router_inflight_requests", "Requests in flight by SLO class",
+                                     labels=["slo_class"])
         for name, count in sorted(self.metrics.inflight.items()):
-            family.add_metric([name], float(count))
-        yield family
+            inflight.add_metric([name], float(count))
+        yield inflight
+
+
+def _go(bound: float) -> str:
+    """A bucket bound as Prometheus writes it (`+Inf`, `0.005`, `1.0`)."""
+    return str(floatToGoString(bound))  # type: ignore[no-untyped-call]

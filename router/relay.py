@@ -87,8 +87,7 @@ class UpstreamProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         listener, self.listener = self.listener, None
-        if self.parser.should_keep_alive() and not self.closed:
-            self.parser = httptools.HttpResponseParser(self)
+        if self.parser.should_keep_alive() and not self.closed:  # the parser goes on to the next response
             self.pool.put(self)
         else:
             self.close()

@@ -59,6 +59,7 @@ class RouterThread:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.follower: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._run, name="isleserve-router", daemon=True)
         self.thread.start()
         if not self.ready.wait(30) or self.error is not None:
@@ -78,8 +79,10 @@ class RouterThread:
             self.ready.set()
             return
         self.ready.set()
+        self.loop = loop
         self.follower = loop.create_task(self._follow())
         loop.run_forever()
+        loop.close()
 
     async def _follow(self) -> None:
         """Every second: a newer table (and with it the plan and topology the admin API shows)."""
@@ -97,6 +100,22 @@ class RouterThread:
 
     def alive(self) -> bool:
         return self.thread.is_alive() and self.error is None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Close the listener and end the thread (the Serve replica's process usually just ends)."""
+        loop = self.loop
+        if loop is None or not self.thread.is_alive():
+            return
+
+        async def _stop() -> None:
+            if self.follower is not None:
+                self.follower.cancel()
+            await self.router.stop()
+            await asyncio.sleep(0.05)  # let cancelled tasks finish
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(_stop(), loop)
+        self.thread.join(timeout_s)
 
 
 def build(args: dict[str, Any]) -> Any:

@@ -29,7 +29,7 @@ from router.admission import Admission
 from router.auth import Auth
 from router.config import RouterConfig
 from router.decision import Candidate, PDDecision, Profile, RouteDecision, RouteRequest, check_profile, decide, pd_pair
-from router.flight import JSON_HEADERS, Ended, Flight
+from router.flight import JSON_HEADERS, Ended, Flight, Watch
 from router.metrics import RouterMetrics
 from router.relay import RelayPool
 from router.state import Replicas
@@ -87,6 +87,7 @@ class Router:
         self.metrics.inflight = self.admission.inflight
         self.pool = Pool(config.upstream.connect_timeout_s)  # scraping engines' /metrics
         self.relay = RelayPool(config.upstream.connect_timeout_s)  # the request path
+        self.watch = Watch()
         self.rng = random.Random(config.seed)
         self.turns = itertools.count()
         self.profiles = {name: self._profile(name) for name in config.classes()}
@@ -118,6 +119,7 @@ class Router:
             self.server.close()
         self.pool.close()
         self.relay.close()
+        self.watch.close()
 
     @property
     def port(self) -> int:

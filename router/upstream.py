@@ -138,6 +138,9 @@ class Pool:
                 if attempt == 0 and reused:
                     continue
                 raise UpstreamError(f"{hostport} reset the connection ({type(err).__name__})") from None
+            except BaseException:  # cancelled (the router is stopping): do not leave the socket open
+                conn.close()
+                raise
             parts = status_line.split()
             if len(parts) < 2 or not parts[1].isdigit():
                 conn.close()

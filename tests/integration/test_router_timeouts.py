@@ -1,0 +1,127 @@
+"""Upstream deadlines on the router's callback path: a replica that never answers is left for the
+next one after the first-byte deadline; a stream that goes quiet mid-way ends with an error
+event after the idle deadline. Real router, real loopback sockets, tiny hand-written upstreams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from router.cli import table_from_config
+from router.config import DEV_KEY, RouterConfig, sha256
+from router.server import Router
+
+pytestmark = pytest.mark.integration
+Upstream = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+STOP: list[asyncio.Event] = []
+"""Set when a test ends: the upstreams that hang stop hanging."""
+OK = b'{"id":"x","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}'
+
+
+async def _read_request(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    await reader.readexactly(length)
+
+
+async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _read_request(reader)
+    try:
+        await STOP[0].wait()  # never answers
+    finally:
+        writer.close()
+
+
+async def good(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while True:
+        try:
+            await _read_request(reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            break
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                     % (len(OK), OK))
+        await writer.drain()
+    writer.close()
+
+
+async def quiet_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _read_request(reader)
+    chunk = b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                 + b"%x\r\n%b\r\n" % (len(chunk), chunk))
+    await writer.drain()
+    try:
+        await STOP[0].wait()  # goes quiet mid-stream
+    finally:
+        writer.close()
+
+
+async def _router(upstreams: dict[str, Upstream]) -> tuple[Router, list[asyncio.Server]]:
+    STOP[:] = [asyncio.Event()]
+    servers = {name: await asyncio.start_server(fn, "127.0.0.1", 0) for name, fn in upstreams.items()}
+    config = RouterConfig.model_validate({
+        "port": 0, "keys": [{"tenant": "t", "key_sha256": sha256(DEV_KEY)}],
+        "admin_keys": [{"tenant": "ops", "key_sha256": sha256("admin")}],
+        "default_profile": {"picker": "round-robin-picker"},
+        "upstream": {"first_byte_timeout_s": 0.4, "request_timeout_s": 0.4, "idle_timeout_s": 0.4, "retries": 1},
+        "replicas": [{"replica_id": name, "url": f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}", "model": "m"}
+                     for name, s in servers.items()]})
+    router = Router(config, table_from_config(config))
+    await router.start()
+    return router, list(servers.values())
+
+
+async def _post(port: int, body: dict[str, object]) -> tuple[bytes, float]:
+    raw = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    t0 = time.monotonic()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %b\r\n"
+                 b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%b"
+                 % (DEV_KEY.encode(), len(raw), raw))
+    data = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    await writer.wait_closed()
+    return data, time.monotonic() - t0
+
+
+async def _stop(router: Router, servers: list[asyncio.Server]) -> None:
+    await router.stop()
+    STOP[0].set()
+    for s in servers:
+        s.close()
+    await asyncio.sleep(0.1)  # the hanging handlers return, closed transports finish closing
+
+
+def test_a_replica_that_never_answers_is_left_for_the_next_after_the_deadline() -> None:
+    async def main() -> None:
+        router, servers = await _router({"a-silent": silent, "b-good": good})
+        try:
+            for _ in range(2):  # round robin: one of the two starts on the silent replica
+                data, took = await _post(router.port, {"model": "m", "prompt": "x", "max_tokens": 1})
+                assert data.startswith(b"HTTP/1.1 200") and b"x-isle-replica: b-good" in data, data
+                assert took < 5
+        finally:
+            await _stop(router, servers)
+
+    asyncio.run(main())
+
+
+def test_a_stream_that_goes_quiet_ends_with_an_error_event() -> None:
+    async def main() -> None:
+        router, servers = await _router({"quiet": quiet_stream})
+        try:
+            data, took = await _post(router.port, {"model": "m", "prompt": "x", "max_tokens": 9, "stream": True})
+            assert b'"text":"a"' in data  # the token that came is delivered once
+            assert b"upstream replica failed mid-stream" in data and data.endswith(b"0\r\n\r\n")
+            assert took < 5
+            text = router.metrics.render().decode()
+            assert 'isle_router_requests_total{outcome="error",slo_class="interactive"} 1.0' in text
+        finally:
+            await _stop(router, servers)
+
+    asyncio.run(main())
