@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from pools.wire import openai as wire
 from pools.wire.http import Responder
 from router.decision import Candidate
+from router.metrics import HistogramSeries
 from router.relay import UpstreamProtocol, request_bytes
 from router.upstream import UpstreamError
 
@@ -27,13 +28,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("isleserve.router")
 JSON_HEADERS = b"content-type: application/json\r\nconnection: keep-alive\r\n"
 Ended = tuple[str, "wire.ApiError | None"]
+_UNSET = HistogramSeries(())
 
 
 class Flight:
     __slots__ = ("abandoned", "bad", "call", "cand", "chunks", "conn", "content_type", "deadline", "ended", "error",
-                 "extra", "first", "head_at", "labels", "last", "last_data", "order", "outcome", "owner", "parts",
-                 "payload", "prev", "response", "router", "sent_at", "started", "status", "streaming", "tiers",
-                 "tried", "waiter")
+                 "extra", "first", "head_at", "itl", "labels", "last", "last_data", "order", "outcome", "owner",
+                 "parts", "payload", "prev", "response", "router", "sent_at", "started", "status", "streaming",
+                 "tiers", "tried", "waiter")
 
     def __init__(self, router: Router, call: _Call, order: list[Candidate], response: Responder, started: float,
                  payload: bytes, *, extra: tuple[tuple[str, str], ...] = (), tiers: Mapping[str, str] | None = None,
@@ -59,6 +61,7 @@ class Flight:
         self.first = self.prev = 0.0
         self.ended = False
         self.head_at = 0.0
+        self.itl = _UNSET  # the series of this class, pool and tier, from the first chunk on
         self.outcome = ""
         self.error: wire.ApiError | None = None
 
@@ -115,7 +118,7 @@ class Flight:
         cand = self.cand
         assert cand is not None
         self.status, self.content_type = status, content_type
-        self.last_data = asyncio.get_running_loop().time()
+        self.last_data = time.perf_counter()
         if status >= 500:
             self.bad = f"{cand.endpoint.replica_id} answered {status}"
             return  # read the error body to keep the connection, then try the next replica
@@ -134,14 +137,14 @@ class Flight:
         if not self.streaming:
             self.parts.append(data)
             return
-        now = time.perf_counter()
-        self.last_data = asyncio.get_running_loop().time()
-        m = self.router.metrics
+        now = self.last_data = time.perf_counter()
         if self.chunks == 0:
             self.first = now
+            m = self.router.metrics
             m.child(m.ttft, *self.labels).observe(now - self.started)
+            self.itl = m.child(m.itl, *self.labels)
         else:
-            m.child(m.itl, *self.labels).observe(now - self.prev)
+            self.itl.observe(now - self.prev)
         self.prev = now
         self.chunks += 1
         if self.response.write_nowait(data) and self.conn is not None:
@@ -224,8 +227,9 @@ class Flight:
 
 
 class Watch:
-    """Deadlines of the flights in progress, swept every `interval_s` while any exist: one timer
-    for the router instead of one per request (timeouts are seconds; a tenth more is fine)."""
+    """Deadlines of the flights in progress (on the perf_counter clock), swept every `interval_s`
+    while any exist: one timer for the router instead of one per request (timeouts are seconds;
+    a tenth more is fine)."""
 
     def __init__(self, interval_s: float = 0.1) -> None:
         self.interval_s = interval_s
@@ -235,21 +239,20 @@ class Watch:
     def add(self, flight: Flight, wait_s: float) -> float:
         """Watch `flight`; returns its deadline on the loop's clock."""
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = time.perf_counter()
         self.flights.add(flight)
         if self.timer is None:
-            self.timer = loop.call_at(now + self.interval_s, self._sweep)
+            self.timer = loop.call_later(self.interval_s, self._sweep)
         return now + wait_s
 
     def discard(self, flight: Flight) -> None:
         self.flights.discard(flight)
 
     def _sweep(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = time.perf_counter()
         for flight in list(self.flights):
             flight.check(now)
-        self.timer = loop.call_at(now + self.interval_s, self._sweep) if self.flights else None
+        self.timer = asyncio.get_running_loop().call_later(self.interval_s, self._sweep) if self.flights else None
 
     def close(self) -> None:
         if self.timer is not None:
