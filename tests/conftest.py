@@ -7,6 +7,13 @@ from pathlib import Path
 
 import pytest
 
+# Ray in tests (set before anything imports ray, which reads them at import): no token auth
+# files, no usage stats, and loopback only (otherwise Ray swaps 127.0.0.1 for the machine's
+# routable address). Subprocesses (`serve run`, `ray start`) inherit them.
+for _key, _value in {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+                     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}.items():
+    os.environ.setdefault(_key, _value)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("ISLE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 TOPO_DIR = SHARED_DATA / "topo"
