@@ -1,0 +1,158 @@
+"""`ray start --head` then `serve deploy`, as an operator does it, against a Ray head of its own.
+
+The head runs with `--block` in a new session (its own temp dir, free ports, loopback only), so
+that stopping it touches nothing else on the machine: SIGTERM to that `ray start` process stops
+the head's processes (`RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0`: no 30 s drain), and whatever
+is still left in that session (worker processes, engines) is killed by pid. Never `ray stop`:
+it stops every Ray process of the user on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+from router.config import DEV_KEY
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+BIN = Path(sys.executable).parent
+PORT_OPTIONS = ("--port", "--dashboard-port", "--ray-client-server-port", "--node-manager-port",
+                "--object-manager-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                "--metrics-export-port", "--runtime-env-agent-port")
+
+
+@dataclass
+class Head:
+    proc: subprocess.Popen[bytes]
+    dashboard: str
+    temp_dir: Path
+
+    def cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / "serve"), *args, "-a", self.dashboard], cwd=ROOT, capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+
+    def status(self) -> dict[str, object]:
+        out = self.cli("status").stdout
+        return yaml.safe_load(out)["applications"]["isleserve"]  # type: ignore[no-any-return]
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _session(sid: int) -> list[int]:
+    """Live processes of a session (stat field 6), zombies left out."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _serving(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[Head]:
+    if _serving(8000):
+        pytest.fail("127.0.0.1:8000 is taken: configs/local.yaml's router needs it")
+    temp_dir = Path(tempfile.mkdtemp(prefix="isle-ray-", dir="/tmp"))  # short: Ray's socket paths live here
+    ports = dict(zip(PORT_OPTIONS, _free_ports(len(PORT_OPTIONS)), strict=True))
+    env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--dashboard-host",
+           "127.0.0.1", "--temp-dir", str(temp_dir), "--num-cpus", "2", "--disable-usage-stats",
+           *(x for option, port in ports.items() for x in (option, str(port)))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    dashboard = f"http://127.0.0.1:{ports['--dashboard-port']}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "ray start --head exited"
+            try:
+                with urllib.request.urlopen(f"{dashboard}/api/version", timeout=2):
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("the Ray head's dashboard did not answer within 90 s")
+        yield Head(proc=proc, dashboard=dashboard, temp_dir=temp_dir)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+        deadline = time.monotonic() + 20
+        while _session(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        leftover = _session(proc.pid)
+        for pid in leftover:
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        assert not _session(proc.pid) and not _serving(8000)
+
+
+def _deploy(head: Head, config: str, timeout_s: float = 150) -> dict[str, object]:
+    """`serve deploy` (it only sends the request), then `serve status` until this deployment settles."""
+    sent_at = time.time()
+    deployed = head.cli("deploy", config)
+    assert deployed.returncode == 0, deployed.stderr
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            app = head.status()
+            settled = app["status"] in ("RUNNING", "DEPLOY_FAILED")
+            if settled and float(str(app["last_deployed_time_s"])) >= sent_at:
+                return app
+        except (KeyError, TypeError, yaml.YAMLError):
+            pass  # not deployed yet
+        time.sleep(2)
+    pytest.fail(f"serve status did not settle: {head.cli('status').stdout}")
+
+
+def test_a_failing_build_shows_the_products_message(head: Head, tmp_path: Path) -> None:
+    doc = yaml.safe_load((ROOT / "configs/local.yaml").read_text())
+    doc["applications"][0]["args"]["pools"][0]["tp"] = 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    app = _deploy(head, str(bad))
+    assert app["status"] == "DEPLOY_FAILED"
+    assert "invalid isleserve args: pools[0].tp: Input should be greater than or equal to 1" in str(app["message"])
+
+
+def test_serve_deploy_local_config_runs_and_answers(head: Head) -> None:
+    app = _deploy(head, "configs/local.yaml")
+    assert app["status"] == "RUNNING", app["message"]
+    # RUNNING means the product is up: the endpoint answers at once, no retry
+    with openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=DEV_KEY, max_retries=0, timeout=30) as client:
+        assert [m.id for m in client.models.list()] == ["llama-3.1-8b"]
+        chat = client.chat.completions.create(model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=3)
+        assert chat.usage is not None and chat.usage.completion_tokens == 3
