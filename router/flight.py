@@ -237,12 +237,11 @@ class Watch:
         self.timer: asyncio.TimerHandle | None = None
 
     def add(self, flight: Flight, wait_s: float) -> float:
-        """Watch `flight`; returns its deadline on the loop's clock."""
-        loop = asyncio.get_running_loop()
+        """Watch `flight`; returns its deadline on the perf_counter clock."""
         now = time.perf_counter()
         self.flights.add(flight)
         if self.timer is None:
-            self.timer = loop.call_later(self.interval_s, self._sweep)
+            self.timer = asyncio.get_running_loop().call_later(self.interval_s, self._sweep)
         return now + wait_s
 
     def discard(self, flight: Flight) -> None:

@@ -141,6 +141,7 @@ class HttpProtocol(asyncio.Protocol):
     def __init__(self, handler: Handler, on_error: Callable[[BaseException], None] | None = None) -> None:
         self.handler = handler
         self.on_error = on_error
+        self.loop = asyncio.get_running_loop()  # (asking for it each time costs a getpid() before 3.12)
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.incoming = _Incoming()
@@ -162,7 +163,7 @@ class HttpProtocol(asyncio.Protocol):
     # timers: idle between requests, read while a request arrives. One lazy timer per connection:
     # re-arming only moves a deadline, the timer re-schedules itself when it fires early.
     def _arm(self, seconds: float, on_expiry: Callable[[], None]) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self._deadline = loop.time() + seconds
         self._on_expiry = on_expiry
         if self._timer is None or self._deadline < self._timer.when():
@@ -177,7 +178,7 @@ class HttpProtocol(asyncio.Protocol):
         self._timer = None
         if self.closed or self._on_expiry is None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         if loop.time() < self._deadline:
             self._timer = loop.call_at(self._deadline, self._fire)
             return
@@ -323,7 +324,7 @@ class HttpProtocol(asyncio.Protocol):
             self._failed(responder, err)
             return
         if pending is not None:
-            self.task = asyncio.get_running_loop().create_task(self._run(pending, responder))
+            self.task = self.loop.create_task(self._run(pending, responder))
 
     def _failed(self, responder: Responder, err: Exception) -> None:
         """A handler bug must not take the connection's other requests down."""
@@ -370,7 +371,7 @@ class HttpProtocol(asyncio.Protocol):
             self.closed = True
             return
         if self.queue or self._pending_reject is not None:
-            asyncio.get_running_loop().call_soon(self._next)  # after the current handler has returned
+            self.loop.call_soon(self._next)  # after the current handler has returned
         else:
             self._arm(IDLE_TIMEOUT_S, self._idle_expired)
 
