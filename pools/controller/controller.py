@@ -101,9 +101,13 @@ class ControllerCore:
     def _discover(self) -> Topology:
         found = self.backend.discover(self.spec.topology_source)
         self.discovered, self.bindings = found.topology, found.bindings
-        self.report = nodecheck.check(found.topology, found.bindings, found.simulated)
-        for line in self.report.lines():
-            log.warning("node check: %s", line)
+        report = nodecheck.check(found.topology, found.bindings, found.simulated)
+        if report != self.report:  # said once, not on every counters pass
+            for line in report.lines():
+                log.warning("node check: %s", line)
+            if self.topology is not None:
+                self._record("node_check", report.to_json())
+        self.report = report
         return health.effective(found.topology, self.marks.values(), self.lost)
 
     def _launch(self, p: ReplicaPlacement, generation: int) -> EngineLaunch:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pools.controller.backend import LocalBackend, Replica
+from pools.controller.backend import Discovery, LocalBackend, Replica
 from pools.controller.controller import ControllerCore, ControllerSpec
+from pools.controller.nodecheck import RayNode
 from pools.controller.replica import ReplicaProcess
 from pools.controller.spec import EngineLaunch
 from pools.model import PoolSpec
@@ -128,3 +129,40 @@ def test_a_new_controller_resumes_instead_of_starting_duplicates(tmp_path: Path,
     assert _events(tmp_path)[-2]["kind"] == "resumed"
     other = ControllerCore(_spec(tmp_path, replicas=1), backend)  # other settings: a fresh deployment
     assert not other._resume()
+
+
+class TwoNodeBackend(KeepingBackend):
+    """Nodes a and b bound to two (listed, not running) Ray nodes; the test takes one away."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alive = {"a": True, "b": True}
+
+    def discover(self, source: str) -> Discovery:
+        found = super().discover(source)
+        bound = {n: RayNode(node_id=f"ray-{n}") for n, up in self.alive.items() if up}
+        return Discovery(topology=found.topology, bindings=bound, simulated=True)
+
+    def nodes(self) -> list[RayNode] | None:
+        return [RayNode(node_id=f"ray-{n}", alive=up) for n, up in self.alive.items()]
+
+
+def test_a_lost_node_moves_its_replicas(tmp_path: Path) -> None:
+    backend = TwoNodeBackend()
+    core = ControllerCore(_spec(tmp_path), backend)
+    try:
+        core.deploy()
+        assert {r.placement.node for r in core.running.values()} == {"a"}
+        version = core.table.version
+        assert core.check().version == version  # nothing changed: nothing published
+        backend.alive["a"] = False
+        table = core.check()
+        assert {r.node for r in table.replicas} == {"b"} and all(r.healthy and not r.draining for r in table.replicas)
+        assert all(_health(r.url) == 200 for r in table.replicas)
+        topo = next(e for e in _events(tmp_path) if e["kind"] == "topology" and e["reason"] != "deploy")
+        assert topo["reason"] == "Ray node gone: a" and topo["lost_nodes"] == ["a"]
+        assert core.status()["lost_nodes"] == ["a"]
+    finally:
+        core.shutdown()
+        for r in backend.by_name.values():
+            r.stop()
