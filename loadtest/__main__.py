@@ -1,0 +1,30 @@
+"""`python -m loadtest <command>`: run (live load against a router), compare (placement policies on
+a scenario, simulated or live), sim (one simulated run), calibrate, chaos."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS = {
+    "run": ("loadtest.live", "send a workload to a router on loopback and summarise it"),
+    "sim": ("loadtest.simcli", "simulate one scenario and policy offline"),
+    "compare": ("loadtest.compare", "compare placement policies on a scenario (--mode sim|live)"),
+    "calibrate": ("loadtest.calibrate", "one small scenario live and simulated: how far apart"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
+        print("usage: python -m loadtest {" + ",".join(COMMANDS) + "} ...\n")
+        for name, (_, doc) in COMMANDS.items():
+            print(f"  {name:<10} {doc}")
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    module = importlib.import_module(COMMANDS[args[0]][0])
+    return int(module.main(args[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
