@@ -10,6 +10,8 @@ SHARED ?= ../shared/data
 CAPTURES := $(wildcard $(SHARED)/topo/*.txt) $(wildcard $(SHARED)/nccl-topo/*.xml)
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
+# a single-machine Ray stays on 127.0.0.1 (Ray otherwise swaps loopback for the routable address)
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
 .PHONY: install run survey test lint clean
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from pools.config import PoolsConfig, load_pools
 from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest
@@ -116,6 +118,26 @@ def cmd_node_labels(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mark_link(args: argparse.Namespace) -> int:
+    """Tell the running controller that a link is down (or back): it drains and re-places."""
+    import ray
+
+    from pools.controller.controller import CONTROLLER_NAME, NAMESPACE
+
+    try:
+        ray.init(address=args.address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
+    except ConnectionError as err:
+        raise ValueError(f"no Ray cluster at {args.address}: {err}") from None
+    try:
+        controller = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+    except ValueError:
+        raise ValueError("no isleserve controller runs on this Ray cluster (deploy configs/*.yaml first)") from None
+    call: Any = controller.mark_link.remote(args.node, args.gpu_a, args.gpu_b, args.healthy, args.reason or "")
+    moves: list[dict[str, object]] = ray.get(call)
+    print(json.dumps({"moves": moves}, indent=2))
+    return 0
+
+
 def cmd_sim_engine(args: argparse.Namespace) -> int:
     from pools.engine.run import main as run_engine
 
@@ -161,6 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", help="which node of a multi-node source (default: the only one)")
     p.add_argument("--format", choices=["args", "json"], default="args")
     p.set_defaults(func=cmd_node_labels)
+    p = sub.add_parser("mark-link", help="mark a link unhealthy (or healthy again) in the running controller")
+    p.add_argument("node")
+    p.add_argument("gpu_a", type=int)
+    p.add_argument("gpu_b", type=int)
+    p.add_argument("--healthy", action="store_true", help="the link is back in service")
+    p.add_argument("--reason", help="recorded with the change")
+    p.add_argument("--address", default="auto", help="Ray address (default: the running cluster)")
+    p.set_defaults(func=cmd_mark_link)
     p = sub.add_parser("sim-engine", help="serve a simulated engine (OpenAI API, cost-model timing)")
     from pools.engine.run import add_arguments
 

@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -52,6 +54,7 @@ class Product:
     ray_ids: dict[str, str]
     """Topology node -> Ray node id."""
     state_dir: Path
+    address: str
     clients: list[openai.OpenAI] = field(default_factory=list)
 
     @property
@@ -106,7 +109,8 @@ def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Product]:
     try:
         router = RouterThread(args, controller)
         ray_ids = {n.labels[NODE_LABEL]: n.node_id for n in ray_nodes() if NODE_LABEL in n.labels}
-        p = Product(controller=controller, router=router, ray_ids=ray_ids, state_dir=state_dir)
+        p = Product(controller=controller, router=router, ray_ids=ray_ids, state_dir=state_dir,
+                    address=cluster.address)
         engines = [r["pid"] for r in p.replicas().values()]
         yield p
         engines += [r["pid"] for r in p.replicas().values()]
@@ -265,6 +269,16 @@ def test_a_marked_link_drains_and_replaces_the_replica(product: Product) -> None
     assert steps().index(("replica_started", 1)) < steps().index(("stopped", 0)) and not _alive(old["pid"])
     fingerprints = {e["fingerprint"] for e in product.events() if e["kind"] in ("topology", "plan")}
     assert len(fingerprints) == 2  # before and after the mark
+
+    def mark(*args: str) -> subprocess.CompletedProcess[str]:  # as an operator does it
+        return subprocess.run([sys.executable, "-m", "pools", "mark-link", *args, "--address", product.address],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    back = mark("a", "0", "1", "--healthy", "--reason", "test: repaired")
+    assert back.returncode == 0 and json.loads(back.stdout) == {"moves": []}, back.stderr  # nothing moves back
+    assert product.plan()["controller"]["marked_links"] == []
+    wrong = mark("a", "0", "7")
+    assert wrong.returncode == 2 and "node a has no link GPU0-GPU7" in wrong.stderr
 
 
 def test_a_restarted_controller_reattaches_to_its_replicas(product: Product) -> None:
