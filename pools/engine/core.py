@@ -296,3 +296,69 @@ class EngineCore:
         else:
             self.free_blocks += seq.blocks
             seq.blocks = 0
+
+    # fast-forward (the offline simulator): many identical decode steps at once
+    def decode_run(self, until_s: float, max_steps: int = 1 << 30) -> DecodeRun | None:
+        """Run back-to-back pure-decode steps while nothing could change the batch: every running
+        request is decoding and has produced a token, nobody waiting is ready, no request
+        finishes (the step where one would is left to `step()`), and the KV cache has room for
+        every step's growth. Stops after the step in progress at `until_s`. Each step is exactly
+        what `step()` would have done; None when not even one such step applies."""
+        running = self.running
+        if not running or len(running) > self.config.max_num_batched_tokens \
+                or any(s.ready_s <= self.now for s in self.waiting):
+            return None
+        if self.waiting:
+            until_s = min(until_s, min(s.ready_s for s in self.waiting))
+        remaining = max_steps
+        context = 0
+        for seq in running:
+            if seq.output < 1 or seq.need() != 1:
+                return None
+            remaining = min(remaining, seq.max_tokens - seq.output - 1)
+            context += seq.computed
+        if remaining <= 0:
+            return None
+        steps = self._steps_with_room(remaining)
+        if steps <= 0:
+            return None
+        cfg, n = self.config, len(running)
+        start, durations = self.now, []
+        for _ in range(steps):
+            ms = costmodel.decode_step_ms(cfg.model, cfg.gpu, cfg.tp, self.link, n, context, cfg.efficiency)
+            durations.append(ms * self.slowdown / 1000.0)
+            self.now += durations[-1]
+            context += n
+            if self.now >= until_s:
+                break
+        k = len(durations)
+        for seq in running:
+            self._grow(seq, seq.computed + k)
+            seq.computed += k
+            seq.output += k
+        return DecodeRun(start_s=start, steps=k, durations_s=tuple(durations), rids=tuple(s.rid for s in running))
+
+    def _steps_with_room(self, limit: int) -> int:
+        """The most decode steps (up to `limit`) whose KV growth fits the free blocks."""
+        def blocks_needed(k: int) -> int:
+            return sum(max(0, self._blocks_for(s.computed + k) - s.blocks) for s in self.running)
+
+        if blocks_needed(limit) <= self.free_blocks:
+            return limit
+        lo, hi = 0, limit  # blocks_needed(lo) fits, blocks_needed(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if blocks_needed(mid) <= self.free_blocks:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    start_s: float
+    steps: int
+    durations_s: tuple[float, ...]
+    rids: tuple[str, ...]
+    """The requests that produced one token at the end of every step."""
