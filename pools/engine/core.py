@@ -309,7 +309,7 @@ class EngineCore:
                 or any(s.ready_s <= self.now for s in self.waiting):
             return None
         if self.waiting:
-            until_s = min(until_s, min(s.ready_s for s in self.waiting))
+            until_s = min(until_s, *(s.ready_s for s in self.waiting))
         remaining = max_steps
         context = 0
         for seq in running:
