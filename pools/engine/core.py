@@ -20,6 +20,7 @@ blocks after finishing (`hold_kv`) until the decode side releases them.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from pools import costmodel
@@ -298,12 +299,12 @@ class EngineCore:
             seq.blocks = 0
 
     # fast-forward (the offline simulator): many identical decode steps at once
-    def decode_run(self, until_s: float, max_steps: int = 1 << 30) -> DecodeRun | None:
-        """Run back-to-back pure-decode steps while nothing could change the batch: every running
-        request is decoding and has produced a token, nobody waiting is ready, no request
-        finishes (the step where one would is left to `step()`), and the KV cache has room for
-        every step's growth. Stops after the step in progress at `until_s`. Each step is exactly
-        what `step()` would have done; None when not even one such step applies."""
+    def decode_plan(self, until_s: float, max_steps: int = 1 << 30) -> DecodeRun | None:
+        """The back-to-back pure-decode steps that can run while nothing could change the batch:
+        every running request is decoding and has produced a token, nobody waiting is ready, no
+        request finishes (the step where one would is left to `step()`), and the KV cache has
+        room for every step's growth. Stops after the step in progress at `until_s`. Each step is
+        exactly what `step()` would do. Changes nothing: `apply_decode` commits a prefix of it."""
         running = self.running
         if not running or len(running) > self.config.max_num_batched_tokens \
                 or any(s.ready_s <= self.now for s in self.waiting):
@@ -323,20 +324,32 @@ class EngineCore:
         if steps <= 0:
             return None
         cfg, n = self.config, len(running)
-        start, durations = self.now, []
+        now, ends = self.now, []
         for _ in range(steps):
             ms = costmodel.decode_step_ms(cfg.model, cfg.gpu, cfg.tp, self.link, n, context, cfg.efficiency)
-            durations.append(ms * self.slowdown / 1000.0)
-            self.now += durations[-1]
+            now += ms * self.slowdown / 1000.0
+            ends.append(now)
             context += n
-            if self.now >= until_s:
+            if now >= until_s:
                 break
-        k = len(durations)
-        for seq in running:
-            self._grow(seq, seq.computed + k)
-            seq.computed += k
-            seq.output += k
-        return DecodeRun(start_s=start, steps=k, durations_s=tuple(durations), rids=tuple(s.rid for s in running))
+        return DecodeRun(start_s=self.now, ends_s=tuple(ends), rids=tuple(s.rid for s in running))
+
+    def apply_decode(self, run: DecodeRun, steps: int) -> None:
+        """Commit the first `steps` steps of a plan made at the current state."""
+        if run.start_s != self.now or not 0 < steps <= len(run.ends_s):
+            raise ValueError("a decode plan applies once, from the state it was made in")
+        for seq in self.running:
+            self._grow(seq, seq.computed + steps)
+            seq.computed += steps
+            seq.output += steps
+        self.now = run.ends_s[steps - 1]
+
+    def decode_run(self, until_s: float, max_steps: int = 1 << 30) -> DecodeRun | None:
+        """`decode_plan` and commit all of it."""
+        run = self.decode_plan(until_s, max_steps)
+        if run is not None:
+            self.apply_decode(run, len(run.ends_s))
+        return run
 
     def _steps_with_room(self, limit: int) -> int:
         """The most decode steps (up to `limit`) whose KV growth fits the free blocks."""
@@ -358,7 +371,15 @@ class EngineCore:
 @dataclass(frozen=True, slots=True)
 class DecodeRun:
     start_s: float
-    steps: int
-    durations_s: tuple[float, ...]
+    ends_s: tuple[float, ...]
+    """When each step ends."""
     rids: tuple[str, ...]
-    """The requests that produced one token at the end of every step."""
+    """The requests that produce one token at the end of every step."""
+
+    @property
+    def steps(self) -> int:
+        return len(self.ends_s)
+
+    def steps_by(self, t: float) -> int:
+        """Steps finished by `t`, counting the one in progress then (it completes)."""
+        return min(len(self.ends_s), bisect_left(self.ends_s, t) + 1)

@@ -24,10 +24,7 @@ def _drive(core: EngineCore, fast: bool, until_s: float) -> list[tuple[float, tu
         if fast:
             run = core.decode_run(until_s)
             if run is not None:
-                t = run.start_s
-                for d in run.durations_s:
-                    t += d
-                    events.append((round(t, 9), tuple(sorted(run.rids))))
+                events.extend((round(t, 9), tuple(sorted(run.rids))) for t in run.ends_s)
                 continue
         step = core.step()
         if step is None:
@@ -72,3 +69,21 @@ def test_fast_forward_covers_most_steps_of_a_decode_heavy_batch() -> None:
         else:
             assert core.step() is not None
     assert steps > 180 * 32 / 32 and runs <= 40  # a few runs carry almost every token step
+
+
+def test_a_plan_commits_any_prefix_and_then_steps_go_on_identically() -> None:
+    link = link_of_kind("nvlink", "h100-sxm")
+    a, b = engine(link), engine(link)
+    for core in (a, b):
+        for i in range(8):
+            core.add(f"r{i}", 300, 60 + i)
+        while core.decode_plan(math.inf) is None:
+            core.step()
+    plan = a.decode_plan(math.inf)
+    assert plan is not None and plan.steps > 10
+    cut = plan.steps_by((plan.ends_s[4] + plan.ends_s[5]) / 2)  # an arrival during step 6: it completes
+    assert cut == 6
+    a.apply_decode(plan, cut)
+    for _ in range(cut):
+        b.step()
+    assert _state(a) == _state(b)
