@@ -118,23 +118,41 @@ def cmd_node_labels(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_mark_link(args: argparse.Namespace) -> int:
-    """Tell the running controller that a link is down (or back): it drains and re-places."""
+def _controller(address: str) -> Any:
+    """The running controller actor (connects this process to the Ray cluster)."""
     import ray
 
     from pools.controller.controller import CONTROLLER_NAME, NAMESPACE
 
     try:
-        ray.init(address=args.address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
     except ConnectionError as err:
-        raise ValueError(f"no Ray cluster at {args.address}: {err}") from None
+        raise ValueError(f"no Ray cluster at {address}: {err}") from None
     try:
-        controller = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+        return ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
     except ValueError:
         raise ValueError("no isleserve controller runs on this Ray cluster (deploy configs/*.yaml first)") from None
-    call: Any = controller.mark_link.remote(args.node, args.gpu_a, args.gpu_b, args.healthy, args.reason or "")
+
+
+def cmd_mark_link(args: argparse.Namespace) -> int:
+    """Tell the running controller that a link is down (or back): it drains and re-places."""
+    import ray
+
+    call: Any = _controller(args.address).mark_link.remote(args.node, args.gpu_a, args.gpu_b, args.healthy,
+                                                           args.reason or "")
     moves: list[dict[str, object]] = ray.get(call)
     print(json.dumps({"moves": moves}, indent=2))
+    return 0
+
+
+def cmd_stop_controller(args: argparse.Namespace) -> int:
+    """Stop every replica and the controller (`serve shutdown` leaves them: they are detached)."""
+    import ray
+
+    controller = _controller(args.address)
+    ray.get(controller.shutdown.remote())
+    ray.kill(controller, no_restart=True)
+    print("isleserve controller and its replicas stopped")
     return 0
 
 
@@ -191,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", help="recorded with the change")
     p.add_argument("--address", default="auto", help="Ray address (default: the running cluster)")
     p.set_defaults(func=cmd_mark_link)
+    p = sub.add_parser("stop-controller", help="stop the detached controller and every replica it started")
+    p.add_argument("--address", default="auto", help="Ray address (default: the running cluster)")
+    p.set_defaults(func=cmd_stop_controller)
     p = sub.add_parser("sim-engine", help="serve a simulated engine (OpenAI API, cost-model timing)")
     from pools.engine.run import add_arguments
 

@@ -7,6 +7,7 @@ planned GPUs' `isle_gpu_<node>_<i>` resources, so Ray's accounting matches the p
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ from pools.nodelabels import PREFIX
 from pools.routing import RoutingTable
 
 HEALTH_INTERVAL_S = 2.0
+log = logging.getLogger("isleserve.controller")
 CALL_TIMEOUT_S = 30.0
 
 
@@ -149,7 +151,10 @@ class _ControllerActor:
     def _health_loop(self) -> None:
         while not self.stopping.wait(HEALTH_INTERVAL_S):
             with self.lock:
-                self.core.check()
+                try:
+                    self.core.check()
+                except Exception:  # one bad pass must not end the loop
+                    log.exception("health loop")
 
     def mark_link(self, node: str, a: int, b: int, healthy: bool = False, reason: str = "") -> list[dict[str, Any]]:
         with self.lock:

@@ -153,8 +153,13 @@ class ControllerCore:
         request = PlacementRequest(topology=self.topology, pools=self.spec.pools, slo_classes=self.spec.slo_classes)
         self.plan = get_policy(self.spec.policy).place(request)
         self._record("plan", self.plan.to_json())
-        for p in self.plan.placements:
-            self.running[p.replica_id] = self._start(p, 0)
+        try:
+            for p in self.plan.placements:
+                self.running[p.replica_id] = self._start(p, 0)
+        except Exception as err:  # leave nothing behind: a retried deploy starts clean
+            self._record("deploy_failed", {"error": str(err)})
+            self.shutdown()
+            raise
         return self._publish()
 
     def _resume(self) -> bool:

@@ -41,6 +41,8 @@ PORT_OPTIONS = ("--port", "--dashboard-port", "--ray-client-server-port", "--nod
 class Head:
     proc: subprocess.Popen[bytes]
     dashboard: str
+    address: str
+    """The GCS address (`ray.init` and the product's own commands)."""
     temp_dir: Path
 
     def cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -104,7 +106,7 @@ def head() -> Iterator[Head]:
                 time.sleep(1)
         else:
             pytest.fail("the Ray head's dashboard did not answer within 90 s")
-        yield Head(proc=proc, dashboard=dashboard, temp_dir=temp_dir)
+        yield Head(proc=proc, dashboard=dashboard, address=f"127.0.0.1:{ports['--port']}", temp_dir=temp_dir)
     finally:
         proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -156,3 +158,28 @@ def test_serve_deploy_local_config_runs_and_answers(head: Head) -> None:
         chat = client.chat.completions.create(model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}],
                                               max_tokens=3)
         assert chat.usage is not None and chat.usage.completion_tokens == 3
+
+
+def _engines(head: Head) -> list[int]:
+    out = []
+    for pid in _session(head.proc.pid):
+        try:
+            if b"sim-engine" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def test_serve_shutdown_and_stop_controller_leave_nothing_running(head: Head) -> None:
+    engines = _engines(head)
+    assert len(engines) == 4  # configs/local.yaml: prefill, decode, two mixed
+    assert head.cli("shutdown", "-y").returncode == 0
+    assert _engines(head) == engines  # Serve's shutdown leaves the detached controller's replicas ...
+    stop = subprocess.run([sys.executable, "-m", "pools", "stop-controller", "--address", head.address], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert stop.returncode == 0, stop.stderr  # ... the product's own command stops them
+    deadline = time.monotonic() + 20
+    while (_engines(head) or _serving(8000)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _engines(head) and not _serving(8000)
