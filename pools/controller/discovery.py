@@ -21,9 +21,9 @@ from pools.controller.backend import Discovery
 from pools.controller.nodecheck import NODE_LABEL, RayNode
 from topology import Topology, TopologyError, read_source
 from topology.model import Node
-from topology.readers import ReadOptions
 
 DISCOVERY_TIMEOUT_S = 60.0
+COUNTER_SAMPLE_S = 2.0
 log = logging.getLogger("isleserve.controller")
 
 
@@ -37,10 +37,12 @@ def ray_nodes() -> list[RayNode]:
 def discover_node(source: str, ray_node: RayNode) -> Node | None:
     """Runs on `ray_node`: its own node of the cluster topology, or None when it has none."""
     if source == "nvml":
+        from topology.readers.nvml import discover
+
         name = ray_node.labels.get(NODE_LABEL) or ray_node.address or ray_node.node_id[:12]
-        try:
-            return read_source("nvml", ReadOptions(node_name=name)).nodes[0]
-        except TopologyError as err:
+        try:  # error counters read twice, COUNTER_SAMPLE_S apart: replay and CRC rates score the links
+            return discover(node_name=name, sample_s=COUNTER_SAMPLE_S)
+        except (TopologyError, ImportError) as err:
             log.info("node %s: no GPUs discovered (%s)", name, err)
             return None
     declared = read_source(source)

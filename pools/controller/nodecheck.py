@@ -82,8 +82,12 @@ def check(topology: Topology, bound: Mapping[str, RayNode], simulated: bool) -> 
     for node in topology.nodes:
         ray = bound.get(node.name)
         if ray is None:
-            why = "no Ray node carries it (its replicas run unpinned)" if simulated else "no Ray node for it"
-            problems[node.name] = (f"{why}; start one with `ray start ... $(python -m pools node-labels)`",)
+            if simulated:
+                why = (f"no Ray node carries it (its replicas run unpinned); `python -m pools node-labels "
+                       f"--source <cluster spec> --node {node.name}` gives the `ray start` arguments for one")
+            else:
+                why = "no Ray node for it"
+            problems[node.name] = (why,)
             continue
         diff = _differences(node_labels(topology, node), node_resources(topology, node), ray)
         if diff:

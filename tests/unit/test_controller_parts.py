@@ -145,3 +145,18 @@ def test_state_round_trip(tmp_path: Path) -> None:
     assert state.resumable(str(tmp_path), "s1", "d1") and not state.resumable(str(tmp_path), "s2", "d1")
     state.forget(str(tmp_path))
     assert state.load(str(tmp_path), (POOL,), {}) is None
+
+
+def test_discovered_nodes_merge_into_one_cluster_topology() -> None:
+    from pools.controller.discovery import merge
+
+    declared = read_source(PAIRS)
+    ray_a = _ray_node(declared, "a", "ray-a")
+    sim = merge(PAIRS, [(ray_a, declared.node("a"))])
+    assert [n.name for n in sim.topology.nodes] == ["a", "b"] and sim.simulated
+    assert {k: v.node_id for k, v in sim.bindings.items()} == {"a": "ray-a"}
+    assert sim.topology.fingerprint() == declared.fingerprint()
+    gpu_node = replace(declared.node("b"), name="gpu-7")
+    live = merge("nvml", [(nodecheck.RayNode(node_id="ray-7"), gpu_node)])
+    assert [n.name for n in live.topology.nodes] == ["gpu-7"] and not live.simulated
+    assert live.bindings["gpu-7"].node_id == "ray-7"
