@@ -195,9 +195,14 @@ class ControllerCore:
         return True
 
     # publishing ---------------------------------------------------------------------------
+    def _serving(self) -> PlacementPlan:
+        """The plan as it runs: where every running replica is (a drained one may be in no plan)."""
+        assert self.plan is not None
+        return replace(self.plan, placements=tuple(r.placement for r in self.running.values()))
+
     def _publish(self) -> RoutingTable:
         assert self.plan is not None and self.topology is not None
-        serving = replace(self.plan, placements=tuple(r.placement for r in self.running.values()))
+        serving = self._serving()
         urls = {rid: r.url for rid, r in self.running.items()}
         draining = {rid for rid, r in self.running.items() if r.draining}
         self.table = build_table(serving, self.topology, urls, draining, self.table.version + 1)
@@ -222,10 +227,9 @@ class ControllerCore:
 
     def _topology_changed(self, why: str, new: Topology) -> list[Change]:
         assert self.plan is not None and self.topology is not None
-        old = self.topology
-        if new.fingerprint() == old.fingerprint():
-            return []
-        self.topology = new
+        old, self.topology = self.topology, new
+        if new.fingerprint() == self.plan.topology_fingerprint:
+            return []  # the plan already fits this graph (scores may differ: see _read_counters)
         self._record("topology", {"reason": why, "previous": old.fingerprint(), "lost_nodes": sorted(self.lost),
                                   "marks": [m.key for m in self.marks.values()]})
         result = replan(self.plan, new, previous=old)
@@ -289,10 +293,12 @@ class ControllerCore:
         if self.spec.counters_interval_s <= 0 or self.clock() - self.counters_at < self.spec.counters_interval_s:
             return
         self.counters_at = self.clock()
-        before = self.discovered.fingerprint() if self.discovered else ""
-        new = self._discover()
-        if self.discovered is not None and self.discovered.fingerprint() != before:
-            self._topology_changed("link counters changed", new)
+        scores = {r.replica_id: (r.healthy, r.health_score) for r in self.table.replicas}
+        if not self._topology_changed("link counters changed", self._discover()):
+            assert self.plan is not None and self.topology is not None
+            fresh = build_table(self._serving(), self.topology, {rid: r.url for rid, r in self.running.items()}, (), 0)
+            if {r.replica_id: (r.healthy, r.health_score) for r in fresh.replicas} != scores:
+                self._publish()  # a link's score moved without changing the plan
 
     def _restart_dead(self) -> bool:
         changed = False

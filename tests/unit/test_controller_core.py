@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -162,6 +163,51 @@ def test_a_lost_node_moves_its_replicas(tmp_path: Path) -> None:
         topo = next(e for e in _events(tmp_path) if e["kind"] == "topology" and e["reason"] != "deploy")
         assert topo["reason"] == "Ray node gone: a" and topo["lost_nodes"] == ["a"]
         assert core.status()["lost_nodes"] == ["a"]
+    finally:
+        core.shutdown()
+        for r in backend.by_name.values():
+            r.stop()
+
+
+class CountersBackend(KeepingBackend):
+    """Discovery reads a spec whose link counters the test changes (as NVML's would)."""
+
+    def __init__(self, spec: Path) -> None:
+        super().__init__()
+        self.spec = spec
+
+    def discover(self, source: str) -> Discovery:
+        return super().discover(str(self.spec))
+
+
+def _pairs_spec(path: Path, degraded: str) -> None:
+    capture = ROOT / "tests/data/pairs-4gpu.txt"
+    path.write_text(f"name: pairs\nfabric: {{technology: ib-hdr}}\nnodes:\n"
+                    f"  - {{name: a, capture: {capture}, gpu: a30{degraded}}}\n"
+                    f"  - {{name: b, capture: {capture}, gpu: a30}}\n")
+
+
+def test_link_counters_lower_a_score_then_move_a_replica(tmp_path: Path) -> None:
+    spec = tmp_path / "cluster.yaml"
+    _pairs_spec(spec, "")
+    backend, now = CountersBackend(spec), [0.0]
+    core = ControllerCore(replace(_spec(tmp_path), counters_interval_s=30), backend, clock=lambda: now[0])
+    try:
+        core.deploy()
+        victim = next(rid for rid, r in core.running.items() if (r.placement.node, r.placement.gpus) == ("a", (0, 1)))
+        version = core.table.version
+        _pairs_spec(spec, ", degraded_links: [{gpus: [0, 1], replay_per_min: 2}]")  # a few replays: score 0.83
+        core.check()
+        assert core.table.version == version  # not read yet: counters are read every 30 s
+        now[0] = 31.0
+        row = next(r for r in core.check().replicas if r.replica_id == victim)
+        assert core.table.version == version + 1 and 0.5 < row.health_score < 1 and not row.draining
+        assert core.running[victim].placement.node == "a"  # still healthy enough: it stays
+        _pairs_spec(spec, ", degraded_links: [{gpus: [0, 1], lanes_active: 1}]")  # 1 of 4 lanes: unhealthy
+        now[0] = 62.0
+        core.check()
+        assert core.running[victim].placement.node == "b"  # re-placed off the bad link
+        assert any(e["kind"] == "topology" and e["reason"] == "link counters changed" for e in _events(tmp_path))
     finally:
         core.shutdown()
         for r in backend.by_name.values():
