@@ -47,6 +47,9 @@ def detect_format(text: str) -> str:
     return "nvidia-smi"
 
 
+_TEMPLATE_KEYS = re.compile(r"^gpu_count\s*:", re.M)
+
+
 def decode(data: bytes, source: str) -> str:
     if not data.strip():
         raise ParseError("empty input, not a topology", source)
@@ -89,6 +92,11 @@ def read_text(text: str, options: ReadOptions | None = None, base_dir: Path | No
 
 def _read_text(text: str, options: ReadOptions | None, base_dir: Path | None) -> Topology:
     fmt = detect_format(text)
+    if fmt == "cluster-spec" and _TEMPLATE_KEYS.search(text):  # a machine template file: one node of it
+        from topology.templates import node_from_machine, parse_template
+
+        machine = parse_template(text, "machine template")
+        return Topology(nodes=(node_from_machine(machine, (options or ReadOptions()).node_name),))
     if fmt == "cluster-spec":
         from topology.readers.spec import parse_spec
 

@@ -98,8 +98,19 @@ def _pcie_kind(t: MachineTemplate, a: int, b: int) -> LinkKind:
     return LinkKind.NODE if na is not None and na == nb else LinkKind.SYS
 
 
+def parse_template(text: str, source: str) -> MachineTemplate:
+    """A machine template from a file of its own (the packaged ones are read by name)."""
+    try:
+        return MachineTemplate.model_validate(yaml.safe_load(text))
+    except (ValidationError, yaml.YAMLError) as err:
+        raise ParseError(f"invalid machine template: {err}", source) from None
+
+
 def node_from_template(name: str, node_name: str, rack: str | None = None) -> Node:
-    t = load_template(name)
+    return node_from_machine(load_template(name), node_name, rack)
+
+
+def node_from_machine(t: MachineTemplate, node_name: str, rack: str | None = None) -> Node:
     facts = gpu_facts(t.gpu)
     fabric = _fabric_links(t)
     links = []

@@ -1,0 +1,109 @@
+"""`python -m loadtest compare SCENARIO.yaml --mode sim --out DIR`: the same workload and seed under
+each placement policy (and rate), through the offline simulator; writes `DIR/results.jsonl`
+(one line per policy and rate), `DIR/report.md` and PNG plots at the top of DIR."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtest.model import TraceRequest
+from loadtest.report import write_plots, write_report
+from loadtest.scenario import Scenario, load_scenario
+from loadtest.sim.cluster import SimConfig, simulate
+from loadtest.summary import summarize
+from pools.model import PlacementPlan, PlacementRequest
+from pools.placement import get_policy
+
+
+def plan_summary(plan: PlacementPlan) -> dict[str, Any]:
+    tiers: dict[str, int] = {}
+    for p in plan.placements:
+        tiers[p.tier] = tiers.get(p.tier, 0) + 1
+    return {"policy": plan.policy, "placed": len(plan.placements), "unplaced": len(plan.unplaced),
+            "in_island": sum(1 for p in plan.placements if p.in_island), "tp_tiers": tiers,
+            "crossing": sorted(p.replica_id for p in plan.placements if not p.in_island)}
+
+
+def workload_for(scenario: Scenario, rate: float) -> list[TraceRequest]:
+    from loadtest.workload import load_workload
+
+    spec = {"seed": scenario.config.seed, **scenario.config.workload}
+    spec["rate_scale"] = float(spec.get("rate_scale", 1.0)) * rate
+    return list(load_workload(spec, base_dir=scenario.path.resolve().parent).requests)
+
+
+def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[TraceRequest]) -> dict[str, Any]:
+    classes = scenario.classes()
+    request = PlacementRequest(topology=scenario.topology, pools=scenario.pools(), slo_classes=classes,
+                               seed=scenario.config.seed, occupied=scenario.held())
+    plan = get_policy(policy).place(request)
+    routing = scenario.config.routing
+    config = SimConfig(topology=scenario.topology, plan=plan, classes=classes, profiles=scenario.profiles(),
+                       pd_enabled=routing.pd.enabled, pd_min_prompt_tokens=routing.pd.min_prompt_tokens,
+                       scrape_interval_s=routing.scrape_interval_s, faults=scenario.faults(),
+                       seed=scenario.config.seed, model=scenario.model(), detect_s=scenario.config.detect_s)
+    t0 = time.process_time()
+    result = simulate(config, workload)
+    cpu_s = time.process_time() - t0
+    span = max((r.arrival_s for r in workload), default=0.0)
+    summary = summarize(result.results, classes, max(result.duration_s, span, 1e-9))
+    return {
+        "scenario": scenario.name, "mode": "sim", "policy": policy, "routing": "scenario",
+        "rate_scale": rate, "rate_rps": round(len(workload) / span, 4) if span > 0 else math.nan,
+        "goodput_rps": summary["goodput_rps"],
+        "slo_attainment": {k: v["slo_attainment"] for k, v in summary["per_class"].items()},
+        "summary": summary, "topology_fingerprint": scenario.topology.fingerprint(), "plan": plan_summary(plan),
+        "events": result.log, "config": {"path": str(scenario.path), "seed": scenario.config.seed,
+                                         "workload": scenario.config.workload},
+        "sim": {"events": result.events, "cpu_s": round(cpu_s, 3),
+                "requests_per_cpu_s": round(len(workload) / cpu_s, 1) if cpu_s > 0 else math.nan},
+    }
+
+
+def compare(scenario: Scenario, out: Path, progress: bool = True) -> list[dict[str, Any]]:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with (out / "results.jsonl").open("w") as f:
+        for rate in scenario.config.rates:
+            workload = workload_for(scenario, rate)
+            for policy in scenario.config.policies:
+                row = run_one(scenario, policy, rate, workload)
+                rows.append(row)
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                if progress:
+                    print(f"{scenario.name}: {policy} at x{rate:g} ({row['rate_rps']:.2f} req/s): goodput "
+                          f"{row['goodput_rps']:.2f} req/s, simulated {len(workload)} requests in "
+                          f"{row['sim']['cpu_s']:.1f} s CPU", file=sys.stderr)
+    write_report(scenario, rows, out / "report.md")
+    write_plots(rows, out)
+    return rows
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest compare",
+                                     description="placement policies side by side on one scenario")
+    parser.add_argument("scenario")
+    parser.add_argument("--mode", choices=["sim", "live"], default="sim")
+    parser.add_argument("--out", required=True, help="directory for results.jsonl, report.md and plots")
+    parser.add_argument("--policies", help="comma-separated policy names (overrides the scenario's list)")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    if args.mode == "live":
+        print("error: --mode live is not available yet: use --mode sim (see the README)", file=sys.stderr)
+        return 2
+    try:
+        scenario = load_scenario(args.scenario, args.policies.split(",") if args.policies else None)
+        compare(scenario, Path(args.out), progress=not args.quiet)
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(Path(args.out) / "report.md")
+    return 0

@@ -1,0 +1,148 @@
+"""Scenarios (`configs/scenarios/*.yaml`): a topology (any source: a capture, NCCL XML, a cluster
+spec or a machine template, relative to the scenario file), pools, SLO classes, a workload,
+the rates to try, the placement policies to compare, routing, faults on a timeline, and GPUs
+already held by other work (the end state of replica churn, which index-order placement has to
+fit around)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loadtest.sim.cluster import Fault
+from pools.config import PoolConfig, SLOClassConfig
+from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
+from router.config import PDConfig, ProfileConfig
+from router.decision import Profile, check_profile
+from topology import GpuRef, Topology, read_source
+from topology.readers.spec import validate_mapping
+from topology.yamlfile import load_yaml_file
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FaultConfig(_Strict):
+    at_s: float = Field(ge=0)
+    kind: Literal["link_degrade", "link_restore", "node_loss"]
+    node: str
+    gpus: list[int] = Field(default_factory=list, description="the link's two GPUs; empty: every link of the node")
+    factor: float = Field(default=0.25, gt=0, le=1, description="bandwidth left on a degraded link")
+
+
+class HeldConfig(_Strict):
+    node: str
+    gpus: list[int] = Field(min_length=1)
+
+
+class RoutingConfig(_Strict):
+    default_profile: ProfileConfig = ProfileConfig()
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+    pd: PDConfig = PDConfig()
+    scrape_interval_s: float = Field(default=0.5, gt=0)
+
+
+class ScenarioConfig(_Strict):
+    name: str
+    description: str = ""
+    topology: str = Field(description="any topology source; relative paths are relative to the scenario file")
+    gpu: str | None = Field(default=None, description="catalogue GPU for GPUs whose model the source does not say")
+    model: str | None = Field(default=None, description="served model requests ask for (default: the first pool's)")
+    pools: list[PoolConfig] = Field(min_length=1)
+    slo_classes: list[SLOClassConfig] = Field(default_factory=list)
+    workload: dict[str, Any] = Field(description="passed to loadtest.workload.load_workload")
+    rates: list[float] = Field(default_factory=lambda: [1.0], min_length=1,
+                               description="multipliers of the workload's arrival rate")
+    policies: list[str] = Field(default_factory=lambda: ["island-aligned", "ray-pack"], min_length=1)
+    routing: RoutingConfig = RoutingConfig()
+    faults: list[FaultConfig] = Field(default_factory=list)
+    held: list[HeldConfig] = Field(default_factory=list, description="GPUs other work holds (replica churn)")
+    seed: int = 0
+    detect_s: float = Field(default=2.0, gt=0, description="health loop: link fault to drain")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    config: ScenarioConfig
+    path: Path
+    topology: Topology
+    topology_source: str
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def pools(self) -> tuple[PoolSpec, ...]:
+        auto = [p.name for p in self.config.pools if p.replicas == "auto"]
+        if auto:
+            raise ValueError(f"{self.path}: pools {auto} say `replicas: auto`; a scenario compares policies on "
+                             "fixed counts (size them first: python -m pools size)")
+        return tuple(PoolSpec(name=p.name, role=p.role, tp=p.tp, replicas=int(p.replicas), model=p.model,
+                              slo_classes=tuple(p.slo_classes), require_island=p.require_island)
+                     for p in self.config.pools)
+
+    def classes(self) -> dict[str, SLOClass]:
+        chosen = [c.to_slo() for c in self.config.slo_classes] or list(DEFAULT_SLO_CLASSES)
+        return {c.name: c for c in chosen}
+
+    def profiles(self) -> dict[str, Profile]:
+        def profile(p: ProfileConfig) -> Profile:
+            out = Profile(filters=tuple(p.filters), scorers=dict(p.scorers), picker=p.picker)
+            check_profile(out)
+            return out
+
+        routing = self.config.routing
+        return {name: profile(routing.profiles.get(name, routing.default_profile)) for name in self.classes()}
+
+    def faults(self) -> tuple[Fault, ...]:
+        return tuple(Fault(at_s=f.at_s, kind=f.kind, node=f.node, gpus=tuple(f.gpus), factor=f.factor)
+                     for f in self.config.faults)
+
+    def held(self) -> frozenset[GpuRef]:
+        return frozenset(GpuRef(h.node, g) for h in self.config.held for g in h.gpus)
+
+    def model(self) -> str:
+        return self.config.model or next(p.model for p in self.config.pools if p.model) or "model"
+
+
+def _with_gpu_model(topology: Topology, gpu: str) -> Topology:
+    nodes = tuple(replace(n, gpus=tuple(g if g.model else replace(g, model=gpu) for g in n.gpus))
+                  for n in topology.nodes)
+    return replace(topology, nodes=nodes)
+
+
+def load_scenario(path: str | Path, policies: Sequence[str] | None = None) -> Scenario:
+    """Read and check a scenario; `policies` (from `--policies a,b`) overrides its list."""
+    where = str(path)
+    raw = load_yaml_file(where, "scenario")
+    config = validate_mapping(ScenarioConfig, raw, "scenario", "a scenario is a mapping with `name`, `topology`, "
+                              "`pools` and `workload`", where)
+    if policies:
+        config = config.model_copy(update={"policies": list(policies)})
+    source = config.topology
+    base = Path(where).resolve().parent
+    if source != "nvml" and not Path(source).is_absolute():
+        for candidate in (base / source, Path.cwd() / source):
+            if candidate.exists():
+                source = str(candidate)
+                break
+    topology = read_source(source)
+    if config.gpu is not None:
+        from pools import catalog
+
+        if config.gpu not in catalog.gpus():
+            raise ValueError(f"{where}: gpu {config.gpu!r} is not in the catalogue "
+                             f"({', '.join(sorted(catalog.gpus()))})")
+        topology = _with_gpu_model(topology, config.gpu)
+    from pools.placement import get_policy
+
+    for name in config.policies:
+        get_policy(name)  # unknown names fail here, with the known ones listed
+    scenario = Scenario(config=config, path=Path(where), topology=topology, topology_source=source)
+    scenario.profiles()
+    return scenario

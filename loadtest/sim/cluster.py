@@ -1,0 +1,459 @@
+"""The offline simulator: a discrete-event simulation of a whole deployment on a virtual clock.
+
+What runs is the product's own code, unchanged: the placement policy's plan
+(`pools.placement`), each replica's continuous batching (`pools.engine.core`, with its exact
+fast-forward over identical decode steps), and the router's decisions (`router.decision.decide`
+for a replica, `pd_pair` for a prefill/decode pair) on candidates built the way the live router
+builds them (engine load as of the last scrape, its own in-flight count and latency). Only the
+transport is modelled: KV transfers share NICs and links fairly (`loadtest.sim.network`), link
+faults slow the engines whose TP group they cross, and a lost node takes its replicas with it.
+
+Semantics mirror the live router: a request that has not produced a token is retried elsewhere
+when its replica is lost (up to `retries`); one that has streamed fails; a degraded replica is
+drained (no new traffic for classes that are not sheddable) once the health loop notices.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from loadtest.model import OK, RequestResult, TraceRequest
+from loadtest.sim.network import Network, legs
+from loadtest.sim.replica import Phase, SimReplica, build_replica
+from pools import costmodel
+from pools.costmodel import LinkCost
+from pools.engine.core import DecodeRun
+from pools.model import PlacementPlan, SLOClass
+from pools.routing import table_from_plan
+from router.admission import Admission
+from router.decision import Candidate, PDDecision, Profile, RouteRequest, decide, pd_pair
+from topology import GpuRef, Topology
+
+PREFIX_BLOCKS = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fault:
+    at_s: float
+    kind: str
+    """link_degrade | link_restore | node_loss"""
+    node: str
+    gpus: tuple[int, ...] = ()
+    """The link's two GPUs (link faults); empty: every link of the node."""
+    factor: float = 0.25
+    """Bandwidth left on a degraded link (latency grows by the inverse)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    topology: Topology
+    plan: PlacementPlan
+    classes: Mapping[str, SLOClass]
+    profiles: Mapping[str, Profile] = field(default_factory=dict)
+    """Routing profile per SLO class (the default profile for the others)."""
+    pd_enabled: bool = True
+    pd_min_prompt_tokens: int = 256
+    scrape_interval_s: float = 0.5
+    detect_s: float = 2.0
+    """How long the health loop takes to notice a degraded link and drain the replica."""
+    retries: int = 2
+    faults: tuple[Fault, ...] = ()
+    seed: int = 0
+    max_itl_samples: int = 16
+    max_num_seqs: int = 256
+    fast_forward: bool = True
+    model: str | None = None
+    """The served model every request asks for (default: the first, by name)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Req:
+    trace: TraceRequest
+    rid: str
+    cls: SLOClass
+    route: RouteRequest
+    replica: str = ""
+    prefill: str = ""
+    phase: str = "new"
+    """new | prefill | transfer | decode | done"""
+    tier: str = ""
+    first_s: float | None = None
+    last_s: float = 0.0
+    itls: list[float] = field(default_factory=list)
+    kv_latency_s: float = 0.0
+    retries: int = 0
+    pd: PDDecision | None = None
+
+
+@dataclass(slots=True)
+class SimResult:
+    results: list[RequestResult]
+    duration_s: float
+    events: int
+    log: list[dict[str, Any]]
+    """Faults, drains and re-routes, with their virtual times."""
+
+
+ARRIVAL, START, STEP_END, RUN_END, NET, KV_READY, SCRAPE, FAULT, DRAIN = range(9)
+
+
+class Simulation:
+    def __init__(self, config: SimConfig, workload: Sequence[TraceRequest]) -> None:
+        self.config = config
+        self.topology = config.topology
+        plan = config.plan
+        served = {p.name: p.model or p.name for p in plan.pools}
+        urls = {p.replica_id: f"sim://{p.replica_id}" for p in plan.placements}
+        gpu_models = {p.replica_id: self.topology.node(p.node).gpu(p.gpus[0]).model for p in plan.placements}
+        table = table_from_plan(plan, urls, served, gpu_models=gpu_models)
+        by_id = {p.replica_id: p for p in plan.placements}
+        self.replicas = {e.replica_id: build_replica(self.topology, plan, by_id[e.replica_id], e,
+                                                     config.max_num_seqs) for e in table.replicas}
+        self.by_model: dict[str, list[SimReplica]] = {}
+        for r in self.replicas.values():
+            self.by_model.setdefault(r.endpoint.model, []).append(r)
+        self.cands: dict[str, Candidate] = {rid: r.candidate() for rid, r in self.replicas.items()}
+        self.workload = workload
+        self.reqs: dict[str, _Req] = {}
+        self.results: list[RequestResult] = []
+        self.events: list[tuple[float, int, int, Any, int]] = []
+        self.seq = 0
+        self.network = Network()
+        self.rng = random.Random(config.seed)
+        self.turn = 0
+        self.default_profile = Profile()
+        self.next_transfer = 0
+        self.transfers: dict[int, _Req] = {}
+        self.log: list[dict[str, Any]] = []
+        self.count = 0
+
+    # events
+    def _at(self, t: float, kind: int, obj: Any = None, version: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, obj, version))
+
+    def run(self, until_s: float = math.inf) -> SimResult:
+        for tr in self.workload:
+            self._at(tr.arrival_s, ARRIVAL, tr)
+        for fault in self.config.faults:
+            self._at(fault.at_s, FAULT, fault)
+        if self.replicas:
+            self._at(0.0, SCRAPE)
+        now = 0.0
+        handlers: dict[int, Callable[[float, Any, int], None]] = {
+            ARRIVAL: self._arrival, START: self._start, STEP_END: self._step_end, RUN_END: self._run_end,
+            NET: self._net, KV_READY: self._kv_ready, SCRAPE: self._scrape, FAULT: self._fault, DRAIN: self._drain}
+        pending = len(self.workload)
+        while self.events:
+            t, _, kind, obj, version = heapq.heappop(self.events)
+            if t > until_s:
+                break
+            now = t
+            self.count += 1
+            handlers[kind](t, obj, version)
+            if kind == SCRAPE:
+                if len(self.results) >= pending or not self.events:
+                    break
+                self._at(t + self.config.scrape_interval_s, SCRAPE)
+        for req in self.reqs.values():  # still open when the run stopped
+            self._record(req, now, "timeout")
+        self.reqs.clear()
+        return SimResult(results=sorted(self.results, key=lambda r: r.index), duration_s=now, events=self.count,
+                         log=self.log)
+
+    # routing (the live router's decision functions, on the live router's kind of snapshot)
+    def _candidates(self, model: str) -> list[Candidate]:
+        return [self.cands[r.rid] for r in self.by_model.get(model, ())]
+
+    def _refresh(self, r: SimReplica) -> None:
+        self.cands[r.rid] = r.candidate()
+
+    def _arrival(self, t: float, tr: TraceRequest, _v: int) -> None:
+        cls = self.config.classes.get(tr.slo_class)
+        if cls is None:
+            raise ValueError(f"request {tr.index}: unknown SLO class {tr.slo_class!r}")
+        model = self._model_for(tr)
+        prefix = zlib.crc32(",".join(map(str, tr.prefix_blocks[:PREFIX_BLOCKS])).encode()) if tr.prefix_blocks else 0
+        req = _Req(trace=tr, rid=f"q{tr.index}", cls=cls,
+                   route=RouteRequest(model, cls, tr.prompt_tokens, prefix))
+        self.reqs[req.rid] = req
+        self._route(t, req)
+
+    def _model_for(self, tr: TraceRequest) -> str:
+        return self.config.model or min(self.by_model)
+
+    def _route(self, t: float, req: _Req) -> None:
+        snapshot = self._candidates(req.route.model)
+        if req.cls.sheddable and Admission.overloaded(snapshot):
+            self._record(req, t, "shed")
+            return
+        pd = self._pd_choice(req, snapshot)
+        if pd is not None:
+            req.pd = pd
+            req.prefill = pd.prefill.endpoint.replica_id
+            req.replica = pd.decode.endpoint.replica_id
+            req.tier = pd.tiers.get(req.replica, pd.tier)
+            req.phase = "prefill"
+            self._assign(t, self.replicas[req.prefill], req, 1, hold=True)
+            return
+        self.turn += 1
+        decision = decide(req.route, snapshot, self.config.profiles.get(req.cls.name, self.default_profile), self.rng,
+                          self.turn)
+        if decision.winner is None:
+            self._record(req, t, "error:503 no replica")
+            return
+        rep = self.replicas[decision.winner.endpoint.replica_id]
+        req.replica, req.prefill, req.tier, req.phase = rep.rid, "", rep.endpoint.tier, "decode"
+        self._assign(t, rep, req, req.trace.output_tokens)
+
+    def _pd_choice(self, req: _Req, snapshot: list[Candidate]) -> PDDecision | None:
+        if not self.config.pd_enabled:
+            return None
+        live = [c for c in snapshot if c.endpoint.healthy and (req.cls.sheddable or not c.endpoint.draining)]
+        mixed = any(c.endpoint.role == "mixed" for c in live)
+        if mixed and req.route.prompt_tokens < self.config.pd_min_prompt_tokens:
+            return None
+        prefills = [c for c in live if c.endpoint.role == "prefill"]
+        decodes = [c for c in live if c.endpoint.role == "decode"]
+        if not prefills or not decodes:
+            return None
+        return pd_pair(req.route, prefills, decodes, self.topology)
+
+    # replicas
+    def _assign(self, t: float, rep: SimReplica, req: _Req, max_tokens: int, hold: bool = False,
+                remote: bool = False) -> None:
+        self._interrupt(t, rep)
+        core = rep.core
+        prompt = req.trace.prompt_tokens
+        max_tokens = max(1, max_tokens)
+        if prompt + max_tokens > core.total_blocks * core.config.block_size:
+            self._record(req, t, "error:400 too long for the replica's KV cache")
+            return
+        core.add(req.rid, prompt, max_tokens, priority=req.cls.priority, hold_kv=hold, remote_prefill=remote)
+        rep.requests.add(req.rid)
+        rep.inflight += 1
+        self._refresh(rep)
+        if rep.phase is Phase.IDLE:
+            self._start(t, rep, rep.version)
+
+    def _interrupt(self, t: float, rep: SimReplica) -> None:
+        """A request arrives: an idle replica's clock catches up; a decode run stops after the
+        step in progress (the newcomer joins the next step, as in vLLM)."""
+        if rep.phase is Phase.WAIT:
+            rep.phase = Phase.IDLE
+            rep.version += 1  # the wake-up for the KV arrival: the newcomer starts a step now
+        if rep.phase is Phase.IDLE:
+            rep.core.advance_to(t)
+        elif rep.phase is Phase.RUN and rep.run is not None:
+            run, steps = rep.run, rep.run.steps_by(t)
+            rep.core.apply_decode(run, steps)
+            self._run_tokens(run, steps)
+            rep.run, rep.phase = None, Phase.STEP
+            rep.pending = None
+            rep.version += 1
+            self._at(rep.core.now, START, rep, rep.version)
+
+    def _start(self, t: float, rep: SimReplica, version: int) -> None:
+        if version != rep.version or not rep.alive:
+            return
+        core = rep.core
+        core.advance_to(t)
+        run = core.decode_plan(math.inf) if self.config.fast_forward else None
+        rep.version += 1
+        if run is not None:
+            rep.phase, rep.run = Phase.RUN, run
+            self._at(run.ends_s[-1], RUN_END, rep, rep.version)
+            return
+        result = core.step()
+        if result is not None:
+            rep.phase, rep.pending = Phase.STEP, result
+            self._at(core.now, STEP_END, rep, rep.version)
+            return
+        rep.phase = Phase.IDLE
+        nxt = core.next_ready_s()
+        if nxt is not None and nxt > t:
+            rep.phase = Phase.WAIT
+            self._at(nxt, START, rep, rep.version)
+
+    def _run_end(self, t: float, rep: SimReplica, version: int) -> None:
+        if version != rep.version or rep.run is None:
+            return
+        run, rep.run = rep.run, None
+        rep.core.apply_decode(run, run.steps)
+        self._run_tokens(run, run.steps)
+        rep.phase = Phase.IDLE
+        self._start(t, rep, rep.version)
+
+    def _run_tokens(self, run: DecodeRun, steps: int) -> None:
+        if steps <= 0:
+            return
+        gap = (run.ends_s[steps - 1] - run.start_s) / steps
+        end = run.ends_s[steps - 1]
+        for rid in run.rids:
+            req = self.reqs.get(rid)
+            if req is not None:
+                if len(req.itls) < self.config.max_itl_samples:
+                    req.itls.append(gap)
+                req.last_s = end
+
+    def _step_end(self, t: float, rep: SimReplica, version: int) -> None:
+        if version != rep.version or rep.pending is None:
+            return
+        result, rep.pending = rep.pending, None
+        for rid in result.tokens:
+            req = self.reqs.get(rid)
+            if req is None:
+                continue
+            if req.phase == "prefill":
+                continue  # the prefill's token is not the client's: it comes from the decode side
+            if req.first_s is None:
+                req.first_s = t
+                rep.observe_latency((t - req.trace.arrival_s) * 1000)
+            elif len(req.itls) < self.config.max_itl_samples:
+                req.itls.append(t - req.last_s)
+            req.last_s = t
+        for rid in result.finished:
+            req = self.reqs.get(rid)
+            if req is None:
+                continue
+            if req.phase == "prefill":
+                self._prefill_done(t, rep, req)
+            else:
+                rep.inflight -= 1
+                rep.requests.discard(rid)
+                self._refresh(rep)
+                self._record(req, t, OK)
+        rep.phase = Phase.IDLE
+        self._start(t, rep, rep.version)
+
+    # PD: the KV moves from the prefill's GPUs to the decode's over the topology
+    def _prefill_done(self, t: float, prefill: SimReplica, req: _Req) -> None:
+        prefill.inflight -= 1
+        prefill.requests.discard(req.rid)
+        self._refresh(prefill)
+        decode = self.replicas[req.replica]
+        model = prefill.core.config.model
+        gb = costmodel.kv_bytes(model, req.trace.prompt_tokens) / 1e9
+        src = [GpuRef(prefill.placement.node, g) for g in prefill.placement.gpus]
+        dst = [GpuRef(decode.placement.node, g) for g in decode.placement.gpus]
+        route, latency_s = legs(self.topology, src, dst, gb)
+        req.phase = "transfer"
+        if not route:
+            self._at(t, KV_READY, req)
+            return
+        self.next_transfer += 1
+        self.transfers[self.next_transfer] = req
+        self.network.start(t, self.next_transfer, route)
+        req.kv_latency_s = latency_s
+        self._schedule_net()
+
+    def _schedule_net(self) -> None:
+        nxt = self.network.next_done()
+        if nxt is not None:
+            self._at(nxt, NET, None, self.network.version)
+
+    def _net(self, t: float, _obj: Any, version: int) -> None:
+        if version != self.network.version:
+            return
+        for tid in self.network.finish_due(t):
+            req = self.transfers.pop(tid)
+            self._at(t + req.kv_latency_s, KV_READY, req)
+        self._schedule_net()
+
+    def _kv_ready(self, t: float, req: _Req, _v: int) -> None:
+        prefill = self.replicas[req.prefill]
+        prefill.core.release(req.rid)
+        decode = self.replicas[req.replica]
+        if not decode.alive or not decode.endpoint.healthy:
+            others = [self.cands[r.rid] for r in self.by_model[req.route.model] if r.endpoint.role == "decode"
+                      and r.alive and r.endpoint.healthy]
+            if not others:
+                self._record(req, t, "error:502 no decode replica")
+                return
+            decode = self.replicas[min(others, key=lambda c: (c.load.waiting, c.load.inflight)).endpoint.replica_id]
+            req.replica = decode.rid
+        req.phase = "decode"
+        self._assign(t, decode, req, req.trace.output_tokens, remote=True)
+
+    # the router's view refreshes on its scrape interval
+    def _scrape(self, t: float, _obj: Any, _v: int) -> None:
+        for rep in self.replicas.values():
+            rep.scrape()
+            self._refresh(rep)
+
+    # faults and the health loop
+    def _fault(self, t: float, fault: Fault, _v: int) -> None:
+        self.log.append({"t": round(t, 3), "event": fault.kind, "node": fault.node, "gpus": list(fault.gpus)})
+        if fault.kind == "node_loss":
+            for rep in [r for r in self.replicas.values() if r.placement.node == fault.node]:
+                self._lose(t, rep)
+            return
+        hit = [r for r in self.replicas.values() if r.placement.node == fault.node and len(r.placement.gpus) > 1
+               and (not fault.gpus or set(fault.gpus) <= set(r.placement.gpus))]
+        for rep in hit:
+            if fault.kind == "link_degrade":
+                rep.core.link = LinkCost(bandwidth_gb_s=rep.base_link.bandwidth_gb_s * fault.factor,
+                                         latency_us=rep.base_link.latency_us / max(fault.factor, 1e-6))
+                self._at(t + self.config.detect_s, DRAIN, (rep, fault.factor))
+            elif fault.kind == "link_restore":
+                rep.core.link = rep.base_link
+                rep.endpoint = replace(rep.endpoint, health_score=1.0, draining=False)
+                self._refresh(rep)
+            else:
+                raise ValueError(f"unknown fault kind {fault.kind!r} (link_degrade, link_restore, node_loss)")
+
+    def _drain(self, t: float, obj: tuple[SimReplica, float], _v: int) -> None:
+        rep, factor = obj
+        if rep.core.link == rep.base_link:
+            return  # restored meanwhile
+        rep.endpoint = replace(rep.endpoint, health_score=factor, draining=True)
+        self._refresh(rep)
+        self.log.append({"t": round(t, 3), "event": "drain", "replica": rep.rid})
+
+    def _lose(self, t: float, rep: SimReplica) -> None:
+        rep.alive = False
+        rep.version += 1
+        rep.endpoint = replace(rep.endpoint, healthy=False)
+        self._refresh(rep)
+        self.log.append({"t": round(t, 3), "event": "replica_lost", "replica": rep.rid,
+                         "requests": len(rep.requests)})
+        for rid in sorted(rep.requests):
+            req = self.reqs.get(rid)
+            if req is None:
+                continue
+            if req.first_s is not None:
+                self._record(req, t, "error:502 replica lost mid-stream")
+            elif req.retries < self.config.retries:
+                req.retries += 1
+                req.first_s, req.itls = None, []
+                self._route(t, req)
+            else:
+                self._record(req, t, "error:502 retries exhausted")
+        rep.requests.clear()
+
+    # results
+    def _record(self, req: _Req, t: float, outcome: str) -> None:
+        if req.phase == "done":
+            return
+        req.phase = "done"
+        self.reqs.pop(req.rid, None)
+        tr = req.trace
+        ok = outcome == OK
+        ttft = req.first_s - tr.arrival_s if ok and req.first_s is not None else None
+        out = tr.output_tokens if ok else 0
+        tpot = (t - req.first_s) / (out - 1) if ok and req.first_s is not None and out > 1 else None
+        self.results.append(RequestResult(
+            index=tr.index, slo_class=tr.slo_class, sent_s=tr.arrival_s, outcome=outcome,
+            prompt_tokens=tr.prompt_tokens, output_tokens=out, ttft_s=ttft, tpot_s=tpot,
+            itls_s=tuple(req.itls) if ok else (), e2e_s=t - tr.arrival_s if ok else None, tier=req.tier,
+            replica=req.replica, prefill_replica=req.prefill))
+
+
+def simulate(config: SimConfig, workload: Sequence[TraceRequest], until_s: float = math.inf) -> SimResult:
+    return Simulation(config, workload).run(until_s)

@@ -1,0 +1,128 @@
+"""The offline simulator: the product's policies, router decisions and batching core on a virtual
+clock. Checks what a user of `python -m loadtest compare` relies on."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from loadtest.compare import compare
+from loadtest.model import TraceRequest
+from loadtest.scenario import load_scenario
+from loadtest.sim.cluster import Fault, SimConfig, SimResult, simulate
+from loadtest.sim.network import Network
+from pools.model import DEFAULT_SLO_CLASSES, PlacementRequest, PoolSpec
+from pools.placement import get_policy
+from tests.conftest import ROOT
+from topology import read_source
+
+CLASSES = {c.name: c for c in DEFAULT_SLO_CLASSES}
+TOPOLOGY = read_source(str(ROOT / "configs/clusters/local-sim.yaml"))
+POOLS = (PoolSpec(name="prefill", role="prefill", tp=2, replicas=1, model="llama-3.1-8b"),
+         PoolSpec(name="decode", role="decode", tp=2, replicas=1, model="llama-3.1-8b"),
+         PoolSpec(name="mixed", role="mixed", tp=2, replicas=2, model="llama-3.1-8b"))
+
+
+def workload(n: int = 300, rate: float = 10.0, seed: int = 1) -> list[TraceRequest]:
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        out.append(TraceRequest(index=i, arrival_s=t, prompt_tokens=rng.choice([80, 400, 2000]),
+                                output_tokens=rng.randint(5, 200), slo_class=rng.choice(list(CLASSES))))
+    return out
+
+
+def config(policy: str = "island-aligned", pools: tuple[PoolSpec, ...] = POOLS, **kw: object) -> SimConfig:
+    plan = get_policy(policy).place(PlacementRequest(topology=TOPOLOGY, pools=pools, slo_classes=CLASSES))
+    return replace(SimConfig(topology=TOPOLOGY, plan=plan, classes=CLASSES), **kw)  # type: ignore[arg-type]
+
+
+def by_index(result: SimResult) -> dict[int, tuple[object, ...]]:
+    return {r.index: (r.outcome, r.replica, r.prefill_replica, round(r.ttft_s or 0, 9), round(r.e2e_s or 0, 9))
+            for r in result.results}
+
+
+def test_every_request_completes_with_timings_and_tiers() -> None:
+    result = simulate(config(), workload())
+    assert len(result.results) == 300 and all(r.ok for r in result.results)
+    assert all(r.ttft_s is not None and 0 < r.ttft_s <= r.e2e_s for r in result.results if r.e2e_s is not None)
+    pd = [r for r in result.results if r.prefill_replica]
+    assert pd and all(r.prompt_tokens >= 256 and r.replica.startswith("decode") for r in pd)
+    assert {r.tier for r in result.results} <= {"nvlink", "numa", "pcie", "local", "rdma", "tcp"}
+
+
+def test_fast_forward_changes_nothing_but_speed() -> None:
+    wl = workload(200, rate=20.0)
+    fast, slow = simulate(config(), wl), simulate(config(fast_forward=False), wl)
+    assert by_index(fast) == by_index(slow)
+    assert fast.events < slow.events
+
+
+def test_the_same_seed_gives_the_same_run() -> None:
+    assert by_index(simulate(config(), workload())) == by_index(simulate(config(), workload()))
+
+
+def test_a_lost_node_loses_no_request_that_had_not_streamed() -> None:
+    pools = (*POOLS[:2], replace(POOLS[2], replicas=4))  # the mixed pool spills onto a second node
+    cfg = config(pools=pools, faults=(Fault(at_s=5.0, kind="node_loss", node="h100-0"),))
+    assert {p.node for p in cfg.plan.placements} == {"h100-0", "h100-1"}
+    result = simulate(cfg, workload(300, rate=20.0))
+    assert len(result.results) == 300
+    outcomes = {r.outcome for r in result.results}
+    assert outcomes <= {"ok", "error:502 replica lost mid-stream"}
+    lost = [e for e in result.log if e["event"] == "replica_lost"]
+    assert lost and all(r.replica not in {e["replica"] for e in lost} for r in result.results
+                        if r.ok and r.sent_s > 5.0)  # nothing new goes to the lost node
+
+
+def test_a_degraded_link_drains_its_replica_for_interactive_traffic() -> None:
+    target = next(p for p in config().plan.placements if p.role == "mixed")
+    fault = Fault(at_s=3.0, kind="link_degrade", node=target.node, gpus=target.gpus[:2], factor=0.1)
+    result = simulate(config(faults=(fault,), detect_s=1.0, pd_enabled=False), workload(400, rate=20.0))
+    drained = [e for e in result.log if e["event"] == "drain"]
+    assert drained and drained[0]["replica"] == target.replica_id and drained[0]["t"] == pytest.approx(4.0)
+    late_interactive = [r for r in result.results if r.slo_class == "interactive" and r.sent_s > 4.0]
+    assert late_interactive and all(r.replica != target.replica_id for r in late_interactive)
+
+
+def test_transfers_on_one_nic_share_it() -> None:
+    net = Network()
+    net.start(0.0, 1, [(10.0, ("a:send", "b:recv"), 10.0)])
+    assert net.next_done() == pytest.approx(1.0)  # alone: 10 GB at 10 GB/s
+    net.start(0.0, 2, [(10.0, ("a:send", "c:recv"), 10.0)])
+    assert net.next_done() == pytest.approx(2.0)  # two flows share a:send
+    assert net.finish_due(2.0) == [1, 2]
+
+
+def test_compare_writes_results_report_and_plots(tmp_path: Path) -> None:
+    text = (ROOT / "configs/scenarios/pcie-pairs.yaml").read_text()
+    scenario_file = tmp_path / "small.yaml"
+    scenario_file.write_text(text.replace("../../topology/templates/h100-nvl-pairs.yaml", "h100-nvl-pairs")
+                             .replace("duration_s: 120", "duration_s: 20").replace("rates: [2, 4, 6, 8]", "rates: [6]"))
+    scenario = load_scenario(scenario_file, ["island-aligned", "ray-pack"])
+    rows = compare(scenario, tmp_path / "out", progress=False)
+    lines = [json.loads(x) for x in (tmp_path / "out/results.jsonl").read_text().splitlines()]
+    assert [r["policy"] for r in lines] == ["island-aligned", "ray-pack"] and len(rows) == 2
+    for r in lines:
+        assert {"policy", "routing", "rate_rps", "goodput_rps", "slo_attainment", "topology_fingerprint", "plan",
+                "summary"} <= set(r)
+        assert set(r["summary"]["per_tier"]) and r["summary"]["ttft_ms"]["p99"] > 0
+    report = (tmp_path / "out/report.md").read_text()
+    assert "## Verdict" in report and "island-aligned" in report and "ray-pack put" in report
+    for png in ("goodput_vs_rate.png", "latency_by_tier.png", "slo_attainment.png"):
+        assert (tmp_path / "out" / png).stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("name", ["pcie-pairs", "low-affinity-pd"])
+def test_island_aligned_gives_half_again_the_goodput_of_ray_pack(name: str) -> None:
+    scenario = load_scenario(ROOT / f"configs/scenarios/{name}.yaml", ["island-aligned", "ray-pack"])
+    top = max(scenario.config.rates)
+    from loadtest.compare import run_one, workload_for
+
+    wl = workload_for(scenario, top)
+    ours, theirs = run_one(scenario, "island-aligned", top, wl), run_one(scenario, "ray-pack", top, wl)
+    assert ours["goodput_rps"] >= 1.5 * theirs["goodput_rps"]
