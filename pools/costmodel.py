@@ -79,12 +79,34 @@ def prefill_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, tokens: 
 
 def decode_step_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, batch: int,
                    context_tokens: int, eff: Efficiency = DEFAULT) -> float:
-    b = max(batch, 1)
-    bytes_read = model.weights_gb * 1e9 / tp + model.kv_bytes_per_token() * context_tokens / tp
-    memory_s = bytes_read / (gpu.hbm_gb_s * 1e9 * eff.decode_mbu)
-    compute_s = 2 * model.active_params_b * 1e9 * b / (tp * gpu.bf16_tflops * 1e12 * eff.decode_mfu)
-    comm_ms = model.layers * 2 * allreduce_ms(b * model.hidden * BF16, tp, link, eff)
-    return max(memory_s, compute_s) * 1e3 + comm_ms + eff.step_overhead_ms
+    return DecodeStep.of(model, gpu, tp, link, batch, eff).ms(context_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStep:
+    """A decode step's cost for a fixed batch, as a function of the context it reads (the
+    simulator evaluates it for hundreds of consecutive steps)."""
+
+    weights_bytes: float
+    kv_per_token: float
+    tp: int
+    hbm_bytes_s: float
+    compute_s: float
+    fixed_ms: float
+
+    @classmethod
+    def of(cls, model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, batch: int,
+           eff: Efficiency = DEFAULT) -> DecodeStep:
+        b = max(batch, 1)
+        compute_s = 2 * model.active_params_b * 1e9 * b / (tp * gpu.bf16_tflops * 1e12 * eff.decode_mfu)
+        comm_ms = model.layers * 2 * allreduce_ms(b * model.hidden * BF16, tp, link, eff)
+        return cls(weights_bytes=model.weights_gb * 1e9 / tp, kv_per_token=model.kv_bytes_per_token(), tp=tp,
+                   hbm_bytes_s=gpu.hbm_gb_s * 1e9 * eff.decode_mbu, compute_s=compute_s,
+                   fixed_ms=comm_ms + eff.step_overhead_ms)
+
+    def ms(self, context_tokens: int) -> float:
+        memory_s = (self.weights_bytes + self.kv_per_token * context_tokens / self.tp) / self.hbm_bytes_s
+        return max(memory_s, self.compute_s) * 1e3 + self.fixed_ms
 
 
 def kv_bytes(model: ModelSpec, tokens: int) -> float:

@@ -144,6 +144,8 @@ def _fast_filter(req: RouteRequest, candidates: Sequence[Candidate]) -> list[Can
 
 
 DEFAULT_FILTERS = ("health-filter", "drain-filter", "role-filter")
+RANKED_KEEP = 16
+"""A decision names this many best candidates with their scores (retries and logs use the top)."""
 
 
 def decide(req: RouteRequest, candidates: Sequence[Candidate], profile: Profile, rng: random.Random,
@@ -159,31 +161,24 @@ def decide(req: RouteRequest, candidates: Sequence[Candidate], profile: Profile,
             cands = FILTERS[name](req, cands)
             if not cands:
                 return RouteDecision(None, (), f"{name} left no replica")
-    ranked = []
-    if len(profile.scorers) == 1:
-        [(name, weight)] = profile.scorers.items()
-        fn = SCORERS[name]
-        for c in cands:
-            score = fn(req, c)
-            ranked.append(Ranked(c.endpoint.replica_id, weight * score, {name: score}, c))
+    plugins = [(name, SCORERS[name], weight) for name, weight in profile.scorers.items()]
+    if len(plugins) == 1:
+        _, fn, weight = plugins[0]
+        keyed = [(-weight * fn(req, c), c.endpoint.replica_id, i) for i, c in enumerate(cands)]
     else:
-        plugins = [(name, SCORERS[name], weight) for name, weight in profile.scorers.items()]
-        for c in cands:
-            scores = {name: fn(req, c) for name, fn, _ in plugins}
-            total = 0.0
-            for name, _, weight in plugins:
-                total += weight * scores[name]
-            ranked.append(Ranked(c.endpoint.replica_id, total, scores, c))
-    ranked.sort(key=_rank_key)
+        keyed = [(-sum(w * f(req, c) for _, f, w in plugins), c.endpoint.replica_id, i) for i, c in enumerate(cands)]
+    keyed.sort()  # best first; ties by replica id
     if profile.picker == "round-robin-picker":
         winner = sorted(cands, key=_replica_id)[turn % len(cands)]
     elif profile.picker == "random-picker":
         winner = rng.choice(cands)
     else:
-        top = ranked[0].total - 1e-9
-        best = [r for r in ranked if r.total >= top]
-        winner = (rng.choice(best) if len(best) > 1 else best[0]).candidate
-    return RouteDecision(winner, tuple(ranked), f"{profile.picker} of {len(cands)}")
+        top = keyed[0][0] + 1e-9
+        best = [k for k in keyed if k[0] <= top]
+        winner = cands[(rng.choice(best) if len(best) > 1 else best[0])[2]]
+    ranked = tuple(Ranked(rid, -neg, {name: fn(req, cands[i]) for name, fn, _ in plugins}, cands[i])
+                   for neg, rid, i in keyed[:RANKED_KEEP])
+    return RouteDecision(winner, ranked, f"{profile.picker} of {len(cands)}")
 
 
 def _rank_key(r: Ranked) -> tuple[float, str]:

@@ -36,6 +36,8 @@ from router.decision import Candidate, PDDecision, Profile, RouteRequest, decide
 from topology import GpuRef, Topology
 
 PREFIX_BLOCKS = 4
+PLAN_STEPS = 64
+"""Decode steps planned at once: arrivals usually cut a run short, so longer plans are waste."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,7 +266,7 @@ class Simulation:
             return
         core = rep.core
         core.advance_to(t)
-        run = core.decode_plan(math.inf) if self.config.fast_forward else None
+        run = core.decode_plan(math.inf, PLAN_STEPS) if self.config.fast_forward else None
         rep.version += 1
         if run is not None:
             rep.phase, rep.run = Phase.RUN, run

@@ -324,10 +324,10 @@ class EngineCore:
         if steps <= 0:
             return None
         cfg, n = self.config, len(running)
-        now, ends = self.now, []
+        cost = costmodel.DecodeStep.of(cfg.model, cfg.gpu, cfg.tp, self.link, n, cfg.efficiency)
+        now, ends, slowdown = self.now, [], self.slowdown
         for _ in range(steps):
-            ms = costmodel.decode_step_ms(cfg.model, cfg.gpu, cfg.tp, self.link, n, context, cfg.efficiency)
-            now += ms * self.slowdown / 1000.0
+            now += cost.ms(context) * slowdown / 1000.0
             ends.append(now)
             context += n
             if now >= until_s:

@@ -27,6 +27,11 @@ def test_every_config_file_is_valid(path: Path) -> None:
         assert read_source(str(path)).gpu_count > 0
     elif rel.parts[0] == "pools":
         assert load_pools(str(path)).pools
+    elif rel.parts[0] == "scenarios":
+        from loadtest.scenario import load_scenario
+
+        scenario = load_scenario(path)
+        assert scenario.pools() and scenario.profiles() and scenario.topology.gpu_count > 0
     elif path.suffix == ".json":
         assert json.loads(path.read_text())["panels"]
     elif path.name in ("local.yaml", "prod.yaml"):
