@@ -16,6 +16,7 @@ from pools.model import Role, SLOClass
 from pools.placement.common import TIER_QUALITY
 from pools.routing import ReplicaEndpoint
 from topology import GpuRef, Topology, path
+from topology.paths import Path
 
 
 class ReplicaLoad(NamedTuple):  # built for every replica on every request: tuples are cheap
@@ -251,10 +252,28 @@ def _kv_ms(p: Candidate, d: Candidate, tokens: int, topology: Topology | None) -
     if topology is None or not pe.gpus or not de.gpus or not topology.has_node(pe.node) \
             or not topology.has_node(de.node):
         return 0.0, "local" if pe.node == de.node and pe.node else "rdma"
-    refs = [GpuRef(pe.node, g) for g in pe.gpus] + [GpuRef(de.node, g) for g in de.gpus]
-    from topology import tier
-
-    worst = path(topology, GpuRef(pe.node, pe.gpus[0]), GpuRef(de.node, de.gpus[0]))
+    worst, tier_name = _kv_path(topology, pe.node, pe.gpus, de.node, de.gpus)
     model = catalog.models().get(pe.catalog_model or "")
     ms = costmodel.kv_transfer_ms(model, tokens, worst) if model is not None else worst.latency_us / 1000
-    return ms, tier(topology, refs)
+    return ms, tier_name
+
+
+_PATHS: dict[tuple[int, str, tuple[int, ...], str, tuple[int, ...]], tuple[Topology, Path, str]] = {}
+
+
+def _kv_path(topology: Topology, pnode: str, pgpus: tuple[int, ...], dnode: str, dgpus: tuple[int, ...]
+             ) -> tuple[Path, str]:
+    """The KV path between two replicas and its tier: a function of the (immutable) topology and
+    the two GPU groups, so remembered — a PD decision weighs every prefill/decode pair."""
+    key = (id(topology), pnode, pgpus, dnode, dgpus)
+    found = _PATHS.get(key)
+    if found is not None and found[0] is topology:
+        return found[1], found[2]
+    from topology import tier
+
+    refs = [GpuRef(pnode, g) for g in pgpus] + [GpuRef(dnode, g) for g in dgpus]
+    worst = path(topology, GpuRef(pnode, pgpus[0]), GpuRef(dnode, dgpus[0]))
+    if len(_PATHS) > 65536:
+        _PATHS.clear()
+    _PATHS[key] = (topology, worst, tier(topology, refs))
+    return worst, _PATHS[key][2]
