@@ -1,0 +1,504 @@
+"""`python -m loadtest run`: replay a workload against a router on loopback and summarise it as
+`vllm bench serve` does.
+
+    python -m loadtest run --target http://127.0.0.1:8000 --workload azure-conv --duration 60 \
+        [--max-requests N] [--rate-scale X] [--class-mix interactive=0.2,standard=0.6,batch=0.2] \
+        [--api-key KEY] [--model M] [--concurrency-limit N] [--timeout S] [--classes FILE] \
+        [--out results.jsonl] [--format text|json] [--progress]
+
+Open loop: each request goes at its arrival time (with --concurrency-limit it waits for a slot;
+latency counts from the send) as a streaming chat completion with `include_usage`, `max_tokens` =
+its output tokens, `ignore_eos` (vLLM's) so lengths match the trace, `x-slo-class` = its class, and
+a prompt of about its prompt tokens that shares leading text as its prefix blocks do. Nothing is
+sent after --duration; a request running --timeout seconds is cancelled (`timeout`). Outcomes:
+`ok`, `shed` (429), `timeout`, `error:<status>|<cause>`. Only loopback targets (127.0.0.0/8, ::1,
+localhost): this tool makes load on this machine and nowhere else.
+
+The client: HTTP/1.1 on asyncio streams, a keep-alive pool, chunked bodies decoded from whole
+socket reads and SSE lines parsed with orjson, each token timed when its bytes are read; cheap
+enough for hundreds of streams a second on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import itertools
+import os
+import secrets
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+import yaml
+from pydantic import ValidationError
+
+from loadtest.model import OK, RequestResult, TraceRequest
+from loadtest.summary import format_summary, summarize
+from loadtest.workload import Workload, load_workload
+from loadtest.workloads import WorkloadError
+from loadtest.workloads.prompts import prompt_text
+from pools.config import SLOClassConfig
+from pools.model import DEFAULT_SLO_CLASSES, SLOClass
+from topology.readers.spec import format_validation
+
+DEFAULT_KEY = "isle-dev-key"
+CHAT_PATH = "/v1/chat/completions"
+READ_BYTES = 1 << 16
+
+
+class UsageError(Exception):
+    """A command line we refuse (exit 2): a non-loopback target, a bad workload or classes file."""
+
+
+def loopback_target(url: str) -> tuple[str, int]:
+    """(host, port) of an http://HOST:PORT[/v1] URL whose host is a loopback address."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme != "http":
+        raise UsageError(f"target {url!r}: only http:// targets are supported")
+    host = parts.hostname or ""
+    try:
+        addr = ipaddress.ip_address(host)
+        mapped = addr.ipv4_mapped if isinstance(addr, ipaddress.IPv6Address) else None
+        loopback = addr.is_loopback or bool(mapped and mapped.is_loopback)
+    except ValueError:
+        loopback = host.lower() == "localhost"
+    if not loopback:
+        raise UsageError(f"refusing target {url!r}: host {host or '(none)'} is not a loopback address "
+                         "(127.0.0.0/8, ::1 or localhost); load tests only run against this machine")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        raise UsageError(f"target {url!r}: bad port") from None
+    return host, port
+
+
+# HTTP/1.1 on asyncio streams
+@dataclasses.dataclass(slots=True)
+class _Conn:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+
+class _Dechunker:
+    """Chunked transfer coding, decoded from reads of any size."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.left = -1  # bytes of chunk data still to come, -1: a size line is next, -2: trailers
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        self.buf += data
+        out = bytearray()
+        while not self.done:
+            if self.left > 0:
+                take = min(self.left, len(self.buf))
+                out += self.buf[:take]
+                del self.buf[:take]
+                self.left -= take
+                if self.left:
+                    break
+                self.left = 0
+            end = self.buf.find(b"\r\n")
+            if end < 0:
+                break
+            line = bytes(self.buf[:end])
+            del self.buf[: end + 2]
+            if self.left == 0:  # the CRLF after a chunk's data
+                self.left = -1
+            elif self.left == -2:  # trailers until an empty line
+                self.done = not line
+            else:
+                size = int(line.split(b";")[0].strip() or b"x", 16)
+                self.left = size if size else -2
+        return bytes(out)
+
+
+class Target:
+    """A keep-alive connection pool to one host:port."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.idle: list[_Conn] = []
+
+    async def request(self, raw: bytes) -> tuple[_Conn, int, dict[str, str]]:
+        """Send one request; (connection, status, lower-cased headers). A pooled connection the
+        server closed meanwhile is replaced once."""
+        for attempt in range(2):
+            reused = attempt == 0 and bool(self.idle)
+            conn = self.idle.pop() if reused else _Conn(*await asyncio.open_connection(self.host, self.port))
+            try:
+                conn.writer.write(raw)
+                status_line = await conn.reader.readline()
+                if not status_line:
+                    raise ConnectionResetError("closed before the status line")
+                headers: dict[str, str] = {}
+                while (line := await conn.reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = line.decode("latin-1").partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                return conn, int(status_line.split()[1]), headers
+            except (OSError, asyncio.IncompleteReadError):
+                conn.close()
+                if not reused:
+                    raise
+            except BaseException:
+                conn.close()
+                raise
+        raise ConnectionResetError("closed twice")
+
+    async def body(self, conn: _Conn, headers: dict[str, str], sink: Callable[[bytes, float], None]) -> None:
+        """Read the body, handing each decoded piece to `sink` with the time it was read; the
+        connection goes back to the pool when the server keeps it."""
+        keep = headers.get("connection", "").lower() != "close"
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            chunks = _Dechunker()
+            while not chunks.done:
+                data = await conn.reader.read(READ_BYTES)
+                if not data:
+                    raise ConnectionResetError("closed mid-body")
+                if piece := chunks.feed(data):
+                    sink(piece, time.perf_counter())
+            keep = keep and not chunks.buf
+        elif "content-length" in headers:
+            sink(await conn.reader.readexactly(int(headers["content-length"])), time.perf_counter())
+        else:
+            while data := await conn.reader.read(READ_BYTES):
+                sink(data, time.perf_counter())
+            keep = False
+        if keep:
+            self.idle.append(conn)
+        else:
+            conn.close()
+
+    async def get_json(self, path: str, key: str) -> tuple[int, Any]:
+        raw = (f"GET {path} HTTP/1.1\r\nhost: {self.authority}\r\nauthorization: Bearer {key}\r\n"
+               "content-length: 0\r\n\r\n").encode()
+        conn, status, headers = await self.request(raw)
+        parts: list[bytes] = []
+        await self.body(conn, headers, lambda b, _: parts.append(b))
+        try:
+            return status, orjson.loads(b"".join(parts))
+        except orjson.JSONDecodeError:
+            return status, None
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.close()
+        self.idle.clear()
+
+
+@dataclasses.dataclass(slots=True)
+class _Stream:
+    """One response's SSE events as they are read: token times, usage, errors."""
+
+    token_times: list[float] = dataclasses.field(default_factory=list)
+    usage: dict[str, Any] = dataclasses.field(default_factory=dict)
+    pending: bytes = b""
+    done: bool = False
+    error: str = ""
+
+    def feed(self, data: bytes, now: float) -> None:
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip(), now)
+
+    def _event(self, payload: bytes, now: float) -> None:
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            self.error = self.error or f"unparseable event {payload[:80]!r}"
+            return
+        if not isinstance(event, dict):
+            return
+        if "error" in event:
+            err = event["error"]
+            self.error = str(err.get("message", err) if isinstance(err, dict) else err)[:200]
+        choices = event.get("choices")
+        if choices and isinstance(choices[0], dict):
+            delta = choices[0].get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else choices[0].get("text")
+            if text:
+                self.token_times.append(now)
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+
+
+def _outcome(status: int, stream: _Stream) -> str:
+    if status == 200:
+        if stream.error:
+            return "error:stream"
+        return OK if stream.done else "error:incomplete"
+    return "shed" if status == 429 else f"error:{status}"
+
+
+def _result(req: TraceRequest, start: float, sent: float, end: float, status: int, headers: dict[str, str],
+            stream: _Stream, outcome: str, error: str) -> RequestResult:
+    times = stream.token_times
+    tokens = int(stream.usage.get("completion_tokens") or len(times))
+    ttft = times[0] - sent if times else None
+    e2e = end - sent if outcome == OK else None
+    tpot = (e2e - ttft) / (tokens - 1) if e2e is not None and ttft is not None and tokens > 1 else None
+    return RequestResult(
+        index=req.index, slo_class=req.slo_class, sent_s=sent - start, outcome=outcome,
+        prompt_tokens=int(stream.usage.get("prompt_tokens") or req.prompt_tokens), output_tokens=tokens,
+        ttft_s=ttft, tpot_s=tpot, itls_s=tuple(b - a for a, b in itertools.pairwise(times)), e2e_s=e2e,
+        tier=headers.get("x-isle-tier", ""), replica=headers.get("x-isle-replica", ""),
+        prefill_replica=headers.get("x-isle-prefill-replica", ""), status=status, error=error)
+
+
+# the run
+class Driver:
+    """Sends a workload open-loop and collects one `RequestResult` per request sent."""
+
+    def __init__(self, target: Target, workload: Workload, model: str, api_key: str, *, timeout_s: float,
+                 duration_s: float | None = None, concurrency_limit: int | None = None) -> None:
+        self.target, self.workload, self.model = target, workload, model
+        self.timeout_s, self.duration_s = timeout_s, duration_s
+        self.slots = asyncio.Semaphore(concurrency_limit) if concurrency_limit else None
+        self.head = (f"POST {CHAT_PATH} HTTP/1.1\r\nhost: {target.authority}\r\ncontent-type: application/json\r\n"
+                     f"accept: text/event-stream\r\nauthorization: Bearer {api_key}\r\n").encode()
+        self.tag = secrets.token_hex(4)  # this run's prompt text is its own: no cache left by an earlier run
+        self.sent = 0
+        self.tally: Counter[str] = Counter()  # ok, shed, timeout, error
+        self.stopping = asyncio.Event()
+        self.max_lag_s = 0.0
+        self.start = 0.0
+
+    def body(self, req: TraceRequest) -> bytes:
+        return orjson.dumps({
+            "model": self.model, "messages": [{"role": "user", "content": prompt_text(req, self.tag)}],
+            "max_tokens": req.output_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}})
+
+    async def run(self) -> tuple[list[RequestResult], float]:
+        """Results in workload order, and the seconds from the first send to the last answer."""
+        self.start = time.perf_counter()
+        tasks: list[asyncio.Task[RequestResult]] = []
+        for req in self.workload:
+            wait = self.start + req.arrival_s - time.perf_counter()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), wait)
+            if self.slots is not None:
+                await self.slots.acquire()
+            now = time.perf_counter() - self.start
+            if self.stopping.is_set() or (self.duration_s is not None and now >= self.duration_s):
+                break
+            self.max_lag_s = max(self.max_lag_s, now - req.arrival_s)
+            tasks.append(asyncio.create_task(self.one(req)))
+        results = list(await asyncio.gather(*tasks))
+        return results, time.perf_counter() - self.start
+
+    async def one(self, req: TraceRequest) -> RequestResult:
+        body = self.body(req)
+        raw = self.head + f"x-slo-class: {req.slo_class}\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
+        stream, status, error = _Stream(), 0, ""
+        headers: dict[str, str] = {}
+        self.sent += 1
+        sent = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                conn, status, headers = await self.target.request(raw)
+                try:
+                    if status == 200:
+                        await self.target.body(conn, headers, stream.feed)
+                    else:
+                        parts: list[bytes] = []
+                        await self.target.body(conn, headers, lambda b, _: parts.append(b))
+                        error = b"".join(parts)[:300].decode("utf-8", "replace")
+                except BaseException:
+                    conn.close()
+                    raise
+            outcome = _outcome(status, stream)
+            error = error or stream.error
+        except TimeoutError:
+            outcome, error = "timeout", f"no end within {self.timeout_s:g} s"
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as err:
+            outcome, error = f"error:{type(err).__name__}", str(err)[:200]
+        finally:
+            if self.slots is not None:
+                self.slots.release()
+        self.tally[outcome if outcome in (OK, "shed", "timeout") else "error"] += 1
+        return _result(req, self.start, sent, time.perf_counter(), status, headers, stream, outcome, error)
+
+    def progress_line(self, width: int = 24) -> str:
+        done, t = self.tally.total(), self.tally
+        filled = round(width * done / max(1, len(self.workload)))
+        return (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{len(self.workload)} done, {self.sent - done} in "
+                f"flight, ok {t['ok']}, shed {t['shed']}, timeout {t['timeout']}, error {t['error']}, "
+                f"{time.perf_counter() - self.start:.0f} s")
+
+
+async def report_progress(driver: Driver, tty: bool) -> None:
+    """A line on stderr: redrawn every second on a terminal, every 5 s into a file."""
+    every = 1.0 if tty else 5.0
+    try:
+        while True:
+            await asyncio.sleep(every)
+            print(("\r" if tty else "") + driver.progress_line(), end="" if tty else "\n", file=sys.stderr,
+                  flush=True)
+    except asyncio.CancelledError:
+        print(("\r" if tty else "") + driver.progress_line(), file=sys.stderr, flush=True)
+        raise
+
+
+# the command
+def load_classes(path: str | None) -> dict[str, SLOClass]:
+    """SLO classes for goodput: a YAML list of classes, or a file with `slo_classes:` (a pools
+    file, a router config, or a Serve config's application args); else the defaults."""
+    if path is None:
+        return {c.name: c for c in DEFAULT_SLO_CLASSES}
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise UsageError(f"{path}: cannot read SLO classes ({err})") from None
+    if isinstance(raw, dict) and "slo_classes" not in raw:
+        raw = next((a.get("args", {}) for a in raw.get("applications", []) if isinstance(a, dict)), raw)
+    found = raw.get("slo_classes") if isinstance(raw, dict) else raw
+    if not isinstance(found, list) or not found:
+        raise UsageError(f"{path}: no SLO classes (a YAML list of {{name, priority, ttft_ms, tpot_ms}} or a "
+                         "file with slo_classes:)")
+    try:
+        return {c.name: c for c in (SLOClassConfig.model_validate(x).to_slo() for x in found)}
+    except ValidationError as err:
+        raise UsageError(f"{path}: invalid SLO class: {format_validation(err)}") from None
+
+
+def parse_mix(text: str | None) -> dict[str, float] | None:
+    if text is None:
+        return None
+    mix: dict[str, float] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, _, weight = item.partition("=")
+        try:
+            mix[name.strip()] = float(weight)
+        except ValueError:
+            raise UsageError(f"--class-mix {text!r}: give CLASS=WEIGHT[,CLASS=WEIGHT...]") from None
+    return mix
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadtest run", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="router URL on loopback, e.g. http://127.0.0.1:8000")
+    p.add_argument("--workload", required=True, help="azure-conv, azure-code, mooncake-conversation, "
+                   "mooncake-synthetic, sharegpt-example, a trace file, or synthetic:poisson,rate=R,prompt=N,output=N")
+    p.add_argument("--duration", type=float, help="send nothing after this many seconds (also cuts the workload)")
+    p.add_argument("--max-requests", type=int, help="send at most this many requests")
+    p.add_argument("--rate-scale", type=float, help="k times the workload's arrival rate over the same span")
+    p.add_argument("--class-mix", help="SLO classes by weight, e.g. interactive=0.2,standard=0.6,batch=0.2")
+    p.add_argument("--seed", type=int, help="workload seed (synthetic arrivals and lengths, class mix)")
+    p.add_argument("--api-key", default=os.environ.get("ISLE_API_KEY", DEFAULT_KEY),
+                   help="bearer key (default: $ISLE_API_KEY, else the development key)")
+    p.add_argument("--model", help="model to request (default: the first the router lists)")
+    p.add_argument("--concurrency-limit", type=int, help="at most this many requests in flight")
+    p.add_argument("--timeout", type=float, default=120.0, help="cancel a request after this many seconds")
+    p.add_argument("--classes", help="YAML with the SLO classes goodput is judged by (default: the built-in three)")
+    p.add_argument("--out", help="write every request's result here as JSON lines")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a terminal")
+    return p
+
+
+async def pick_model(target: Target, key: str) -> str:
+    status, body = await target.get_json("/v1/models", key)
+    models = body.get("data") if isinstance(body, dict) else None
+    if status != 200 or not models:
+        detail = body.get("error", {}).get("message", "") if isinstance(body, dict) else ""
+        raise ConnectionError(f"GET /v1/models answered {status} {detail}".strip())
+    return str(models[0]["id"])
+
+
+async def drive(args: argparse.Namespace, target: Target, workload: Workload) -> tuple[Driver, list[RequestResult],
+                                                                                      float]:
+    model = args.model or await pick_model(target, args.api_key)
+    driver = Driver(target, workload, model, args.api_key, timeout_s=args.timeout, duration_s=args.duration,
+                    concurrency_limit=args.concurrency_limit)
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(2, driver.stopping.set)  # Ctrl-C: stop sending, let the in-flight finish
+    tty = sys.stderr.isatty()
+    progress = asyncio.create_task(report_progress(driver, tty)) if tty or args.progress else None
+    try:
+        results, elapsed = await driver.run()
+    finally:
+        if progress is not None:
+            progress.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await progress
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(2)
+        target.close()
+    return driver, results, elapsed
+
+
+def report(args: argparse.Namespace, driver: Driver, results: list[RequestResult], elapsed_s: float,
+           classes: dict[str, SLOClass]) -> None:
+    summary = summarize(results, classes, elapsed_s)
+    if args.out:
+        with open(args.out, "wb") as f:
+            for r in results:
+                f.write(orjson.dumps(dataclasses.asdict(r)) + b"\n")
+    unsent = len(driver.workload) - len(results)
+    extra = {"target": args.target, "model": driver.model, "workload": driver.workload.record(),
+             "max_send_lag_ms": round(driver.max_lag_s * 1000, 3), "unsent": unsent}
+    if args.format == "json":
+        print(orjson.dumps({**summary, **extra}, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode())
+        return
+    print(f"target {args.target}, model {driver.model}\n{driver.workload.describe()}")
+    if unsent:
+        print(f"not sent: {unsent} requests (stopped at --duration or by Ctrl-C)")
+    if driver.max_lag_s > 0.1:
+        print(f"warning: the client fell up to {driver.max_lag_s * 1000:.0f} ms behind the arrival times")
+    print(format_summary(summary))
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        host, port = loopback_target(args.target)
+        classes = load_classes(args.classes)
+        overrides = {"duration_s": args.duration, "max_requests": args.max_requests, "rate_scale": args.rate_scale,
+                     "seed": args.seed, "class_mix": parse_mix(args.class_mix)}
+        workload = load_workload(args.workload, overrides)
+    except (UsageError, WorkloadError) as err:
+        print(f"loadtest run: {err}", file=sys.stderr)
+        return 2
+    unknown = sorted({r.slo_class for r in workload} - set(classes))
+    if unknown:
+        print(f"loadtest run: no SLO for class {', '.join(unknown)}: completed requests count as meeting it",
+              file=sys.stderr)
+    try:
+        driver, results, elapsed = _run(drive(args, Target(host, port), workload))
+    except (OSError, ConnectionError) as err:
+        print(f"loadtest run: cannot use {args.target}: {err}", file=sys.stderr)
+        return 1
+    report(args, driver, results, elapsed, classes)
+    return 0 if any(r.ok for r in results) else 1
+
+
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
