@@ -272,8 +272,10 @@ class Router:
         return flight
 
     def _pd_choice(self, call: _Call, snapshot: list[Candidate]) -> PDDecision | None:
-        if not self.config.pd.enabled or call.route.prompt_tokens < self.config.pd.min_prompt_tokens:
+        if not self.config.pd.enabled:
             return None
+        if call.route.prompt_tokens < self.config.pd.min_prompt_tokens and call.route.model in self.replicas.mixed:
+            return None  # short prompts go whole to a mixed replica (a PD-only deployment splits them all)
         live = [c for c in snapshot if c.endpoint.model == call.route.model and c.endpoint.healthy
                 and not c.load.breaker_open and (call.slo.sheddable or not c.endpoint.draining)]
         prefills = [c for c in live if c.endpoint.role == "prefill"]

@@ -56,6 +56,8 @@ class Replicas:
     def __init__(self, table: RoutingTable, breaker_failures: int, breaker_open_s: float) -> None:
         self.table = table
         self.served = frozenset(table.models())
+        self.mixed = _mixed(table)
+        self.mixed = _mixed(table)
         self.states = {r.replica_id: ReplicaState(r) for r in table.replicas}
         self.breaker_failures, self.breaker_open_s = breaker_failures, breaker_open_s
 
@@ -68,6 +70,7 @@ class Replicas:
                                       else ReplicaState(r)) for r in table.replicas}
         self.table = table
         self.served = frozenset(table.models())
+        self.mixed = _mixed(table)
 
     def snapshot(self) -> list[Candidate]:
         now = time.monotonic()
@@ -113,3 +116,8 @@ class Replicas:
             s.running = values.get("running", s.running)
             s.waiting = values.get("waiting", s.waiting)
             s.kv_usage = values.get("kv_usage", s.kv_usage)
+
+
+def _mixed(table: RoutingTable) -> frozenset[str]:
+    """Models that have mixed replicas (short prompts are served whole there)."""
+    return frozenset(r.model for r in table.replicas if r.role == "mixed")

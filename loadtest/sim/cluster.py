@@ -217,10 +217,10 @@ class Simulation:
     def _pd_choice(self, req: _Req, snapshot: list[Candidate]) -> PDDecision | None:
         if not self.config.pd_enabled:
             return None
-        live = [c for c in snapshot if c.endpoint.healthy and (req.cls.sheddable or not c.endpoint.draining)]
-        mixed = any(c.endpoint.role == "mixed" for c in live)
+        mixed = any(c.endpoint.role == "mixed" for c in snapshot)  # as the router: by the table, not health
         if mixed and req.route.prompt_tokens < self.config.pd_min_prompt_tokens:
             return None
+        live = [c for c in snapshot if c.endpoint.healthy and (req.cls.sheddable or not c.endpoint.draining)]
         prefills = [c for c in live if c.endpoint.role == "prefill"]
         decodes = [c for c in live if c.endpoint.role == "decode"]
         if not prefills or not decodes:

@@ -125,3 +125,42 @@ def test_a_stream_that_goes_quiet_ends_with_an_error_event() -> None:
             await _stop(router, servers)
 
     asyncio.run(main())
+
+
+async def prefill(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A prefill replica: answers max_tokens=1 with kv_transfer_params for the decode side."""
+    body = b'{"id":"p","choices":[{"index":0,"text":"x"}],"kv_transfer_params":{"remote_engine_id":"p",' \
+           b'"remote_request_id":"r1","remote_block_ids":[0],"do_remote_prefill":true}}'
+    while True:
+        try:
+            await _read_request(reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            break
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                     % (len(body), body))
+        await writer.drain()
+    writer.close()
+
+
+def test_a_pd_only_deployment_splits_short_prompts_too() -> None:
+    async def main() -> None:
+        STOP[:] = [asyncio.Event()]
+        servers = {name: await asyncio.start_server(fn, "127.0.0.1", 0) for name, fn in
+                   (("p1", prefill), ("d1", good))}
+        config = RouterConfig.model_validate({
+            "port": 0, "keys": [{"tenant": "t", "key_sha256": sha256(DEV_KEY)}],
+            "admin_keys": [{"tenant": "ops", "key_sha256": sha256("admin")}],
+            "pd": {"enabled": True, "min_prompt_tokens": 1000},
+            "replicas": [{"replica_id": name, "url": f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}",
+                          "model": "m", "role": "prefill" if name == "p1" else "decode"}
+                         for name, s in servers.items()]})
+        router = Router(config, table_from_config(config))
+        await router.start()
+        try:
+            data, _ = await _post(router.port, {"model": "m", "prompt": "short", "max_tokens": 3})
+            assert data.startswith(b"HTTP/1.1 200"), data  # no mixed pool: a short prompt is disaggregated too
+            assert b"x-isle-prefill-replica: p1" in data and b"x-isle-replica: d1" in data
+        finally:
+            await _stop(router, list(servers.values()))
+
+    asyncio.run(main())
