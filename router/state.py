@@ -46,6 +46,8 @@ class ReplicaState:
     latency_ms: float = 0.0
     failures: int = 0
     open_until: float = 0.0
+    cached: Candidate | None = None
+    """This replica in the last snapshot; None once anything above changed."""
 
     def candidate(self, now: float) -> Candidate:
         return Candidate(self.endpoint, ReplicaLoad(self.running, self.waiting, self.kv_usage, self.inflight,
@@ -57,7 +59,6 @@ class Replicas:
         self.table = table
         self.served = frozenset(table.models())
         self.mixed = _mixed(table)
-        self.mixed = _mixed(table)
         self.states = {r.replica_id: ReplicaState(r) for r in table.replicas}
         self.breaker_failures, self.breaker_open_s = breaker_failures, breaker_open_s
 
@@ -66,30 +67,41 @@ class Replicas:
         if table.version <= self.table.version:
             return
         old = self.states
-        self.states = {r.replica_id: (replace(old[r.replica_id], endpoint=r) if r.replica_id in old
+        self.states = {r.replica_id: (replace(old[r.replica_id], endpoint=r, cached=None) if r.replica_id in old
                                       else ReplicaState(r)) for r in table.replicas}
         self.table = table
         self.served = frozenset(table.models())
         self.mixed = _mixed(table)
 
     def snapshot(self) -> list[Candidate]:
+        """Every replica as a routing candidate. A replica's candidate is rebuilt only when its
+        state changed (a request opened or closed, a scrape, a failure) or its breaker expired:
+        the cost per request does not grow with the number of replicas."""
         now = time.monotonic()
-        return [Candidate(s.endpoint, ReplicaLoad(s.running, s.waiting, s.kv_usage, s.inflight, s.latency_ms,
-                                                  now < s.open_until)) for s in self.states.values()]
+        out = []
+        for s in self.states.values():
+            c = s.cached
+            if c is None or (c.load.breaker_open and now >= s.open_until):
+                c = s.cached = s.candidate(now)
+            out.append(c)
+        return out
 
     def opened(self, replica_id: str) -> None:
         s = self.states.get(replica_id)
         if s is not None:
             s.inflight += 1
+            s.cached = None
 
     def closed(self, replica_id: str) -> None:
         s = self.states.get(replica_id)
         if s is not None and s.inflight > 0:
             s.inflight -= 1
+            s.cached = None
 
     def ok(self, replica_id: str, latency_ms: float) -> None:
         s = self.states.get(replica_id)
         if s is not None:
+            s.cached = None
             s.failures = 0
             s.latency_ms = latency_ms if s.latency_ms == 0 else 0.8 * s.latency_ms + 0.2 * latency_ms
 
@@ -98,6 +110,7 @@ class Replicas:
         if s is None:
             return
         s.failures += 1
+        s.cached = None
         if s.failures >= self.breaker_failures:
             s.open_until = time.monotonic() + self.breaker_open_s
 
@@ -116,6 +129,7 @@ class Replicas:
             s.running = values.get("running", s.running)
             s.waiting = values.get("waiting", s.waiting)
             s.kv_usage = values.get("kv_usage", s.kv_usage)
+            s.cached = None
 
 
 def _mixed(table: RoutingTable) -> frozenset[str]:
