@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 
 from pools.wire.http import Request, Responder, serve
 
@@ -13,6 +14,8 @@ BODY = json.dumps({"id": "cmpl-fake", "object": "chat.completion", "created": 0,
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok " * 16},
                                 "finish_reason": "length"}],
                    "usage": {"prompt_tokens": 8, "completion_tokens": 16, "total_tokens": 24}}).encode()
+STAMPED = (b'data: {"id":"cmpl-fake","object":"chat.completion.chunk","created":0,"model":"fake",'
+           b'"choices":[{"index":0,"delta":{"content":"%d"},"finish_reason":null}]}\n\n')
 CHUNK = (b'data: {"id":"cmpl-fake","object":"chat.completion.chunk","created":0,"model":"fake",'
          b'"choices":[{"index":0,"delta":{"content":" ok"},"finish_reason":null}]}\n\n')
 
@@ -30,10 +33,16 @@ def handler(itl_s: float) -> object:
             response.send(200, BODY)
             return
         response.start_stream()
+        stamped = float(body.get("itl_ms") or 0) / 1000
+        gap = stamped or itl_s
         for _ in range(int(body.get("max_tokens", 16))):
-            if itl_s:
-                await asyncio.sleep(itl_s)
-            await response.write(CHUNK)
+            if gap:  # every stream wakes on the same grid: synchronised streams
+                now = time.monotonic()
+                await asyncio.sleep(gap - now % gap)
+            if stamped:  # the chunk carries its send time (µs, CLOCK_MONOTONIC): delivery is measurable
+                await response.write(STAMPED % (time.monotonic_ns() // 1000))
+            else:
+                await response.write(CHUNK)
         await response.write(b"data: [DONE]\n\n")
         response.end()
 

@@ -141,6 +141,38 @@ async def streams(port: int, concurrency: int, rounds: int) -> list[float]:
     return out
 
 
+async def _delivery(port: int, chunks: int, itl_ms: float, out: list[float]) -> None:
+    body = ('{"model":"fake","messages":[{"role":"user","content":"Hello"}],"max_tokens":'
+            f'{chunks},"stream":true,"itl_ms":{itl_ms:g}}}').encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"authorization: " + AUTH.encode() + b"\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        while True:
+            size = int((await reader.readline()).strip(), 16)
+            if size == 0:
+                break
+            data = await reader.readexactly(size + 2)
+            now_us = time.monotonic_ns() // 1000
+            for stamp in STAMP.findall(data):
+                out.append((now_us - int(stamp)) / 1e6)
+    finally:
+        writer.close()
+
+
+STAMP = re.compile(rb'"content":"(\d+)"')
+
+
+async def chunk_delivery(port: int, concurrency: int, chunks: int, itl_ms: float) -> list[float]:
+    """Per-chunk delivery times (s: receipt minus the backend's send stamp) of `concurrency`
+    streams whose chunks the backend emits on the same `itl_ms` grid (synchronised streams)."""
+    out: list[float] = []
+    await asyncio.gather(*(_delivery(port, chunks, itl_ms, out) for _ in range(concurrency)))
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

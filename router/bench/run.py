@@ -4,8 +4,10 @@ by side on loopback in front of the same two fast fake backends, medians of `--r
 Per proxy: requests/s and proxy CPU-seconds per 1,000 requests at saturation (wrk, 64
 connections), added latency p50/p99 at a fixed 200 req/s (open loop, against the backend
 directly), and the same for streaming (64-chunk streams: saturation and time to first chunk p99
-of 32 simultaneous streams). Installs missing peers itself: nginx from Debian's packages, the
-Rust router into `.bench/vllm-router` (a side environment).
+of 32 simultaneous streams), and the added per-chunk delivery p99 of 64 synchronised streams (the
+backend stamps each chunk with its send time and emits every stream's chunks on one 10 ms
+grid). Installs missing peers itself: nginx from Debian's packages, the Rust router into
+`.bench/vllm-router` (a side environment).
 """
 
 from __future__ import annotations
@@ -125,11 +127,14 @@ def _measure(proc: subprocess.Popen[str], port: int, direct: int, seconds: float
     scpu = load.tree_cpu_s(proc.pid) - cpu0
     ttfc = asyncio.run(load.streams(port, 32, 5))
     ttfc_base = asyncio.run(load.streams(direct, 32, 5))
+    chunk = asyncio.run(load.chunk_delivery(port, 64, 64, 10.0))
+    chunk_base = asyncio.run(load.chunk_delivery(direct, 64, 64, 10.0))
     return {"rps": rps, "cpu_s_per_1k": cpu / (rps * seconds / 1000),
             "p50_added_ms": (load.pct(mine, 0.5) - load.pct(base, 0.5)) * 1000,
             "p99_added_ms": (load.pct(mine, 0.99) - load.pct(base, 0.99)) * 1000,
             "s_rps": srps, "s_cpu_s_per_1k": scpu / (srps * seconds / 1000),
-            "ttfc_p99_added_ms": (load.pct(ttfc, 0.99) - load.pct(ttfc_base, 0.99)) * 1000}
+            "ttfc_p99_added_ms": (load.pct(ttfc, 0.99) - load.pct(ttfc_base, 0.99)) * 1000,
+            "chunk_p99_added_ms": (load.pct(chunk, 0.99) - load.pct(chunk_base, 0.99)) * 1000}
 
 
 def run(reps: int = 3, seconds: float = 5.0) -> dict[str, Any]:
@@ -171,7 +176,8 @@ def _summary(runs: list[dict[str, float]]) -> dict[str, Any]:
     return {"rps": med("rps"), "cpu_s_per_1k": med("cpu_s_per_1k"), "p50_added_ms": med("p50_added_ms"),
             "p99_added_ms": med("p99_added_ms"),
             "streaming": {"rps": med("s_rps"), "cpu_s_per_1k": med("s_cpu_s_per_1k"),
-                          "ttfc_p99_added_ms": med("ttfc_p99_added_ms")}}
+                          "ttfc_p99_added_ms": med("ttfc_p99_added_ms"),
+                          "chunk_p99_added_ms": med("chunk_p99_added_ms")}}
 
 
 def main(fmt: str, reps: int, seconds: float) -> int:
@@ -180,10 +186,10 @@ def main(fmt: str, reps: int, seconds: float) -> int:
         print(json.dumps(figures))
         return 0
     print(f"{'proxy':<12} {'req/s':>9} {'CPU ms/1k':>10} {'+p50 ms':>8} {'+p99 ms':>8} {'stream/s':>9} "
-          f"{'CPU ms/1k':>10} {'+TTFC p99':>10}")
+          f"{'CPU ms/1k':>10} {'+TTFC p99':>10} {'+chunk p99':>11}")
     for name, f in figures.items():
         s = f["streaming"]
         print(f"{name:<12} {f['rps']:>9.0f} {f['cpu_s_per_1k'] * 1000:>10.1f} {f['p50_added_ms']:>8.3f} "
               f"{f['p99_added_ms']:>8.3f} {s['rps']:>9.0f} {s['cpu_s_per_1k'] * 1000:>10.1f} "
-              f"{s['ttfc_p99_added_ms']:>10.3f}")
+              f"{s['ttfc_p99_added_ms']:>10.3f} {s['chunk_p99_added_ms']:>11.3f}")
     return 0
