@@ -99,7 +99,9 @@ def write_report(scenario: Scenario, rows: Sequence[Mapping[str, Any]], path: Pa
                    f"{_f(s['tpot_ms']['median'])} / {_f(s['tpot_ms']['p99'])} | {s['completed']}/{s['requests']} |")
     out += ["", "## Latency by topology tier", "",
             "The tier is the worst link a request's work crossed: a replica's tensor-parallel group, or for a "
-            "prefill/decode pair the KV path.", "",
+            "prefill/decode pair the KV path. From best to worst: `local` (one GPU, or a KV cache that stays "
+            "on its GPUs), `nvlink`, `pcie` (PCIe inside one CPU socket), `numa` (across CPU sockets), then "
+            "the network: `rdma`, `tcp`, `rack` (between racks).", "",
             "| rate | policy | tier | requests | TTFT p50 / p99 ms | TPOT p50 / p99 ms |",
             "|---|---|---|---:|---:|---:|"]
     for r in rows:
