@@ -11,6 +11,8 @@ COMMANDS = {
     "run": ("loadtest.live", "send a workload to a router on loopback and summarise it"),
     "sim": ("loadtest.simcli", "simulate one scenario and policy offline"),
     "compare": ("loadtest.compare", "compare placement policies on a scenario (--mode sim|live)"),
+    "calibrate": ("loadtest.calibrate", "one small scenario live and simulated: how far apart (mean TTFT, TPOT)"),
+    "size": ("loadtest.refine", "pool sizing's candidates, checked in the simulator (--refine)"),
     "simbench": ("loadtest.simbench", "how fast the simulator runs (an hour of Azure traffic, 64 nodes)"),
 }
 

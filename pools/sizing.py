@@ -114,6 +114,14 @@ def decode_option(model: ModelSpec, gpu: GpuSpec, tp: int, link: costmodel.LinkC
 def size(topology: Topology, model_name: str, workload: str, slos: list[SLOClass],
          gpu_name: str | None = None, prefill_tp: int | None = None, decode_tp: int | None = None) -> SizingProposal:
     """`prefill_tp` / `decode_tp` fix a phase's TP size (a pools file says it); else it is searched."""
+    return candidates(topology, model_name, workload, slos, gpu_name, prefill_tp, decode_tp, every=False)[0]
+
+
+def candidates(topology: Topology, model_name: str, workload: str, slos: list[SLOClass],
+               gpu_name: str | None = None, prefill_tp: int | None = None, decode_tp: int | None = None,
+               every: bool = True) -> list[SizingProposal]:
+    """Every TP combination's best split, best goodput per GPU first (the simulator can check
+    them: `python -m loadtest size --refine`)."""
     model = catalog.model(model_name)
     gpu_name = gpu_name or next((g.model for n in topology.nodes for g in n.gpus if g.model), None)
     if gpu_name is None:
@@ -137,15 +145,11 @@ def size(topology: Topology, model_name: str, workload: str, slos: list[SLOClass
     if not prefills or not decodes:
         raise ValueError(f"no TP size of {model_name} on {gpu_name} meets TTFT {ttft:g} ms and TPOT {tpot:g} ms "
                          f"for {prompt}:{output} tokens")
-    best: SizingProposal | None = None
-    for p in prefills:
-        for d in decodes:
-            proposal = _split(p, d, total)
-            if proposal and (best is None or proposal.goodput_per_gpu > best.goodput_per_gpu):
-                best = proposal
-    if best is None:
+    ranked = sorted((q for p in prefills for d in decodes if (q := _split(p, d, total)) is not None),
+                    key=lambda q: -q.goodput_per_gpu)
+    if not ranked:
         raise ValueError(f"{total} GPUs cannot hold one prefill and one decode replica")
-    return best
+    return ranked if every else ranked[:1]
 
 
 def _split(p: PhaseOption, d: PhaseOption, total_gpus: int) -> SizingProposal | None:

@@ -69,6 +69,8 @@ class SimConfig:
     seed: int = 0
     max_itl_samples: int = 16
     max_num_seqs: int = 256
+    kv_capacity_tokens: int | None = None
+    """Every replica's KV cache (None: from the cost model)."""
     fast_forward: bool = True
     model: str | None = None
     """The served model every request asks for (default: the first, by name)."""
@@ -116,7 +118,8 @@ class Simulation:
         table = table_from_plan(plan, urls, served, gpu_models=gpu_models)
         by_id = {p.replica_id: p for p in plan.placements}
         self.replicas = {e.replica_id: build_replica(self.topology, plan, by_id[e.replica_id], e,
-                                                     config.max_num_seqs) for e in table.replicas}
+                                                     config.max_num_seqs, kv_capacity_tokens=config.kv_capacity_tokens)
+                         for e in table.replicas}
         self.by_model: dict[str, list[SimReplica]] = {}
         for r in self.replicas.values():
             self.by_model.setdefault(r.endpoint.model, []).append(r)
@@ -163,7 +166,7 @@ class Simulation:
                 if len(self.results) >= pending or not self.events:
                     break
                 self._at(t + self.config.scrape_interval_s, SCRAPE)
-        for req in self.reqs.values():  # still open when the run stopped
+        for req in list(self.reqs.values()):  # still open when the run stopped
             self._record(req, now, "timeout")
         self.reqs.clear()
         return SimResult(results=sorted(self.results, key=lambda r: r.index), duration_s=now, events=self.count,
@@ -371,6 +374,9 @@ class Simulation:
     def _kv_ready(self, t: float, req: _Req, _v: int) -> None:
         prefill = self.replicas[req.prefill]
         prefill.core.release(req.rid)
+        if prefill.phase is Phase.IDLE and prefill.alive and prefill.core.has_work():
+            self._interrupt(t, prefill)  # held KV was all that kept its queue from running
+            self._start(t, prefill, prefill.version)
         decode = self.replicas[req.replica]
         if not decode.alive or not decode.endpoint.healthy:
             others = [self.cands[r.rid] for r in self.by_model[req.route.model] if r.endpoint.role == "decode"

@@ -59,7 +59,8 @@ class SimReplica:
 
 
 def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, endpoint: ReplicaEndpoint,
-                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192) -> SimReplica:
+                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                  kv_capacity_tokens: int | None = None) -> SimReplica:
     pool = plan.pool(p.pool)
     gpu_name = topology.node(p.node).gpu(p.gpus[0]).model
     if pool.model is None or pool.model not in catalog.models():
@@ -71,7 +72,8 @@ def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, 
     refs = [GpuRef(p.node, g) for g in p.gpus] + [GpuRef(n, g) for n, gs in p.extra_nodes for g in gs]
     link = LinkCost.of(bottleneck(topology, refs)) if len(refs) > 1 else LOCAL
     config = EngineConfig(model=catalog.model(pool.model), gpu=catalog.gpu(gpu_name), tp=pool.tp, link=link,
-                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          kv_capacity_tokens=kv_capacity_tokens)
     if config.capacity() < config.block_size:
         raise ValueError(f"{p.replica_id}: {pool.model} at tp={pool.tp} leaves no room for KV cache on {gpu_name}")
     return SimReplica(endpoint=endpoint, placement=p, core=EngineCore(config), base_link=link)

@@ -89,6 +89,19 @@ def test_a_degraded_link_drains_its_replica_for_interactive_traffic() -> None:
     assert late_interactive and all(r.replica != target.replica_id for r in late_interactive)
 
 
+def test_a_prefill_replica_full_of_held_kv_resumes_when_the_decode_side_takes_it() -> None:
+    topology = read_source(str(ROOT / "configs/clusters/low-affinity-pd.yaml"))  # KV crawls over 25 Gb/s
+    pools = (PoolSpec(name="prefill", role="prefill", tp=1, replicas=1, model="llama-3.1-8b"),
+             PoolSpec(name="decode", role="decode", tp=1, replicas=1, model="llama-3.1-8b"))
+    plan = get_policy("spread").place(PlacementRequest(topology=topology, pools=pools, slo_classes=CLASSES))
+    assert len({p.node for p in plan.placements}) == 2  # prefill and decode on different nodes
+    wl = [TraceRequest(index=i, arrival_s=i * 0.01, prompt_tokens=1500, output_tokens=8, slo_class="standard")
+          for i in range(40)]
+    result = simulate(SimConfig(topology=topology, plan=plan, classes=CLASSES, kv_capacity_tokens=4096,
+                                pd_min_prompt_tokens=0), wl)
+    assert [r.outcome for r in result.results] == ["ok"] * 40  # none stuck behind the held KV
+
+
 def test_transfers_on_one_nic_share_it() -> None:
     net = Network()
     net.start(0.0, 1, [(10.0, ("a:send", "b:recv"), 10.0)])
@@ -126,3 +139,15 @@ def test_island_aligned_gives_half_again_the_goodput_of_ray_pack(name: str) -> N
     wl = workload_for(scenario, top)
     ours, theirs = run_one(scenario, "island-aligned", top, wl), run_one(scenario, "ray-pack", top, wl)
     assert ours["goodput_rps"] >= 1.5 * theirs["goodput_rps"]
+
+
+def test_sizing_candidates_are_checked_in_the_simulator(capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtest.refine import main
+
+    assert main(["--topology", "hgx-h100", "--model", "llama-3.1-8b", "--workload", "azure-conv", "--slo",
+                 "interactive", "--refine", "--duration", "5", "--candidates", "2", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["candidates"]) == 2
+    best = out["best"]
+    assert best["simulated_goodput_per_gpu"] == max(c["simulated_goodput_per_gpu"] for c in out["candidates"])
+    assert 0.5 * best["estimated_goodput_rps"] < best["simulated_goodput_rps"] and best["slo_attainment"] > 0.9
