@@ -151,3 +151,12 @@ def test_sizing_candidates_are_checked_in_the_simulator(capsys: pytest.CaptureFi
     best = out["best"]
     assert best["simulated_goodput_per_gpu"] == max(c["simulated_goodput_per_gpu"] for c in out["candidates"])
     assert 0.5 * best["estimated_goodput_rps"] < best["simulated_goodput_rps"] and best["slo_attainment"] > 0.9
+
+
+def test_sim_command_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtest.simcli import main
+
+    assert main([str(ROOT / "configs/scenarios/pcie-pairs.yaml"), "--policy", "ray-pack", "--rate", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "pcie-pairs: ray-pack at x1" in out and "Successful requests:" in out and "P99 TTFT (ms):" in out
+    assert main(["/nonexistent.yaml"]) == 2
