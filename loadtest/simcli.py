@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from loadtest.compare import run_one, workload_for
 from loadtest.scenario import load_scenario
 from loadtest.summary import format_summary
+from topology import TopologyError
 
 
 def main(argv: Sequence[str]) -> int:
@@ -24,7 +25,7 @@ def main(argv: Sequence[str]) -> int:
         scenario = load_scenario(args.scenario, [args.policy] if args.policy else None)
         rate = args.rate if args.rate is not None else scenario.config.rates[0]
         row = run_one(scenario, scenario.config.policies[0], rate, workload_for(scenario, rate))
-    except (ValueError, OSError) as err:
+    except (TopologyError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.format == "json":
