@@ -1,5 +1,6 @@
-"""`python -m loadtest compare SCENARIO.yaml --mode sim --out DIR`: the same workload and seed under
-each placement policy (and rate), through the offline simulator; writes `DIR/results.jsonl`
+"""`python -m loadtest compare SCENARIO.yaml --mode sim|live --out DIR`: the same workload and seed
+under each placement policy (and rate), through the offline simulator (or, `--mode live`, deployed
+on local Ray: `loadtest.livecompare`); writes `DIR/results.jsonl`
 (one line per policy and rate), `DIR/report.md` and PNG plots at the top of DIR."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from loadtest import livecompare
+from loadtest.deploy import DeployError
 from loadtest.model import TraceRequest
 from loadtest.report import write_plots, write_report
 from loadtest.scenario import Scenario, load_scenario
@@ -20,6 +23,7 @@ from loadtest.sim.cluster import SimConfig, simulate
 from loadtest.summary import summarize
 from pools.model import PlacementPlan, PlacementRequest
 from pools.placement import get_policy
+from topology import TopologyError
 
 
 def plan_summary(plan: PlacementPlan) -> dict[str, Any]:
@@ -95,15 +99,19 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--out", required=True, help="directory for results.jsonl, report.md and plots")
     parser.add_argument("--policies", help="comma-separated policy names (overrides the scenario's list)")
     parser.add_argument("--quiet", action="store_true")
+    livecompare.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.mode == "live":
-        print("error: --mode live is not available yet: use --mode sim (see the README)", file=sys.stderr)
-        return 2
     try:
         scenario = load_scenario(args.scenario, args.policies.split(",") if args.policies else None)
-        compare(scenario, Path(args.out), progress=not args.quiet)
-    except (ValueError, OSError) as err:
+        if args.mode == "live":
+            livecompare.compare_live(scenario, Path(args.out), livecompare.options_from(args), progress=not args.quiet)
+        else:
+            compare(scenario, Path(args.out), progress=not args.quiet)
+    except (TopologyError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except DeployError as err:
+        print(f"error: the live deployment failed: {err}", file=sys.stderr)
+        return 1
     print(Path(args.out) / "report.md")
     return 0

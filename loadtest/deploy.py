@@ -1,0 +1,349 @@
+"""The product brought up for a live load test, and taken down again whatever happens.
+
+Two ways, one shape (a router URL, its engines' URLs, the deployed plan):
+
+- `ray_deployment(config)`: as an operator deploys it. A Ray head of its own (`ray start --head
+  --block` in a new session: its own temp dir, free ports, 127.0.0.1 only, token auth off), then
+  `serve deploy` of a Serve config, `serve status` until RUNNING, and the router answering. On the
+  way out: `serve shutdown`, `python -m pools stop-controller` (Serve leaves the detached
+  controller and its engines), SIGTERM to that `ray start` process, then whatever is still alive
+  in its session is killed by pid. Never `ray stop`: it stops every Ray process of the user.
+- `direct_deployment(args)`: the same plan without Ray: one `python -m pools sim-engine` per
+  placement (the command the controller's replica actors run) and `python -m router --config`.
+  Seconds instead of half a minute; what the calibration tests use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from router.appconfig import AppArgs, plan_for, resolve_topology
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+"""No token auth, no usage stats, loopback only, no 30 s drain when the head stops."""
+PORT_OPTIONS = ("--port", "--dashboard-port", "--ray-client-server-port", "--node-manager-port",
+                "--object-manager-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                "--metrics-export-port", "--runtime-env-agent-port")
+
+
+class DeployError(Exception):
+    """The deployment did not come up (the message says where it stopped and why)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Deployment:
+    router_url: str
+    """http://127.0.0.1:PORT (no /v1)."""
+    engine_urls: Mapping[str, str]
+    """Replica id -> engine base URL."""
+    plan: dict[str, Any]
+    """The placement plan as /admin/plan returns it."""
+    ray_head_pid: int | None = None
+    """Our `ray start --head` process: its session holds every Ray process and engine we started."""
+
+
+# helpers shared by both ways
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def get_json(url: str, key: str | None = None, timeout_s: float = 5.0) -> Any:
+    req = urllib.request.Request(url, headers={"authorization": f"Bearer {key}"} if key else {})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return json.loads(resp.read())
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of a session (stat field 6), zombies left out."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def wait_router(url: str, key: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            get_json(f"{url}/v1/models", key, timeout_s=2)
+            return
+        except (OSError, ValueError) as err:
+            if time.monotonic() > deadline:
+                raise DeployError(f"the router at {url} did not answer /v1/models within {timeout_s:g} s: "
+                                  f"{err}") from None
+            time.sleep(0.5)
+
+
+def _describe(url: str, admin_key: str) -> Deployment:
+    plan = get_json(f"{url}/admin/plan", admin_key)
+    replicas = get_json(f"{url}/admin/replicas", admin_key)["replicas"]
+    return Deployment(router_url=url, engine_urls={r["replica_id"]: r["url"] for r in replicas}, plan=plan)
+
+
+# Ray: a head of our own, serve deploy, serve status
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RayHead:
+    proc: subprocess.Popen[bytes]
+    temp_dir: Path
+    dashboard: str
+    address: str
+    """The GCS address (for `ray.init` and `python -m pools ... --address`)."""
+
+    def serve(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / "serve"), *args, "-a", self.dashboard], cwd=ROOT, env=ray_env(),
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
+
+    def app_status(self, app: str) -> dict[str, Any] | None:
+        try:
+            doc = yaml.safe_load(self.serve("status").stdout)
+            found = doc["applications"][app]
+        except (KeyError, TypeError, yaml.YAMLError, subprocess.TimeoutExpired):
+            return None
+        return found if isinstance(found, dict) else None
+
+
+def ray_env() -> dict[str, str]:
+    return {**os.environ, **RAY_ENV}
+
+
+@contextlib.contextmanager
+def terminate_cleanly() -> Iterator[None]:
+    """SIGTERM becomes SystemExit while a deployment is up, so that its teardown still runs."""
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def ray_head(num_cpus: int = 2, timeout_s: float = 90) -> Iterator[RayHead]:
+    """A Ray head of our own, stopped (with everything it started) on the way out."""
+    for tool in ("ray", "serve"):
+        if not (BIN / tool).exists():
+            raise DeployError(f"{BIN / tool} not found: install the project with Ray Serve (pip install -e .)")
+    temp_dir = Path(tempfile.mkdtemp(prefix="isle-ray-", dir="/tmp"))  # short: Ray's socket paths live here
+    ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS)), strict=True))
+    cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--dashboard-host",
+           "127.0.0.1", "--temp-dir", str(temp_dir), "--num-cpus", str(num_cpus), "--disable-usage-stats",
+           *(x for option, port in ports.items() for x in (option, str(port)))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ray_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    head = RayHead(proc=proc, temp_dir=temp_dir, dashboard=f"http://127.0.0.1:{ports['--dashboard-port']}",
+                   address=f"127.0.0.1:{ports['--port']}")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise DeployError(f"ray start --head exited with {proc.returncode} (temp dir {temp_dir})")
+            try:
+                with urllib.request.urlopen(f"{head.dashboard}/api/version", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise DeployError(f"the Ray head's dashboard did not answer within {timeout_s:g} s") from None
+                time.sleep(1)
+        yield head
+    finally:
+        stop_head(head)
+
+
+def stop_head(head: RayHead, grace_s: float = 20) -> None:
+    """SIGTERM to our `ray start` (it stops the head's processes), then kill what is left of its
+    session by pid, and remove its temp dir."""
+    sid = head.proc.pid
+    if head.proc.poll() is None:
+        head.proc.send_signal(signal.SIGTERM)
+        try:
+            head.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            head.proc.kill()
+            head.proc.wait()
+    deadline = time.monotonic() + grace_s
+    while session_pids(sid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in session_pids(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(head.temp_dir, ignore_errors=True)
+
+
+def serve_deploy(head: RayHead, config: Path, app: str, timeout_s: float) -> dict[str, Any]:
+    """`serve deploy` (it only sends the request), then `serve status` until this deploy settles."""
+    sent_at = time.time()
+    done = head.serve("deploy", str(config))
+    if done.returncode != 0:
+        raise DeployError(f"serve deploy {config} failed: {done.stderr.strip()[-800:]}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = head.app_status(app)
+        if status is not None and float(status.get("last_deployed_time_s") or 0) >= sent_at - 1:
+            if status.get("status") == "RUNNING":
+                return status
+            if status.get("status") == "DEPLOY_FAILED":
+                raise DeployError(f"serve status: DEPLOY_FAILED: {str(status.get('message', '')).strip()[-1500:]}")
+        time.sleep(2)
+    raise DeployError(f"serve status did not reach RUNNING within {timeout_s:g} s: {head.serve('status').stdout}")
+
+
+def undeploy(head: RayHead) -> list[str]:
+    """`serve shutdown` then `python -m pools stop-controller`; problems come back as lines."""
+    problems = []
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        done = head.serve("shutdown", "-y", timeout_s=90)
+        if done.returncode != 0:
+            problems.append(f"serve shutdown: {done.stderr.strip()[-300:]}")
+    try:
+        stop = subprocess.run([sys.executable, "-m", "pools", "stop-controller", "--address", head.address], cwd=ROOT,
+                              env=ray_env(), capture_output=True, text=True, timeout=120, check=False)
+        if stop.returncode != 0:
+            problems.append(f"pools stop-controller: {stop.stderr.strip()[-300:]}")
+    except subprocess.TimeoutExpired:
+        problems.append("pools stop-controller did not finish within 120 s")
+    return problems
+
+
+@contextlib.contextmanager
+def ray_deployment(serve_config: Path, app: str, router_url: str, key: str, admin_key: str,
+                   timeout_s: float = 240) -> Iterator[Deployment]:
+    """A head of our own, the Serve config deployed on it and answering; all of it gone afterwards."""
+    port = int(router_url.rsplit(":", 1)[1])
+    if port_in_use(port):
+        raise DeployError(f"127.0.0.1:{port} is taken: the deployment's router needs it (stop what holds it, or "
+                          "pick another with --router-port)")
+    with terminate_cleanly(), ray_head() as head:
+        try:
+            serve_deploy(head, serve_config, app, timeout_s)
+            wait_router(router_url, key, 30)
+            yield dataclasses.replace(_describe(router_url, admin_key), ray_head_pid=head.proc.pid)
+        finally:
+            undeploy(head)
+
+
+# direct: the same plan's engines and router as plain processes
+@dataclasses.dataclass(slots=True)
+class _Proc:
+    proc: subprocess.Popen[str]
+    url: str = ""
+
+
+def _start(cmd: list[str]) -> _Proc:
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return _Proc(proc=proc)
+
+
+def _ready(p: _Proc, what: str, deadline: float) -> None:
+    assert p.proc.stdout is not None
+    while time.monotonic() < deadline:
+        if select.select([p.proc.stdout], [], [], 0.2)[0]:
+            line = p.proc.stdout.readline()
+            if "ready:" in line:
+                p.url = line.split("ready:")[1].strip().removesuffix("/v1")
+                return
+        if p.proc.poll() is not None:
+            err = p.proc.stderr.read() if p.proc.stderr else ""
+            raise DeployError(f"{what} exited with {p.proc.returncode}: {err.strip()[-500:]}")
+    raise DeployError(f"{what} did not become ready")
+
+
+def _stop(p: _Proc) -> None:
+    if p.proc.poll() is None:
+        p.proc.terminate()
+        try:
+            p.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            p.proc.kill()
+            p.proc.wait()
+    for pipe in (p.proc.stdout, p.proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def _stop_all(procs: dict[str, _Proc]) -> None:
+    if "router" in procs:  # first: no request goes to an engine that is stopping
+        _stop(procs.pop("router"))
+    for proc in procs.values():
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def direct_deployment(args: AppArgs, work_dir: Path, timeout_s: float = 60) -> Iterator[Deployment]:
+    """The plan `args` would deploy, as engine and router processes on loopback (no Ray)."""
+    from pools.controller.spec import EngineLaunch
+
+    topology = resolve_topology(args, base=ROOT)
+    plan = plan_for(args, topology)
+    pools = {p.name: p for p in plan.pools}
+    source = str(Path(args.topology) if Path(args.topology).is_absolute() else (ROOT / args.topology))
+    procs: dict[str, _Proc] = {}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(terminate_cleanly())
+        stack.callback(_stop_all, procs)
+        deadline = time.monotonic() + timeout_s
+        for p in plan.placements:
+            gpu = topology.node(p.node).gpu(p.gpus[0]).model or ""
+            launch = EngineLaunch(replica_id=p.replica_id, pool=p.pool, role=p.role, model=str(pools[p.pool].model),
+                                  gpu=gpu, tp=pools[p.pool].tp, node=p.node, gpus=p.gpus, topology_source=source,
+                                  time_scale=args.time_scale)
+            procs[p.replica_id] = _start([sys.executable, *launch.command()])
+        for rid, proc in procs.items():
+            _ready(proc, f"engine {rid}", deadline)
+        replicas = [{"replica_id": p.replica_id, "url": procs[p.replica_id].url, "model": str(pools[p.pool].model),
+                     "pool": p.pool, "role": p.role, "node": p.node, "gpus": list(p.gpus), "tier": p.tier,
+                     "tp": pools[p.pool].tp, "gpu_model": topology.node(p.node).gpu(p.gpus[0]).model,
+                     "catalog_model": pools[p.pool].model} for p in plan.placements]
+        router = args.router.model_dump(mode="json", exclude_none=True)
+        router.update({"host": "127.0.0.1", "port": 0, "topology": source, "replicas": replicas})
+        if not router.get("slo_classes"):
+            router["slo_classes"] = [c.model_dump(mode="json", exclude_none=True) for c in args.slo_classes]
+        config = work_dir / "router.yaml"
+        config.write_text(yaml.safe_dump(router, sort_keys=False))
+        procs["router"] = _start([sys.executable, "-m", "router", "--config", str(config)])
+        _ready(procs["router"], "router", deadline)
+        yield Deployment(router_url=procs["router"].url, plan=plan.to_json(),
+                         engine_urls={rid: p.url for rid, p in procs.items() if rid != "router"})
