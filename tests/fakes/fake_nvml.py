@@ -9,6 +9,7 @@ It also writes the matching sysfs tree (PCI device paths, NUMA, RDMA NICs).
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,11 +66,14 @@ class FakeGpu:
     pcie: tuple[int, int, int, int] = (5, 5, 16, 16)
     fabric: tuple[int, bytes, int, int] | None = None  # (state, cluster uuid, clique, health mask)
     memory_bytes: int = 80 * 10**9
+    device_id: int | None = None
 
 
 class _Pci:
-    def __init__(self, bus: str) -> None:
+    def __init__(self, bus: str, device_id: int | None = None) -> None:
         self.busId = ("00000000:" + bus).encode()  # NVML prints an 8-digit domain
+        if device_id is not None:
+            self.pciDeviceId = (device_id << 16) | 0x10DE  # device id over NVIDIA's vendor id
 
 
 class FakeNvml:
@@ -113,7 +117,7 @@ class FakeNvml:
         return f"GPU-fake-{h:04d}"
 
     def nvmlDeviceGetPciInfo(self, h: int) -> _Pci:
-        return _Pci(self.gpus[h].bus)
+        return _Pci(self.gpus[h].bus, self.gpus[h].device_id)
 
     def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
         return type("Mem", (), {"total": self.gpus[h].memory_bytes})()
@@ -178,18 +182,27 @@ class FakeNvml:
         return round(port.replay_per_s * self.elapsed_s) if counter == NVML_NVLINK_ERROR_DL_REPLAY else 0
 
     # fabric
-    class c_nvmlGpuFabricInfoV_t:
-        state = 0
-        clusterUuid = b"\x00" * 16
-        cliqueId = 0
-        healthMask = 0
+    nvmlGpuFabricInfo_v2 = 0x02000024
+
+    class c_nvmlGpuFabricInfoV_t(ctypes.Structure):  # the layout of pynvml's v2 struct
+        _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_char * 16), ("status", ctypes.c_uint),
+                    ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint8), ("healthMask", ctypes.c_uint32)]
 
     def nvmlDeviceGetGpuFabricInfoV(self, h: int, info: Any) -> None:
+        """As the driver: it takes a pointer (pynvml passes the argument through untouched; a
+        struct by value crashes the process) to a struct whose version it checks."""
+        if not hasattr(info, "_obj"):
+            raise TypeError("nvmlDeviceGetGpuFabricInfoV needs ctypes.byref(info): a struct by value segfaults")
+        target = info._obj
+        if target.version != self.nvmlGpuFabricInfo_v2:
+            raise self.NVMLError(2)  # NVML_ERROR_INVALID_ARGUMENT (version mismatch)
         fabric = self.gpus[h].fabric
         if fabric is None:
-            info.state = 0
+            target.state = 0
             return
-        info.state, info.clusterUuid, info.cliqueId, info.healthMask = fabric
+        state, uuid, clique, health = fabric
+        target.state, target.cliqueId, target.healthMask = state, clique, health
+        ctypes.memmove(ctypes.addressof(target) + type(target).clusterUuid.offset, bytes(uuid).ljust(16, b"\0"), 16)
 
     # events
     def nvmlEventSetCreate(self) -> object:

@@ -111,3 +111,15 @@ def test_gb200_trays_sharing_a_fabric_clique_form_one_island(tmp_path: Path) -> 
 def test_no_driver_is_a_clear_discovery_error() -> None:
     with pytest.raises(DiscoveryError, match=r"NVML unavailable on this machine .NVML Shared Library Not Found."):
         discover(nvml=fake_nvml.FakeNvml([], {}, driver=False))
+
+
+def test_the_pci_device_id_names_the_catalogue_model(tmp_path: Path) -> None:
+    """A real H200 calls itself 'NVIDIA H200' (seen on the GPU check machine); its PCI device id
+    0x2335 says which catalogue model that is, so placement and the cost model can use it."""
+    nvml = fake_nvml.hgx_h100()
+    for g in nvml.gpus:
+        g.name, g.device_id = "NVIDIA H200", 0x2335
+    nvml.gpus[7].device_id = 0xFFFF  # unknown to the catalogue: NVML's own name stays
+    fake_nvml.write_sysfs(tmp_path, nvml, {})
+    node = _discover(nvml, tmp_path).nodes[0]
+    assert [g.model for g in node.gpus] == ["h200-sxm"] * 7 + ["NVIDIA H200"]

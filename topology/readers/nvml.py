@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from topology.errors import DiscoveryError
+from topology.gpus import by_pci_id
 from topology.health import GpuCounters, LinkCounters, apply_node_health, per_minute
 from topology.kinds import DEFAULTS, LinkKind, default_bandwidth_gb_s
 from topology.model import Gpu, Link, Nic, Node
@@ -168,7 +169,7 @@ def discover(
     finally:
         nv.nvmlShutdown()
     gpus = tuple(
-        Gpu(index=p.index, model=p.name, pci_bus_id=normalise_busid(p.bus_id), uuid=p.uuid, numa_node=p.numa_node,
+        Gpu(index=p.index, model=_model(p), pci_bus_id=normalise_busid(p.bus_id), uuid=p.uuid, numa_node=p.numa_node,
             cpu_affinity=words_to_cpu_list(p.cpu_words) if p.cpu_words else None, gpu_numa_node=p.gpu_numa_node,
             memory_gb=p.memory_gb, nvlink_generation=p.nvlink_generation, fabric_clique=p.fabric_clique)
         for p in probes
@@ -185,3 +186,10 @@ def discover(
         for p in probes
     }
     return apply_node_health(node, link_counters, gpu_counters)
+
+
+def _model(p: GpuProbe) -> str | None:
+    """The catalogue name when the PCI device id is known ('NVIDIA H200' -> h200-sxm), else
+    NVML's own name."""
+    facts = by_pci_id(p.pci_device) if p.pci_device else None
+    return facts.name if facts is not None else p.name

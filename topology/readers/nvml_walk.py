@@ -5,6 +5,7 @@ Every optional call treats NVMLError (NotSupported, InvalidArgument, ...) as "un
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ class GpuProbe:
     index: int
     handle: Any
     name: str | None = None
+    pci_device: str | None = None
+    """PCI device id, e.g. 0x2335 (names the catalogue model where NVML's name is vague)."""
     uuid: str | None = None
     bus_id: str = ""
     memory_gb: float | None = None
@@ -93,19 +96,30 @@ def _walk_nvlink(nv: Any, p: GpuProbe) -> None:
             p.peer_lanes[rbus] = p.peer_lanes.get(rbus, 0) + 1
 
 
+def _uuid_hex(info: Any) -> str:
+    """The 16 bytes of clusterUuid (a c_char array reads only up to its first zero byte)."""
+    field = getattr(type(info), "clusterUuid", None)
+    if field is not None and hasattr(field, "offset"):
+        return ctypes.string_at(ctypes.addressof(info) + field.offset, 16).hex()
+    value = info.clusterUuid
+    return value if isinstance(value, str) else bytes(value).hex()
+
+
 def _fabric(nv: Any, p: GpuProbe) -> None:
     factory = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
     getter = getattr(nv, "nvmlDeviceGetGpuFabricInfoV", None)
     if factory is None or getter is None:
         return
     info = factory()
+    if hasattr(nv, "nvmlGpuFabricInfo_v2"):
+        info.version = nv.nvmlGpuFabricInfo_v2  # a versioned struct: the driver checks this field
     try:
-        getter(p.handle, info)
+        getter(p.handle, ctypes.byref(info))  # pynvml passes it through as is: C wants a pointer
     except nv.NVMLError:
         return
     if int(info.state) != FABRIC_STATE_COMPLETED:
         return
-    uuid = bytes(info.clusterUuid).hex() if not isinstance(info.clusterUuid, str) else info.clusterUuid
+    uuid = _uuid_hex(info)
     if any(c != "0" for c in uuid):
         p.fabric_clique = f"{uuid}/{int(info.cliqueId)}"
     p.fabric_health_mask = int(getattr(info, "healthMask", 0) or 0)
@@ -118,7 +132,10 @@ def probe_gpu(nv: Any, index: int, sysfs_root: Path) -> GpuProbe:
     p.name = _text(name) if name is not None else None
     uuid = _try(nv, "nvmlDeviceGetUUID", h)
     p.uuid = _text(uuid) if uuid is not None else None
-    p.bus_id = normalise_busid(_text(nv.nvmlDeviceGetPciInfo(h).busId))
+    pci = nv.nvmlDeviceGetPciInfo(h)
+    p.bus_id = normalise_busid(_text(pci.busId))
+    device = getattr(pci, "pciDeviceId", None)  # 0xDDDDVVVV: device id over NVIDIA's vendor id
+    p.pci_device = f"0x{(int(device) >> 16) & 0xFFFF:04x}" if device else None
     mem = _try(nv, "nvmlDeviceGetMemoryInfo", h)
     p.memory_gb = round(int(mem.total) / 1e9, 1) if mem is not None else None
     words = _try(nv, "nvmlDeviceGetCpuAffinity", h, max(1, ((os.cpu_count() or 64) + 63) // 64))
