@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from pools.controller.spec import EngineLaunch
 from pools.model import PlacementRequest, PoolSpec, ReplicaPlacement
 from pools.placement import get_policy
 from pools.vllm import EngineStartError, VllmProcess, VllmServer, command, environment, free_port, from_launch
+from pools.vllm.replica import VllmReplica, busy_requests
 from topology import read_source
 
 HGX = read_source("hgx-h100")
@@ -203,3 +205,30 @@ def test_an_engine_that_ignores_sigterm_is_killed(fake: Callable[..., VllmProces
     proc = fake("stubborn")
     proc.start()
     assert proc.stop(grace_s=1.0) == -9 and not proc.running()
+
+
+@pytest.mark.unit
+def test_busy_requests_reads_vllm_gauges() -> None:
+    text = ('# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name="m"} 2.0\n'
+            'vllm:num_requests_waiting{model_name="m"} 1.0\nvllm:kv_cache_usage_perc{model_name="m"} 0.5\n')
+    assert busy_requests(text) == 3.0 and busy_requests("") == 0.0
+
+
+@pytest.mark.integration
+def test_a_dead_engine_is_restarted_as_a_new_kv_peer(fake: Callable[..., VllmProcess], tmp_path: Path) -> None:
+    server = fake("serve").server
+    replica = VllmReplica(server, str(tmp_path / "fake-python"), log_dir=str(tmp_path), ready_timeout_s=20)
+    try:
+        assert replica.start() == server.url and replica.healthy() and replica.ensure() == server.url
+        first = replica.info()
+        assert first["pid"] and first["env"]["CUDA_VISIBLE_DEVICES"] == "3" and first["restarts"] == 0
+        os.kill(first["pid"], signal.SIGKILL)
+        replica.process.proc.wait()  # type: ignore[union-attr]
+        assert not replica.healthy() and replica.idle()  # a dead engine holds no request
+        assert replica.ensure() == server.url and replica.healthy()
+        again = replica.info()
+        assert again["restarts"] == 1 and again["pid"] != first["pid"]
+        assert again["kv_engine_id"].startswith(f"{server.kv_engine_id}-r1-")
+    finally:
+        replica.stop()
+    assert not replica.process.running()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,14 +89,14 @@ class Router:
         return self.url.removesuffix("/v1")
 
 
-def router_config(procs: Sequence[VllmProcess], **extra: Any) -> dict[str, Any]:
+def router_config(servers: Sequence[VllmServer], **extra: Any) -> dict[str, Any]:
     return {
         "port": 0, "require_keys": True,
         "keys": [{"tenant": "dev", "key_sha256": sha256(DEV_KEY)}],
         "admin_keys": [{"tenant": "ops", "key_sha256": sha256(DEV_ADMIN_KEY)}],
         "scrape_interval_s": 0.5,
-        "replicas": [{"replica_id": p.server.replica_id, "url": p.url, "model": SERVED, "role": p.server.role,
-                      "pool": f"pool-{p.server.role}"} for p in procs],
+        "replicas": [{"replica_id": s.replica_id, "url": s.url, "model": SERVED, "role": s.role,
+                      "pool": f"pool-{s.role}"} for s in servers],
         **extra,
     }
 
@@ -105,6 +106,7 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm-logs")
 
 
+@contextmanager
 def start_router(config: dict[str, Any], where: Path) -> Iterator[Router]:
     path = where / "router.yaml"
     path.write_text(yaml.safe_dump(config))

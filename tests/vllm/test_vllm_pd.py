@@ -34,8 +34,9 @@ def pair(log_dir: Path) -> Iterator[dict[str, VllmProcess]]:
 
 @pytest.fixture(scope="module")
 def router(pair: dict[str, VllmProcess], log_dir: Path) -> Iterator[Router]:
-    config = router_config(list(pair.values()), pd={"enabled": True, "min_prompt_tokens": 0})
-    yield from start_router(config, log_dir)
+    config = router_config([p.server for p in pair.values()], pd={"enabled": True, "min_prompt_tokens": 0})
+    with start_router(config, log_dir) as r:
+        yield r
 
 
 def client(base_url: str) -> openai.OpenAI:

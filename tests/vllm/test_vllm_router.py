@@ -29,7 +29,8 @@ def mixed(log_dir: Path) -> Iterator[list[VllmProcess]]:
 
 @pytest.fixture(scope="module")
 def router(mixed: list[VllmProcess], log_dir: Path) -> Iterator[Router]:
-    yield from start_router(router_config(mixed), log_dir)
+    with start_router(router_config([p.server for p in mixed]), log_dir) as r:
+        yield r
 
 
 def client(router: Router) -> openai.OpenAI:

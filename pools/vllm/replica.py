@@ -1,0 +1,100 @@
+"""A vLLM replica: the controller's Replica protocol (start, healthy, ensure, idle, stop, info)
+over one `VllmProcess`, in this process or as a Ray actor pinned like a simulated replica
+(node affinity, the planned GPUs' `isle_gpu_<node>_<i>` resources; pools.controller.actors)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pools.controller.replica import engine_environment
+from pools.vllm.command import VllmServer
+from pools.vllm.process import READY_TIMEOUT_S, VllmProcess
+
+BUSY_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def busy_requests(metrics_text: str) -> float:
+    """Requests running or waiting, from vLLM's Prometheus text."""
+    busy = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(BUSY_GAUGES):
+            with contextlib.suppress(ValueError, IndexError):
+                busy += float(line.rsplit(" ", 1)[1])
+    return busy
+
+
+class VllmReplica:
+    def __init__(self, server: VllmServer, python: str, log_dir: str | None = None,
+                 ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+        self.server, self.python, self.log_dir, self.ready_timeout_s = server, python, log_dir, ready_timeout_s
+        self.restarts = 0
+        self.process = self._process(server)
+
+    def _process(self, server: VllmServer) -> VllmProcess:
+        log_path = Path(self.log_dir) / f"{server.replica_id}.log" if self.log_dir else None
+        return VllmProcess(server, self.python, log_path=log_path, ready_timeout_s=self.ready_timeout_s)
+
+    def start(self) -> str:
+        return self.process.start()
+
+    def healthy(self) -> bool:
+        return self.process.healthy()
+
+    def ensure(self) -> str:
+        """Restart a dead engine under a new KV engine id (its peers cached the old one's handshake)."""
+        if self.process.running():
+            return self.process.url
+        self.process.stop(grace_s=5.0)
+        self.restarts += 1
+        engine_id = f"{self.server.kv_engine_id}-r{self.restarts}-{uuid.uuid4().hex[:6]}"
+        self.process = self._process(dataclasses.replace(self.server, engine_id=engine_id))
+        return self.process.start()
+
+    def idle(self) -> bool:
+        """No request running or waiting (a dead engine is idle)."""
+        if not self.process.running():
+            return True
+        try:
+            with urllib.request.urlopen(f"{self.process.url}/metrics", timeout=2) as resp:
+                return busy_requests(resp.read().decode("utf-8", "replace")) == 0
+        except OSError:
+            return True
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def info(self) -> dict[str, Any]:
+        pid = self.process.pid if self.process.running() else None
+        server = self.process.server
+        info: dict[str, Any] = {
+            "replica_id": server.replica_id, "engine": "vllm", "url": server.url, "role": server.role, "tp": server.tp,
+            "kv_engine_id": server.kv_engine_id, "restarts": self.restarts, "pid": pid,
+            "env": engine_environment(pid, dict(server.pin_env)) if pid else {},
+            "cpu_affinity": sorted(os.sched_getaffinity(pid)) if pid else None, "notes": list(self.process.notes)}
+        ray: Any = sys.modules.get("ray")  # inside a Ray actor: where Ray put it
+        if ray is not None and ray.is_initialized():
+            ctx = ray.get_runtime_context()
+            info.update(ray_node_id=ctx.get_node_id(), ray_resources=ctx.get_assigned_resources())
+        return info
+
+
+def remote_replica(server: VllmServer, python: str, *, name: str, namespace: str, resources: dict[str, float],
+                   ray_node_id: str | None, log_dir: str | None = None,
+                   ready_timeout_s: float = READY_TIMEOUT_S) -> Any:
+    """The replica as a detached Ray actor on its planned node, holding its planned GPUs."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote: Any = ray.remote(num_cpus=0)(VllmReplica)
+    options: dict[str, Any] = {"name": name, "namespace": namespace, "lifetime": "detached",
+                               "resources": resources}
+    if ray_node_id is not None:
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray_node_id, soft=False)
+    return remote.options(**options).remote(server, python, log_dir, ready_timeout_s)
