@@ -50,10 +50,28 @@ class Ranked(NamedTuple):
     candidate: Candidate
 
 
-class RouteDecision(NamedTuple):  # one per request: a tuple costs a fraction of a frozen dataclass
-    winner: Candidate | None
-    ranked: tuple[Ranked, ...]
-    reason: str
+class RouteDecision:
+    """One routing decision: the winner and, on demand, the ranked candidates with each scorer's
+    score (computed only when someone looks: a log line, a test, the admin API)."""
+
+    __slots__ = ("_cands", "_keyed", "_plugins", "_ranked", "_req", "reason", "winner")
+
+    def __init__(self, winner: Candidate | None, reason: str, cands: Sequence[Candidate] = (),
+                 keyed: Sequence[tuple[float, str, int]] = (),
+                 plugins: Sequence[tuple[str, Scorer, float]] = (), req: RouteRequest | None = None) -> None:
+        self.winner, self.reason = winner, reason
+        self._cands, self._keyed, self._plugins, self._req = cands, keyed, plugins, req
+        self._ranked: tuple[Ranked, ...] | None = None
+
+    @property
+    def ranked(self) -> tuple[Ranked, ...]:
+        """The best RANKED_KEEP candidates, best first, with their per-scorer scores."""
+        if self._ranked is None:
+            req, cands = self._req, self._cands
+            self._ranked = tuple(
+                Ranked(rid, -neg, {name: fn(req, cands[i]) for name, fn, _ in self._plugins} if req else {}, cands[i])
+                for neg, rid, i in self._keyed[:RANKED_KEEP])
+        return self._ranked
 
     def log_line(self) -> str:
         parts = " ".join(f"{r.replica_id}={r.total:.3f}" for r in self.ranked[:6])
@@ -63,8 +81,8 @@ class RouteDecision(NamedTuple):  # one per request: a tuple costs a fraction of
         """Replicas to try: the winner, then the rest best first (retries before the first byte)."""
         if self.winner is None:
             return []
-        won = self.winner.endpoint.replica_id
-        return [self.winner, *(r.candidate for r in self.ranked if r.replica_id != won)]
+        won, cands = self.winner.endpoint.replica_id, self._cands
+        return [self.winner, *(cands[i] for _, rid, i in self._keyed[:RANKED_KEEP] if rid != won)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,11 +175,11 @@ def decide(req: RouteRequest, candidates: Sequence[Candidate], profile: Profile,
         model = req.model
         cands = [c for c in candidates if c.endpoint.model == model]
         if not cands:
-            return RouteDecision(None, (), f"no replica serves {req.model}")
+            return RouteDecision(None, f"no replica serves {req.model}")
         for name in profile.filters:
             cands = FILTERS[name](req, cands)
             if not cands:
-                return RouteDecision(None, (), f"{name} left no replica")
+                return RouteDecision(None, f"{name} left no replica")
     plugins = [(name, SCORERS[name], weight) for name, weight in profile.scorers.items()]
     if len(plugins) == 1:
         _, fn, weight = plugins[0]
@@ -177,9 +195,7 @@ def decide(req: RouteRequest, candidates: Sequence[Candidate], profile: Profile,
         top = keyed[0][0] + 1e-9
         best = [k for k in keyed if k[0] <= top]
         winner = cands[(rng.choice(best) if len(best) > 1 else best[0])[2]]
-    ranked = tuple(Ranked(rid, -neg, {name: fn(req, cands[i]) for name, fn, _ in plugins}, cands[i])
-                   for neg, rid, i in keyed[:RANKED_KEEP])
-    return RouteDecision(winner, ranked, f"{profile.picker} of {len(cands)}")
+    return RouteDecision(winner, f"{profile.picker} of {len(cands)}", cands, keyed, plugins, req)
 
 
 def _rank_key(r: Ranked) -> tuple[float, str]:
