@@ -37,16 +37,23 @@ async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         writer.close()
 
 
-async def good(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    while True:
-        try:
-            await _read_request(reader)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            break
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
-                     % (len(OK), OK))
-        await writer.drain()
-    writer.close()
+def answering(body: bytes) -> Upstream:
+    """An upstream that answers every request on the connection with this JSON body."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await _read_request(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                         % (len(body), body))
+            await writer.drain()
+        writer.close()
+
+    return serve
+
+
+good = answering(OK)
 
 
 async def quiet_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -127,19 +134,9 @@ def test_a_stream_that_goes_quiet_ends_with_an_error_event() -> None:
     asyncio.run(main())
 
 
-async def prefill(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """A prefill replica: answers max_tokens=1 with kv_transfer_params for the decode side."""
-    body = b'{"id":"p","choices":[{"index":0,"text":"x"}],"kv_transfer_params":{"remote_engine_id":"p",' \
-           b'"remote_request_id":"r1","remote_block_ids":[0],"do_remote_prefill":true}}'
-    while True:
-        try:
-            await _read_request(reader)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            break
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
-                     % (len(body), body))
-        await writer.drain()
-    writer.close()
+prefill = answering(  # a prefill replica: max_tokens=1 answered with kv_transfer_params for the decode side
+    b'{"id":"p","choices":[{"index":0,"text":"x"}],"kv_transfer_params":{"remote_engine_id":"p",'
+    b'"remote_request_id":"r1","remote_block_ids":[0],"do_remote_prefill":true}}')
 
 
 def test_a_pd_only_deployment_splits_short_prompts_too() -> None:
