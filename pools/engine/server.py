@@ -254,7 +254,8 @@ class SimEngine:
             self.core.add(rid, prompt_tokens, req.max_tokens, req.priority, ready_after, remote_prefill, hold)
         except ValueError as err:
             raise wire.ApiError(400, str(err), param="max_tokens") from None
-        live.arrival_v = self.core.now
+        # arrival on the virtual clock: while a step runs, core.now is already that step's end
+        live.arrival_v = min(self.core.now, self.virtual_now())
         self.live[rid] = live
         self.metrics.c_prompt.inc(prompt_tokens)
         self.wake.set()
