@@ -1,4 +1,4 @@
-"""`python -m topology` (also `isle topology`): parse, show, diff, discover, survey.
+"""`python -m topology` (also `isle topology`): parse, show, diff, discover, survey, bench.
 
 Exit codes: 0 success; 1 `diff` found something worse; 2 bad input or discovery failure
 (one line on stderr, never a traceback).
@@ -97,9 +97,15 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    from topology.bench.record import is_record
     from topology.diff import diff, render
 
-    changes = diff(_read(args.old, args), _read(args.new, args))
+    if is_record(args.old) and is_record(args.new):  # two `bench` records: measured bandwidth
+        from topology.bench.record import load, regressions
+
+        changes = regressions(load(args.old), load(args.new))
+    else:
+        changes = diff(_read(args.old, args), _read(args.new, args))
     if args.format == "json":
         print(json.dumps([c.as_json() for c in changes], indent=2))
     else:
@@ -145,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_read_options(p)
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("diff", help="what got worse or better between two topologies (exit 1: worse)")
+    p = sub.add_parser("diff", help="what got worse or better between two topologies, or two bench records "
+                                    "(exit 1: worse)")
     p.add_argument("old")
     p.add_argument("new")
     p.add_argument("--format", choices=["json", "text"], default="text")
@@ -164,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="out/topology")
     _add_read_options(p)
     p.set_defaults(func=cmd_survey)
+
+    from topology.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
