@@ -48,12 +48,21 @@ def _status(argv: Sequence[str]) -> int:
     return status_main(argv)
 
 
+def _size(argv: Sequence[str]) -> int:
+    """`isle size ... --refine` checks the candidates in the simulator (a layer above pools)."""
+    if "--refine" in argv:
+        from loadtest.refine import main as refine_main
+
+        return refine_main(argv)
+    return _pools(["size", *argv])
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "router": _router,
     "status": _status,
     "topology": _topology,
     "plan": lambda argv: _pools(["plan", *argv]),
-    "size": lambda argv: _pools(["size", *argv]),
+    "size": _size,
     "pools": _pools,
 }
 

@@ -74,6 +74,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_size(args: argparse.Namespace) -> int:
+    if args.refine:  # the simulator sits a layer above pools: hand over to it, same arguments
+        import subprocess
+        import sys
+
+        argv = ["--topology", args.topology, "--model", args.model, "--workload", args.workload, "--slo", args.slo,
+                "--format", args.format, "--refine", *(["--gpu", args.gpu] if args.gpu else [])]
+        return subprocess.run([sys.executable, "-m", "loadtest", "size", *argv], check=False).returncode
     from pools.sizing import size
 
     topology = read_source(args.topology, ReadOptions(gpu=args.gpu))
@@ -195,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo", required=True, help="SLO class names, comma separated")
     p.add_argument("--gpu")
     p.add_argument("--format", choices=["json", "text"], default="text")
+    p.add_argument("--refine", action="store_true",
+                   help="check the candidates in the simulator: runs `python -m loadtest size --refine`")
     p.set_defaults(func=cmd_size)
     p = sub.add_parser("node-labels", help="print the `ray start` labels and resources of this node")
     p.add_argument("--source", default="nvml", help="nvml (default), or a topology source for a simulated node")

@@ -160,3 +160,12 @@ def test_sim_command_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert "pcie-pairs: ray-pack at x1" in out and "Successful requests:" in out and "P99 TTFT (ms):" in out
     assert main(["/nonexistent.yaml"]) == 2
+
+
+def test_isle_size_refine_goes_to_the_simulator(capsys: pytest.CaptureFixture[str]) -> None:
+    import isle
+
+    assert isle.main(["size", "--topology", "hgx-h100", "--model", "llama-3.1-8b", "--workload", "azure-conv",
+                      "--slo", "interactive", "--refine", "--duration", "3", "--candidates", "1",
+                      "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["best"]["simulated_goodput_rps"] > 0
