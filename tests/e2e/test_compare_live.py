@@ -46,7 +46,10 @@ def test_live_compare_deploys_each_policy_and_leaves_nothing_running(tmp_path: P
         assert r["live"]["engine_virtual"]["tpot_ms"] > 0 and r["live"]["simulated"]["tpot_ms"] > 0
     # the plans came from the deployments: index order puts the TP=4 replica across the PCIe box
     assert rows["island-aligned"]["plan"]["crossing"] == [] and rows["ray-pack"]["plan"]["crossing"] == ["chat-0"]
-    assert rows["island-aligned"]["goodput_rps"] >= rows["ray-pack"]["goodput_rps"]  # the simulator's direction
+    # The direction, on the engines' virtual clock (a few seconds of goodput on a shared 2-core machine is too
+    # noisy to order two nearly equal policies): the replica ray-pack put across PCIe makes tokens slower.
+    virtual = {p: r["live"]["engine_virtual"]["tpot_ms"] for p, r in rows.items()}
+    assert virtual["ray-pack"] > virtual["island-aligned"], virtual
 
     report = (out / "report.md").read_text()
     assert "**Mode:** live" in report and "## Live against the simulator" in report and "ray-pack" in report
