@@ -85,6 +85,22 @@ def copies(findings: dict[str, Any]) -> str:
     return text + f"; peer copies {peers}"
 
 
+def bench(out: Path, findings: dict[str, Any]) -> str:
+    """`python -m topology bench nvml` as an operator runs it before going live."""
+    try:
+        import torch  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+    except ImportError:
+        return "topology bench skipped (no torch)"
+    run = subprocess.run([sys.executable, "-m", "topology", "bench", "nvml", "--out", str(out / "bench.json"),
+                          "--format", "json", "--timeout", "240"], capture_output=True, text=True, timeout=300,
+                         check=False)
+    if run.returncode != 0:
+        findings["bench_error"] = run.stderr[-2000:]
+        return f"topology bench FAILED (exit {run.returncode})"
+    findings["bench"] = json.loads(run.stdout) if run.stdout.strip().startswith("{") else run.stdout[-2000:]
+    return "topology bench OK (record in bench.json)"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -104,7 +120,8 @@ def main() -> int:
     except Exception as err:
         parts.append(f"copies FAILED ({type(err).__name__}: {err})")
         failed = True
-    parts.append("topology bench skipped (python -m topology bench is not built yet)")
+    parts.append(bench(out, findings))
+    failed = failed or "FAILED" in parts[-1]
     try:
         import vllm  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
         parts.append("vllm present but the replica check is not built yet: skipped")
