@@ -109,7 +109,9 @@ class RouterConfig(_Strict):
     replicas: list[ReplicaConfig] = Field(default_factory=list)
     topology: str | None = Field(default=None, description="topology source for tiers and PD paths")
     scrape_interval_s: float = Field(default=1.0, gt=0)
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, description="larger request bodies get 413")
+    read_timeout_s: float = Field(default=30.0, gt=0, description="a request's head and body must arrive within it "
+                                  "(else 408)")
     max_tokens_limit: int = Field(default=32768, gt=0)
     seed: int = 0
 

@@ -15,6 +15,7 @@ import time
 import zlib
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -40,6 +41,8 @@ log = logging.getLogger("isleserve.router")
 GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
 """Prefix affinity hashes the prompt's leading full blocks (about 16 tokens each), up to 4."""
+OPENAPI_PATH = Path(__file__).with_name("openapi.json")
+"""The public API's OpenAPI document (static, hand-kept; served as is at /openapi.json)."""
 
 
 @dataclass(slots=True)
@@ -92,6 +95,7 @@ class Router:
         self.turns = itertools.count()
         self.profiles = {name: self._profile(name) for name in config.classes()}
         self._served_by: dict[tuple[str, str, tuple[tuple[str, str], ...]], bytes] = {}
+        self.openapi = OPENAPI_PATH.read_bytes()
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -103,7 +107,8 @@ class Router:
 
     async def start(self) -> None:
         self.server = await serve(self.handle, self.config.host, self.config.port,
-                                  on_error=lambda e: log.exception("handler error", exc_info=e))
+                                  on_error=lambda e: log.exception("handler error", exc_info=e),
+                                  read_timeout_s=self.config.read_timeout_s, max_body_bytes=self.config.max_body_bytes)
         self._tasks.append(asyncio.get_running_loop().create_task(
             self.replicas.scrape_forever(self.pool, self.config.scrape_interval_s, self._publish_health)))
 
@@ -140,6 +145,8 @@ class Router:
                 response.send(200, b'{"status": "ok"}')
             elif (method, path) == ("GET", "/metrics"):
                 response.send(200, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+            elif (method, path) == ("GET", "/openapi.json"):
+                response.send(200, self.openapi)
             elif path.startswith("/admin/") and method == "GET":
                 self.auth.admin(request.headers)
                 response.send(200, json.dumps(self._admin(path)).encode())

@@ -15,5 +15,7 @@ def load_yaml_file(path: str, what: str) -> object:
         return yaml.safe_load(Path(path).read_text())
     except OSError as err:
         raise ParseError(f"cannot read {what}: {err.strerror}", path) from None
+    except UnicodeDecodeError as err:
+        raise ParseError(f"{what} is not UTF-8 text (byte {err.start})", path) from None
     except yaml.YAMLError as err:
         raise ParseError(f"{what} is not valid YAML ({str(err).splitlines()[0]})", path) from None

@@ -18,6 +18,8 @@ import httptools
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_HEADER_COUNT = 100
+MAX_HEAD_BYTES = 64 * 1024
+"""Request line plus headers; past either limit the request is answered 431."""
 MAX_PIPELINED = 16
 """Requests parsed ahead of the one being answered; past this the connection stops reading."""
 IDLE_TIMEOUT_S = 75.0
@@ -44,9 +46,25 @@ class _Incoming:
     body: list[bytes] = field(default_factory=list)
     size: int = 0
     too_large: bool = False
+    header_count: int = 0
+    head_bytes: int = 0
+    head_too_large: bool = False
 
 
 _STATUS_LINES: dict[int, bytes] = {}
+
+
+def _error(status: int, message: str) -> bytes:
+    """An error body in OpenAI's shape, for what the server refuses before any handler runs."""
+    return (b'{"error": {"message": "%b", "type": "invalid_request_error", "param": null, "code": %d}}'
+            % (message.encode(), status))
+
+
+_MALFORMED = _error(400, "malformed HTTP request")
+_UPGRADE = _error(400, "protocol upgrades are not supported")
+_TOO_LARGE = _error(413, "request body too large")
+_HEAD_TOO_LARGE = _error(431, f"request headers too large (at most {MAX_HEADER_COUNT} headers, {MAX_HEAD_BYTES} bytes)")
+_NOT_IN_TIME = _error(408, "request not received in time")
 
 
 def _status_line(status: int) -> bytes:
@@ -138,9 +156,12 @@ later from callbacks — and returns None (or a coroutine for the part that has 
 
 
 class HttpProtocol(asyncio.Protocol):
-    def __init__(self, handler: Handler, on_error: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(self, handler: Handler, on_error: Callable[[BaseException], None] | None = None,
+                 read_timeout_s: float | None = None, max_body_bytes: int | None = None) -> None:
         self.handler = handler
         self.on_error = on_error
+        self.read_timeout_s = READ_TIMEOUT_S if read_timeout_s is None else read_timeout_s
+        self.max_body_bytes = MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes
         self.loop = asyncio.get_running_loop()  # (asking for it each time costs a getpid() before 3.12)
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
@@ -159,6 +180,8 @@ class HttpProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = 0.0
         self._on_expiry: Callable[[], None] | None = None
+        self._in_head = False
+        self._head_bytes = 0
 
     # timers: idle between requests, read while a request arrives. One lazy timer per connection:
     # re-arming only moves a deadline, the timer re-schedules itself when it fires early.
@@ -191,8 +214,7 @@ class HttpProtocol(asyncio.Protocol):
             self.closed = True
 
     def _read_expired(self) -> None:
-        self._reject(408, b'{"error": {"message": "request not received in time", "type": "invalid_request_error", '
-                          b'"code": 408}}')
+        self._reject(408, _NOT_IN_TIME)
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -231,31 +253,46 @@ class HttpProtocol(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reject(400, b"upgrades are not supported")
+            self._reject(400, _UPGRADE)
+            return
         except httptools.HttpParserError:
-            self._reject(400, b"malformed HTTP request")
+            self._reject(400, _MALFORMED)
+            return
+        if self._in_head:  # a head still arriving: the parser buffers it, so bound what it holds
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._in_head = False
+                self._reject(431, _HEAD_TOO_LARGE)
 
     # httptools callbacks
     def on_message_begin(self) -> None:
         self.incoming = _Incoming()
-        self._arm(READ_TIMEOUT_S, self._read_expired)
+        self._in_head, self._head_bytes = True, 0
+        self._arm(self.read_timeout_s, self._read_expired)
 
     def on_url(self, url: bytes) -> None:
-        self.incoming.url += url
+        inc = self.incoming
+        inc.url += url
+        inc.head_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        headers = self.incoming.headers
-        if len(headers) < MAX_HEADER_COUNT:
-            headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        inc = self.incoming
+        inc.header_count += 1
+        inc.head_bytes += len(name) + len(value)
+        if inc.header_count > MAX_HEADER_COUNT or inc.head_bytes > MAX_HEAD_BYTES:
+            inc.head_too_large = True
+        else:
+            inc.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         expect = self.incoming.headers.get("expect")
         if expect is not None and expect.lower() == "100-continue":
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for this before a large body
 
     def on_body(self, body: bytes) -> None:
         self.incoming.size += len(body)
-        if self.incoming.size > MAX_BODY_BYTES:
+        if self.incoming.size > self.max_body_bytes:
             self.incoming.too_large = True
         else:
             self.incoming.body.append(body)
@@ -263,9 +300,8 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._disarm()
         inc = self.incoming
-        if inc.too_large:
-            self._reject(413, b'{"error": {"message": "request body too large", "type": "invalid_request_error", '
-                              b'"code": 413}}')
+        if inc.too_large or inc.head_too_large or inc.head_bytes > MAX_HEAD_BYTES:
+            self._reject(413 if inc.too_large else 431, _TOO_LARGE if inc.too_large else _HEAD_TOO_LARGE)
             return
         url = inc.url.decode("latin-1")
         if url.startswith("/") and "?" not in url and "#" not in url:
@@ -377,8 +413,12 @@ class HttpProtocol(asyncio.Protocol):
 
 
 async def serve(handler: Handler, host: str, port: int, reuse_port: bool = False,
-                on_error: Callable[[BaseException], None] | None = None) -> asyncio.Server:
+                on_error: Callable[[BaseException], None] | None = None, read_timeout_s: float | None = None,
+                max_body_bytes: int | None = None) -> asyncio.Server:
+    """`read_timeout_s`: a request's head and body must arrive within it (else 408; default
+    READ_TIMEOUT_S); `max_body_bytes`: larger bodies are read, dropped and answered 413 (default
+    MAX_BODY_BYTES)."""
     loop = asyncio.get_running_loop()
     # asyncio and uvloop set TCP_NODELAY on accepted TCP sockets: no Nagle stall on SSE chunks.
-    return await loop.create_server(lambda: HttpProtocol(handler, on_error), host, port,
+    return await loop.create_server(lambda: HttpProtocol(handler, on_error, read_timeout_s, max_body_bytes), host, port,
                                     reuse_port=reuse_port, backlog=1024)

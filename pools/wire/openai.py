@@ -81,6 +81,16 @@ def load_body(body_bytes: bytes) -> JSON:
     return body
 
 
+def _sampling(body: JSON) -> None:
+    """Sampling parameters the simulated engine does not use, checked as OpenAI and vLLM check them."""
+    temperature = _field(body, "temperature", (int, float), None)
+    if temperature is not None and not 0 <= temperature <= 2:
+        raise ApiError(400, f"'temperature' is {temperature}, not in [0, 2]", param="temperature")
+    top_p = _field(body, "top_p", (int, float), None)
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ApiError(400, f"'top_p' is {top_p}, not in (0, 1]", param="top_p")
+
+
 def parse_generation(body_bytes: bytes | JSON, kind: str, max_model_len: int) -> GenerationRequest:
     body = load_body(body_bytes) if isinstance(body_bytes, bytes) else body_bytes
     model = body.get("model")
@@ -106,6 +116,7 @@ def parse_generation(body_bytes: bytes | JSON, kind: str, max_model_len: int) ->
     if max_tokens > max_model_len:
         raise ApiError(400, f"'max_tokens' is {max_tokens}, more than the model's context of {max_model_len} tokens",
                        param="max_tokens")
+    _sampling(body)
     stream = _field(body, "stream", (bool,), False)
     options = _field(body, "stream_options", (dict,), {})
     params = body.get("kv_transfer_params")

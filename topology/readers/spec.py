@@ -134,7 +134,7 @@ def format_validation(err: ValidationError) -> str:
     for e in err.errors():
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
         parts.append(f"{where or 'spec'}: {e['msg']}")
-    return "; ".join(parts)
+    return "; ".join(parts).replace("\r", "\\r").replace("\n", "\\n")  # one line, whatever the input's keys
 
 
 _M = TypeVar("_M", bound=BaseModel)
