@@ -46,9 +46,6 @@ class _Incoming:
     body: list[bytes] = field(default_factory=list)
     size: int = 0
     too_large: bool = False
-    header_count: int = 0
-    head_bytes: int = 0
-    head_too_large: bool = False
 
 
 _STATUS_LINES: dict[int, bytes] = {}
@@ -182,6 +179,10 @@ class HttpProtocol(asyncio.Protocol):
         self._on_expiry: Callable[[], None] | None = None
         self._in_head = False
         self._head_bytes = 0
+        """Bytes of the request line and header names and values parsed so far."""
+        self._head_raw = 0
+        """Bytes received while a head is still incomplete (the parser holds them)."""
+        self._head_too_large = False
 
     # timers: idle between requests, read while a request arrives. One lazy timer per connection:
     # re-arming only moves a deadline, the timer re-schedules itself when it fires early.
@@ -259,30 +260,28 @@ class HttpProtocol(asyncio.Protocol):
             self._reject(400, _MALFORMED)
             return
         if self._in_head:  # a head still arriving: the parser buffers it, so bound what it holds
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES:
+            self._head_raw += len(data)
+            if self._head_raw > MAX_HEAD_BYTES:
                 self._in_head = False
                 self._reject(431, _HEAD_TOO_LARGE)
 
     # httptools callbacks
     def on_message_begin(self) -> None:
         self.incoming = _Incoming()
-        self._in_head, self._head_bytes = True, 0
+        self._in_head, self._head_bytes, self._head_raw, self._head_too_large = True, 0, 0, False
         self._arm(self.read_timeout_s, self._read_expired)
 
     def on_url(self, url: bytes) -> None:
-        inc = self.incoming
-        inc.url += url
-        inc.head_bytes += len(url)
+        self.incoming.url += url
+        self._head_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        inc = self.incoming
-        inc.header_count += 1
-        inc.head_bytes += len(name) + len(value)
-        if inc.header_count > MAX_HEADER_COUNT or inc.head_bytes > MAX_HEAD_BYTES:
-            inc.head_too_large = True
+        self._head_bytes += len(name) + len(value)
+        headers = self.incoming.headers
+        if len(headers) < MAX_HEADER_COUNT and self._head_bytes <= MAX_HEAD_BYTES:
+            headers[name.decode("latin-1").lower()] = value.decode("latin-1")
         else:
-            inc.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+            self._head_too_large = True
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -300,7 +299,7 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._disarm()
         inc = self.incoming
-        if inc.too_large or inc.head_too_large or inc.head_bytes > MAX_HEAD_BYTES:
+        if inc.too_large or self._head_too_large:
             self._reject(413 if inc.too_large else 431, _TOO_LARGE if inc.too_large else _HEAD_TOO_LARGE)
             return
         url = inc.url.decode("latin-1")
