@@ -19,6 +19,7 @@ GPUs a replica really uses. The engine then gets:
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -130,3 +131,16 @@ def pin_for(topology: Topology, placement: ReplicaPlacement, ray_node_id: str | 
         notes.append(why)
     return Pin(node=placement.node, ray_node_id=ray_node_id, resources=resources, env=env, cpus=cpus,
                notes=tuple(notes))
+
+
+def pin_cpus(pid: int, cpus: tuple[int, ...], notes: list[str]) -> None:
+    """Bind a just-started engine to its NUMA node's CPUs (set right after the exec, before it
+    starts threads, which inherit it); what could not be applied goes to `notes`, once."""
+    allowed, why = host_affinity(cpus, frozenset(os.sched_getaffinity(0)))
+    if why and why not in notes:
+        notes.append(why)
+    if allowed:
+        try:
+            os.sched_setaffinity(pid, allowed)
+        except OSError as err:
+            notes.append(f"CPU affinity not applied: {err.strerror}")

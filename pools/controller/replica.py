@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pools.controller.pinning import host_affinity
+from pools.controller.pinning import pin_cpus
 from pools.controller.spec import ENGINE_ENV, EngineLaunch
 from topology.readers.cpus import format_cpu_list
 
@@ -64,15 +64,7 @@ class ReplicaProcess:
         raise RuntimeError(f"replica {self.launch.replica_id}: engine did not start (exit {code})")
 
     def _pin_cpus(self, pid: int) -> None:
-        """Set right after the exec, before the engine starts threads (they inherit it)."""
-        cpus, why = host_affinity(self.launch.pin.cpus, frozenset(os.sched_getaffinity(0)))
-        if why and why not in self.notes:
-            self.notes.append(why)
-        if cpus:
-            try:
-                os.sched_setaffinity(pid, cpus)
-            except OSError as err:
-                self.notes.append(f"CPU affinity not applied: {err.strerror}")
+        pin_cpus(pid, self.launch.pin.cpus, self.notes)
 
     def healthy(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from pools.controller.pinning import host_affinity
+from pools.controller.pinning import pin_cpus
 from pools.vllm.command import VllmServer, command, environment
 
 log = logging.getLogger("isleserve.vllm")
@@ -102,14 +102,7 @@ class VllmProcess:
         return self.url
 
     def _pin_cpus(self, pid: int) -> None:
-        cpus, why = host_affinity(self.server.cpus, frozenset(os.sched_getaffinity(0)))
-        if why:
-            self.notes.append(why)
-        if cpus:
-            try:
-                os.sched_setaffinity(pid, cpus)
-            except OSError as err:
-                self.notes.append(f"CPU affinity not applied: {err.strerror}")
+        pin_cpus(pid, self.server.cpus, self.notes)
 
     def _read(self, stream: IO[str]) -> None:
         sink = self.log_path.open("a", encoding="utf-8") if self.log_path is not None else None

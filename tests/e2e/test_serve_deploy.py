@@ -27,6 +27,7 @@ import openai
 import pytest
 import yaml
 
+from loadtest.deploy import session_pids
 from router.config import DEV_KEY
 from tests.conftest import ROOT
 
@@ -64,19 +65,6 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _session(sid: int) -> list[int]:
-    """Live processes of a session (stat field 6), zombies left out."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
-
-
 def _serving(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -112,13 +100,13 @@ def head() -> Iterator[Head]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(60)
         deadline = time.monotonic() + 20
-        while _session(proc.pid) and time.monotonic() < deadline:
+        while session_pids(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.5)
-        leftover = _session(proc.pid)
+        leftover = session_pids(proc.pid)
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(temp_dir, ignore_errors=True)
-        assert not _session(proc.pid) and not _serving(8000)
+        assert not session_pids(proc.pid) and not _serving(8000)
 
 
 def _deploy(head: Head, config: str, timeout_s: float = 150) -> dict[str, object]:
@@ -162,7 +150,7 @@ def test_serve_deploy_local_config_runs_and_answers(head: Head) -> None:
 
 def _engines(head: Head) -> list[int]:
     out = []
-    for pid in _session(head.proc.pid):
+    for pid in session_pids(head.proc.pid):
         try:
             if b"sim-engine" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.append(pid)
