@@ -19,7 +19,8 @@ from loadtest.deploy import DeployError
 from loadtest.model import TraceRequest
 from loadtest.report import write_plots, write_report
 from loadtest.scenario import Scenario, load_scenario
-from loadtest.sim.cluster import SimConfig, simulate
+from loadtest.sim.cluster import simulate
+from loadtest.sim.model import SimConfig
 from loadtest.summary import summarize
 from pools.model import PlacementPlan, PlacementRequest
 from pools.placement import get_policy

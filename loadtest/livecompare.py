@@ -31,12 +31,14 @@ from typing import Any
 
 import yaml
 
+from loadtest.client import Target, loopback_target
 from loadtest.deploy import ROOT, Deployment, ray_deployment
-from loadtest.live import Driver, Target, loopback_target, pick_model
+from loadtest.live import Driver, pick_model
 from loadtest.model import RequestResult, TraceRequest
 from loadtest.report import write_plots, write_report
 from loadtest.scenario import Scenario
-from loadtest.sim.cluster import SimConfig, simulate
+from loadtest.sim.cluster import simulate
+from loadtest.sim.model import SimConfig
 from loadtest.summary import summarize
 from loadtest.workload import Workload, load_workload
 from router.appconfig import AppArgs, parse_app_args, plan_for, resolve_topology

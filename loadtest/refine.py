@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadtest.model import TraceRequest
-from loadtest.sim.cluster import SimConfig, simulate
+from loadtest.sim.cluster import simulate
+from loadtest.sim.model import SimConfig
 from loadtest.summary import summarize
 from pools.model import DEFAULT_SLO_CLASSES, PlacementRequest, PoolSpec, SLOClass
 from pools.placement import get_policy

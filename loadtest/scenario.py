@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from loadtest.sim.cluster import Fault
+from loadtest.sim.model import Fault
 from pools.config import PoolConfig, SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
 from router.config import PDConfig, ProfileConfig

@@ -12,7 +12,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from loadtest.sim.cluster import SimConfig, simulate
+from loadtest.sim.cluster import simulate
+from loadtest.sim.model import SimConfig
 from loadtest.summary import summarize
 from pools.model import DEFAULT_SLO_CLASSES, PlacementRequest, PoolSpec
 from pools.placement import get_policy

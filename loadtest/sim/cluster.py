@@ -1,16 +1,12 @@
 """The offline simulator: a discrete-event simulation of a whole deployment on a virtual clock.
 
-What runs is the product's own code, unchanged: the placement policy's plan
-(`pools.placement`), each replica's continuous batching (`pools.engine.core`, with its exact
-fast-forward over identical decode steps), and the router's decisions (`router.decision.decide`
-for a replica, `pd_pair` for a prefill/decode pair) on candidates built the way the live router
-builds them (engine load as of the last scrape, its own in-flight count and latency). Only the
-transport is modelled: KV transfers share NICs and links fairly (`loadtest.sim.network`), link
-faults slow the engines whose TP group they cross, and a lost node takes its replicas with it.
-
-Semantics mirror the live router: a request that has not produced a token is retried elsewhere
-when its replica is lost (up to `retries`); one that has streamed fails; a degraded replica is
-drained (no new traffic for classes that are not sheddable) once the health loop notices.
+What runs is the product's own code, unchanged: the policy's plan, each replica's batching core
+(`pools.engine.core`, with its exact decode fast-forward) and the router's decisions (`decide`,
+`pd_pair`) on candidates built as the live router builds them (load as of the last scrape, its
+own in-flight counts and latency). Modelled: KV transfers sharing NICs and links
+(`loadtest.sim.network`), link faults slowing the TP groups they cross, lost nodes. As live: a
+request with no token yet is retried elsewhere when its replica is lost (up to `retries`), one
+that has streamed fails; a degraded replica is drained once the health loop notices.
 """
 
 from __future__ import annotations
@@ -19,91 +15,25 @@ import heapq
 import math
 import random
 import zlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from loadtest.model import OK, RequestResult, TraceRequest
+from loadtest.sim.model import Fault, SimConfig, SimResult, _Req
 from loadtest.sim.network import Network, legs
 from loadtest.sim.replica import Phase, SimReplica, build_replica
 from pools import costmodel
 from pools.costmodel import LinkCost
 from pools.engine.core import DecodeRun
-from pools.model import PlacementPlan, SLOClass
 from pools.routing import table_from_plan
 from router.admission import Admission
 from router.decision import Candidate, PDDecision, Profile, RouteRequest, decide, pd_pair
-from topology import GpuRef, Topology
+from topology import GpuRef
 
 PREFIX_BLOCKS = 4
 PLAN_STEPS = 64
 """Decode steps planned at once: arrivals usually cut a run short, so longer plans are waste."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fault:
-    at_s: float
-    kind: str
-    """link_degrade | link_restore | node_loss"""
-    node: str
-    gpus: tuple[int, ...] = ()
-    """The link's two GPUs (link faults); empty: every link of the node."""
-    factor: float = 0.25
-    """Bandwidth left on a degraded link (latency grows by the inverse)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SimConfig:
-    topology: Topology
-    plan: PlacementPlan
-    classes: Mapping[str, SLOClass]
-    profiles: Mapping[str, Profile] = field(default_factory=dict)
-    """Routing profile per SLO class (the default profile for the others)."""
-    pd_enabled: bool = True
-    pd_min_prompt_tokens: int = 256
-    scrape_interval_s: float = 0.5
-    detect_s: float = 2.0
-    """How long the health loop takes to notice a degraded link and drain the replica."""
-    retries: int = 2
-    faults: tuple[Fault, ...] = ()
-    seed: int = 0
-    max_itl_samples: int = 16
-    max_num_seqs: int = 256
-    kv_capacity_tokens: int | None = None
-    """Every replica's KV cache (None: from the cost model)."""
-    fast_forward: bool = True
-    model: str | None = None
-    """The served model every request asks for (default: the first, by name)."""
-
-
-@dataclass(slots=True, eq=False)
-class _Req:
-    trace: TraceRequest
-    rid: str
-    cls: SLOClass
-    route: RouteRequest
-    replica: str = ""
-    prefill: str = ""
-    phase: str = "new"
-    """new | prefill | transfer | decode | done"""
-    tier: str = ""
-    first_s: float | None = None
-    last_s: float = 0.0
-    itls: list[float] = field(default_factory=list)
-    kv_latency_s: float = 0.0
-    retries: int = 0
-    pd: PDDecision | None = None
-
-
-@dataclass(slots=True)
-class SimResult:
-    results: list[RequestResult]
-    duration_s: float
-    events: int
-    log: list[dict[str, Any]]
-    """Faults, drains and re-routes, with their virtual times."""
-
-
 ARRIVAL, START, STEP_END, RUN_END, NET, KV_READY, SCRAPE, FAULT, DRAIN = range(9)
 
 

@@ -20,7 +20,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadtest.live import UsageError, _Dechunker, _Stream, load_classes, loopback_target
+from loadtest.client import UsageError, _Dechunker, loopback_target
+from loadtest.live import _Stream, load_classes
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.conftest import ROOT
 from tests.engines import EngineProcess, start_engine, stop_engine

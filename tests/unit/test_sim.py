@@ -13,7 +13,8 @@ import pytest
 from loadtest.compare import compare
 from loadtest.model import TraceRequest
 from loadtest.scenario import load_scenario
-from loadtest.sim.cluster import Fault, SimConfig, SimResult, simulate
+from loadtest.sim.cluster import simulate
+from loadtest.sim.model import Fault, SimConfig, SimResult
 from loadtest.sim.network import Network
 from pools.model import DEFAULT_SLO_CLASSES, PlacementRequest, PoolSpec
 from pools.placement import get_policy

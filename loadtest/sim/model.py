@@ -1,0 +1,77 @@
+"""The simulator's inputs and outputs: the deployment and its settings (`SimConfig`), faults on a
+timeline, the result of a run, and the state it keeps per request."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadtest.model import RequestResult, TraceRequest
+from pools.model import PlacementPlan, SLOClass
+from router.decision import PDDecision, Profile, RouteRequest
+from topology import Topology
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fault:
+    at_s: float
+    kind: str
+    """link_degrade | link_restore | node_loss"""
+    node: str
+    gpus: tuple[int, ...] = ()
+    """The link's two GPUs (link faults); empty: every link of the node."""
+    factor: float = 0.25
+    """Bandwidth left on a degraded link (latency grows by the inverse)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    topology: Topology
+    plan: PlacementPlan
+    classes: Mapping[str, SLOClass]
+    profiles: Mapping[str, Profile] = field(default_factory=dict)
+    """Routing profile per SLO class (the default profile for the others)."""
+    pd_enabled: bool = True
+    pd_min_prompt_tokens: int = 256
+    scrape_interval_s: float = 0.5
+    detect_s: float = 2.0
+    """How long the health loop takes to notice a degraded link and drain the replica."""
+    retries: int = 2
+    faults: tuple[Fault, ...] = ()
+    seed: int = 0
+    max_itl_samples: int = 16
+    max_num_seqs: int = 256
+    kv_capacity_tokens: int | None = None
+    """Every replica's KV cache (None: from the cost model)."""
+    fast_forward: bool = True
+    model: str | None = None
+    """The served model every request asks for (default: the first, by name)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Req:
+    trace: TraceRequest
+    rid: str
+    cls: SLOClass
+    route: RouteRequest
+    replica: str = ""
+    prefill: str = ""
+    phase: str = "new"
+    """new | prefill | transfer | decode | done"""
+    tier: str = ""
+    first_s: float | None = None
+    last_s: float = 0.0
+    itls: list[float] = field(default_factory=list)
+    kv_latency_s: float = 0.0
+    retries: int = 0
+    pd: PDDecision | None = None
+
+
+@dataclass(slots=True)
+class SimResult:
+    results: list[RequestResult]
+    duration_s: float
+    events: int
+    log: list[dict[str, Any]]
+    """Faults, drains and re-routes, with their virtual times."""
