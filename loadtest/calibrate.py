@@ -34,18 +34,14 @@ from typing import Any
 from loadtest.deploy import ROOT, DeployError, Deployment, direct_deployment, ray_deployment
 from loadtest.livecompare import (
     LiveOptions,
-    as_sent,
     base_serve_config,
     drive,
-    engine_counters,
-    engine_timings,
     live_args,
     live_workload,
     local_misfit,
-    mean_timings,
-    simulate_deployment,
     write_serve_config,
 )
+from loadtest.livetimings import as_sent, engine_counters, engine_timings, mean_timings, simulate_deployment
 from loadtest.scenario import load_scenario
 from router.appconfig import AppArgs, plan_for, resolve_topology
 

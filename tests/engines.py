@@ -8,9 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from tests.conftest import ROOT
 
@@ -65,3 +69,23 @@ def running_engine(*args: str) -> Iterator[EngineProcess]:
         yield engine
     finally:
         stop_engine(engine)
+
+
+@contextmanager
+def running_router(config: Mapping[str, Any], directory: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`python -m router --config` with this config, as a user starts it: (process, its /v1 URL)."""
+    path = directory / "router.yaml"
+    path.write_text(yaml.safe_dump(dict(config)))
+    proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "ready:" in line, proc.stderr.read() if proc.stderr else ""
+        yield proc, line.split("ready:")[1].strip()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()

@@ -13,7 +13,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import openai
 import pytest
 import yaml
 
-from loadtest.deploy import session_pids
+from loadtest.deploy import free_ports, port_in_use, session_pids
 from router.config import DEV_KEY
 from tests.conftest import ROOT
 
@@ -55,27 +54,12 @@ class Head:
         return yaml.safe_load(out)["applications"]["isleserve"]  # type: ignore[no-any-return]
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _serving(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture(scope="module")
 def head() -> Iterator[Head]:
-    if _serving(8000):
+    if port_in_use(8000):
         pytest.fail("127.0.0.1:8000 is taken: configs/local.yaml's router needs it")
     temp_dir = Path(tempfile.mkdtemp(prefix="isle-ray-", dir="/tmp"))  # short: Ray's socket paths live here
-    ports = dict(zip(PORT_OPTIONS, _free_ports(len(PORT_OPTIONS)), strict=True))
+    ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS)), strict=True))
     env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--dashboard-host",
            "127.0.0.1", "--temp-dir", str(temp_dir), "--num-cpus", "2", "--disable-usage-stats",
@@ -106,7 +90,7 @@ def head() -> Iterator[Head]:
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(temp_dir, ignore_errors=True)
-        assert not session_pids(proc.pid) and not _serving(8000)
+        assert not session_pids(proc.pid) and not port_in_use(8000)
 
 
 def _deploy(head: Head, config: str, timeout_s: float = 150) -> dict[str, object]:
@@ -168,6 +152,6 @@ def test_serve_shutdown_and_stop_controller_leave_nothing_running(head: Head) ->
                           capture_output=True, text=True, timeout=120, check=False)
     assert stop.returncode == 0, stop.stderr  # ... the product's own command stops them
     deadline = time.monotonic() + 20
-    while (_engines(head) or _serving(8000)) and time.monotonic() < deadline:
+    while (_engines(head) or port_in_use(8000)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _engines(head) and not _serving(8000)
+    assert not _engines(head) and not port_in_use(8000)

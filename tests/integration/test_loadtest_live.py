@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +23,7 @@ from loadtest.client import UsageError, _Dechunker, loopback_target
 from loadtest.live import _Stream, load_classes
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.conftest import ROOT
-from tests.engines import EngineProcess, start_engine, stop_engine
+from tests.engines import EngineProcess, running_router, start_engine, stop_engine
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-3.1-8b"
@@ -43,7 +42,6 @@ def router_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     specs = {"m1": ("mixed", {"node": "h100-0", "gpus": [0]}), "m2": ("mixed", {"node": "h100-1", "gpus": [0]}),
              "p1": ("prefill", {"node": "h100-0", "gpus": [1]}), "d1": ("decode", {"node": "h100-0", "gpus": [2]})}
     engines: dict[str, EngineProcess] = {}
-    proc: subprocess.Popen[str] | None = None
     try:
         for name, (role, placement) in specs.items():
             engines[name] = start_engine(*common, "--role", role, "--placement", json.dumps(placement),
@@ -57,21 +55,9 @@ def router_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                           "role": role, "node": p["node"], "gpus": p["gpus"], "tier": "local", "gpu_model": "h100-sxm",
                           "catalog_model": MODEL} for name, (role, p) in specs.items()],
         }
-        path = tmp_path_factory.mktemp("router") / "router.yaml"
-        path.write_text(yaml.safe_dump(config))
-        proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(path)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "ready:" in line, proc.stderr.read() if proc.stderr else ""
-        yield line.split("ready:")[1].strip().removesuffix("/v1")
+        with running_router(config, tmp_path_factory.mktemp("router")) as (_, url):
+            yield url.removesuffix("/v1")
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
         for engine in engines.values():
             stop_engine(engine)
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -14,11 +12,9 @@ from typing import Any
 
 import openai
 import pytest
-import yaml
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
-from tests.conftest import ROOT
-from tests.engines import EngineProcess, start_engine, stop_engine
+from tests.engines import EngineProcess, running_router, start_engine, stop_engine
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-3.1-8b"
@@ -62,20 +58,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                  "gpu_model": "h100-sxm", "catalog_model": MODEL}
                 for name, (role, p) in specs.items()],
         }
-        path = tmp_path_factory.mktemp("router") / "router.yaml"
-        path.write_text(yaml.safe_dump(config))
-        proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(path)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "ready:" in line, proc.stderr.read() if proc.stderr else ""
-        url = line.split("ready:")[1].strip()
-        yield {"url": url, "base": url.removesuffix("/v1"), "engines": engines, "proc": proc}
-        proc.terminate()
-        proc.wait(10)
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
+        with running_router(config, tmp_path_factory.mktemp("router")) as (proc, url):
+            yield {"url": url, "base": url.removesuffix("/v1"), "engines": engines, "proc": proc}
     finally:
         for e in engines.values():
             stop_engine(e)

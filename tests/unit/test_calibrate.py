@@ -16,17 +16,13 @@ import loadtest.calibrate as calibrate_module
 from loadtest.calibrate import DEFAULT_SCENARIO, calibrate
 from loadtest.livecompare import (
     LiveOptions,
-    as_sent,
     base_serve_config,
-    engine_counters,
-    engine_timings,
     live_args,
     live_workload,
     local_misfit,
-    mean_timings,
-    modelled,
     plan_summary_json,
 )
+from loadtest.livetimings import as_sent, engine_counters, engine_timings, mean_timings, modelled
 from loadtest.model import RequestResult, TraceRequest
 from loadtest.scenario import load_scenario
 from tests.conftest import ROOT
