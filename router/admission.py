@@ -19,8 +19,11 @@ DEFAULT_QUEUE_MS = 2000.0
 
 
 class Admission:
-    def __init__(self, classes: dict[str, SLOClass]) -> None:
+    def __init__(self, classes: dict[str, SLOClass], share: int = 1) -> None:
+        """`share`: the router's worker processes; each admits its part of a class's limit."""
         self.classes = classes
+        self.limits = {name: None if c.max_concurrency is None else max(1, -(-c.max_concurrency // share))
+                       for name, c in classes.items()}
         self.inflight = {name: 0 for name in classes}
         self.freed = {name: asyncio.Event() for name in classes}
 
@@ -37,7 +40,7 @@ class Admission:
 
     def enter(self, slo: SLOClass) -> bool:
         """Take a slot now if one is free (the common case: no await, no context manager)."""
-        limit = slo.max_concurrency
+        limit = self.limits[slo.name]
         if limit is not None and self.inflight[slo.name] >= limit:
             if slo.sheddable:
                 raise ApiError(429, f"{slo.name} is at its concurrency limit ({limit}); retry later",
@@ -48,7 +51,7 @@ class Admission:
 
     async def wait(self, slo: SLOClass) -> None:
         """Queue for a slot up to the class's queue-time limit, then take it (or 429)."""
-        limit = slo.max_concurrency or 0
+        limit = self.limits[slo.name] or 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (slo.max_queue_ms or DEFAULT_QUEUE_MS) / 1000
         while self.inflight[slo.name] >= limit:

@@ -32,10 +32,11 @@ def bench(argv: Sequence[str]) -> int:
     parser.add_argument("--format", choices=["json", "text"], default="text")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--workers", type=int, default=2, help="our router's worker processes (config `workers`)")
     args = parser.parse_args(argv)
     from router.bench.run import main as bench_main
 
-    return bench_main(args.format, args.reps, args.seconds)
+    return bench_main(args.format, args.reps, args.seconds, args.workers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

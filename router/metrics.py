@@ -5,6 +5,11 @@ The per-request series (latency histograms, request counts) are plain counters t
 loop updates without a lock — the router's loop is their only writer and `/metrics` is served on
 that same loop — and a prometheus-client collector turns them into families when scraped. That
 costs a bisect and two additions per observation instead of prometheus-client's locked values.
+
+With several router workers (processes sharing the port), the worker that answers a scrape adds
+its siblings' `snapshot()`s to its own: counters, histograms and in-flight counts are summed, a
+replica counts as healthy only when every worker sends it traffic. One view, whichever worker
+answers.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -67,14 +72,44 @@ class Family:
         """For a family without labels."""
         self.labels_().observe(value)
 
-    def collect(self) -> Metric:
+    def snapshot(self) -> list[list[Any]]:
+        """[[label values, counts, sum] (histogram) or [label values, value] (counter)] (JSON)."""
+        if self.buckets is None:
+            return [[list(k), c.value] for k, c in self.series.items()]
+        return [[list(k), list(h.counts), h.sum] for k, h in self.series.items()]
+
+    def merged(self, peers: Sequence[list[list[Any]]]) -> dict[tuple[str, ...], Any]:
+        """This family's series with the siblings' snapshots added (new objects; ours untouched)."""
+        out: dict[tuple[str, ...], Any] = {}
+        for values, own in self.series.items():
+            if self.buckets is None:
+                c = out[values] = CounterSeries()
+                c.value = own.value
+            else:
+                h = out[values] = HistogramSeries(self.buckets)
+                h.counts, h.sum = list(own.counts), own.sum
+        for snap in peers:
+            for row in snap:
+                values = tuple(str(v) for v in row[0])
+                if len(values) != len(self.labels):
+                    continue  # a sibling of another version: skip what does not fit
+                if self.buckets is None:
+                    out.setdefault(values, CounterSeries()).value += float(row[1])
+                elif len(row[1]) == len(self.buckets) + 1:
+                    h = out.setdefault(values, HistogramSeries(self.buckets))
+                    h.counts = [a + int(b) for a, b in zip(h.counts, row[1], strict=True)]
+                    h.sum += float(row[2])
+        return out
+
+    def collect(self, peers: Sequence[list[list[Any]]] = ()) -> Metric:
+        series = self.merged(peers) if peers else self.series
         if self.buckets is None:
             counter = CounterMetricFamily(self.name, self.doc, labels=self.labels)
-            for values, c in sorted(self.series.items()):
+            for values, c in sorted(series.items()):
                 counter.add_metric(list(values), c.value)
             return counter
         hist = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
-        for values, h in sorted(self.series.items()):
+        for values, h in sorted(series.items()):
             running, buckets = 0, []
             for bound, count in zip((*self.buckets, float("inf")), h.counts, strict=True):
                 running += count
@@ -94,10 +129,12 @@ class RouterMetrics:
         self.kv = Family("isle_router_kv_transfer_seconds", "Prefill-to-decode handover (PD)", labels, BUCKETS)
         self.requests = Family("isle_router_requests", "Requests by SLO class and outcome", ["slo_class", "outcome"])
         self.decision = Family("isle_router_decision_seconds", "Time to make a routing decision", [], FAST)
-        self.healthy = Gauge("isle_router_replica_healthy", "1 when the router sends traffic to the replica",
-                             ["replica"], registry=r)
+        self.healthy: dict[str, float] = {}
+        """Replica id -> 1.0 when this worker sends it traffic (isle_router_replica_healthy)."""
         self.inflight: Mapping[str, int] = {}
         """Requests in flight by class: admission's own counts, read when /metrics is scraped."""
+        self.peers: Sequence[Mapping[str, Any]] = ()
+        """Sibling workers' snapshots, set only while rendering a merged view."""
         r.register(_Families(self))
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -113,8 +150,18 @@ class RouterMetrics:
     def families(self) -> tuple[Family, ...]:
         return self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.decision
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def snapshot(self) -> dict[str, Any]:
+        """This worker's series as JSON, for the sibling that answers a scrape."""
+        return {"families": {f.name: f.snapshot() for f in self.families()}, "inflight": dict(self.inflight),
+                "healthy": dict(self.healthy)}
+
+    def render(self, peers: Sequence[Mapping[str, Any]] = ()) -> bytes:
+        """The exposition text: this worker's series plus its siblings' snapshots."""
+        self.peers = peers
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self.peers = ()
 
 
 class _Families(Collector):
@@ -122,13 +169,27 @@ class _Families(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        for family in self.metrics.families():
-            yield family.collect()
+        m = self.metrics
+        for family in m.families():
+            yield family.collect([p["families"].get(family.name, []) for p in m.peers])
         inflight = GaugeMetricFamily("isle_router_inflight_requests", "Requests in flight by SLO class",
                                      labels=["slo_class"])
-        for name, count in sorted(self.metrics.inflight.items()):
-            inflight.add_metric([name], float(count))
+        counts: dict[str, float] = {name: float(count) for name, count in m.inflight.items()}
+        for p in m.peers:
+            for name, count in p.get("inflight", {}).items():
+                counts[name] = counts.get(name, 0.0) + float(count)
+        for name, count in sorted(counts.items()):
+            inflight.add_metric([name], count)
         yield inflight
+        healthy = GaugeMetricFamily("isle_router_replica_healthy", "1 when the router sends traffic to the replica",
+                                    labels=["replica"])
+        views: dict[str, float] = dict(m.healthy)
+        for p in m.peers:
+            for replica, value in p.get("healthy", {}).items():
+                views[replica] = min(views.get(replica, 1.0), float(value))
+        for replica, value in sorted(views.items()):
+            healthy.add_metric([replica], value)
+        yield healthy
 
 
 def _go(bound: float) -> str:

@@ -93,8 +93,8 @@ class RouterThread:
                 table: RoutingTable = await loop.run_in_executor(None, self.ray.get, self.controller.table.remote())
                 if table.version > self.router.replicas.table.version:
                     refs = [self.controller.plan.remote(), self.controller.topology.remote()]
-                    self.router.plan, self.router.topology = await loop.run_in_executor(None, self.ray.get, refs)
-                self.router.replicas.follow(table)
+                    plan, topology = await loop.run_in_executor(None, self.ray.get, refs)
+                    await self.router.set_view(table, topology, plan)  # and to the router's other workers
             except self.ray.exceptions.RayError as err:  # a controller restarting: keep the last table
                 log.warning("following the controller's routing table: %s", err)
 

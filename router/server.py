@@ -35,12 +35,14 @@ from router.metrics import RouterMetrics
 from router.relay import RelayPool
 from router.state import Replicas
 from router.upstream import Pool, UpstreamError
+from router.workers import Siblings, Workers, read_view, socket_path, view_bytes
 from topology import Topology
 
 log = logging.getLogger("isleserve.router")
 GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
 """Prefix affinity hashes the prompt's leading full blocks (about 16 tokens each), up to 4."""
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 """The public API's OpenAPI document (static, hand-kept; served as is at /openapi.json)."""
 
@@ -79,14 +81,16 @@ def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, str, bool]:
 
 class Router:
     def __init__(self, config: RouterConfig, table: RoutingTable, topology: Topology | None = None,
-                 plan: Mapping[str, Any] | None = None) -> None:
+                 plan: Mapping[str, Any] | None = None, worker: int = 0) -> None:
         self.config = config
+        self.worker = worker
+        """This process's index among the router's workers (0: the leader, which starts the others)."""
         self.auth = Auth(config)
         self.replicas = Replicas(table, config.upstream.breaker_failures, config.upstream.breaker_open_s)
         self.topology = topology
         self.plan = plan
         self.metrics = RouterMetrics()
-        self.admission = Admission(config.classes())
+        self.admission = Admission(config.classes(), share=config.workers)
         self.metrics.inflight = self.admission.inflight
         self.pool = Pool(config.upstream.connect_timeout_s)  # scraping engines' /metrics
         self.relay = RelayPool(config.upstream.connect_timeout_s)  # the request path
@@ -98,6 +102,10 @@ class Router:
         self.openapi = OPENAPI_PATH.read_bytes()
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.siblings: Siblings | None = None
+        self.workers: Workers | None = None
+        """The leader's other workers (config `workers` > 1)."""
+        self._internal: asyncio.Server | None = None
 
     def _profile(self, slo_class: str) -> Profile:
         p = self.config.profile(slo_class)
@@ -108,20 +116,73 @@ class Router:
     async def start(self) -> None:
         self.server = await serve(self.handle, self.config.host, self.config.port,
                                   on_error=lambda e: log.exception("handler error", exc_info=e),
-                                  read_timeout_s=self.config.read_timeout_s, max_body_bytes=self.config.max_body_bytes)
+                                  read_timeout_s=self.config.read_timeout_s, max_body_bytes=self.config.max_body_bytes,
+                                  reuse_port=self.config.workers > 1)
         self._tasks.append(asyncio.get_running_loop().create_task(
             self.replicas.scrape_forever(self.pool, self.config.scrape_interval_s, self._publish_health)))
+        if self.worker == 0 and self.config.workers > 1:  # the leader starts the others on the port it got
+            self.workers = Workers(self.config.model_copy(update={"port": self.port}).model_dump_json(),
+                                   self.config.workers)
+            await self.join(self.workers.directory)
+            try:
+                await self.workers.start(self.view())
+            except BaseException:
+                await self.stop()
+                raise
+
+    async def join(self, directory: Path) -> None:
+        """Listen for the sibling workers on `directory`/INDEX.sock."""
+        from pools.wire.http import serve_unix
+
+        self._internal = await serve_unix(self.internal, socket_path(directory, self.worker),
+                                          on_error=lambda e: log.exception("internal handler error", exc_info=e))
+        self.siblings = Siblings(directory, self.worker, self.config.workers)
+
+    def view(self) -> bytes:
+        return view_bytes(self.replicas.table, self.topology, self.plan)
+
+    async def set_view(self, table: RoutingTable, topology: Topology | None, plan: Mapping[str, Any] | None) -> None:
+        """A newer routing table (with the topology and plan it was made for), in every worker."""
+        if table.version <= self.replicas.table.version:
+            return
+        self.topology, self.plan = topology, plan
+        self.replicas.follow(table)
+        if self.workers is not None:
+            await self.workers.push(self.view())
+
+    def internal(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
+        """The sibling workers' routes (Unix socket only)."""
+        if (request.method, request.path) == ("GET", "/internal/metrics"):
+            response.send(200, orjson.dumps(self.metrics.snapshot()))
+        elif (request.method, request.path) == ("PUT", "/internal/view"):
+            table, topology, plan = read_view(request.body)
+            if table.version > self.replicas.table.version:
+                self.topology, self.plan = topology, plan
+                self.replicas.follow(table)
+            response.send(200, b"{}")
+        else:
+            _send_error(response, wire.ApiError(404, f"no route {request.method} {request.path}", "not_found_error"))
+        return None
+
+    async def _metrics(self, response: Responder) -> None:
+        assert self.siblings is not None
+        peers = await self.siblings.snapshots()
+        response.send(200, self.metrics.render(peers), METRICS_TYPE)
 
     def _publish_health(self) -> None:
-        for c in self.replicas.snapshot():
-            self.metrics.child(self.metrics.healthy, c.endpoint.replica_id).set(
-                1.0 if c.endpoint.healthy and not c.load.breaker_open else 0.0)
+        self.metrics.healthy = {c.endpoint.replica_id: 1.0 if c.endpoint.healthy and not c.load.breaker_open else 0.0
+                                for c in self.replicas.snapshot()}  # replicas that left the table leave the gauge
 
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
         if self.server is not None:
             self.server.close()
+        if self.workers is not None:
+            await self.workers.stop()
+            self.workers = None
+        if self._internal is not None:
+            self._internal.close()
         self.pool.close()
         self.relay.close()
         self.watch.close()
@@ -144,7 +205,9 @@ class Router:
             elif (method, path) == ("GET", "/health"):
                 response.send(200, b'{"status": "ok"}')
             elif (method, path) == ("GET", "/metrics"):
-                response.send(200, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+                if self.siblings is not None:
+                    return self._metrics(response)
+                response.send(200, self.metrics.render(), METRICS_TYPE)
             elif (method, path) == ("GET", "/openapi.json"):
                 response.send(200, self.openapi)
             elif path.startswith("/admin/") and method == "GET":
@@ -159,7 +222,7 @@ class Router:
     def _admin(self, path: str) -> Any:
         if path == "/admin/replicas":
             now = time.monotonic()
-            return {"version": self.replicas.table.version, "replicas": [
+            return {"version": self.replicas.table.version, "worker": self.worker, "replicas": [
                 {"replica_id": s.endpoint.replica_id, "url": s.endpoint.url, "model": s.endpoint.model,
                  "pool": s.endpoint.pool, "role": s.endpoint.role, "node": s.endpoint.node,
                  "gpus": list(s.endpoint.gpus), "tier": s.endpoint.tier, "healthy": s.endpoint.healthy,

@@ -338,3 +338,12 @@ async def serve(handler: Handler, host: str, port: int, reuse_port: bool = False
     # asyncio and uvloop set TCP_NODELAY on accepted TCP sockets: no Nagle stall on SSE chunks.
     return await loop.create_server(lambda: HttpProtocol(handler, on_error, read_timeout_s, max_body_bytes), host, port,
                                     reuse_port=reuse_port, backlog=1024)
+
+
+async def serve_unix(handler: Handler, path: str, on_error: Callable[[BaseException], None] | None = None,
+                     max_body_bytes: int | None = None) -> asyncio.Server:
+    """The same HTTP/1.1 server on a Unix socket (a process's private channel to its siblings:
+    only processes that can open `path` reach it)."""
+    loop = asyncio.get_running_loop()
+    return await loop.create_unix_server(lambda: HttpProtocol(handler, on_error, None, max_body_bytes), path,
+                                         backlog=64)

@@ -1,7 +1,8 @@
 """`python -m router bench`: our router, nginx (plain reverse proxy) and the Rust vllm-router, side
 by side on loopback in front of the same two fast fake backends, medians of `--reps` runs.
 
-Per proxy: requests/s and proxy CPU-seconds per 1,000 requests at saturation (wrk, 64
+Ours runs with `workers: 2` by default (`--workers`), as nginx runs two worker processes and the
+Rust router a thread per core. Per proxy: requests/s and proxy CPU-seconds per 1,000 requests at saturation (wrk, 64
 connections), added latency p50/p99 at a fixed 200 req/s (open loop, against the backend
 directly), and the same for streaming (64-chunk streams: saturation and time to first chunk p99
 of 32 simultaneous streams), and the added per-chunk delivery p99 of 64 synchronised streams (the
@@ -72,8 +73,8 @@ def _ensure_peers() -> tuple[str, str]:
     return str(shutil.which("nginx")), str(binary)
 
 
-def _ours(backends: list[str], port: int, workdir: Path) -> subprocess.Popen[str]:
-    config = {"port": port, "keys": [{"tenant": "bench", "key_sha256": sha256(DEV_KEY)}],
+def _ours(backends: list[str], port: int, workdir: Path, workers: int) -> subprocess.Popen[str]:
+    config = {"port": port, "workers": workers, "keys": [{"tenant": "bench", "key_sha256": sha256(DEV_KEY)}],
               "admin_keys": [{"tenant": "ops", "key_sha256": sha256(DEV_ADMIN_KEY)}],
               "pd": {"enabled": False}, "default_profile": {"scorers": {"queue-depth-scorer": 1.0}},
               "replicas": [{"replica_id": f"b{i}", "url": b, "model": "fake"} for i, b in enumerate(backends)]}
@@ -137,7 +138,7 @@ def _measure(proc: subprocess.Popen[str], port: int, direct: int, seconds: float
             "chunk_p99_added_ms": (load.pct(chunk, 0.99) - load.pct(chunk_base, 0.99)) * 1000}
 
 
-def run(reps: int = 3, seconds: float = 5.0) -> dict[str, Any]:
+def run(reps: int = 3, seconds: float = 5.0, workers: int = 2) -> dict[str, Any]:
     nginx, vllm_router = _ensure_peers()
     workdir = Path(tempfile.mkdtemp(prefix="isle-bench-"))
     ports = [_free_port(), _free_port()]
@@ -146,7 +147,7 @@ def run(reps: int = 3, seconds: float = 5.0) -> dict[str, Any]:
     backends = [f"http://127.0.0.1:{p}" for p in ports]
     direct = ports[0]
     starters: dict[str, Callable[[int], subprocess.Popen[str]]] = {
-        "ours": lambda p: _ours(backends, p, workdir),
+        "ours": lambda p: _ours(backends, p, workdir, workers),
         "nginx": lambda p: _nginx(nginx, backends, p, workdir),
         "vllm_router": lambda p: _vllm_router(vllm_router, backends, p),
     }
@@ -180,8 +181,8 @@ def _summary(runs: list[dict[str, float]]) -> dict[str, Any]:
                           "chunk_p99_added_ms": med("chunk_p99_added_ms")}}
 
 
-def main(fmt: str, reps: int, seconds: float) -> int:
-    figures = run(reps, seconds)
+def main(fmt: str, reps: int, seconds: float, workers: int = 2) -> int:
+    figures = run(reps, seconds, workers)
     if fmt == "json":
         print(json.dumps(figures))
         return 0
