@@ -5,6 +5,7 @@ left behind when the router stops."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -150,3 +151,56 @@ def test_a_worker_left_alone_stops_and_cleans_up(tmp_path: Path) -> None:
         proc.kill()  # the leader dies without a word
         assert wait_gone([worker])
         assert not directory.exists()
+
+
+async def _admin_from(port: int, worker: int, deadline_s: float = 20) -> dict[str, Any]:
+    """/admin/replicas as the given worker answers it (new connections until that one answers)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET /admin/replicas HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {DEV_ADMIN_KEY}\r\n"
+                     "connection: close\r\n\r\n".encode())
+        raw = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        answer: dict[str, Any] = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+        if answer["worker"] == worker:
+            return answer
+    raise AssertionError(f"worker {worker} never answered")
+
+
+def test_a_newer_table_reaches_every_worker() -> None:
+    """What the Serve replica's router does when the controller publishes a new table."""
+    asyncio.run(_newer_table())
+
+
+async def _newer_table() -> None:
+    from pools.routing import ReplicaEndpoint
+    from router.cli import table_from_config
+    from router.config import RouterConfig
+    from router.server import Router
+
+    config = RouterConfig.model_validate({
+        "port": 0, "workers": 2, "keys": [{"tenant": "t", "key_sha256": sha256(DEV_KEY)}],
+        "admin_keys": [{"tenant": "ops", "key_sha256": sha256(DEV_ADMIN_KEY)}], "pd": {"enabled": False},
+        "replicas": [{"replica_id": "old", "url": "http://127.0.0.1:9", "model": MODEL}]})
+    router = Router(config, table_from_config(config), plan={"policy": "first"})
+    await router.start()
+    try:
+        first = await _admin_from(router.port, 1)
+        assert first["version"] == 1 and [r["replica_id"] for r in first["replicas"]] == ["old"]
+        table = router.replicas.table
+        newer = type(table)(version=5, replicas=(ReplicaEndpoint(replica_id="new", url="http://127.0.0.1:10",
+                                                                 model=MODEL, pool="p", role="mixed", node="n1"),))
+        await router.set_view(newer, None, {"policy": "second"})
+        seen = await _admin_from(router.port, 1)
+        assert seen["version"] == 5 and [(r["replica_id"], r["node"]) for r in seen["replicas"]] == [("new", "n1")]
+        assert router.workers is not None
+        (pid,) = router.workers.pids()
+        os.kill(pid, signal.SIGKILL)  # a worker restarted after the change starts from the newest view
+        deadline = time.monotonic() + 20
+        while router.workers.pids() in ([], [pid]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        again = await _admin_from(router.port, 1)
+        assert again["version"] == 5
+    finally:
+        await router.stop()
