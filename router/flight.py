@@ -33,8 +33,8 @@ _UNSET = HistogramSeries(())
 
 class Flight:
     __slots__ = ("abandoned", "bad", "call", "cand", "chunks", "conn", "content_type", "deadline", "ended", "error",
-                 "extra", "first", "head_at", "itl", "labels", "last", "last_data", "order", "outcome", "owner",
-                 "parts", "payload", "prev", "response", "router", "sent_at", "started", "status", "streaming",
+                 "extra", "first", "head_at", "itl", "labels", "last", "last_data", "order", "out", "outcome",
+                 "owner", "parts", "payload", "prev", "response", "router", "sent_at", "started", "status", "streaming",
                  "tiers", "tried", "waiter")
 
     def __init__(self, router: Router, call: _Call, order: list[Candidate], response: Responder, started: float,
@@ -53,6 +53,8 @@ class Flight:
         self.status = 0
         self.content_type = ""
         self.parts: list[bytes] = []
+        self.out: list[bytes] = []
+        """Framed bytes for the client, gathered during one read from the engine (`flush`)."""
         self.streaming = False
         self.bad = ""
         self.last = "no replica tried"
@@ -129,7 +131,7 @@ class Flight:
         self.labels = (self.call.slo.name, cand.endpoint.pool, tier)
         if content_type.startswith("text/event-stream"):
             self.streaming = True
-            self.response.start_stream(status, content_type, r.served_by(cand, tier, self.extra))
+            self.out.append(self.response.stream_head(status, content_type, r.served_by(cand, tier, self.extra)))
 
     def on_body(self, data: bytes) -> None:
         if self.bad:
@@ -147,9 +149,23 @@ class Flight:
             self.itl.observe(now - self.prev)
         self.prev = now
         self.chunks += 1
-        if self.response.write_nowait(data) and self.conn is not None:
+        self.out.append(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def flush(self) -> None:
+        out = self.out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        if self.response.write_framed(data) and self.conn is not None:
             self.conn.pause()  # the client is slower than the engine: stop reading upstream
             self.response.on_resume(self.conn.resume)
+
+    def _pending(self) -> bytes:
+        out = self.out
+        data = b"".join(out)
+        out.clear()
+        return data
 
     def on_done(self) -> None:
         self.conn = None
@@ -158,7 +174,7 @@ class Flight:
             return
         m = self.router.metrics
         if self.streaming:
-            self.response.end()
+            self.response.end(self._pending())
             if self.chunks > 1:
                 m.child(m.tpot, *self.labels).observe((self.prev - self.first) / (self.chunks - 1))
             m.child(m.e2e, *self.labels).observe(time.perf_counter() - self.started)
@@ -185,9 +201,9 @@ class Flight:
         rid = self.cand.endpoint.replica_id
         self.router.replicas.failed(rid)
         log.warning("replica %s failed mid-stream: %s", rid, error)
-        self.response.write_nowait(wire.sse({"error": {"message": f"upstream replica failed mid-stream: {error}",
-                                                       "type": "server_error", "code": 502}}))
-        self.response.end()
+        event = wire.sse({"error": {"message": f"upstream replica failed mid-stream: {error}",
+                                    "type": "server_error", "code": 502}})
+        self.response.end(self._pending() + self.response.frame(event))
         self._end("error")
 
     # the end
@@ -201,6 +217,7 @@ class Flight:
         if self.ended:
             return
         self.abandoned = True
+        self.out.clear()
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.abort()

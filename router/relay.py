@@ -32,6 +32,10 @@ class Listener(Protocol):
 
     def on_error(self, error: UpstreamError) -> None: ...
 
+    def flush(self) -> None:
+        """After each read from the engine: what `on_body` gathered goes out (one write per read,
+        not one per chunk, when the engine's chunks come together)."""
+
 
 class UpstreamProtocol(asyncio.Protocol):
     def __init__(self, pool: RelayPool, key: str) -> None:
@@ -71,6 +75,9 @@ class UpstreamProtocol(asyncio.Protocol):
             self.close()
             if listener is not None:
                 listener.on_error(UpstreamError(f"{self.key} sent malformed HTTP"))
+            return
+        if self.listener is not None:
+            self.listener.flush()
 
     # httptools
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -210,6 +217,9 @@ class Exchange:
     def on_body(self, data: bytes) -> None:
         self.last_data = self.loop.time()
         self.parts.append(data)
+
+    def flush(self) -> None:
+        pass
 
     def on_done(self) -> None:
         if not self.head.done():

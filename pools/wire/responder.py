@@ -57,14 +57,24 @@ class Responder:
 
     def start_stream(self, status: int = 200, content_type: str = "text/event-stream",
                      headers: Iterable[tuple[str, str]] | bytes = ()) -> None:
+        self._p.write(self.stream_head(status, content_type, headers))
+
+    def stream_head(self, status: int = 200, content_type: str = "text/event-stream",
+                    headers: Iterable[tuple[str, str]] | bytes = ()) -> bytes:
+        """Start a chunked response and return its head for the caller to write (with the first
+        chunks, in one write: `write_framed`)."""
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
-        head = (b"%bcontent-type: %b\r\ntransfer-encoding: chunked\r\ncache-control: no-cache\r\n"
+        return (b"%bcontent-type: %b\r\ntransfer-encoding: chunked\r\ncache-control: no-cache\r\n"
                 b"connection: %b\r\n%b\r\n") % (
             _status_line(status), content_type.encode("latin-1"), b"keep-alive" if self._keep_alive else b"close",
             _header_block(headers))
-        self._p.write(head)
+
+    @staticmethod
+    def frame(chunk: bytes) -> bytes:
+        """One chunk of a chunked body, framed."""
+        return b"%x\r\n%b\r\n" % (len(chunk), chunk)
 
     async def write(self, chunk: bytes) -> None:
         if not chunk or self._p.closed:
@@ -79,6 +89,13 @@ class Responder:
             self._p.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         return self._p.paused
 
+    def write_framed(self, data: bytes) -> bool:
+        """Write bytes already framed (a head from `stream_head`, chunks from `frame`) as they
+        are; True when the client is not keeping up."""
+        if data and not self._p.closed:
+            self._p.write(data)
+        return self._p.paused
+
     def on_resume(self, callback: Callable[[], None]) -> None:
         self._p.resume_callbacks.append(callback)
 
@@ -87,10 +104,11 @@ class Responder:
         returned without awaiting uses it to stop the upstream work; a task is cancelled instead)."""
         self._p.on_disconnect = callback
 
-    def end(self) -> None:
+    def end(self, framed: bytes = b"") -> None:
+        """The last chunk; `framed`: what is still to go before it (written with it, in one write)."""
         if self.finished:
             return
         self.finished = True
         if not self._p.closed:
-            self._p.write(b"0\r\n\r\n")
+            self._p.write(framed + b"0\r\n\r\n" if framed else b"0\r\n\r\n")
         self._p.response_done(self._keep_alive)
