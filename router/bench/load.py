@@ -65,6 +65,11 @@ class _Conn:
         self.reader, self.writer = reader, writer
 
 
+def _close(conns: list[_Conn]) -> None:
+    for c in conns:
+        c.writer.close()
+
+
 async def _one(port: int, pool: list[_Conn], body: bytes, stream: bool) -> tuple[float, float]:
     """(seconds to the first body byte, seconds to the end) of one request on a keep-alive conn;
     a pooled connection the proxy closed meanwhile is replaced once."""
@@ -113,32 +118,40 @@ async def _exchange(conn: _Conn, body: bytes) -> tuple[float, float, bool]:
     return first, time.perf_counter(), headers.get("connection", "").lower() != "close"
 
 
-async def open_loop(port: int, rate: float, seconds: float, warmup_s: float = 1.0) -> list[float]:
-    """Latencies (s) of requests sent at a fixed rate, measured from their scheduled send time."""
-    pool: list[_Conn] = []
+async def open_loop(port: int, rate: float, seconds: float, warmup_s: float = 1.0,
+                    peer: int | None = None) -> tuple[list[float], list[float]]:
+    """Latencies (s) of requests sent at a fixed rate, measured from their scheduled send time.
+    With `peer`, the same rate also goes to that port, interleaved (half a period apart): both
+    series see the same moments of a shared machine, so their difference is the proxy's."""
+    targets = [port] if peer is None else [port, peer]
+    pools: list[list[_Conn]] = [[] for _ in targets]
     body = CHAT.encode()
-    tasks: list[asyncio.Task[tuple[float, float]]] = []
+    tasks: list[list[asyncio.Task[tuple[float, float]]]] = [[] for _ in targets]
     start = time.perf_counter()
     n = int(rate * (seconds + warmup_s))
-    sched = []
     for i in range(n):
-        at = start + i / rate
-        await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        sched.append(at)
-        tasks.append(asyncio.create_task(_one(port, pool, body, False)))
-    results = await asyncio.gather(*tasks)
+        for j, target in enumerate(targets):
+            at = start + (i + j / 2) / rate
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
+            tasks[j].append(asyncio.create_task(_one(target, pools[j], body, False)))
     skip = int(rate * warmup_s)
-    return [r[1] for r in results[skip:]]
+    out = [[r[1] for r in (await asyncio.gather(*ts))[skip:]] for ts in tasks]
+    _close([c for pool in pools for c in pool])
+    return out[0], (out[1] if peer is not None else [])
 
 
-async def streams(port: int, concurrency: int, rounds: int) -> list[float]:
-    """Time to first chunk (s) of `concurrency` simultaneous streams, `rounds` times."""
-    out: list[float] = []
-    pools: list[list[_Conn]] = [[] for _ in range(concurrency)]
+async def streams(port: int, concurrency: int, rounds: int, peer: int | None = None) -> tuple[list[float], list[float]]:
+    """Time to first chunk (s) of `concurrency` simultaneous streams, `rounds` times; with `peer`,
+    a round against it after each (alternating: both see the same phases of the machine)."""
+    targets = [port] if peer is None else [port, peer]
+    out: list[list[float]] = [[] for _ in targets]
+    pools: list[list[list[_Conn]]] = [[[] for _ in range(concurrency)] for _ in targets]
     for _ in range(rounds):
-        res = await asyncio.gather(*(_one(port, pools[i], STREAM.encode(), True) for i in range(concurrency)))
-        out.extend(r[0] for r in res)
-    return out
+        for j, t in enumerate(targets):
+            res = await asyncio.gather(*(_one(t, pools[j][i], STREAM.encode(), True) for i in range(concurrency)))
+            out[j].extend(r[0] for r in res)
+    _close([c for conns in pools for pool in conns for c in pool])
+    return out[0], (out[1] if peer is not None else [])
 
 
 async def _delivery(port: int, chunks: int, itl_ms: float, out: list[float]) -> None:
@@ -165,12 +178,17 @@ async def _delivery(port: int, chunks: int, itl_ms: float, out: list[float]) -> 
 STAMP = re.compile(rb'"content":"(\d+)"')
 
 
-async def chunk_delivery(port: int, concurrency: int, chunks: int, itl_ms: float) -> list[float]:
+async def chunk_delivery(port: int, concurrency: int, chunks: int, itl_ms: float, peer: int | None = None,
+                         rounds: int = 1) -> tuple[list[float], list[float]]:
     """Per-chunk delivery times (s: receipt minus the backend's send stamp) of `concurrency`
-    streams whose chunks the backend emits on the same `itl_ms` grid (synchronised streams)."""
-    out: list[float] = []
-    await asyncio.gather(*(_delivery(port, chunks, itl_ms, out) for _ in range(concurrency)))
-    return out
+    streams whose chunks the backend emits on the same `itl_ms` grid (synchronised streams);
+    with `peer`, alternating rounds against it."""
+    targets = [port] if peer is None else [port, peer]
+    out: list[list[float]] = [[] for _ in targets]
+    for _ in range(rounds):
+        for j, t in enumerate(targets):
+            await asyncio.gather(*(_delivery(t, chunks, itl_ms, out[j]) for _ in range(concurrency)))
+    return out[0], (out[1] if peer is not None else [])
 
 
 def pct(values: list[float], q: float) -> float:

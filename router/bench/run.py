@@ -2,11 +2,13 @@
 by side on loopback in front of the same two fast fake backends, medians of `--reps` runs.
 
 Ours runs with `workers: 2` by default (`--workers`), as nginx runs two worker processes and the
-Rust router a thread per core. Per proxy: requests/s and proxy CPU-seconds per 1,000 requests at saturation (wrk, 64
-connections), added latency p50/p99 at a fixed 200 req/s (open loop, against the backend
-directly), and the same for streaming (64-chunk streams: saturation and time to first chunk p99
-of 32 simultaneous streams), and the added per-chunk delivery p99 of 64 synchronised streams (the
-backend stamps each chunk with its send time and emits every stream's chunks on one 10 ms
+Rust router a thread per core. Per proxy: requests/s and proxy CPU-seconds per 1,000 requests at
+saturation (wrk, 64 connections), added latency p50/p99 at a fixed 200 req/s (open loop,
+interleaved with the same rate against the backend directly, so both see the same moments of a
+shared machine), and the same for streaming (64-chunk streams: saturation, and time to first
+chunk p99 of 32 simultaneous streams in rounds alternating with the backend directly), and the
+added per-chunk delivery p99 of 64 synchronised streams (the backend stamps each chunk with its
+send time and emits every stream's chunks on one 10 ms
 grid). Installs missing peers itself: nginx from Debian's packages, the Rust router into
 `.bench/vllm-router` (a side environment).
 """
@@ -121,15 +123,12 @@ def _measure(proc: subprocess.Popen[str], port: int, direct: int, seconds: float
     cpu0 = load.tree_cpu_s(proc.pid)
     rps = load.wrk(port, load.CHAT, seconds)
     cpu = load.tree_cpu_s(proc.pid) - cpu0
-    mine = asyncio.run(load.open_loop(port, 200, seconds))
-    base = asyncio.run(load.open_loop(direct, 200, seconds))
+    mine, base = asyncio.run(load.open_loop(port, 200, seconds, peer=direct))
     cpu0 = load.tree_cpu_s(proc.pid)
     srps = load.wrk(port, load.STREAM, seconds)
     scpu = load.tree_cpu_s(proc.pid) - cpu0
-    ttfc = asyncio.run(load.streams(port, 32, 5))
-    ttfc_base = asyncio.run(load.streams(direct, 32, 5))
-    chunk = asyncio.run(load.chunk_delivery(port, 64, 64, 10.0))
-    chunk_base = asyncio.run(load.chunk_delivery(direct, 64, 64, 10.0))
+    ttfc, ttfc_base = asyncio.run(load.streams(port, 32, 5, peer=direct))
+    chunk, chunk_base = asyncio.run(load.chunk_delivery(port, 64, 64, 10.0, peer=direct, rounds=2))
     return {"rps": rps, "cpu_s_per_1k": cpu / (rps * seconds / 1000),
             "p50_added_ms": (load.pct(mine, 0.5) - load.pct(base, 0.5)) * 1000,
             "p99_added_ms": (load.pct(mine, 0.99) - load.pct(base, 0.99)) * 1000,
