@@ -113,6 +113,8 @@ class RouterConfig(_Strict):
     read_timeout_s: float = Field(default=30.0, gt=0, description="a request's head and body must arrive within it "
                                   "(else 408)")
     max_tokens_limit: int = Field(default=32768, gt=0)
+    metrics_auth: Literal["open", "admin"] = Field(default="open", description="`admin`: /metrics needs the admin "
+                                                   "key (Prometheus: `authorization: {credentials: ...}`)")
     workers: int = Field(default=1, ge=1, le=64, description="processes serving the port (SO_REUSEPORT); a class's "
                          "max_concurrency is divided between them; /metrics shows one view across them")
     seed: int = 0

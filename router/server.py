@@ -205,6 +205,8 @@ class Router:
             elif (method, path) == ("GET", "/health"):
                 response.send(200, b'{"status": "ok"}')
             elif (method, path) == ("GET", "/metrics"):
+                if self.config.metrics_auth == "admin":
+                    self.auth.admin(request.headers)
                 if self.siblings is not None:
                     return self._metrics(response)
                 response.send(200, self.metrics.render(), METRICS_TYPE)

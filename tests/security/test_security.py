@@ -217,3 +217,33 @@ def test_the_local_config_listens_on_loopback_only() -> None:
     assert doc["proxy_location"] == "Disabled"  # no Ray Serve HTTP proxy listening anywhere
     host = (doc.get("http_options") or {}).get("host", "127.0.0.1")
     assert ipaddress.ip_address(host).is_loopback
+
+
+def test_metrics_can_be_closed_to_all_but_the_admin_key() -> None:
+    """`metrics_auth: admin` (production): Prometheus scrapes with the admin key; users and
+    strangers get OpenAI-shaped 401/403, and /health stays open for load balancers."""
+    async def main() -> dict[str, bytes]:
+        config = RouterConfig.model_validate({
+            "port": 0, "metrics_auth": "admin", "keys": [{"tenant": "u", "key_sha256": sha256(USER_KEY)}],
+            "admin_keys": [{"tenant": "ops", "key_sha256": sha256(ADMIN_KEY)}],
+            "replicas": [{"replica_id": "r", "url": "http://127.0.0.1:9", "model": "m"}]})
+        router = Router(config, table_from_config(config))
+        await router.start()
+        out = {}
+        try:
+            for name, path, key in (("none", "/metrics", None), ("user", "/metrics", USER_KEY),
+                                    ("admin", "/metrics", ADMIN_KEY), ("health", "/health", None)):
+                reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+                auth = f"authorization: Bearer {key}\r\n" if key else ""
+                writer.write(f"GET {path} HTTP/1.1\r\nhost: x\r\n{auth}connection: close\r\n\r\n".encode())
+                out[name] = await asyncio.wait_for(reader.read(), 10)
+                writer.close()
+        finally:
+            await router.stop()
+        return out
+
+    replies = asyncio.run(main())
+    assert replies["none"].startswith(b"HTTP/1.1 401") and b'"authentication_error"' in replies["none"]
+    assert replies["user"].startswith(b"HTTP/1.1 403") and b'"permission_error"' in replies["user"]
+    assert replies["admin"].startswith(b"HTTP/1.1 200") and b"isle_router_requests_total" in replies["admin"]
+    assert replies["health"].startswith(b"HTTP/1.1 200")
