@@ -10,6 +10,7 @@ it stops every Ray process of the user on the machine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -27,7 +28,7 @@ import pytest
 import yaml
 
 from loadtest.deploy import free_ports, port_in_use, session_pids
-from router.config import DEV_KEY
+from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -132,15 +133,37 @@ def test_serve_deploy_local_config_runs_and_answers(head: Head) -> None:
         assert chat.usage is not None and chat.usage.completion_tokens == 3
 
 
-def _engines(head: Head) -> list[int]:
+def _engines(head: Head, what: bytes = b"sim-engine") -> list[int]:
     out = []
     for pid in session_pids(head.proc.pid):
         try:
-            if b"sim-engine" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if what in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.append(pid)
         except OSError:
             continue
     return out
+
+
+def test_a_redeploy_with_two_router_workers_serves_from_both(head: Head, tmp_path: Path) -> None:
+    doc = yaml.safe_load((ROOT / "configs/local.yaml").read_text())
+    doc["applications"][0]["args"]["router"]["workers"] = 2
+    config = tmp_path / "two-workers.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    app = _deploy(head, str(config))
+    assert app["status"] == "RUNNING", app["message"]
+    assert len(_engines(head, b"router.worker")) == 1  # the Serve replica's router is the first worker
+    seen: set[int] = set()
+    deadline = time.monotonic() + 30
+    while seen != {0, 1} and time.monotonic() < deadline:
+        req = urllib.request.Request("http://127.0.0.1:8000/admin/replicas",
+                                     headers={"authorization": f"Bearer {DEV_ADMIN_KEY}", "connection": "close"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            seen.add(json.loads(resp.read())["worker"])
+    assert seen == {0, 1}
+    with openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=DEV_KEY, max_retries=0, timeout=30) as client:
+        for _ in range(4):
+            out = client.completions.create(model="llama-3.1-8b", prompt="hi", max_tokens=2)
+            assert out.usage is not None and out.usage.completion_tokens == 2
 
 
 def test_serve_shutdown_and_stop_controller_leave_nothing_running(head: Head) -> None:
@@ -155,3 +178,4 @@ def test_serve_shutdown_and_stop_controller_leave_nothing_running(head: Head) ->
     while (_engines(head) or port_in_use(8000)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _engines(head) and not port_in_use(8000)
+    assert not _engines(head, b"router.worker")
