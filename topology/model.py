@@ -167,6 +167,21 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredPath:
+    """What a benchmark measured between two nodes (one representative GPU pair, one direction)."""
+
+    a: str
+    b: str
+    """Node names, a < b."""
+    bandwidth_gb_s: float
+    latency_us: float
+
+    def __post_init__(self) -> None:
+        if self.a >= self.b:
+            raise ValueError(f"measured path endpoints must satisfy a < b, got {self.a!r}, {self.b!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Fabric:
     """The network between nodes."""
 
@@ -179,10 +194,17 @@ class Fabric:
     """Share of NIC bandwidth left across racks (spine oversubscription)."""
     inter_rack_latency_us: float = 2.0
     """Extra latency for a path that crosses racks (one more switch tier each way)."""
+    measured: tuple[MeasuredPath, ...] = ()
+    """Node pairs a benchmark measured: their paths take these values instead of the estimate
+    from NIC speeds (not part of the fingerprint: the structure did not change)."""
 
     def __post_init__(self) -> None:
         if not self.kind.is_network:
             raise ValueError(f"fabric kind must be rdma or tcp, got {self.kind.label}")
+
+    def measured_between(self, a: str, b: str) -> MeasuredPath | None:
+        lo, hi = (a, b) if a < b else (b, a)
+        return next((m for m in self.measured if m.a == lo and m.b == hi), None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

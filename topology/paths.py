@@ -116,11 +116,16 @@ def _inter_node(topology: Topology, a: GpuRef, b: GpuRef) -> Path:
         )
     fabric = topology.fabric
     na, nb = topology.node(a.node), topology.node(b.node)
+    crosses_rack = na.rack is not None and nb.rack is not None and na.rack != nb.rack
+    measured = fabric.measured_between(a.node, b.node)
+    if measured is not None:  # the benchmark's figure already includes NICs, switches and rack hops
+        return Path(kind=fabric.kind, tier=tier_of_kind(fabric.kind, crosses_rack),
+                    bandwidth_gb_s=measured.bandwidth_gb_s, latency_us=measured.latency_us,
+                    via=f"{fabric.technology} {a.node} -> {b.node} (measured)")
     bw_a, nic_a = _nic_bandwidth_gb_s(topology, na, a.index)
     bw_b, nic_b = _nic_bandwidth_gb_s(topology, nb, b.index)
     # The slower adapter or the network's own port rate (400G NICs on a 25G TCP network: 25G).
     bandwidth, latency = min(bw_a, bw_b, fabric.nic_bandwidth_gb_s), fabric.latency_us
-    crosses_rack = na.rack is not None and nb.rack is not None and na.rack != nb.rack
     if crosses_rack:
         bandwidth *= fabric.inter_rack_bandwidth_factor
         latency += fabric.inter_rack_latency_us

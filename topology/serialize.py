@@ -13,7 +13,7 @@ from typing import Any
 
 from topology.errors import ParseError
 from topology.kinds import LinkKind
-from topology.model import Fabric, Gpu, Link, LinkHealth, Nic, Node, Topology
+from topology.model import Fabric, Gpu, Link, LinkHealth, MeasuredPath, Nic, Node, Topology
 from topology.readers.build import upgrade_nvswitch
 
 FORMAT = "isleserve-topology/1"
@@ -34,7 +34,9 @@ def to_dict(topology: Topology) -> dict[str, Any]:
         "fingerprint": topology.fingerprint(),
         "fabric": {"kind": f.kind.label, "technology": f.technology, "nic_bandwidth_gb_s": f.nic_bandwidth_gb_s,
                    "latency_us": f.latency_us, "inter_rack_bandwidth_factor": f.inter_rack_bandwidth_factor,
-                   "inter_rack_latency_us": f.inter_rack_latency_us},
+                   "inter_rack_latency_us": f.inter_rack_latency_us,
+                   "measured": [{"a": m.a, "b": m.b, "bandwidth_gb_s": m.bandwidth_gb_s, "latency_us": m.latency_us}
+                                for m in f.measured]},
         "nodes": [
             {
                 "name": n.name, "rack": n.rack, "machine": n.machine, "source_format": n.source_format,
@@ -123,7 +125,10 @@ def from_dict(d: dict[str, Any]) -> Topology:
         fabric = Fabric(kind=LinkKind.parse(f["kind"]), technology=f["technology"],
                         nic_bandwidth_gb_s=f["nic_bandwidth_gb_s"], latency_us=f["latency_us"],
                         inter_rack_bandwidth_factor=f["inter_rack_bandwidth_factor"],
-                        inter_rack_latency_us=f["inter_rack_latency_us"])
+                        inter_rack_latency_us=f["inter_rack_latency_us"],
+                        measured=tuple(MeasuredPath(a=str(m["a"]), b=str(m["b"]),
+                                                    bandwidth_gb_s=float(m["bandwidth_gb_s"]),
+                                                    latency_us=float(m["latency_us"])) for m in f.get("measured", [])))
         nodes = tuple(
             Node(name=n["name"], rack=n.get("rack"), machine=n.get("machine"),
                  source_format=n.get("source_format", "json"), gpus=tuple(_gpu(g) for g in n["gpus"]),

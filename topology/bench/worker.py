@@ -97,11 +97,11 @@ def run_rank(args: argparse.Namespace) -> None:
     torch = importlib.import_module("torch")
     dist = importlib.import_module("torch.distributed")
     plan = json.loads(Path(args.plan).read_text())
-    device = f"cuda:{args.rank}" if args.backend == "nccl" else "cpu"
+    device = f"cuda:{args.device}" if args.backend == "nccl" else "cpu"
     if args.backend == "nccl":
-        torch.cuda.set_device(args.rank)
+        torch.cuda.set_device(args.device)
     sync: Callable[[], None] = torch.cuda.synchronize if args.backend == "nccl" else (lambda: None)
-    dist.init_process_group(args.backend, init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
+    dist.init_process_group(args.backend, init_method=f"tcp://{args.master}:{args.port}", rank=args.rank,
                             world_size=args.world, timeout=datetime.timedelta(seconds=args.timeout))
     results: list[dict[str, Any]] = []
     try:
@@ -129,12 +129,17 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m topology.bench.worker")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
+    p.add_argument("--master", default="127.0.0.1", help="rank 0's address (another node's, between nodes)")
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--device", type=int, help="the GPU this rank uses (default: its rank)")
     p.add_argument("--backend", choices=["gloo", "nccl"], required=True)
     p.add_argument("--plan", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--timeout", type=float, default=300.0)
-    run_rank(p.parse_args())
+    args = p.parse_args()
+    if args.device is None:
+        args.device = args.rank
+    run_rank(args)
 
 
 if __name__ == "__main__":
