@@ -3,6 +3,7 @@
     pools:
       - {name: prefill, role: prefill, tp: 4, replicas: 2, model: llama-3.1-70b, slo_classes: [interactive]}
       - {name: decode, role: decode, tp: 2, replicas: auto, model: llama-3.1-70b}
+        vllm: {model: meta-llama/Llama-3.1-70B-Instruct}   # optional: the real server (pools.vllm.config)
     slo_classes:                      # optional; defaults: interactive, standard, batch
       - {name: interactive, priority: 0, ttft_ms: 500, tpot_ms: 50}
 """
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from pools import catalog
 from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
+from pools.vllm.config import VllmPoolConfig
 from topology.errors import ParseError
 from topology.readers.spec import validate_mapping
 from topology.yamlfile import load_yaml_file
@@ -45,6 +47,7 @@ class PoolConfig(_Strict):
     model: str | None = Field(default=None, description="catalogue model; without it no memory check")
     slo_classes: list[str] = Field(default_factory=list)
     require_island: bool = False
+    vllm: VllmPoolConfig | None = Field(default=None, description="this pool's vLLM server (engine vllm)")
 
     @field_validator("model")
     @classmethod

@@ -8,7 +8,10 @@ validated by pydantic with every problem reported at once, and the plan they wou
           topology: configs/clusters/local-sim.yaml     # or nvml: discovery on every Ray node
           engine: sim                                   # or vllm
           policy: island-aligned
-          pools: [{name: ..., role: ..., tp: ..., replicas: ..., model: ...}]
+          pools: [{name: ..., role: ..., tp: ..., replicas: ..., model: ..., vllm: {model: ...}}]
+          vllm: {venv: ..., ports: {http: [8100, 8199], side_channel: [5600, 5699]}}   # engine vllm
+          bench_on_change: false                        # topology bench at deploy and after changes
+          bench_interval_s: 0                           # and on a schedule (0: never)
           router: {port: 8000, keys: [...], admin_keys: [...], ...}
 """
 
@@ -21,8 +24,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pools.config import PoolConfig, PoolsConfig, SLOClassConfig
+from pools.controller.spec import VllmSettings
 from pools.model import PlacementPlan, PlacementRequest
 from pools.placement import POLICIES, get_policy
+from pools.vllm.config import VllmAppConfig, settings_for
 from router.config import RouterConfig
 from topology import Topology
 from topology.errors import ParseError
@@ -48,6 +53,16 @@ class AppArgs(BaseModel):
                                        description="how often link counters are read on every node (0: never)")
     drain_timeout_s: float = Field(default=30.0, gt=0,
                                    description="a replaced replica stops when idle, or after this long at the latest")
+    vllm: VllmAppConfig = Field(default_factory=VllmAppConfig,
+                                description="engine vllm: settings every pool gets (pools[].vllm overrides them) "
+                                            "and the per-node port ranges")
+    bench_on_change: bool = Field(default=False, description="run the topology bench on every node at deploy and "
+                                                             "after topology changes (nodes joined, replaced, "
+                                                             "back; links marked)")
+    bench_interval_s: float = Field(default=0.0, ge=0, description="and again every this many seconds (0: never)")
+    bench_size_mib: float | None = Field(default=None, gt=0, description="bench message size (default: 256 MiB "
+                                                                         "on NCCL, 8 MiB on gloo)")
+    bench_iters: int | None = Field(default=None, ge=1, description="bench timed iterations (default 20 / 5)")
 
     @model_validator(mode="after")
     def _consistent(self) -> AppArgs:
@@ -58,7 +73,22 @@ class AppArgs(BaseModel):
         if self.engine == "vllm" and not self.router.require_keys:
             raise ValueError("a vLLM (production) deployment must set router.require_keys")
         PoolsConfig(pools=self.pools, slo_classes=self.slo_classes)  # pool-level cross-checks
+        if self.engine == "vllm":
+            problems = []
+            for i, pool in enumerate(self.pools):
+                try:
+                    settings_for(self.vllm, pool.vllm, pool.model)
+                except ValueError as err:
+                    problems.append(f"pools[{i}] ({pool.name}): {err}")
+            if problems:
+                raise ValueError("; ".join(problems))
         return self
+
+    def vllm_settings(self, resolve: Callable[[str], str] = lambda p: p) -> dict[str, VllmSettings]:
+        """Each pool's resolved vLLM settings (engine vllm), `resolve` making paths absolute."""
+        if self.engine != "vllm":
+            return {}
+        return {p.name: settings_for(self.vllm, p.vllm, p.model, resolve) for p in self.pools}
 
     def pools_config(self) -> PoolsConfig:
         return PoolsConfig(pools=self.pools, slo_classes=self.slo_classes)

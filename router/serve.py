@@ -13,10 +13,12 @@ import asyncio
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pools.controller.controller import ControllerSpec
+from pools.controller.measure import BenchPolicy
 from pools.routing import RoutingTable
 from router.appconfig import AppArgs, parse_app_args
 from router.server import Router
@@ -27,8 +29,10 @@ log = logging.getLogger("isleserve.serve")
 
 
 def _absolute(source: str) -> str:
-    """Relative topology paths are relative to the working directory, else to the repository
-    (`serve deploy` builds the app in Ray's processes, whose working directory is elsewhere)."""
+    """Relative paths (a topology source, vLLM's environment or model directory) are relative to
+    the working directory, else to the repository (`serve deploy` builds the app in Ray's
+    processes, whose working directory is elsewhere); what exists in neither stays as it is (a
+    Hugging Face model id)."""
     if source == "nvml" or Path(source).is_absolute():
         return source
     for base in (Path.cwd(), REPO):
@@ -39,10 +43,15 @@ def _absolute(source: str) -> str:
 
 def controller_spec(args: AppArgs) -> ControllerSpec:
     config = args.pools_config()
+    vllm = {pool: replace(s, log_dir=s.log_dir or str(Path(args.state_dir) / "vllm-logs"))
+            for pool, s in args.vllm_settings(_absolute).items()}
+    bench = BenchPolicy(on_change=args.bench_on_change, interval_s=args.bench_interval_s,
+                        size_bytes=int(args.bench_size_mib * (1 << 20)) if args.bench_size_mib else None,
+                        iters=args.bench_iters)
     return ControllerSpec(topology_source=_absolute(args.topology), engine=args.engine, policy=args.policy,
                           pools=config.pool_specs(), slo_classes=config.classes(), time_scale=args.time_scale,
                           state_dir=args.state_dir, counters_interval_s=args.counters_interval_s,
-                          drain_timeout_s=args.drain_timeout_s)
+                          drain_timeout_s=args.drain_timeout_s, vllm=vllm, ports=args.vllm.ports.plan(), bench=bench)
 
 
 class RouterThread:

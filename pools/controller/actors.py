@@ -11,29 +11,38 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pools.controller import state
-from pools.controller.backend import Discovery, Replica
+from pools.controller.backend import Discovery, Replica, engine_for
+from pools.controller.benchtasks import bench_on_ray
 from pools.controller.controller import CONTROLLER_NAME, NAMESPACE, ControllerCore, ControllerSpec
 from pools.controller.discovery import discover_cluster, ray_nodes
+from pools.controller.measure import Subject
 from pools.controller.nodecheck import RayNode
-from pools.controller.replica import READY_TIMEOUT_S, ReplicaProcess
 from pools.controller.spec import EngineLaunch
 from pools.nodelabels import PREFIX
 from pools.routing import RoutingTable
+from topology import Topology
+from topology.bench.record import BenchRecord
+from topology.bench.run import BenchSettings
 
 HEALTH_INTERVAL_S = 2.0
 log = logging.getLogger("isleserve.controller")
 CALL_TIMEOUT_S = 30.0
+HEAD_RESOURCE = "node:__internal_head__"
+"""The resource only Ray's head node has."""
+STOP_TIMEOUT_S = 60.0
+"""A vLLM server gets 20 s after SIGTERM before the launcher kills its process group."""
 
 
 class _ReplicaActor:
     def __init__(self, launch: EngineLaunch) -> None:
-        self.process = ReplicaProcess(launch)
+        self.process = engine_for(launch, str(ray.util.get_node_ip_address()))  # type: ignore[no-untyped-call]
 
     def start(self) -> str:
         return self.process.start()
@@ -80,11 +89,11 @@ class RemoteReplica:
         return ray.get(getattr(self.actor, method).remote(), timeout=timeout_s)
 
     def start(self) -> str:
+        timeout_s = self.launch.ready_timeout_s + CALL_TIMEOUT_S
         try:  # includes waiting for Ray to schedule the actor where its GPUs are
-            return str(self._call("start", READY_TIMEOUT_S + CALL_TIMEOUT_S))
+            return str(self._call("start", timeout_s))
         except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"replica {self.launch.replica_id}: not running after "
-                               f"{READY_TIMEOUT_S + CALL_TIMEOUT_S:g} s; does Ray node "
+            raise RuntimeError(f"replica {self.launch.replica_id}: not running after {timeout_s:g} s; does Ray node "
                                f"{self.launch.pin.ray_node_id} have free {sorted(self.launch.pin.resources)}?"
                                ) from None
 
@@ -95,16 +104,28 @@ class RemoteReplica:
         return bool(self._call("idle"))
 
     def ensure(self) -> str:
-        return str(self._call("ensure", READY_TIMEOUT_S + CALL_TIMEOUT_S))
+        return str(self._call("ensure", self.launch.ready_timeout_s + CALL_TIMEOUT_S))
 
     def stop(self) -> None:
         try:
-            self._call("stop")
+            self._call("stop", STOP_TIMEOUT_S)
         finally:
             ray.kill(self.actor, no_restart=True)
 
     def info(self) -> dict[str, Any]:
         return dict(self._call("info"))
+
+
+def _wait_name_free(name: str, timeout_s: float = 15.0) -> None:
+    """Ray frees a killed actor's name a moment later: a replica started again under the same name
+    (other ports, same generation) waits for it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.2)
 
 
 class RayBackend:
@@ -118,6 +139,7 @@ class RayBackend:
         return ray_nodes()
 
     def create(self, launch: EngineLaunch) -> Replica:
+        _wait_name_free(launch.actor_name)
         return RemoteReplica.create(launch)
 
     def attach(self, launch: EngineLaunch) -> Replica | None:
@@ -126,6 +148,10 @@ class RayBackend:
         except ValueError:
             return None
         return RemoteReplica(actor, launch)
+
+    def bench(self, topology: Topology, due: Sequence[Subject], settings: BenchSettings, source: str
+              ) -> dict[str, BenchRecord | str]:
+        return bench_on_ray(topology, due, settings, source)
 
 
 class _ControllerActor:
@@ -186,8 +212,11 @@ ControllerActor: Any = _remote(num_cpus=0, max_concurrency=4, max_restarts=-1)(_
 
 
 def get_or_create_controller(spec: ControllerSpec) -> Any:
-    """The detached controller; one left by a deployment with other settings is replaced."""
-    options = {"name": CONTROLLER_NAME, "namespace": NAMESPACE, "lifetime": "detached", "get_if_exists": True}
+    """The detached controller, on the head node (as Ray Train keeps its state actor): an actor
+    that needs no resources otherwise lands on any node, and a lost GPU node would take the health
+    loop with it. One left by a deployment with other settings is replaced."""
+    options = {"name": CONTROLLER_NAME, "namespace": NAMESPACE, "lifetime": "detached", "get_if_exists": True,
+               "resources": {HEAD_RESOURCE: 0.001}}
     actor = ControllerActor.options(**options).remote(spec)
     if ray.get(actor.spec_digest.remote()) == state.digest(spec):
         return actor

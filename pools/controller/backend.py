@@ -1,18 +1,23 @@
 """The controller's edges, as one small protocol: discover the topology, list the cluster's
-nodes, create or reattach replicas. `RayBackend` (pools.controller.actors) is the real one;
-`LocalBackend` runs engines as child processes of the caller (tests, no Ray)."""
+nodes, create or reattach replicas, run the topology bench. `RayBackend` (pools.controller.actors)
+is the real one; `LocalBackend` runs engines and benches as child processes of the caller
+(tests, no Ray)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pools.controller.benchrun import bench_here
+from pools.controller.measure import Subject
 from pools.controller.nodecheck import RayNode
 from pools.controller.replica import ReplicaProcess
 from pools.controller.spec import EngineLaunch
 from topology import Topology, read_source
+from topology.bench.record import BenchRecord
+from topology.bench.run import BenchSettings
 
 
 class Replica(Protocol):
@@ -54,6 +59,20 @@ class Backend(Protocol):
         """The replica a previous controller started, if it still runs."""
         ...
 
+    def bench(self, topology: Topology, due: Sequence[Subject], settings: BenchSettings, source: str
+              ) -> dict[str, BenchRecord | str]:
+        """Each subject's bench record (a node, or a pair of nodes), or why there is none."""
+        ...
+
+
+def engine_for(launch: EngineLaunch, host_ip: str) -> Replica:
+    """The simulated engine's process, or a real vLLM server listening on `host_ip` (this node's address)."""
+    if launch.vllm is None:
+        return ReplicaProcess(launch)
+    from pools.vllm.launch import replica_for
+
+    return replica_for(launch, host_ip)
+
 
 class LocalBackend:
     """Engines as child processes, the declared topology as is, no nodes to bind or watch."""
@@ -68,7 +87,11 @@ class LocalBackend:
         return None
 
     def create(self, launch: EngineLaunch) -> Replica:
-        return ReplicaProcess(launch)
+        return engine_for(launch, "127.0.0.1")
 
     def attach(self, launch: EngineLaunch) -> Replica | None:
         return None
+
+    def bench(self, topology: Topology, due: Sequence[Subject], settings: BenchSettings, source: str
+              ) -> dict[str, BenchRecord | str]:
+        return bench_here(topology, due, settings, source)

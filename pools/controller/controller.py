@@ -1,13 +1,17 @@
-"""The controller: topology -> plan -> one pinned replica per placement -> a versioned routing
-table; then the health loop.
+"""The controller: topology -> plan -> one pinned replica per placement (a simulated engine or a
+real vLLM server, started side by side) -> a versioned routing table; then the health loop.
 
 `check()` is one pass of the loop: a Ray node that left takes its topology node with it; link
 counters (a fresh discovery every `counters_interval_s`) and `mark_link` change link health;
 either way the replicas whose TP group is hurt are drained (the table says so at once, so
 routers stop sending them interactive traffic), re-placed by `replan()` (only what must move),
 started before the old ones stop where their GPUs allow it, and published. Engines that die are
-restarted in place. Everything goes to `<state_dir>/events.jsonl` with the topology fingerprint,
-and the state a restarted controller resumes from to `<state_dir>/state.json`.
+restarted in place. A Ray node that joins (or comes back) is discovered again. With the bench
+on (`BenchPolicy`), every node and a ring of node pairs are benchmarked at deploy, after such
+changes and on a schedule (pools.controller.benching), and what was measured feeds the cost
+model. Everything goes to `<state_dir>/events.jsonl` with the topology fingerprint, and the
+state a restarted controller resumes from (engine ports and bench records included) to
+`<state_dir>/state.json`.
 
 Plain Python over an injected `Backend` (tests run it without Ray); `ControllerActor`
 (pools.controller.actors) is the detached, named Ray actor around it.
@@ -16,41 +20,29 @@ Plain Python over an injected `Backend` (tests run it without Ray); `ControllerA
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from pools.controller import health, nodecheck, state
+from pools.controller import health, launching, nodecheck, state
 from pools.controller.backend import Backend, Replica
+from pools.controller.benching import BenchKeeper
 from pools.controller.events import EventLog
-from pools.controller.pinning import pin_for
+from pools.controller.ports import EnginePorts, allocate
 from pools.controller.rollout import Change, changes
-from pools.controller.spec import EngineLaunch
+from pools.controller.spec import ControllerSpec, EngineLaunch
 from pools.controller.table import build_table
-from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest, PoolSpec, ReplicaPlacement, SLOClass
+from pools.model import PlacementPlan, PlacementRequest, ReplicaPlacement
 from pools.placement import get_policy
 from pools.placement.replan import replan
 from pools.routing import RoutingTable
 from topology import Topology
 
 CONTROLLER_NAME, NAMESPACE = "isleserve-controller", "isleserve"
+__all__ = ["CONTROLLER_NAME", "NAMESPACE", "ControllerCore", "ControllerSpec", "Running"]
 log = logging.getLogger("isleserve.controller")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ControllerSpec:
-    topology_source: str
-    engine: str
-    policy: str
-    pools: tuple[PoolSpec, ...]
-    slo_classes: Mapping[str, SLOClass] = field(default_factory=lambda: {c.name: c for c in DEFAULT_SLO_CLASSES})
-    time_scale: float = 1.0
-    state_dir: str = "/tmp/isleserve"
-    counters_interval_s: float = 30.0
-    """How often link counters are read again (a discovery on every node); 0: never."""
-    drain_timeout_s: float = 30.0
-    """A replaced replica stops when idle, or after this long at the latest."""
 
 
 @dataclass(slots=True)
@@ -65,10 +57,21 @@ class Running:
 
 class ControllerCore:
     def __init__(self, spec: ControllerSpec, backend: Backend, clock: Callable[[], float] = time.monotonic) -> None:
-        if spec.engine != "sim":
-            raise ValueError("this controller launches simulated engines; vLLM replicas come with the vLLM launcher")
+        if spec.engine not in ("sim", "vllm"):
+            raise ValueError(f"engine {spec.engine!r}: sim or vllm")
+        missing = [p.name for p in spec.pools if spec.engine == "vllm" and p.name not in spec.vllm]
+        if missing:
+            raise ValueError(f"engine vllm: no vLLM settings for pools {missing}")
         self.spec, self.backend, self.clock = spec, backend, clock
         self.events = EventLog(spec.state_dir)
+        self.bench = BenchKeeper(spec.bench, spec.state_dir, self._record, clock)
+        self.busy_ports: dict[str, set[int]] = {}
+        """Ports replicas found taken on their node (by processes the controller does not know)."""
+        self.ports_lock = threading.Lock()
+        self.starting: dict[str, EngineLaunch] = {}
+        """Replicas being started (their ports are taken too)."""
+        self.ray_ids: set[str] = set()
+        """The alive Ray nodes at the last look (one that joins is discovered)."""
         self.running: dict[str, Running] = {}
         self.retiring: list[Running] = []
         self.discovered: Topology | None = None
@@ -88,19 +91,22 @@ class ControllerCore:
 
     def _save(self) -> None:
         assert self.plan is not None
-        saved = {rid: state.SavedReplica(placement=r.placement, generation=r.launch.generation, url=r.url,
-                                         draining=r.draining) for rid, r in self.running.items()}
-        retiring = tuple(state.SavedReplica(placement=r.placement, generation=r.launch.generation, url=r.url,
-                                            draining=True) for r in self.retiring)
+        def saved(r: Running, draining: bool) -> state.SavedReplica:
+            ports = r.launch.vllm.ports if r.launch.vllm is not None else None
+            return state.SavedReplica(placement=r.placement, generation=r.launch.generation, url=r.url,
+                                      draining=draining, ports=ports)
+
         state.save(self.spec.state_dir, state.ControllerState(
             session=self.backend.session(), spec_digest=state.digest(self.spec), plan=self.plan,
-            table_version=self.table.version, replicas=saved, retiring=retiring, marks=tuple(self.marks.values()),
-            lost_nodes=tuple(sorted(self.lost))))
+            table_version=self.table.version, replicas={rid: saved(r, r.draining) for rid, r in self.running.items()},
+            retiring=tuple(saved(r, True) for r in self.retiring), marks=tuple(self.marks.values()),
+            lost_nodes=tuple(sorted(self.lost)), bench=self.bench.saved()))
 
     # topology -----------------------------------------------------------------------------
     def _discover(self) -> Topology:
         found = self.backend.discover(self.spec.topology_source)
         self.discovered, self.bindings = found.topology, found.bindings
+        self.ray_ids = {n.node_id for n in self.backend.nodes() or () if n.alive}
         report = nodecheck.check(found.topology, found.bindings, found.simulated)
         if report != self.report:  # said once, not on every counters pass
             for line in report.lines():
@@ -108,33 +114,68 @@ class ControllerCore:
             if self.topology is not None:
                 self._record("node_check", report.to_json())
         self.report = report
-        return health.effective(found.topology, self.marks.values(), self.lost)
+        return self._effective()
 
-    def _launch(self, p: ReplicaPlacement, generation: int) -> EngineLaunch:
+    def _effective(self) -> Topology:
+        """The discovered topology with marks and lost nodes applied, and what was measured."""
+        assert self.discovered is not None
+        return self.bench.measured(health.effective(self.discovered, self.marks.values(), self.lost))
+
+    # replicas -----------------------------------------------------------------------------
+    def _taken(self, node: str) -> set[int]:
+        held = [r.launch for r in (*self.running.values(), *self.retiring)]
+        return launching.ports_taken([*held, *self.starting.values()], node) | self.busy_ports.get(node, set())
+
+    def _launch(self, p: ReplicaPlacement, generation: int, ports: EnginePorts | None = None) -> EngineLaunch:
+        """`ports`: the ones the replica held (a resumed or restarted one keeps them); else the
+        lowest free ones on its node."""
         assert self.plan is not None and self.topology is not None
-        pool = self.plan.pool(p.pool)
-        gpu = self.topology.node(p.node).gpu(p.gpus[0]).model
-        if pool.model is None or gpu is None:
-            raise ValueError(f"{p.replica_id}: a simulated replica needs the pool's model and the GPU's model")
-        ray = self.bindings.get(p.node)
-        pin = pin_for(self.topology, p, ray.node_id if ray else None, ray.resources if ray else {})
-        return EngineLaunch(replica_id=p.replica_id, pool=p.pool, role=p.role, model=pool.model, gpu=gpu, tp=pool.tp,
-                            node=p.node, gpus=p.gpus, topology_source=self.spec.topology_source,
-                            time_scale=self.spec.time_scale, pin=pin, generation=generation)
+        vllm = self.spec.vllm.get(p.pool) if self.spec.engine == "vllm" else None
+        if vllm is not None and ports is None:
+            ports = allocate(self.spec.ports, p.node, self._taken(p.node), side_channel=p.role != "mixed")
+        return launching.build_launch(self.plan, self.topology, self.bindings, p, generation,
+                                      topology_source=self.spec.topology_source, time_scale=self.spec.time_scale,
+                                      vllm=vllm, ports=ports)
 
-    def _start(self, p: ReplicaPlacement, generation: int) -> Running:
-        launch = self._launch(p, generation)
-        replica = self.backend.create(launch)
-        try:
-            url = replica.start()
-        except Exception:
-            self._stop(replica)
-            raise
-        self._record("replica_started", {"replica_id": p.replica_id, "generation": generation, "url": url,
+    def _reallocate(self, launch: EngineLaunch, busy_port: int) -> EngineLaunch:
+        """Another try on other ports: `busy_port` is taken on the launch's node (threads: one at a time)."""
+        with self.ports_lock:
+            self.busy_ports.setdefault(launch.node, set()).add(busy_port)
+            self._record("port_in_use", {"replica_id": launch.replica_id, "node": launch.node, "port": busy_port})
+            self.starting[launch.replica_id] = launching.next_ports(self.spec.ports, launch, self._taken(launch.node))
+            return self.starting[launch.replica_id]
+
+    def _started(self, p: ReplicaPlacement, done: launching.Started) -> Running:
+        launch = done.launch
+        self._record("replica_started", {"replica_id": p.replica_id, "generation": launch.generation, "url": done.url,
                                          "node": p.node, "gpus": list(p.gpus), "ray_node": launch.pin.ray_node_id,
                                          "resources": dict(launch.pin.resources), "env": dict(launch.pin.env),
-                                         "notes": list(launch.pin.notes)})
-        return Running(replica=replica, launch=launch, placement=p, url=url)
+                                         "engine": self.spec.engine, "notes": list(launch.pin.notes),
+                                         "ports": launch.vllm.ports.to_json() if launch.vllm else None})
+        return Running(replica=done.replica, launch=launch, placement=p, url=done.url)
+
+    def _start(self, p: ReplicaPlacement, generation: int, ports: EnginePorts | None = None) -> Running:
+        self.starting[p.replica_id] = self._launch(p, generation, ports)
+        try:
+            return self._started(p, launching.start_one(self.backend, self.starting[p.replica_id], self._reallocate))
+        finally:
+            self.starting.pop(p.replica_id, None)
+
+    def _start_all(self, placements: tuple[ReplicaPlacement, ...]) -> None:
+        """Every placement's replica at once; if one fails, all are stopped and its error raised."""
+        for p in placements:
+            self.starting[p.replica_id] = self._launch(p, 0)
+        try:
+            results = launching.start_all(self.backend, [self.starting[p.replica_id] for p in placements],
+                                            self._reallocate)
+        finally:
+            self.starting.clear()
+        failed = [r for r in results if isinstance(r, Exception)]
+        for p, r in zip(placements, results, strict=True):
+            if isinstance(r, launching.Started):
+                self.running[p.replica_id] = self._started(p, r)
+        if failed:
+            raise failed[0]
 
     def _stop(self, replica: Replica) -> None:
         try:
@@ -150,12 +191,13 @@ class ControllerCore:
         self.topology = self._discover()
         self._record("topology", {"reason": "deploy", "nodes": [n.name for n in self.topology.nodes],
                                   "node_check": self.report.to_json()})
+        if self._bench_due():  # before the engines start: the bench has the links to itself, the plan its figures
+            self.topology = self._effective()
         request = PlacementRequest(topology=self.topology, pools=self.spec.pools, slo_classes=self.spec.slo_classes)
         self.plan = get_policy(self.spec.policy).place(request)
         self._record("plan", self.plan.to_json())
         try:
-            for p in self.plan.placements:
-                self.running[p.replica_id] = self._start(p, 0)
+            self._start_all(self.plan.placements)
         except Exception as err:  # leave nothing behind: a retried deploy starts clean
             self._record("deploy_failed", {"error": str(err)})
             self.shutdown()
@@ -170,14 +212,15 @@ class ControllerCore:
             return False
         self.marks = {m.key: m for m in saved.marks}
         self.lost = set(saved.lost_nodes)
+        self.bench.restore(saved.bench)
         self.topology, self.plan = self._discover(), saved.plan
         self.table = RoutingTable(version=saved.table_version, replicas=())
         reattached, started = [], []
         for rid, r in saved.replicas.items():
-            launch = self._launch(r.placement, r.generation)
+            launch = self._launch(r.placement, r.generation, r.ports)
             replica = self.backend.attach(launch)
             if replica is None:
-                self.running[rid] = self._start(r.placement, r.generation + 1)
+                self.running[rid] = self._start(r.placement, r.generation + 1, r.ports)
                 started.append(rid)
                 continue
             url = replica.ensure()
@@ -185,7 +228,7 @@ class ControllerCore:
                                         draining=r.draining, retire_by=0.0)
             reattached.append(rid)
         for r in saved.retiring:
-            old = self.backend.attach(self._launch(r.placement, r.generation))
+            old = self.backend.attach(self._launch(r.placement, r.generation, r.ports))
             if old is not None:
                 self._stop(old)
         self._record("resumed", {"reattached": reattached, "restarted": started, "table_version": saved.table_version})
@@ -205,7 +248,8 @@ class ControllerCore:
         serving = self._serving()
         urls = {rid: r.url for rid, r in self.running.items()}
         draining = {rid for rid, r in self.running.items() if r.draining}
-        self.table = build_table(serving, self.topology, urls, draining, self.table.version + 1)
+        served = {pool: s.served_model_name for pool, s in self.spec.vllm.items()}
+        self.table = build_table(serving, self.topology, urls, draining, self.table.version + 1, served)
         self._record("routing_table", {"version": self.table.version, "replicas": len(self.table.replicas),
                                        "draining": sorted(draining)})
         self._save()
@@ -222,7 +266,7 @@ class ControllerCore:
         else:
             self.marks[mark.key] = mark
         what = f"link {node}:gpu{a}-gpu{b} marked {'healthy' if healthy else 'unhealthy'}"
-        done = self._topology_changed(what, health.effective(self.discovered, self.marks.values(), self.lost))
+        done = self._topology_changed(what, self._effective())
         return [c.to_json() for c in done]
 
     def _topology_changed(self, why: str, new: Topology) -> list[Change]:
@@ -276,18 +320,37 @@ class ControllerCore:
         self._read_counters()
         changed = self._restart_dead()
         self._retire()
+        if self._bench_due():
+            self.topology = self._effective()
+            changed = True  # routers follow the table's version to the measured topology
         return self._publish() if changed else self.table
+
+    def _bench_due(self) -> bool:
+        """Run the benches that are due; True when something new was measured."""
+        if not self.spec.bench.enabled:
+            return False
+        assert self.topology is not None
+        return self.bench.run_due(self.backend, self.topology, self.bindings, everywhere=self.backend.nodes() is None,
+                                  simulated=self.spec.topology_source != "nvml", source=self.spec.topology_source)
 
     def _watch_nodes(self) -> None:
         nodes = self.backend.nodes()
         if nodes is None or self.discovered is None:
             return
         alive = {n.node_id for n in nodes if n.alive}
+        joined, self.ray_ids = alive - self.ray_ids, alive
+        if joined:  # a new or returning node: whatever topology node it carries is back
+            self._discover()
+            back = {name for name in self.lost if name in self.bindings and self.bindings[name].node_id in alive}
+            self.lost -= back
+            self._record("nodes_joined", {"ray_nodes": sorted(joined), "back": sorted(back)})
+            if back:
+                self._topology_changed(f"Ray node back: {', '.join(sorted(back))}", self._effective())
         gone = {name for name, ray in self.bindings.items() if ray.node_id not in alive and name not in self.lost}
         if gone:
             self.lost |= gone
-            self._topology_changed(f"Ray node gone: {', '.join(sorted(gone))}",
-                                   health.effective(self.discovered, self.marks.values(), self.lost))
+            self.bench.forget(gone)  # back later: measured again
+            self._topology_changed(f"Ray node gone: {', '.join(sorted(gone))}", self._effective())
 
     def _read_counters(self) -> None:
         if self.spec.counters_interval_s <= 0 or self.clock() - self.counters_at < self.spec.counters_interval_s:
@@ -311,8 +374,9 @@ class ControllerCore:
             except Exception as err:  # the actor itself died: a new one on the same GPUs
                 self._record("restart", {"replica_id": rid, "error": str(err), "result": "new actor"})
                 self._stop(r.replica)
-                try:
-                    fresh = self._start(r.placement, r.launch.generation + 1)
+                try:  # on the ports it had (another try on others if they are still held)
+                    fresh = self._start(r.placement, r.launch.generation + 1,
+                                        r.launch.vllm.ports if r.launch.vllm else None)
                 except Exception as again:
                     self._record("restart_failed", {"replica_id": rid, "error": str(again)})
                     continue
@@ -353,7 +417,8 @@ class ControllerCore:
                 "draining": sorted(rid for rid, r in self.running.items() if r.draining),
                 "retiring": [r.placement.replica_id for r in self.retiring],
                 "marked_links": [list(m.key) for m in self.marks.values()], "lost_nodes": sorted(self.lost),
-                "last_moves": [c.to_json() for c in self.last_changes], "events": str(self.events.path)}
+                "last_moves": [c.to_json() for c in self.last_changes], "events": str(self.events.path),
+                "bench": self.bench.status()}
 
     def shutdown(self) -> None:
         """Stop every replica and forget the saved state (a later controller starts afresh)."""

@@ -18,8 +18,6 @@ from pools.controller.pinning import pin_cpus
 from pools.controller.spec import ENGINE_ENV, EngineLaunch
 from topology.readers.cpus import format_cpu_list
 
-READY_TIMEOUT_S = 60.0
-
 
 def engine_environment(pid: int, fallback: dict[str, str]) -> dict[str, str]:
     """The pinning variables as the engine process sees them (/proc), else what was passed."""
@@ -50,7 +48,7 @@ class ReplicaProcess:
                                      stderr=subprocess.DEVNULL, text=True, env=env)
         self._pin_cpus(self.proc.pid)
         assert self.proc.stdout is not None
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + self.launch.ready_timeout_s
         while time.monotonic() < deadline:
             if select.select([self.proc.stdout], [], [], 0.2)[0]:
                 line = self.proc.stdout.readline()

