@@ -82,7 +82,7 @@ class Flight:
         cand = self.cand = self.order[self.tried]
         self.tried += 1
         r.replicas.opened(cand.endpoint.replica_id)
-        self.status, self.bad, self.parts = 0, "", []
+        self.status, self.bad, self.parts, self.streaming = 0, "", [], False
         up = r.config.upstream
         # an engine answers a non-stream request only when it is done: wait for the whole of it
         wait_s = up.first_byte_timeout_s if self.call.stream else up.request_timeout_s
@@ -129,9 +129,9 @@ class Flight:
         r.replicas.ok(cand.endpoint.replica_id, (self.head_at - self.sent_at) * 1000)
         tier = self.tiers.get(cand.endpoint.replica_id, cand.endpoint.tier) if self.tiers else cand.endpoint.tier
         self.labels = (self.call.slo.name, cand.endpoint.pool, tier)
-        if content_type.startswith("text/event-stream"):
-            self.streaming = True
-            self.out.append(self.response.stream_head(status, content_type, r.served_by(cand, tier, self.extra)))
+        # The client's head waits for the first chunk: an engine answers a stream's head before the
+        # request leaves its queue, and until a token went out a failure can go to another replica.
+        self.streaming = content_type.startswith("text/event-stream")
 
     def on_body(self, data: bytes) -> None:
         if self.bad:
@@ -141,6 +141,7 @@ class Flight:
             return
         now = self.last_data = time.perf_counter()
         if self.chunks == 0:
+            self._open_stream()
             self.first = now
             m = self.router.metrics
             m.child(m.ttft, *self.labels).observe(now - self.started)
@@ -150,6 +151,11 @@ class Flight:
         self.prev = now
         self.chunks += 1
         self.out.append(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def _open_stream(self) -> None:
+        assert self.cand is not None
+        self.out.append(self.response.stream_head(self.status, self.content_type,
+                                                  self.router.served_by(self.cand, self.labels[2], self.extra)))
 
     def flush(self) -> None:
         out = self.out
@@ -174,6 +180,8 @@ class Flight:
             return
         m = self.router.metrics
         if self.streaming:
+            if self.chunks == 0:
+                self._open_stream()
             self.response.end(self._pending())
             if self.chunks > 1:
                 m.child(m.tpot, *self.labels).observe((self.prev - self.first) / (self.chunks - 1))
