@@ -1,6 +1,7 @@
 """A vLLM replica: the controller's Replica protocol (start, healthy, ensure, idle, stop, info)
-over one `VllmProcess`, in this process or as a Ray actor pinned like a simulated replica
-(node affinity, the planned GPUs' `isle_gpu_<node>_<i>` resources; pools.controller.actors).
+over one `VllmProcess`, in this process (a local backend) or inside the same replica actor as a
+simulated engine, pinned the same way (node affinity, the planned GPUs' `isle_gpu_<node>_<i>`
+resources; pools.controller.actors, built from the launch by pools.vllm.launch).
 
 Before it starts the server it checks that the ports the controller gave it are free on this
 host: a port some other process holds is `PortInUse` (the controller then picks another), not an
@@ -105,17 +106,3 @@ class VllmReplica:
             info.update(ray_node_id=ctx.get_node_id(), ray_resources=ctx.get_assigned_resources())
         return info
 
-
-def remote_replica(server: VllmServer, python: str, *, name: str, namespace: str, resources: dict[str, float],
-                   ray_node_id: str | None, log_dir: str | None = None,
-                   ready_timeout_s: float = READY_TIMEOUT_S) -> Any:
-    """The replica as a detached Ray actor on its planned node, holding its planned GPUs."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    remote: Any = ray.remote(num_cpus=0)(VllmReplica)
-    options: dict[str, Any] = {"name": name, "namespace": namespace, "lifetime": "detached",
-                               "resources": resources}
-    if ray_node_id is not None:
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray_node_id, soft=False)
-    return remote.options(**options).remote(server, python, log_dir, ready_timeout_s)

@@ -1,0 +1,163 @@
+"""`engine: vllm` deployed through the controller, as configs/vllm-cpu.yaml says: on a local Ray
+cluster (`ray.cluster_utils.Cluster`, loopback) whose worker node carries the config's node `cpu`,
+the controller places a prefill and a decode replica, starts both vLLM CPU servers side by side
+as pinned replica actors (node affinity and the planned GPU's resource, CUDA_VISIBLE_DEVICES, the
+nearest NIC, each on the core its "GPU" stands for, on ports from the config's ranges), and
+publishes them; the router follows the table and the openai client gets answers
+disaggregated over NIXL. A restarted controller reattaches to the same servers on the same ports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import ray
+import yaml
+from ray.cluster_utils import Cluster
+
+from pools.controller.actors import get_or_create_controller
+from pools.controller.discovery import ray_nodes
+from pools.controller.pinning import gpu_resource
+from pools.nodelabels import node_labels, node_resources
+from router.appconfig import AppArgs, parse_app_args
+from router.config import DEV_KEY
+from router.serve import RouterThread, controller_spec
+from tests.conftest import ROOT
+from tests.vllm.conftest import READY_TIMEOUT_S, SERVED
+from topology import read_source
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.ray]
+CONFIG = ROOT / "configs/vllm-cpu.yaml"
+IGNORE_EOS = {"ignore_eos": True}
+
+
+@dataclass
+class Deployed:
+    controller: Any
+    router: RouterThread
+    state_dir: Path
+    ray_node: str
+    clients: list[openai.OpenAI] = field(default_factory=list)
+
+    def client(self) -> openai.OpenAI:
+        self.clients.append(openai.OpenAI(base_url=f"http://127.0.0.1:{self.router.router.port}/v1",
+                                          api_key=DEV_KEY, max_retries=0, timeout=120))
+        return self.clients[-1]
+
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        return dict(ray.get(self.controller.replicas.remote(), timeout=60))
+
+
+def _args(state_dir: Path) -> AppArgs:
+    raw = yaml.safe_load(CONFIG.read_text())["applications"][0]["args"]
+    raw.update(state_dir=str(state_dir))
+    raw["vllm"]["start_timeout_s"] = READY_TIMEOUT_S
+    raw["router"]["port"] = 0
+    return parse_app_args(raw)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    args = _args(tmp_path_factory.mktemp("vllm-controller"))
+    topology = read_source(str(ROOT / args.topology))
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                             "node_ip_address": "127.0.0.1"})
+    node = topology.node("cpu")
+    cluster.add_node(num_cpus=1, num_gpus=0, node_ip_address="127.0.0.1", labels=node_labels(topology, node),
+                     resources=node_resources(topology, node))
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
+    controller, router, engines = get_or_create_controller(controller_spec(args)), None, []
+    d: Deployed | None = None
+    try:
+        router = RouterThread(args, controller)  # deploys: both vLLM servers started and healthy
+        ray_node = next(n.node_id for n in ray_nodes() if gpu_resource("cpu", 0) in n.resources)
+        d = Deployed(controller=controller, router=router, state_dir=Path(args.state_dir), ray_node=ray_node)
+        engines = [r["pid"] for r in d.replicas().values()]
+        yield d
+        engines += [r["pid"] for r in d.replicas().values()]
+    finally:
+        for c in d.clients if d is not None else []:
+            c.close()
+        if router is not None:
+            router.stop()
+        ray.get(controller.shutdown.remote(), timeout=120)
+        ray.kill(controller, no_restart=True)
+        ray.shutdown()
+        cluster.shutdown()  # type: ignore[no-untyped-call]
+    assert not [pid for pid in engines if pid and _alive(pid)], "vLLM servers left behind"
+
+
+def test_the_controller_starts_pinned_vllm_replicas_on_their_own_ports(deployed: Deployed) -> None:
+    infos = deployed.replicas()
+    assert sorted(infos) == ["decode-0", "prefill-0"]
+    http, side = set(), set()
+    for rid, info in infos.items():
+        gpu = 0 if rid == "prefill-0" else 1  # the plan: one "GPU" (core) each
+        assert info["engine"] == "vllm" and info["pid"] and info["ray_node_id"] == deployed.ray_node
+        assert info["ray_resources"] == {gpu_resource("cpu", gpu): 1.0}
+        assert info["env"]["CUDA_VISIBLE_DEVICES"] == str(gpu) and info["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert info["env"]["NCCL_IB_HCA"] == "mlx5_0"  # the nearest NIC, from the plan
+        assert info["env"]["UCX_NET_DEVICES"] == "lo"  # the config's extra_env wins over the plan's mlx5_0:1
+        if {0, 1} <= os.sched_getaffinity(0):
+            assert info["cpu_affinity"] == [gpu]  # the core that "GPU" stands for
+        assert 8100 <= info["ports"]["http"] <= 8199 and 5600 <= info["ports"]["side_channel"] <= 5699
+        assert info["url"] == f"http://127.0.0.1:{info['ports']['http']}"
+        http.add(info["ports"]["http"])
+        side.add(info["ports"]["side_channel"])
+    assert len(http) == len(side) == 2
+    saved = json.loads((deployed.state_dir / "state.json").read_text())["replicas"]
+    assert {rid: r["ports"] for rid, r in saved.items()} == {rid: i["ports"] for rid, i in infos.items()}
+    logs = sorted(p.name for p in (deployed.state_dir / "vllm-logs").iterdir())
+    assert logs == ["decode-0-g0.log", "prefill-0-g0.log"]
+
+
+def test_the_openai_client_gets_disaggregated_answers_through_the_router(deployed: Deployed) -> None:
+    c = deployed.client()
+    assert [m.id for m in c.models.list()] == [SERVED]
+    raw = c.chat.completions.with_raw_response.create(
+        model=SERVED, messages=[{"role": "user", "content": "Which island am I on?"}], max_tokens=8,
+        temperature=0.0, seed=0, extra_body=IGNORE_EOS)
+    chat = raw.parse()
+    assert raw.headers["x-isle-prefill-replica"] == "prefill-0" and raw.headers["x-isle-replica"] == "decode-0"
+    assert chat.usage is not None and chat.usage.completion_tokens == 8 and chat.choices[0].message.content
+    chunks = list(c.completions.create(model=SERVED, prompt="def route(request):", max_tokens=6, stream=True,
+                                       stream_options={"include_usage": True}, temperature=0.0, seed=0,
+                                       extra_body=IGNORE_EOS))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices)
+
+
+def test_a_restarted_controller_reattaches_on_the_same_ports(deployed: Deployed) -> None:
+    before = {rid: (r["pid"], r["url"], r["ports"]) for rid, r in deployed.replicas().items()}
+    version = ray.get(deployed.controller.table.remote()).version
+    ray.kill(deployed.controller, no_restart=False)  # its process dies; Ray starts it again
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if ray.get(deployed.controller.table.remote(), timeout=10).version > version:
+                break
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        time.sleep(0.5)
+    else:
+        pytest.fail("the controller did not come back")
+    assert {rid: (r["pid"], r["url"], r["ports"]) for rid, r in deployed.replicas().items()} == before
+    out = deployed.client().completions.create(model=SERVED, prompt="still there?", max_tokens=2, temperature=0.0)
+    assert out.usage is not None and out.usage.completion_tokens >= 1
