@@ -53,7 +53,10 @@ class BenchKeeper:
         todo = due(self.policy, self.clock(), subjects(topology, bindings, everywhere), self.last)
         if not todo:
             return False
-        results = backend.bench(topology, [s for s, _ in todo], self.settings(simulated), source)
+        try:
+            results = backend.bench(topology, [s for s, _ in todo], self.settings(simulated), source)
+        except Exception as err:  # a bench must never fail a deploy or stop the health loop
+            results = {s.key: f"bench failed: {err}" for s, _ in todo}
         now, taken = self.clock(), False
         for s, reason in todo:
             got = results.get(s.key, "no result")

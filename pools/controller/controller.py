@@ -344,8 +344,8 @@ class ControllerCore:
             back = {name for name in self.lost if name in self.bindings and self.bindings[name].node_id in alive}
             self.lost -= back
             self._record("nodes_joined", {"ray_nodes": sorted(joined), "back": sorted(back)})
-            if back:
-                self._topology_changed(f"Ray node back: {', '.join(sorted(back))}", self._effective())
+            why = f"Ray node back: {', '.join(sorted(back))}" if back else "Ray node joined"
+            self._topology_changed(why, self._effective())  # re-plans only if the graph changed
         gone = {name for name, ray in self.bindings.items() if ray.node_id not in alive and name not in self.lost}
         if gone:
             self.lost |= gone

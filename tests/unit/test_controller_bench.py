@@ -158,6 +158,22 @@ def test_a_marked_link_a_drop_and_the_schedule(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_a_node_that_joins_is_measured(tmp_path: Path) -> None:
+    backend = BenchBackend()
+    backend.ray_ids["b"] = ""  # no Ray node carries b yet
+    core = ControllerCore(_spec(tmp_path, on_change=True), backend)
+    try:
+        core.deploy()
+        assert backend.asked == [["a"]]
+        backend.ray_ids["b"] = "ray-b"  # scale-out: a Ray node for b starts
+        core.check()
+        assert backend.asked[-1] == ["b", "a+b"] and set(core.bench.records) == {"a", "b", "a+b"}
+        assert _events(tmp_path, "bench")[-1]["reason"] == "first measurement"
+    finally:
+        core.shutdown()
+
+
+@pytest.mark.integration
 def test_a_node_lost_and_back_is_measured_again_and_a_new_controller_keeps_the_records(tmp_path: Path) -> None:
     backend = BenchBackend()
     core = ControllerCore(_spec(tmp_path, on_change=True), backend)
@@ -195,3 +211,24 @@ def test_the_local_bench_measures_a_node_and_a_pair_on_loopback() -> None:
     assert node.fingerprint == node_fingerprint(two, "cpu") and pair.peer == "cpu2"
     assert [m.probe.name for m in pair.measurements] == ["p2p cpu:GPU0-cpu2:GPU0", "allreduce cpu:GPU0-cpu2:GPU0"]
     assert all(m.bandwidth_gb_s > 0 and m.latency_us > 0 for m in (*node.measurements, *pair.measurements))
+
+
+class FailingBenchBackend(BenchBackend):
+    def bench(self, topology: Topology, due: Sequence[Subject], settings: BenchSettings, source: str
+              ) -> dict[str, BenchRecord | str]:
+        self.asked.append([s.key for s in due])
+        raise RuntimeError("torch is not installed on node a")
+
+
+@pytest.mark.integration
+def test_a_failed_bench_neither_fails_the_deploy_nor_repeats_every_pass(tmp_path: Path) -> None:
+    backend = FailingBenchBackend()
+    core = ControllerCore(_spec(tmp_path, on_change=True), backend)
+    try:
+        assert core.deploy().replicas
+        failed = _events(tmp_path, "bench_failed")
+        assert [e["subject"] for e in failed] == ["a", "b", "a+b"] and "torch is not installed" in failed[0]["error"]
+        core.check()
+        assert len(backend.asked) == 1 and not core.bench.records
+    finally:
+        core.shutdown()
