@@ -20,7 +20,6 @@ Plain Python over an injected `Backend` (tests run it without Ray); `ControllerA
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -30,7 +29,8 @@ from pools.controller import health, launching, nodecheck, state
 from pools.controller.backend import Backend, Replica
 from pools.controller.benching import BenchKeeper
 from pools.controller.events import EventLog
-from pools.controller.ports import EnginePorts, allocate
+from pools.controller.portbook import PortBook
+from pools.controller.ports import EnginePorts
 from pools.controller.rollout import Change, changes
 from pools.controller.spec import ControllerSpec, EngineLaunch
 from pools.controller.table import build_table
@@ -65,11 +65,8 @@ class ControllerCore:
         self.spec, self.backend, self.clock = spec, backend, clock
         self.events = EventLog(spec.state_dir)
         self.bench = BenchKeeper(spec.bench, spec.state_dir, self._record, clock)
-        self.busy_ports: dict[str, set[int]] = {}
-        """Ports replicas found taken on their node (by processes the controller does not know)."""
-        self.ports_lock = threading.Lock()
-        self.starting: dict[str, EngineLaunch] = {}
-        """Replicas being started (their ports are taken too)."""
+        self.ports = PortBook(spec.ports, lambda: [r.launch for r in (*self.running.values(), *self.retiring)],
+                              self._record)
         self.ray_ids: set[str] = set()
         """The alive Ray nodes at the last look (one that joins is discovered)."""
         self.running: dict[str, Running] = {}
@@ -91,6 +88,7 @@ class ControllerCore:
 
     def _save(self) -> None:
         assert self.plan is not None
+
         def saved(r: Running, draining: bool) -> state.SavedReplica:
             ports = r.launch.vllm.ports if r.launch.vllm is not None else None
             return state.SavedReplica(placement=r.placement, generation=r.launch.generation, url=r.url,
@@ -122,28 +120,16 @@ class ControllerCore:
         return self.bench.measured(health.effective(self.discovered, self.marks.values(), self.lost))
 
     # replicas -----------------------------------------------------------------------------
-    def _taken(self, node: str) -> set[int]:
-        held = [r.launch for r in (*self.running.values(), *self.retiring)]
-        return launching.ports_taken([*held, *self.starting.values()], node) | self.busy_ports.get(node, set())
-
     def _launch(self, p: ReplicaPlacement, generation: int, ports: EnginePorts | None = None) -> EngineLaunch:
         """`ports`: the ones the replica held (a resumed or restarted one keeps them); else the
         lowest free ones on its node."""
         assert self.plan is not None and self.topology is not None
         vllm = self.spec.vllm.get(p.pool) if self.spec.engine == "vllm" else None
         if vllm is not None and ports is None:
-            ports = allocate(self.spec.ports, p.node, self._taken(p.node), side_channel=p.role != "mixed")
+            ports = self.ports.allocate(p.node, side_channel=p.role != "mixed")
         return launching.build_launch(self.plan, self.topology, self.bindings, p, generation,
                                       topology_source=self.spec.topology_source, time_scale=self.spec.time_scale,
                                       vllm=vllm, ports=ports)
-
-    def _reallocate(self, launch: EngineLaunch, busy_port: int) -> EngineLaunch:
-        """Another try on other ports: `busy_port` is taken on the launch's node (threads: one at a time)."""
-        with self.ports_lock:
-            self.busy_ports.setdefault(launch.node, set()).add(busy_port)
-            self._record("port_in_use", {"replica_id": launch.replica_id, "node": launch.node, "port": busy_port})
-            self.starting[launch.replica_id] = launching.next_ports(self.spec.ports, launch, self._taken(launch.node))
-            return self.starting[launch.replica_id]
 
     def _started(self, p: ReplicaPlacement, done: launching.Started) -> Running:
         launch = done.launch
@@ -155,21 +141,23 @@ class ControllerCore:
         return Running(replica=done.replica, launch=launch, placement=p, url=done.url)
 
     def _start(self, p: ReplicaPlacement, generation: int, ports: EnginePorts | None = None) -> Running:
-        self.starting[p.replica_id] = self._launch(p, generation, ports)
+        starting = self.ports.starting
+        starting[p.replica_id] = self._launch(p, generation, ports)
         try:
-            return self._started(p, launching.start_one(self.backend, self.starting[p.replica_id], self._reallocate))
+            return self._started(p, launching.start_one(self.backend, starting[p.replica_id], self.ports.reallocate))
         finally:
-            self.starting.pop(p.replica_id, None)
+            starting.pop(p.replica_id, None)
 
     def _start_all(self, placements: tuple[ReplicaPlacement, ...]) -> None:
         """Every placement's replica at once; if one fails, all are stopped and its error raised."""
+        starting = self.ports.starting
         for p in placements:
-            self.starting[p.replica_id] = self._launch(p, 0)
+            starting[p.replica_id] = self._launch(p, 0)
         try:
-            results = launching.start_all(self.backend, [self.starting[p.replica_id] for p in placements],
-                                            self._reallocate)
+            results = launching.start_all(self.backend, [starting[p.replica_id] for p in placements],
+                                          self.ports.reallocate)
         finally:
-            self.starting.clear()
+            starting.clear()
         failed = [r for r in results if isinstance(r, Exception)]
         for p, r in zip(placements, results, strict=True):
             if isinstance(r, launching.Started):
