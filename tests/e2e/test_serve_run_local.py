@@ -17,6 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from loadtest.deploy import session_pids
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 
@@ -24,14 +25,13 @@ pytestmark = pytest.mark.e2e
 BASE = "http://127.0.0.1:8000"
 
 
-def _our_engines() -> list[int]:
-    """Engine processes started by Ray replica actors (not by anything else on the machine)."""
-    out = subprocess.run(["pgrep", "-f", "pools sim-engine"], capture_output=True, text=True, check=False).stdout
+def _our_engines(sid: int) -> list[int]:
+    """Engine processes of this `serve run` (its session: the local Ray it started and the engines
+    of its replica actors), never another run's on the same machine."""
     mine = []
-    for pid in (int(p) for p in out.split()):
+    for pid in session_pids(sid):
         try:
-            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-            if Path(f"/proc/{ppid}/cmdline").read_bytes().startswith(b"ray::"):
+            if b"sim-engine" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 mine.append(pid)
         except OSError:
             continue
@@ -68,7 +68,7 @@ def product() -> Iterator[None]:
             assert proc.poll() is None, "serve run exited"
         else:
             pytest.fail("the product did not answer on 127.0.0.1:8000 within 120 s")
-        engines = _our_engines()
+        engines = _our_engines(proc.pid)
         assert len(engines) == 4  # prefill, decode and two mixed replicas
         yield
     finally:
