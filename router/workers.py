@@ -36,8 +36,9 @@ from topology.serialize import from_dict, to_dict
 
 log = logging.getLogger("isleserve.router")
 START_TIMEOUT_S = 30.0
-PEER_TIMEOUT_S = 1.0
-"""A sibling that does not answer a scrape within this is left out of that scrape's view."""
+PEER_TIMEOUT_S = 3.0
+"""A sibling that does not answer a scrape within this counts with its last answer (under
+Prometheus's default 10 s scrape timeout)."""
 RESTART_BACKOFF_S = 2.0
 CONFIG_FILE, VIEW_FILE = "config.json", "view.json"
 
@@ -95,21 +96,26 @@ class Siblings:
 
     def __init__(self, directory: Path, index: int, count: int) -> None:
         self.directory, self.index, self.count = directory, index, count
+        self.last: dict[int, dict[str, Any]] = {}
+        """Each sibling's latest snapshot: a busy one that misses a scrape counts with it, so
+        the view's counters never step back."""
 
     def others(self) -> list[int]:
         return [i for i in range(self.count) if i != self.index]
 
     async def snapshots(self) -> list[dict[str, Any]]:
-        """Every sibling's metrics snapshot that came back in time (one slow or dead worker
-        costs that scrape its series, never the scrape)."""
+        """Every sibling's metrics snapshot: fresh, or its last one when it did not answer in
+        time (a slow or restarting worker never fails the scrape)."""
         answers = await asyncio.gather(*(call(socket_path(self.directory, i), "GET", "/internal/metrics")
                                          for i in self.others()), return_exceptions=True)
         out = []
         for i, a in zip(self.others(), answers, strict=True):
             if isinstance(a, BaseException):
-                log.debug("worker %d left out of this scrape: %s", i, a)
+                log.debug("worker %d did not answer this scrape (%s): its last snapshot counts", i, a)
             else:
-                out.append(orjson.loads(a))
+                self.last[i] = orjson.loads(a)
+            if i in self.last:
+                out.append(self.last[i])
         return out
 
 

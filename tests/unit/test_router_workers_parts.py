@@ -3,7 +3,10 @@ and per-worker admission limits."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -88,3 +91,25 @@ def test_each_worker_admits_its_share_of_a_class_limit() -> None:
         adm.enter(batch)
     assert err.value.status == 429
     assert Admission({"batch": batch}, share=64).limits == {"batch": 1}
+
+
+def test_a_sibling_that_misses_a_scrape_counts_with_its_last_answer(tmp_path: Path) -> None:
+    from pools.wire.http import Request, Responder, serve_unix
+    from router.workers import Siblings, socket_path
+
+    def answer(request: Request, response: Responder) -> None:
+        response.send(200, orjson.dumps({"families": {"isle_router_requests": [[["standard", "ok"], 7.0]]}}))
+
+    async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        siblings = Siblings(tmp_path, 0, 2)
+        never = await siblings.snapshots()  # nobody there yet: nothing to count
+        server = await serve_unix(answer, socket_path(tmp_path, 1))
+        fresh = await siblings.snapshots()
+        server.close()
+        await server.wait_closed()
+        Path(socket_path(tmp_path, 1)).unlink()
+        return never, fresh, await siblings.snapshots()
+
+    never, fresh, stale = asyncio.run(main())
+    assert never == []
+    assert fresh == stale == [{"families": {"isle_router_requests": [[["standard", "ok"], 7.0]]}}]
