@@ -14,6 +14,7 @@ COMMANDS = {
     "calibrate": ("loadtest.calibrate", "one small scenario live and simulated: how far apart (mean TTFT, TPOT)"),
     "size": ("loadtest.refine", "pool sizing's candidates, checked in the simulator (--refine)"),
     "simbench": ("loadtest.simbench", "how fast the simulator runs (an hour of Azure traffic, 64 nodes)"),
+    "chaos": ("loadtest.chaos", "the local deployment at 80% load under faults; every request accounted for"),
 }
 
 

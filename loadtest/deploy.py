@@ -29,7 +29,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,8 +161,9 @@ def terminate_cleanly() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_head(num_cpus: int = 2, timeout_s: float = 90) -> Iterator[RayHead]:
-    """A Ray head of our own, stopped (with everything it started) on the way out."""
+def ray_head(num_cpus: int = 2, timeout_s: float = 90, node_args: Sequence[str] = ()) -> Iterator[RayHead]:
+    """A Ray head of our own, stopped (with everything it started) on the way out. `node_args`:
+    more `ray start` options (the chaos run declares a simulated node's labels and resources)."""
     for tool in ("ray", "serve"):
         if not (BIN / tool).exists():
             raise DeployError(f"{BIN / tool} not found: install the project with Ray Serve (pip install -e .)")
@@ -170,6 +171,7 @@ def ray_head(num_cpus: int = 2, timeout_s: float = 90) -> Iterator[RayHead]:
     ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS)), strict=True))
     cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--dashboard-host",
            "127.0.0.1", "--temp-dir", str(temp_dir), "--num-cpus", str(num_cpus), "--disable-usage-stats",
+           *node_args,
            *(x for option, port in ports.items() for x in (option, str(port)))]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ray_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

@@ -34,6 +34,11 @@ def test_every_config_file_is_valid(path: Path) -> None:
         assert scenario.pools() and scenario.profiles() and scenario.topology.gpu_count > 0
     elif path.suffix == ".json":
         assert json.loads(path.read_text())["panels"]
+    elif path.name == "chaos.yaml":
+        from loadtest.chaosspec import load_chaos_spec
+
+        spec, base = load_chaos_spec(path)
+        assert spec.faults and base.exists()
     elif path.name in ("local.yaml", "prod.yaml", "vllm-cpu.yaml"):
         args = app_args_from_serve_config(str(path))
         assert args.router.require_keys

@@ -1,0 +1,248 @@
+"""`python -m loadtest chaos --out DIR`: the local simulated deployment under faults, at 80 % of its
+capacity, every request accounted for.
+
+    python -m loadtest chaos --out out/chaos [--spec configs/chaos.yaml] [--scale K]
+        [--capacity-rps R] [--load F]
+
+It deploys `configs/local.yaml` on a Ray head of its own with one Ray node per simulated node
+(`loadtest.chaoscluster`), finds the deployment's capacity with the simulator on the deployed
+plan (`loadtest.chaoscapacity`; `--capacity-rps` gives it instead), drives it open loop at
+`load` x capacity (`loadtest.chaosdriver`) and, after a quiet window, does each fault of the spec
+in turn, waiting for recovery and a quiet window after each (`loadtest.chaosfaults`): a replica's
+engine killed mid-stream, a TP group's NVLink degraded then marked unhealthy, a Ray node lost, a
+3x burst. Then it stops sending, waits for every request (each has a deadline), tears everything
+down (also on an error, Ctrl-C or SIGTERM) and writes:
+
+    DIR/chaos.json      sent, completed, errored (by cause), lost, hung, duplicated_tokens; per
+                        fault its times (drain, re-place), interactive attainment and TTFT before,
+                        during and after; shedding; router RSS over time; the checks and `passed`
+    DIR/requests.jsonl  every request: class, times, status, replica, tokens, verdict
+    DIR/events.jsonl    the controller's record of the run
+
+Exit status 0 when every check passed, 1 otherwise (or when the deployment did not come up).
+`--scale K` multiplies the quiet windows and fault durations (a shorter run for tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtest import chaoscapacity
+from loadtest.chaoschecks import checks, crash_details, node_loss_details, overload_details
+from loadtest.chaoscluster import ChaosCluster, chaos_args, chaos_deployment
+from loadtest.chaosdriver import ChaosDriver, ChaosRecord
+from loadtest.chaosfaults import FaultContext, Observer, inflict, wall_offset
+from loadtest.chaosload import RequestFactory
+from loadtest.chaosreport import classified, fault_windows, memory, shedding, totals, window
+from loadtest.chaosspec import ChaosSpec, load_chaos_spec
+from loadtest.client import Target, loopback_target
+from loadtest.deploy import ROOT, DeployError
+from loadtest.live import pick_model
+from pools.model import SLOClass
+from router.config import DEV_ADMIN_KEY, DEV_KEY
+from topology.errors import ParseError
+
+DEFAULT_SPEC = ROOT / "configs" / "chaos.yaml"
+
+
+@dataclasses.dataclass(slots=True)
+class Run:
+    records: list[ChaosRecord]
+    faults: list[dict[str, Any]]
+    observer: Observer
+    load_end_s: float
+    max_lag_ms: float
+
+
+async def drive(spec: ChaosSpec, cluster: ChaosCluster, factory: RequestFactory, rate_wall_rps: float,
+                say: Callable[[str], None]) -> Run:
+    host, port = loopback_target(cluster.router_url)
+    target = Target(host, port)
+    model = await pick_model(target, DEV_KEY)
+    driver = ChaosDriver(target, factory, model, DEV_KEY, rate_wall_rps, spec.request_deadline_s,
+                         seed=spec.workload.seed)
+    observer = Observer(admin=Target(host, port), admin_key=DEV_ADMIN_KEY, now=driver.now,
+                        router_port=cluster.router_port, in_flight=driver.in_flight)
+    watching = asyncio.create_task(observer.run())
+    load = asyncio.create_task(driver.run())
+    ctx = FaultContext(spec=spec, cluster=cluster, driver=driver, observer=observer,
+                       wall_offset=wall_offset(driver.now))
+    faults: list[dict[str, Any]] = []
+    try:
+        await asyncio.wait_for(observer.seen.wait(), 30)
+        say(f"load: {rate_wall_rps:.2f} req/s (wall); quiet for {spec.window_s:g} s")
+        await asyncio.sleep(spec.window_s)
+        for f in spec.faults:
+            say(f"fault: {f.kind} at {driver.now():.0f} s ({driver.in_flight()} requests in flight)")
+            record = await inflict(f, ctx)
+            faults.append(record)
+            said = record.get("error") or (f"recovered at {record['recovered_s']:.0f} s"
+                                           if record.get("recovered_s") is not None else "NOT recovered")
+            say(f"fault: {f.kind}: {said}; quiet for {spec.window_s:g} s")
+            await asyncio.sleep(spec.window_s)
+    finally:
+        driver.stop()
+        load_end = driver.now()
+        say(f"stopped sending at {load_end:.0f} s; waiting for {driver.in_flight()} requests in flight")
+        records = await load
+        observer.stopping.set()
+        await watching
+        target.close()
+    return Run(records=records, faults=faults, observer=observer, load_end_s=load_end,
+               max_lag_ms=round(driver.max_lag_s * 1000, 1))
+
+
+def _fault_entry(f: dict[str, Any], pairs: Any, spec: ChaosSpec, classes: dict[str, SLOClass],
+                 table_changes: list[dict[str, Any]]) -> dict[str, Any]:
+    entry = dict(f)
+    at, back = f["at_s"], f.get("recovered_s")
+    entry["time_to_recover_s"] = None if back is None else round(back - at, 2)
+    if f["kind"] == "link_degrade" and f.get("marked_s") is not None:
+        entry["time_to_stop_routing_s"] = _since(f.get("table_draining_s"), f["marked_s"])  # table: draining
+        entry["time_to_replace_s"] = _since(back, f["marked_s"])  # the replacement serves
+        entry["time_to_drain_s"] = _since(f.get("drained_s"), f["marked_s"])  # the old one stopped
+    if f["kind"] == "node_loss":
+        entry["time_to_detect_s"] = _since(f.get("detected_s"), at)
+        entry["time_to_replace_s"] = _since(back, at)
+    ts = spec.time_scale
+    entry["interactive"] = fault_windows(pairs, f, spec.window_s, classes, ts) if "error" not in f else {}
+    if f["kind"] == "replica_crash":
+        entry["details"] = crash_details(pairs, f, spec.window_s)
+    elif f["kind"] == "node_loss":
+        entry["details"] = node_loss_details(pairs, f, table_changes)
+    elif f["kind"] == "overload":
+        entry["details"] = overload_details(pairs, f, classes, ts)
+    return entry
+
+
+def _since(t: float | None, t0: float) -> float | None:
+    return None if t is None else round(t - t0, 2)
+
+
+def build_report(spec: ChaosSpec, run: Run, cluster: ChaosCluster, capacity: chaoscapacity.Capacity,
+                 capacity_source: str, command: str, deploy_s: float) -> dict[str, Any]:
+    classes = cluster.args.router.classes()
+    pairs = classified(run.records)
+    rate = spec.load * capacity.rps
+    report: dict[str, Any] = {
+        "command": command,
+        "load": {"capacity_rps": capacity.rps, "capacity_from": capacity_source, "capacity_probes": capacity.probes,
+                 "load": spec.load, "rate_rps": round(rate, 2), "rate_wall_rps": round(rate / spec.time_scale, 3),
+                 "time_scale": spec.time_scale, "duration_s": round(run.load_end_s, 1),
+                 "max_send_lag_ms": run.max_lag_ms, "workload": spec.workload.model_dump()},
+        **totals(pairs),
+        "by_class": {name: window(pairs, 0.0, None, name, classes, spec.time_scale) for name in sorted(classes)},
+        "faults": [_fault_entry(f, pairs, spec, classes, run.observer.changes) for f in run.faults],
+        "shedding": shedding(pairs, classes),
+        "router_memory": memory(run.observer.rss, run.load_end_s),
+        "routing_table_changes": run.observer.changes,
+        "deployment": {"serve_config": cluster.serve_config.name, "deploy_s": round(deploy_s, 1),
+                       "head_node": spec.head_node, "ray_nodes": list(spec.ray_nodes),
+                       "drain_timeout_s": cluster.args.drain_timeout_s},
+        "spec": spec.model_dump(mode="json"),
+    }
+    report["checks"] = checks(report, classes)
+    report["passed"] = all(report["checks"].values())
+    return report
+
+
+def write_outputs(out: Path, report: dict[str, Any], run: Run, cluster: ChaosCluster) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
+    with (out / "requests.jsonl").open("w") as f:
+        for r, v in classified(run.records):
+            row = {k: v2 for k, v2 in dataclasses.asdict(r).items() if k != "words"}
+            f.write(json.dumps({**row, "tokens": v.tokens, "verdict": v.bucket, "cause": v.cause,
+                                "duplicated": v.duplicated}) + "\n")
+    events = cluster.state_dir / "events.jsonl"
+    if events.exists():
+        shutil.copy(events, out / "events.jsonl")
+    shutil.copy(cluster.serve_config, out / cluster.serve_config.name)
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    lines = [f"sent {report['sent']}, completed {report['completed']}, errored {report['errored']} "
+             f"{report['errored_by_cause']}, lost {report['lost']}, hung {report['hung']}, duplicated tokens "
+             f"{report['duplicated_tokens']}"]
+    for f in report["faults"]:
+        w = f.get("interactive", {})
+        att = " / ".join("-" if w.get(k, {}).get("slo_attainment") is None else f"{w[k]['slo_attainment']:.0%}"
+                         for k in ("before", "during", "after"))
+        lines.append(f"{f['kind']}: recovered in {f.get('time_to_recover_s')} s; interactive attainment "
+                     f"before/during/after {att}" + (f"; error: {f['error']}" if f.get("error") else ""))
+    lines += [f"check {name}: {'ok' if ok else 'FAILED'}" for name, ok in report["checks"].items()]
+    return lines
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadtest chaos", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="folder for chaos.json, requests.jsonl and events.jsonl")
+    p.add_argument("--spec", default=str(DEFAULT_SPEC), help="the chaos spec (default: configs/chaos.yaml)")
+    p.add_argument("--scale", type=float, help="multiply quiet windows and fault durations (e.g. 0.5)")
+    p.add_argument("--capacity-rps", type=float, help="the deployment's capacity in modelled req/s (skips the "
+                   "simulator's estimate)")
+    p.add_argument("--load", type=float, help="offered load as a fraction of capacity (default: the spec's)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        spec, base = load_chaos_spec(args.spec)
+        if args.scale is not None:
+            if args.scale <= 0:
+                raise ValueError("--scale must be positive")
+            spec = spec.scaled(args.scale)
+        updates = {k: v for k, v in (("capacity_rps", args.capacity_rps), ("load", args.load)) if v is not None}
+        spec = ChaosSpec.model_validate({**spec.model_dump(), **updates})
+    except (ParseError, ValueError) as err:
+        print(f"loadtest chaos: {err}", file=sys.stderr)
+        return 2
+
+    def say(line: str) -> None:
+        print(f"chaos: {line}", file=sys.stderr, flush=True)
+
+    command = "python -m loadtest chaos " + " ".join(argv)
+    factory = RequestFactory(spec.workload)
+    with tempfile.TemporaryDirectory(prefix="isle-chaos-") as tmp:
+        work = Path(tmp)
+        _, _, app_args = chaos_args(spec, base, work / "state")
+        if spec.capacity_rps is not None:
+            capacity, source = chaoscapacity.Capacity(rps=spec.capacity_rps, probes=()), "spec"
+        else:
+            capacity, source = chaoscapacity.estimate(app_args, factory), "simulator"
+        say(f"capacity {capacity.rps:g} req/s modelled ({source}); load {spec.load:g} of it at time scale "
+            f"{spec.time_scale:g}")
+        started = time.monotonic()
+        try:
+            with chaos_deployment(spec, base, work, say) as cluster:
+                deploy_s = time.monotonic() - started
+                run = _run(drive(spec, cluster, factory, spec.load * capacity.rps / spec.time_scale, say))
+                say("tearing down")
+            report = build_report(spec, run, cluster, capacity, source, command, deploy_s)
+            write_outputs(Path(args.out), report, run, cluster)
+        except DeployError as err:
+            say(f"the deployment did not come up: {err}")
+            return 1
+    for line in summary_lines(report):
+        say(line)
+    return 0 if report["passed"] else 1
+
+
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
