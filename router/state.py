@@ -67,8 +67,8 @@ class Replicas:
         if table.version <= self.table.version:
             return
         old = self.states
-        self.states = {r.replica_id: (replace(old[r.replica_id], endpoint=r, cached=None) if r.replica_id in old
-                                      else ReplicaState(r)) for r in table.replicas}
+        self.states = {r.replica_id: _carried(old[r.replica_id], r) if r.replica_id in old else ReplicaState(r)
+                       for r in table.replicas}
         self.table = table
         self.served = frozenset(table.models())
         self.mixed = _mixed(table)
@@ -130,6 +130,15 @@ class Replicas:
             s.waiting = values.get("waiting", s.waiting)
             s.kv_usage = values.get("kv_usage", s.kv_usage)
             s.cached = None
+
+
+def _carried(state: ReplicaState, endpoint: ReplicaEndpoint) -> ReplicaState:
+    """A replica in the newer table: the same engine keeps what we learnt about it; a new one (the
+    engine restarted on another port, or the replica moved) starts afresh, breaker closed, but for
+    the requests this router still has open under its id (they close against it)."""
+    if state.endpoint.url == endpoint.url:
+        return replace(state, endpoint=endpoint, cached=None)
+    return ReplicaState(endpoint, inflight=state.inflight)
 
 
 def _mixed(table: RoutingTable) -> frozenset[str]:
