@@ -148,6 +148,8 @@ def build_report(spec: ChaosSpec, run: Run, cluster: ChaosCluster, capacity: cha
         "routing_table_changes": run.observer.changes,
         "deployment": {"serve_config": cluster.serve_config.name, "deploy_s": round(deploy_s, 1),
                        "head_node": spec.head_node, "ray_nodes": list(spec.ray_nodes),
+                       "sessions": [cluster.head.proc.pid, *(p.pid for p in cluster.nodes.values())],
+                       "ray_temp_dir": str(cluster.head.temp_dir), "router": cluster.router_url,
                        "drain_timeout_s": cluster.args.drain_timeout_s},
         "spec": spec.model_dump(mode="json"),
     }
