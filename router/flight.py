@@ -94,7 +94,7 @@ class Flight:
     def _retry(self, reason: str) -> None:
         assert self.cand is not None
         self.last = reason
-        self.router.replicas.failed(self.cand.endpoint.replica_id)
+        self.router.replicas.failed(self.cand.endpoint.replica_id, self.cand.endpoint.url)
         self.router.replicas.closed(self.cand.endpoint.replica_id)
         self.cand = None
         self._next()
@@ -207,7 +207,7 @@ class Flight:
         # Tokens already went out: no retry (never a token twice). Say so in the stream and end it.
         assert self.cand is not None
         rid = self.cand.endpoint.replica_id
-        self.router.replicas.failed(rid)
+        self.router.replicas.failed(rid, self.cand.endpoint.url)
         log.warning("replica %s failed mid-stream: %s", rid, error)
         event = wire.sse({"error": {"message": f"upstream replica failed mid-stream: {error}",
                                     "type": "server_error", "code": 502}})

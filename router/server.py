@@ -390,12 +390,12 @@ class Router:
             finally:
                 ex.abort()
         except UpstreamError as err:
-            self.replicas.failed(rid)
+            self.replicas.failed(rid, pcand.endpoint.url)
             raise wire.ApiError(502, f"upstream failed: {err}", "bad_gateway") from None
         finally:
             self.replicas.closed(rid)
         if ex.status >= 500:
-            self.replicas.failed(rid)
+            self.replicas.failed(rid, pcand.endpoint.url)
             raise wire.ApiError(502, f"upstream failed: {rid} answered {ex.status}", "bad_gateway")
         self.replicas.ok(rid, (time.perf_counter() - t0) * 1000)
         return ex.status, ex.body()

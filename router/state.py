@@ -105,9 +105,12 @@ class Replicas:
             s.failures = 0
             s.latency_ms = latency_ms if s.latency_ms == 0 else 0.8 * s.latency_ms + 0.2 * latency_ms
 
-    def failed(self, replica_id: str) -> None:
+    def failed(self, replica_id: str, url: str | None = None) -> None:
+        """A failure counts toward the replica's breaker, unless it came from an engine the replica
+        no longer runs on (`url`: a decision made before a restart or a move, a retired engine cut
+        at its drain timeout): that says nothing about the engine it runs on now."""
         s = self.states.get(replica_id)
-        if s is None:
+        if s is None or (url is not None and url != s.endpoint.url):
             return
         s.failures += 1
         s.cached = None

@@ -1,7 +1,8 @@
 """A newer routing table: what the router learnt about a replica carries over only while it is the
 same engine. A replica whose engine was restarted on another port (or moved) starts with its
-breaker closed: the chaos run found a restarted decode engine kept out of PD for the rest of the
-breaker's 5 s, all its traffic on one mixed replica meanwhile."""
+breaker closed, and failures of the engine it left (decisions made before the move, a retired
+engine cut at its drain timeout) do not count against it: the chaos run found a restarted decode
+engine kept out of PD for 6 s by both, all its traffic on one mixed replica meanwhile."""
 
 from __future__ import annotations
 
@@ -43,3 +44,12 @@ def test_the_same_engine_keeps_what_was_learnt() -> None:
     replicas.follow(table(2, "http://127.0.0.1:9000"))
     state = replicas.states["decode-0"]
     assert state.latency_ms == 12.0 and broken(replicas)["decode-0"]
+
+
+def test_failures_of_the_engine_a_replica_left_do_not_count() -> None:
+    replicas = Replicas(table(1, "http://127.0.0.1:9000"), breaker_failures=1, breaker_open_s=60)
+    replicas.follow(table(2, "http://127.0.0.1:9100"))
+    replicas.failed("decode-0", "http://127.0.0.1:9000")  # a request routed before the restart
+    assert not broken(replicas)["decode-0"]
+    replicas.failed("decode-0", "http://127.0.0.1:9100")
+    assert broken(replicas)["decode-0"]
