@@ -107,10 +107,12 @@ def _fault_entry(f: dict[str, Any], pairs: Any, spec: ChaosSpec, classes: dict[s
     entry = dict(f)
     at, back = f["at_s"], f.get("recovered_s")
     entry["time_to_recover_s"] = None if back is None else round(back - at, 2)
-    if f["kind"] == "link_degrade" and f.get("marked_s") is not None:
-        entry["time_to_stop_routing_s"] = _since(f.get("table_draining_s"), f["marked_s"])  # table: draining
-        entry["time_to_replace_s"] = _since(back, f["marked_s"])  # the replacement serves
-        entry["time_to_drain_s"] = _since(f.get("drained_s"), f["marked_s"])  # the old one stopped
+    if f["kind"] == "link_degrade" and f.get("controller_marked_s") is not None:
+        marked = f["controller_marked_s"]  # the controller took the link out of service
+        entry["time_to_mark_s"] = _since(marked, at)  # the health check's delay and the mark-link command
+        entry["time_to_stop_routing_s"] = _since(f.get("table_draining_s"), marked)  # router's table: draining
+        entry["time_to_replace_s"] = _since(back, marked)  # the replacement serves in the router's table
+        entry["time_to_drain_s"] = _since(f.get("drained_s"), marked)  # the old replica stopped
     if f["kind"] == "node_loss":
         entry["time_to_detect_s"] = _since(f.get("detected_s"), at)
         entry["time_to_replace_s"] = _since(back, at)

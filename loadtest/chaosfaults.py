@@ -100,6 +100,11 @@ class Observer:
         self.table, self.version = table, int(body["version"])
         self.seen.set()
 
+    def first_change(self, after_s: float, what: Callable[[Mapping[str, Mapping[str, Any]]], bool]) -> float | None:
+        """When the recorded table first satisfied `what` at or after `after_s` (from the history,
+        so a table seen while the run was busy elsewhere still counts at the time it was seen)."""
+        return next((float(c["at_s"]) for c in self.changes if c["at_s"] >= after_s and what(c["replicas"])), None)
+
     async def wait_for(self, what: Callable[[Mapping[str, ReplicaView]], bool], timeout_s: float) -> float | None:
         """The run-clock time the table first satisfies `what` (None: not within `timeout_s`)."""
         deadline = self.now() + timeout_s
@@ -189,14 +194,19 @@ async def link_degrade(f: LinkDegrade, ctx: FaultContext) -> dict[str, Any]:
     marked_from = ctx.driver.now()
     moves = await asyncio.to_thread(_mark_link, ctx.cluster.head.address, old.node, a, b)
     marked = ctx.driver.now()
-    draining = await obs.wait_for(lambda t: f.replica not in t or t[f.replica].draining
-                                  or t[f.replica].url != old.url, timeout)
     back = await obs.wait_for(lambda t: f.replica in t and t[f.replica].url != old.url and t[f.replica].healthy
                               and not t[f.replica].draining, timeout)
+    draining = obs.first_change(marked_from, lambda t: f.replica not in t or t[f.replica]["draining"]
+                                or t[f.replica]["url"] != old.url)
+    served = obs.first_change(marked_from, lambda t: f.replica in t and t[f.replica]["url"] != old.url
+                              and t[f.replica]["healthy"] and not t[f.replica]["draining"])
+    noticed = [e["at_s"] for e in ctx.events("topology", at) if "marked unhealthy" in str(e.get("reason"))]
     drained, idle = await _stopped(ctx, f.replica, at, ctx.cluster.args.drain_timeout_s + 15)
-    return {"at_s": at, "recovered_s": back, "replica": f.replica, "node": old.node, "link": [a, b],
-            "bandwidth_factor": f.bandwidth_factor, "mark_link_started_s": marked_from, "marked_s": marked,
-            "table_draining_s": draining, "drained_s": drained, "drained_idle": idle, "moves": moves.get("moves", []),
+    return {"at_s": at, "recovered_s": (served or back) if back is not None else None, "replica": f.replica,
+            "node": old.node, "link": [a, b], "bandwidth_factor": f.bandwidth_factor,
+            "mark_link_started_s": marked_from, "mark_link_returned_s": marked,
+            "controller_marked_s": noticed[0] if noticed else None, "table_draining_s": draining,
+            "drained_s": drained, "drained_idle": idle, "moves": moves.get("moves", []),
             "new_placement": {"node": obs.table[f.replica].node, "gpus": list(obs.table[f.replica].gpus)}
             if f.replica in obs.table else None}
 
