@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from loadtest import chaoscapacity
 from loadtest.chaoschecks import checks, crash_details, node_loss_details, overload_details
 from loadtest.chaoscluster import ChaosCluster, chaos_args, chaos_deployment
@@ -51,6 +53,7 @@ from loadtest.live import pick_model
 from pools.model import SLOClass
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from topology.errors import ParseError
+from topology.readers.spec import format_validation
 
 DEFAULT_SPEC = ROOT / "configs" / "chaos.yaml"
 
@@ -210,6 +213,9 @@ def main(argv: Sequence[str]) -> int:
             spec = spec.scaled(args.scale)
         updates = {k: v for k, v in (("capacity_rps", args.capacity_rps), ("load", args.load)) if v is not None}
         spec = ChaosSpec.model_validate({**spec.model_dump(), **updates})
+    except ValidationError as err:
+        print(f"loadtest chaos: {format_validation(err)}", file=sys.stderr)
+        return 2
     except (ParseError, ValueError) as err:
         print(f"loadtest chaos: {err}", file=sys.stderr)
         return 2
