@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from loadtest.chaosload import ChaosRequest, RequestFactory
-from loadtest.client import Target
+from loadtest.client import Target, sse_payloads
 from loadtest.workloads.prompts import prompt_text
 
 CHAT_PATH = "/v1/chat/completions"
@@ -69,11 +69,9 @@ class _Sse:
     pending: bytes = b""
 
     def feed(self, data: bytes, now: float) -> None:
-        lines = (self.pending + data).split(b"\n")
-        self.pending = lines.pop()
-        for line in lines:
-            if line.startswith(b"data:"):
-                self._event(line[5:].strip(), now)
+        self.pending, payloads = sse_payloads(self.pending, data)
+        for payload in payloads:
+            self._event(payload, now)
 
     def _event(self, payload: bytes, now: float) -> None:
         if payload == b"[DONE]":

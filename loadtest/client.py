@@ -43,6 +43,14 @@ def loopback_target(url: str) -> tuple[str, int]:
     return host, port
 
 
+def sse_payloads(pending: bytes, data: bytes) -> tuple[bytes, list[bytes]]:
+    """The `data:` payloads of the SSE lines that `pending + data` completes, and the unfinished
+    rest (kept for the next read)."""
+    lines = (pending + data).split(b"\n")
+    rest = lines.pop()
+    return rest, [line[5:].strip() for line in lines if line.startswith(b"data:")]
+
+
 @dataclasses.dataclass(slots=True)
 class _Conn:
     reader: asyncio.StreamReader

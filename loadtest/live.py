@@ -39,7 +39,7 @@ import orjson
 import yaml
 from pydantic import ValidationError
 
-from loadtest.client import Target, UsageError, loopback_target
+from loadtest.client import Target, UsageError, loopback_target, sse_payloads
 from loadtest.model import OK, RequestResult, TraceRequest
 from loadtest.summary import format_summary, summarize
 from loadtest.workload import Workload, load_workload
@@ -64,11 +64,9 @@ class _Stream:
     error: str = ""
 
     def feed(self, data: bytes, now: float) -> None:
-        lines = (self.pending + data).split(b"\n")
-        self.pending = lines.pop()
-        for line in lines:
-            if line.startswith(b"data:"):
-                self._event(line[5:].strip(), now)
+        self.pending, payloads = sse_payloads(self.pending, data)
+        for payload in payloads:
+            self._event(payload, now)
 
     def _event(self, payload: bytes, now: float) -> None:
         if payload == b"[DONE]":
