@@ -6,7 +6,6 @@ byte, and records per-tier latency. The same code runs in tests, standalone and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import logging
@@ -25,16 +24,16 @@ from pools.model import SLOClass
 from pools.routing import RoutingTable
 from pools.wire import openai as wire
 from pools.wire.http import Request, Responder, serve
-from router import relay
 from router.admission import Admission
 from router.auth import Auth
 from router.config import RouterConfig
-from router.decision import Candidate, PDDecision, Profile, RouteDecision, RouteRequest, check_profile, decide, pd_pair
-from router.flight import JSON_HEADERS, Ended, Flight, Watch
+from router.decision import Candidate, PDDecision, Profile, RouteDecision, RouteRequest, check_profile, decide
+from router.flight import Ended, Flight, Watch
 from router.metrics import RouterMetrics
+from router.pd import pd_choice, serve_pd
 from router.relay import RelayPool
 from router.state import Replicas
-from router.upstream import Pool, UpstreamError
+from router.upstream import Pool
 from router.workers import Siblings, Workers, read_view, socket_path, view_bytes
 from topology import Topology
 
@@ -269,7 +268,7 @@ class Router:
         if not self.admission.enter(slo):
             return self._waiting(call, response, started, queued=True)
         try:
-            pd = self._pd_choice(call, snapshot)
+            pd = pd_choice(self, call, snapshot)
             if pd is not None:
                 return self._waiting(call, response, started, pd=pd)
             flight = Flight(self, call, self._decide(call, snapshot).order(), response, started,
@@ -305,7 +304,7 @@ class Router:
                 _send_error(response, err)
                 return
             if pd is None:
-                pd = self._pd_choice(call, self.replicas.snapshot())
+                pd = pd_choice(self, call, self.replicas.snapshot())
         outcome = "error"
         try:
             outcome = await self._serve(call, pd, response, started)
@@ -321,17 +320,17 @@ class Router:
     async def _serve(self, call: _Call, pd: PDDecision | None, response: Responder, started: float) -> str:
         if pd is not None:
             try:
-                return await self._serve_pd(call, pd, response, started)
+                return await serve_pd(self, call, pd, response, started)
             except wire.ApiError as err:
                 if response.started or err.status < 500:
                     raise
                 log.debug("PD pair %s/%s failed before the first byte (%s): a mixed replica serves it",
                           pd.prefill.endpoint.replica_id, pd.decode.endpoint.replica_id, err.message)
         decision = self._decide(call, self.replicas.snapshot())
-        flight = await self._fly(Flight, call, decision.order(), response, started, orjson.dumps(call.body))
+        flight = await self.fly(Flight, call, decision.order(), response, started, orjson.dumps(call.body))
         return flight.outcome_or_raise()
 
-    async def _fly(self, cls: type[Flight], call: _Call, order: list[Candidate], response: Responder,
+    async def fly(self, cls: type[Flight], call: _Call, order: list[Candidate], response: Responder,
                    started: float, payload: bytes, **kwargs: Any) -> Flight:
         waiter: asyncio.Future[Ended] = asyncio.get_running_loop().create_future()
         flight = cls(self, call, order, response, started, payload, waiter=waiter, **kwargs)
@@ -342,19 +341,6 @@ class Router:
             flight.abandon()
             raise
         return flight
-
-    def _pd_choice(self, call: _Call, snapshot: list[Candidate]) -> PDDecision | None:
-        if not self.config.pd.enabled:
-            return None
-        if call.route.prompt_tokens < self.config.pd.min_prompt_tokens and call.route.model in self.replicas.mixed:
-            return None  # short prompts go whole to a mixed replica (a PD-only deployment splits them all)
-        live = [c for c in snapshot if c.endpoint.model == call.route.model and c.endpoint.healthy
-                and not c.load.breaker_open and (call.slo.sheddable or not c.endpoint.draining)]
-        prefills = [c for c in live if c.endpoint.role == "prefill"]
-        decodes = [c for c in live if c.endpoint.role == "decode"]
-        if not prefills or not decodes:
-            return None  # no healthy pair: a mixed replica serves it whole
-        return pd_pair(call.route, prefills, decodes, self.topology)
 
     def served_by(self, cand: Candidate, tier: str, extra: tuple[tuple[str, str], ...]) -> bytes:
         """The response headers that say what served a request (cached: a handful of combinations)."""
@@ -367,64 +353,6 @@ class Router:
             if len(self._served_by) > 4096:
                 self._served_by.clear()
         return found
-
-    async def _release_prefill(self, pcand: Candidate, params: dict[str, Any]) -> None:
-        body = orjson.dumps({"request_id": params.get("remote_request_id"),
-                             "engine_id": params.get("remote_engine_id")})
-        with contextlib.suppress(UpstreamError, OSError, asyncio.CancelledError):
-            ex = await relay.start(self.relay, pcand.endpoint.url, "/internal/kv/release", body, JSON_HEADERS, 2.0)
-            await relay.finish(ex, 2.0)
-
-    async def _prefill(self, call: _Call, pcand: Candidate) -> tuple[int, bytes]:
-        first = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
-        first.pop("stream_options", None)
-        first.pop("max_completion_tokens", None)
-        rid = pcand.endpoint.replica_id
-        self.replicas.opened(rid)
-        t0 = time.perf_counter()
-        try:
-            ex = await relay.start(self.relay, pcand.endpoint.url, call.path, orjson.dumps(first), JSON_HEADERS,
-                                   self.config.upstream.request_timeout_s)
-            try:
-                await relay.finish(ex, self.config.upstream.idle_timeout_s)
-            finally:
-                ex.abort()
-        except UpstreamError as err:
-            self.replicas.failed(rid, pcand.endpoint.url)
-            raise wire.ApiError(502, f"upstream failed: {err}", "bad_gateway") from None
-        finally:
-            self.replicas.closed(rid)
-        if ex.status >= 500:
-            self.replicas.failed(rid, pcand.endpoint.url)
-            raise wire.ApiError(502, f"upstream failed: {rid} answered {ex.status}", "bad_gateway")
-        self.replicas.ok(rid, (time.perf_counter() - t0) * 1000)
-        return ex.status, ex.body()
-
-    async def _serve_pd(self, call: _Call, pd: PDDecision, response: Responder, started: float) -> str:
-        """vLLM's disaggregated-serving protocol: prefill with kv_transfer_params and max_tokens=1,
-        then decode with what the prefill returned, streamed back."""
-        pcand = pd.prefill
-        status, raw = await self._prefill(call, pcand)
-        if status != 200:
-            response.send(status, raw)
-            return "rejected"
-        try:
-            params = json.loads(raw)["kv_transfer_params"]
-        except (ValueError, KeyError, TypeError):
-            raise wire.ApiError(502, f"prefill replica {pcand.endpoint.replica_id} returned no kv_transfer_params",
-                                "bad_gateway") from None
-        handover = time.perf_counter()
-        second = orjson.dumps({**call.body, "kv_transfer_params": params})
-        try:
-            flight = await self._fly(Flight, call, list(pd.decode_order) or [pd.decode], response, started, second,
-                                     extra=(("x-isle-prefill-replica", pcand.endpoint.replica_id),), tiers=pd.tiers)
-            outcome = flight.outcome_or_raise()
-        except BaseException:
-            await self._release_prefill(pcand, params)  # nobody will claim the held KV now
-            raise
-        kv_s = pd.kv_ms / 1000 if pd.kv_ms else max(0.0, flight.head_at - handover)
-        self.metrics.child(self.metrics.kv, *flight.labels).observe(kv_s)
-        return outcome
 
 
 def _send_error(response: Responder, err: wire.ApiError) -> None:

@@ -1,0 +1,100 @@
+"""PD orchestration by vLLM's disaggregated-serving protocol: whether a request is split, the
+prefill leg (`max_tokens: 1`, `kv_transfer_params: {do_remote_decode: true}`), the decode leg
+with what the prefill returned (a flight like any other: retried on another decode before the
+first byte), and releasing KV a prefill holds when no decode will claim it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from pools.wire import openai as wire
+from pools.wire.http import Responder
+from router import relay
+from router.decision import Candidate, PDDecision, pd_pair
+from router.flight import JSON_HEADERS, Flight
+from router.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from router.server import Router, _Call
+
+
+def pd_choice(router: Router, call: _Call, snapshot: list[Candidate]) -> PDDecision | None:
+    """The prefill/decode pair for this request, or None: a mixed replica serves it whole."""
+    if not router.config.pd.enabled:
+        return None
+    if call.route.prompt_tokens < router.config.pd.min_prompt_tokens and call.route.model in router.replicas.mixed:
+        return None  # short prompts go whole to a mixed replica (a PD-only deployment splits them all)
+    live = [c for c in snapshot if c.endpoint.model == call.route.model and c.endpoint.healthy
+            and not c.load.breaker_open and (call.slo.sheddable or not c.endpoint.draining)]
+    prefills = [c for c in live if c.endpoint.role == "prefill"]
+    decodes = [c for c in live if c.endpoint.role == "decode"]
+    if not prefills or not decodes:
+        return None  # no healthy pair: a mixed replica serves it whole
+    return pd_pair(call.route, prefills, decodes, router.topology)
+
+
+async def _release_prefill(router: Router, pcand: Candidate, params: dict[str, Any]) -> None:
+    body = orjson.dumps({"request_id": params.get("remote_request_id"),
+                         "engine_id": params.get("remote_engine_id")})
+    with contextlib.suppress(UpstreamError, OSError, asyncio.CancelledError):
+        ex = await relay.start(router.relay, pcand.endpoint.url, "/internal/kv/release", body, JSON_HEADERS, 2.0)
+        await relay.finish(ex, 2.0)
+
+
+async def _prefill(router: Router, call: _Call, pcand: Candidate) -> tuple[int, bytes]:
+    first = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
+    first.pop("stream_options", None)
+    first.pop("max_completion_tokens", None)
+    rid = pcand.endpoint.replica_id
+    router.replicas.opened(rid)
+    t0 = time.perf_counter()
+    try:
+        ex = await relay.start(router.relay, pcand.endpoint.url, call.path, orjson.dumps(first), JSON_HEADERS,
+                               router.config.upstream.request_timeout_s)
+        try:
+            await relay.finish(ex, router.config.upstream.idle_timeout_s)
+        finally:
+            ex.abort()
+    except UpstreamError as err:
+        router.replicas.failed(rid, pcand.endpoint.url)
+        raise wire.ApiError(502, f"upstream failed: {err}", "bad_gateway") from None
+    finally:
+        router.replicas.closed(rid)
+    if ex.status >= 500:
+        router.replicas.failed(rid, pcand.endpoint.url)
+        raise wire.ApiError(502, f"upstream failed: {rid} answered {ex.status}", "bad_gateway")
+    router.replicas.ok(rid, (time.perf_counter() - t0) * 1000)
+    return ex.status, ex.body()
+
+
+async def serve_pd(router: Router, call: _Call, pd: PDDecision, response: Responder, started: float) -> str:
+    """vLLM's disaggregated-serving protocol: prefill with kv_transfer_params and max_tokens=1,
+    then decode with what the prefill returned, streamed back."""
+    pcand = pd.prefill
+    status, raw = await _prefill(router, call, pcand)
+    if status != 200:
+        response.send(status, raw)
+        return "rejected"
+    try:
+        params = json.loads(raw)["kv_transfer_params"]
+    except (ValueError, KeyError, TypeError):
+        raise wire.ApiError(502, f"prefill replica {pcand.endpoint.replica_id} returned no kv_transfer_params",
+                            "bad_gateway") from None
+    handover = time.perf_counter()
+    second = orjson.dumps({**call.body, "kv_transfer_params": params})
+    try:
+        flight = await router.fly(Flight, call, list(pd.decode_order) or [pd.decode], response, started, second,
+                                 extra=(("x-isle-prefill-replica", pcand.endpoint.replica_id),), tiers=pd.tiers)
+        outcome = flight.outcome_or_raise()
+    except BaseException:
+        await _release_prefill(router, pcand, params)  # nobody will claim the held KV now
+        raise
+    kv_s = pd.kv_ms / 1000 if pd.kv_ms else max(0.0, flight.head_at - handover)
+    router.metrics.child(router.metrics.kv, *flight.labels).observe(kv_s)
+    return outcome
