@@ -230,6 +230,24 @@ def _prefill_ms(c: Candidate, tokens: int) -> float | None:
     return costmodel.prefill_ms(catalog.model(e.catalog_model), catalog.gpu(e.gpu_model), e.tp, link, tokens)
 
 
+def pd_decide(req: RouteRequest, snapshot: Sequence[Candidate], topology: Topology | None, *, min_prompt_tokens: int,
+              has_mixed: bool) -> PDDecision | None:
+    """Whether to disaggregate this request, and the pair: None sends it whole to a mixed replica
+    (a prompt under `min_prompt_tokens` when the model has mixed replicas, or no healthy pair).
+    `has_mixed`: the routing table has mixed replicas of the model, healthy or not (a PD-only
+    deployment splits every prompt). The router and the offline simulator both call this."""
+    if req.prompt_tokens < min_prompt_tokens and has_mixed:
+        return None
+    model, sheddable = req.model, req.slo_class.sheddable
+    live = [c for c in snapshot if c.endpoint.model == model and c.endpoint.healthy and not c.load.breaker_open
+            and (sheddable or not c.endpoint.draining)]
+    prefills = [c for c in live if c.endpoint.role == "prefill"]
+    decodes = [c for c in live if c.endpoint.role == "decode"]
+    if not prefills or not decodes:
+        return None
+    return pd_pair(req, prefills, decodes, topology)
+
+
 def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[Candidate],
             topology: Topology | None) -> PDDecision | None:
     """The prefill/decode pair with the lowest predicted TTFT: prefill queue + prefill time + KV

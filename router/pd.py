@@ -16,7 +16,7 @@ import orjson
 from pools.wire import openai as wire
 from pools.wire.http import Responder
 from router import relay
-from router.decision import Candidate, PDDecision, pd_pair
+from router.decision import Candidate, PDDecision, pd_decide
 from router.flight import JSON_HEADERS, Flight
 from router.upstream import UpstreamError
 
@@ -26,17 +26,11 @@ if TYPE_CHECKING:
 
 def pd_choice(router: Router, call: _Call, snapshot: list[Candidate]) -> PDDecision | None:
     """The prefill/decode pair for this request, or None: a mixed replica serves it whole."""
-    if not router.config.pd.enabled:
+    pd = router.config.pd
+    if not pd.enabled:
         return None
-    if call.route.prompt_tokens < router.config.pd.min_prompt_tokens and call.route.model in router.replicas.mixed:
-        return None  # short prompts go whole to a mixed replica (a PD-only deployment splits them all)
-    live = [c for c in snapshot if c.endpoint.model == call.route.model and c.endpoint.healthy
-            and not c.load.breaker_open and (call.slo.sheddable or not c.endpoint.draining)]
-    prefills = [c for c in live if c.endpoint.role == "prefill"]
-    decodes = [c for c in live if c.endpoint.role == "decode"]
-    if not prefills or not decodes:
-        return None  # no healthy pair: a mixed replica serves it whole
-    return pd_pair(call.route, prefills, decodes, router.topology)
+    return pd_decide(call.route, snapshot, router.topology, min_prompt_tokens=pd.min_prompt_tokens,
+                     has_mixed=call.route.model in router.replicas.mixed)
 
 
 async def _release_prefill(router: Router, pcand: Candidate, params: dict[str, Any]) -> None:

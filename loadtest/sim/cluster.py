@@ -2,7 +2,7 @@
 
 What runs is the product's own code, unchanged: the policy's plan, each replica's batching core
 (`pools.engine.core`, with its exact decode fast-forward) and the router's decisions (`decide`,
-`pd_pair`) on candidates built as the live router builds them (load as of the last scrape, its
+`pd_decide`) on candidates built as the live router builds them (load as of the last scrape, its
 own in-flight counts and latency). Modelled: KV transfers sharing NICs and links
 (`loadtest.sim.network`), link faults slowing the TP groups they cross, lost nodes. As live: a
 request with no token yet is retried elsewhere when its replica is lost (up to `retries`), one
@@ -28,7 +28,7 @@ from pools.costmodel import LinkCost
 from pools.engine.core import DecodeRun
 from pools.routing import table_from_plan
 from router.admission import Admission
-from router.decision import Candidate, PDDecision, Profile, RouteRequest, decide, pd_pair
+from router.decision import Candidate, PDDecision, Profile, RouteRequest, decide, pd_decide
 from topology import GpuRef
 
 PREFIX_BLOCKS = 4
@@ -151,14 +151,8 @@ class Simulation:
         if not self.config.pd_enabled:
             return None
         mixed = any(c.endpoint.role == "mixed" for c in snapshot)  # as the router: by the table, not health
-        if mixed and req.route.prompt_tokens < self.config.pd_min_prompt_tokens:
-            return None
-        live = [c for c in snapshot if c.endpoint.healthy and (req.cls.sheddable or not c.endpoint.draining)]
-        prefills = [c for c in live if c.endpoint.role == "prefill"]
-        decodes = [c for c in live if c.endpoint.role == "decode"]
-        if not prefills or not decodes:
-            return None
-        return pd_pair(req.route, prefills, decodes, self.topology)
+        return pd_decide(req.route, snapshot, self.topology, min_prompt_tokens=self.config.pd_min_prompt_tokens,
+                         has_mixed=mixed)
 
     # replicas
     def _assign(self, t: float, rep: SimReplica, req: _Req, max_tokens: int, hold: bool = False,

@@ -15,6 +15,7 @@ from router.decision import (
     RouteRequest,
     check_profile,
     decide,
+    pd_decide,
     pd_pair,
 )
 from topology import read_source
@@ -110,3 +111,26 @@ def test_pd_pair_prefers_the_same_island_unless_it_is_backed_up() -> None:
     choice = pd_pair(req(INTERACTIVE, tokens=8000), [prefill], [far, busy], topo)
     assert choice is not None and choice.decode.endpoint.replica_id == "far"
     print(f"predicted TTFT via far decode {choice.predicted_ttft_ms:.1f} ms, KV {choice.kv_ms:.2f} ms over rdma")
+
+
+def test_pd_decide_splits_long_prompts_and_falls_back_to_mixed() -> None:
+    pre, dec = cand("pre", role="prefill"), cand("dec", role="decode")
+    table = [cand("mix"), pre, dec]
+
+    def pair(r: RouteRequest, snapshot: list[Candidate], has_mixed: bool = True) -> tuple[str, str] | None:
+        pd = pd_decide(r, snapshot, None, min_prompt_tokens=256, has_mixed=has_mixed)
+        return None if pd is None else (pd.prefill.endpoint.replica_id, pd.decode.endpoint.replica_id)
+
+    assert pair(req(tokens=1000), table) == ("pre", "dec")
+    assert pair(req(tokens=100), table) is None  # short: whole to a mixed replica
+    assert pair(req(tokens=100), [pre, dec], has_mixed=False) == ("pre", "dec")  # PD-only: every prompt split
+    sick = cand("dec", role="decode", healthy=False)
+    assert pair(req(tokens=1000), [cand("mix"), pre, sick]) is None  # no healthy pair
+    tripped = cand("dec", role="decode", load=ReplicaLoad(breaker_open=True))
+    assert pair(req(tokens=1000), [pre, tripped]) is None
+    draining = cand("dec", role="decode", draining=True)
+    assert pair(req(INTERACTIVE, tokens=1000), [pre, draining]) is None
+    assert pair(req(BATCH, tokens=1000), [pre, draining]) == ("pre", "dec")  # sheddable traffic may still use it
+    other = Candidate(endpoint=ReplicaEndpoint(replica_id="x", url="http://127.0.0.1:1/x", model="other", pool="p",
+                                               role="decode"), load=ReplicaLoad())
+    assert pair(req(tokens=1000), [pre, other]) is None  # another model's decode does not count
