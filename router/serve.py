@@ -148,6 +148,11 @@ def build(args: dict[str, Any]) -> Any:
             if not self.router.alive():
                 raise RuntimeError("the isleserve router thread stopped")
 
+        def __del__(self) -> None:  # Serve calls it when it stops the replica: the port and workers go too
+            router = getattr(self, "router", None)
+            if router is not None:
+                router.stop()
+
     deployment: Any = serve.deployment(name="isleserve-router", num_replicas=1,
                                        ray_actor_options={"num_cpus": 0})(IsleServe)
     return deployment.bind(args)

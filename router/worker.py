@@ -16,7 +16,7 @@ from pathlib import Path
 from pools.wire.lifecycle import serve_until_signalled
 from router.config import RouterConfig
 from router.server import Router
-from router.workers import CONFIG_FILE, VIEW_FILE, leader_alive, leader_gone, read_view
+from router.workers import CONFIG_FILE, LEADER_GONE_SIGNAL, VIEW_FILE, leader_alive, leader_gone, read_view
 
 
 def _stop_unless_cancelled(task: asyncio.Task[None]) -> None:
@@ -36,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     router = Router(config, table, topology, plan, worker=index)
     parent = os.getppid()
     watch: list[asyncio.Task[None]] = []
+    orphaned: list[bool] = []
 
     async def start() -> None:
         await router.start()
@@ -44,11 +45,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         task.add_done_callback(_stop_unless_cancelled)
         watch.append(task)
 
+        def leader_died() -> None:
+            orphaned.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        asyncio.get_running_loop().add_signal_handler(LEADER_GONE_SIGNAL, leader_died)
+
     async def stop() -> None:
         for task in watch:
             task.cancel()
         await router.stop()
-        if not leader_alive(parent):  # the leader died without cleaning up: the last one out does
+        if orphaned or not leader_alive(parent):  # the leader died without cleaning up: we do
             shutil.rmtree(directory, ignore_errors=True)
 
     try:

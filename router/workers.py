@@ -119,10 +119,15 @@ class Siblings:
         return out
 
 
+LEADER_GONE_SIGNAL = signal.SIGHUP
+"""What a worker gets when the thread that started it ends (its leader died without stopping it;
+a stop asked by the leader is SIGTERM): it stops and removes the private directory itself."""
+
+
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the thread that started us ends (Linux)."""
+    """In the child, before exec: LEADER_GONE_SIGNAL when the thread that started us ends (Linux)."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, LEADER_GONE_SIGNAL)  # PR_SET_PDEATHSIG
 
 
 class Workers:
