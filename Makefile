@@ -17,14 +17,18 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
 .PHONY: install run survey test lint clean vllm-env test-vllm
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=68"
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
+# the request path (pools/native.py COMPILED) compiled with mypyc from the installed mypy; again
+# whenever its sources change (pools.native says so). Without a C compiler it runs interpreted.
 install: $(STAMP)
+	@$(BIN)/python -c "import pools.native as n; raise SystemExit(n.state() != 'compiled')" 2>/dev/null || \
+	  $(BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e .
 
 run: install
 	$(BIN)/serve run configs/local.yaml
@@ -49,4 +53,5 @@ test-vllm: install vllm-env
 	ISLE_VLLM_TIER=1 ISLE_VLLM_VENV=$(VLLM_VENV) $(BIN)/python -m pytest -q tests/vllm
 
 clean:
-	rm -rf $(VENV) out .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) out build .mypy_cache .pytest_cache .ruff_cache pools/_native.json
+	find topology pools router loadtest -name '*.so' -delete

@@ -6,6 +6,7 @@ byte, and records per-tier latency. The same code runs in tests, standalone and 
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 import itertools
 import json
 import logging
@@ -42,8 +43,9 @@ GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
 """Prefix affinity hashes the prompt's leading full blocks (about 16 tokens each), up to 4."""
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-OPENAPI_PATH = Path(__file__).with_name("openapi.json")
-"""The public API's OpenAPI document (static, hand-kept; served as is at /openapi.json)."""
+OPENAPI_PATH = Path(str(importlib.resources.files("router").joinpath("openapi.json")))
+"""The public API's OpenAPI document (static, hand-kept; served as is at /openapi.json). Found
+through the package, not `__file__` (which compiled modules set to the shared library's folder)."""
 
 
 @dataclass(slots=True)
@@ -189,7 +191,8 @@ class Router:
     @property
     def port(self) -> int:
         assert self.server is not None
-        return int(self.server.sockets[0].getsockname()[1])
+        server: Any = self.server  # `sockets`: a tuple in typeshed, a list under uvloop; compiled code checks
+        return int(server.sockets[0].getsockname()[1])
 
     # routes. `handle` is synchronous: most requests finish through the upstream connection's
     # callbacks (router.flight); it returns a coroutine only for work that must wait.

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from pools import native
 from router.bench import load
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 
@@ -166,7 +167,9 @@ def run(reps: int = 3, seconds: float = 5.0, workers: int = 2) -> dict[str, Any]
         for b in backends_p:
             b.terminate()
             b.wait(10)
-    return {name: _summary(runs) for name, runs in results.items()}
+    figures = {name: _summary(runs) for name, runs in results.items()}
+    figures["ours"]["request_path"] = native.state()  # the router processes import what this one does
+    return figures
 
 
 def _summary(runs: list[dict[str, float]]) -> dict[str, Any]:
@@ -185,6 +188,7 @@ def main(fmt: str, reps: int, seconds: float, workers: int = 2) -> int:
     if fmt == "json":
         print(json.dumps(figures))
         return 0
+    print(f"ours: request path {figures['ours']['request_path']} (pools/native.py)")
     print(f"{'proxy':<12} {'req/s':>9} {'CPU ms/1k':>10} {'+p50 ms':>8} {'+p99 ms':>8} {'stream/s':>9} "
           f"{'CPU ms/1k':>10} {'+TTFC p99':>10} {'+chunk p99':>11}")
     for name, f in figures.items():
