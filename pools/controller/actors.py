@@ -42,7 +42,10 @@ STOP_TIMEOUT_S = 60.0
 
 class _ReplicaActor:
     def __init__(self, launch: EngineLaunch) -> None:
-        self.process = engine_for(launch, str(ray.util.get_node_ip_address()))  # type: ignore[no-untyped-call]
+        # the actor runs its methods on its main thread: the vLLM server may follow it (a replica
+        # actor killed outright must not leave a server holding its GPUs and ports)
+        self.process = engine_for(launch, str(ray.util.get_node_ip_address()),  # type: ignore[no-untyped-call]
+                                  die_with_starter=True)
 
     def start(self) -> str:
         return self.process.start()

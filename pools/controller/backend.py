@@ -65,13 +65,15 @@ class Backend(Protocol):
         ...
 
 
-def engine_for(launch: EngineLaunch, host_ip: str) -> Replica:
-    """The simulated engine's process, or a real vLLM server listening on `host_ip` (this node's address)."""
+def engine_for(launch: EngineLaunch, host_ip: str, die_with_starter: bool = False) -> Replica:
+    """The simulated engine's process, or a real vLLM server listening on `host_ip` (this node's
+    address); with `die_with_starter` the vLLM server stops when the calling thread ends (the
+    simulated engine always follows its parent, ISLE_PARENT_PID)."""
     if launch.vllm is None:
         return ReplicaProcess(launch)
     from pools.vllm.launch import replica_for
 
-    return replica_for(launch, host_ip)
+    return replica_for(launch, host_ip, die_with_starter)
 
 
 class LocalBackend:

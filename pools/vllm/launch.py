@@ -36,10 +36,11 @@ def server_for(launch: EngineLaunch, host_ip: str, offline: bool = False) -> Vll
                        cpu_threads_bind=cpu_threads_bind(launch.vllm.gpu_cpus, launch.tp) if s.cpu_backend else None)
 
 
-def replica_for(launch: EngineLaunch, host_ip: str) -> VllmReplica:
-    """Runs on the replica's node: a model directory there means no Hugging Face hub at all."""
+def replica_for(launch: EngineLaunch, host_ip: str, die_with_starter: bool = False) -> VllmReplica:
+    """Runs on the replica's node: a model directory there means no Hugging Face hub at all.
+    `die_with_starter`: see VllmProcess (a replica actor sets it)."""
     assert launch.vllm is not None
     s = launch.vllm.settings
     server = server_for(launch, host_ip, offline=Path(s.model).is_dir())
     return VllmReplica(server, s.python or sys.executable, log_dir=s.log_dir, ready_timeout_s=s.start_timeout_s,
-                       node=launch.node, generation=launch.generation)
+                       node=launch.node, generation=launch.generation, die_with_starter=die_with_starter)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -68,14 +69,32 @@ def probe(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+try:
+    _PRCTL: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
+except (OSError, AttributeError):  # not Linux
+    _PRCTL = None
+
+
+def _stop_with_starter() -> None:
+    """In the vLLM server, between fork and exec: SIGTERM when the thread that started it ends
+    (Linux PR_SET_PDEATHSIG; kept across exec), so a replica actor killed outright does not leave a
+    server holding its GPUs and ports. vLLM shuts its engine processes down on SIGTERM. Only a
+    system call here (the function was looked up in the parent): safe in a forked child."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 class VllmProcess:
     """One server process. `python` is the vLLM environment's interpreter (vLLM lives in its own
     environment, apart from the product's); `log_path` also receives the engine's log."""
 
     def __init__(self, server: VllmServer, python: str = sys.executable, *, log_path: str | Path | None = None,
                  ready_timeout_s: float = READY_TIMEOUT_S, tail_lines: int = TAIL_LINES,
-                 health: Callable[[str], bool] = probe) -> None:
+                 health: Callable[[str], bool] = probe, die_with_starter: bool = False) -> None:
         self.server, self.python = server, python
+        self.die_with_starter = die_with_starter
+        """The server gets SIGTERM when the thread that calls start() ends: for a starter whose
+        thread lives as long as it (a replica actor's), not for a pool thread."""
         self.log_path = Path(log_path) if log_path is not None else None
         self.ready_timeout_s, self.health = ready_timeout_s, health
         self.proc: subprocess.Popen[str] | None = None
@@ -103,7 +122,8 @@ class VllmProcess:
         log.info("vLLM replica %s: %s", self.server.replica_id, " ".join(argv))
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, errors="replace", env={**os.environ, **environment(self.server)},
-                                     start_new_session=True)  # its own group: stop() reaches the engine's children
+                                     start_new_session=True,  # its own group: stop() reaches the engine's children
+                                     preexec_fn=_stop_with_starter if self.die_with_starter else None)  # noqa: PLW1509
         self._pin_cpus(self.proc.pid)
         assert self.proc.stdout is not None
         self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True,

@@ -39,8 +39,10 @@ def busy_requests(metrics_text: str) -> float:
 
 class VllmReplica:
     def __init__(self, server: VllmServer, python: str, log_dir: str | None = None,
-                 ready_timeout_s: float = READY_TIMEOUT_S, node: str = "", generation: int = 0) -> None:
+                 ready_timeout_s: float = READY_TIMEOUT_S, node: str = "", generation: int = 0,
+                 die_with_starter: bool = False) -> None:
         self.server, self.python, self.log_dir, self.ready_timeout_s = server, python, log_dir, ready_timeout_s
+        self.die_with_starter = die_with_starter
         self.node, self.generation = node or "this host", generation
         self.restarts = 0
         self.process = self._process(server)
@@ -50,7 +52,8 @@ class VllmReplica:
         log_path = Path(self.log_dir) / name if self.log_dir else None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-        return VllmProcess(server, self.python, log_path=log_path, ready_timeout_s=self.ready_timeout_s)
+        return VllmProcess(server, self.python, log_path=log_path, ready_timeout_s=self.ready_timeout_s,
+                           die_with_starter=self.die_with_starter)
 
     def _check(self, server: VllmServer) -> None:
         if shutil.which(self.python) is None:

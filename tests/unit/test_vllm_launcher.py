@@ -232,3 +232,61 @@ def test_a_dead_engine_is_restarted_as_a_new_kv_peer(fake: Callable[..., VllmPro
     finally:
         replica.stop()
     assert not replica.process.running()
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from pools.vllm import VllmProcess, VllmServer, free_port
+server = VllmServer(replica_id="fake-held", model="/models/none", served_model_name="none", port=free_port(),
+                    role="decode", side_channel_port=free_port(), extra_env={"FAKE_MODE": "serve"})
+proc = VllmProcess(server, sys.argv[1], log_path=Path(sys.argv[2]), ready_timeout_s=20.0, die_with_starter=True)
+proc.start()
+print(proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.integration
+def test_an_engine_stops_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    """A replica actor killed outright (SIGKILL: no stop()) takes its vLLM server with it."""
+    import subprocess
+    import time
+
+    exe = tmp_path / "fake-python"
+    exe.write_text(FAKE.format(python=sys.executable))
+    exe.chmod(0o755)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(exe), str(tmp_path / "held.log")],
+                              stdout=subprocess.PIPE, text=True)
+    engine = 0
+    try:
+        assert holder.stdout is not None
+        engine = int(holder.stdout.readline())
+        assert _alive(engine)
+        holder.kill()
+        holder.wait(10)
+        deadline = time.monotonic() + 15
+        while _alive(engine) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(engine), "the engine outlived the process that started it"
+    finally:
+        holder.kill()
+        holder.wait(10)
+        if holder.stdout is not None:
+            holder.stdout.close()
+        if engine and _alive(engine):  # the orphan a failure leaves
+            os.killpg(engine, signal.SIGKILL)
+
+
+@pytest.mark.integration
+def test_by_default_an_engine_outlives_the_pool_thread_that_started_it(fake: Callable[..., VllmProcess]) -> None:
+    """The controller starts vLLM servers from a thread pool that ends after the launch."""
+    import threading
+    import time
+
+    proc = fake("serve")
+    starter = threading.Thread(target=proc.start)
+    starter.start()
+    starter.join(30)
+    time.sleep(1.0)
+    assert proc.running() and proc.healthy()
