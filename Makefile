@@ -25,9 +25,10 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP)
 
 # the request path (pools/native.py COMPILED) compiled with mypyc from the installed mypy; again
-# whenever its sources change (pools.native says so). Without a C compiler it runs interpreted.
+# whenever the sources change (pools.native says so). If it cannot be compiled (no C compiler)
+# it runs interpreted, and the build is not retried until the sources change.
 install: $(STAMP)
-	@$(BIN)/python -c "import pools.native as n; raise SystemExit(n.state() != 'compiled')" 2>/dev/null || \
+	@$(BIN)/python -c "import pools.native as n; raise SystemExit(not n.up_to_date())" 2>/dev/null || \
 	  $(BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e .
 
 run: install

@@ -1,7 +1,9 @@
 """Builds the request path (pools.native.COMPILED) into C extensions with mypyc when mypyc is
 importable (the Makefile installs it, then builds without isolation so mypy sees the installed
-packages). Without mypyc, with ISLE_COMPILE=0, or if the C build fails, the package installs
-as plain Python and runs the same source interpreted. Metadata lives in pyproject.toml."""
+packages). Without mypyc (a plain isolated `pip install`) nothing changes; with ISLE_COMPILE=0,
+or if the build fails, the package is plain Python and runs the same source interpreted, and
+the manifest says so (the Makefile does not retry until the sources change). Metadata lives in
+pyproject.toml."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 NATIVE: dict[str, Any] = runpy.run_path(str(HERE / "pools" / "native.py"))
+BUILT_FROM: dict[str, Any] = {}
+"""The sources' fingerprint taken before compiling (an edit during the build makes it stale)."""
 
 
 def _say(message: str) -> None:
@@ -24,13 +28,16 @@ def _say(message: str) -> None:
 
 
 def _remove_built(root: Path) -> None:
-    for module in NATIVE["COMPILED"]:
-        base = NATIVE["source"](module, root).with_suffix("")
-        for found in base.parent.glob(base.name + ".*.so"):
-            found.unlink()
-    for found in (root / "pools").glob("_native__mypyc.*.so"):
+    for found in NATIVE["extensions"](root):
         found.unlink()
     (root / "pools" / NATIVE["MANIFEST"]).unlink(missing_ok=True)
+
+
+def _write_manifest(root: Path, failed: str = "") -> None:
+    manifest = root / "pools" / NATIVE["MANIFEST"]
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    record = {**(BUILT_FROM or NATIVE["fingerprint"](HERE)), **({"failed": failed} if failed else {})}
+    manifest.write_text(json.dumps(record, indent=1) + "\n")
 
 
 class BuildExt(build_ext):
@@ -39,32 +46,36 @@ class BuildExt(build_ext):
     def run(self) -> None:
         self.parallel = os.cpu_count() or 1
         target = HERE if self.inplace else Path(self.build_lib)
+        if not self.extensions:
+            return
         try:
             super().run()
         except Exception as err:  # compiler missing, headers missing: run interpreted
             _say(f"compiling the request path failed ({err}): it runs interpreted")
             _remove_built(target)
+            _write_manifest(target, failed=str(err) or type(err).__name__)
             return
-        if self.extensions:
-            manifest = target / "pools" / NATIVE["MANIFEST"]
-            manifest.parent.mkdir(parents=True, exist_ok=True)
-            manifest.write_text(json.dumps(NATIVE["manifest"](HERE), indent=1) + "\n")
+        _write_manifest(target)
 
 
 def extensions() -> list[Any]:
     if os.environ.get("ISLE_COMPILE", "1") == "0":
         _remove_built(HERE)
+        _write_manifest(HERE, failed="ISLE_COMPILE=0")
         return []
     try:
         from mypyc.build import mypycify
     except ImportError:
-        _say("mypyc is not installed: the request path runs interpreted")
+        _say("mypyc is not installed: the request path is not compiled by this build")
         return []
+    BUILT_FROM.update(NATIVE["fingerprint"](HERE))
+    _remove_built(HERE)  # leftovers of modules no longer compiled would shadow their sources
     sources = [str(NATIVE["source"](m, Path("."))) for m in NATIVE["COMPILED"]]
     try:
         return list(mypycify(sources, opt_level="3", group_name=NATIVE["GROUP"]))
     except (Exception, SystemExit) as err:
         _say(f"mypyc could not compile the request path ({err}): it runs interpreted")
+        _write_manifest(HERE, failed=f"mypyc: {err}")
         return []
 
 

@@ -1,11 +1,12 @@
 """The request path compiled to C with mypyc, from the same typed source (setup.py builds it:
-`make install` / `make test` do). Nothing here imports the package: setup.py reads COMPILED.
+`make install` / `make test` do). Nothing here imports the package: setup.py reads it too.
 
-A compiled module runs only while its source is the one it was compiled from: the build writes
-each source's SHA-256 to `_native.json`, and if any source differs now (edited, another branch
-checked out, a build that failed half-way) every module of the group runs interpreted from its
-`.py`, with one warning, until the next build. `ISLE_INTERPRETED=1` forces the interpreter (for
-profilers that read Python frames, and to compare).
+A compiled module runs only while the sources are the ones it was compiled from: the build
+records a digest of every `.py` file of the packages whose types mypyc builds in (`PACKAGES`),
+and if any differs now (an edit, another branch, a build that failed half-way) or the group's
+library or a module's extension is missing, every module of our packages runs interpreted from
+its `.py`, with one warning, until the next build. `ISLE_INTERPRETED=1` forces the interpreter
+(for profilers that read Python frames, and to compare).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 COMPILED = (
     "pools.engine.text",
@@ -38,6 +40,10 @@ COMPILED = (
 """The request path: HTTP server, upstream relay, auth, admission, decision, relay, metrics. One group
 (one shared library, `pools/_native__mypyc`), so calls between them are C calls."""
 GROUP = "pools._native"
+PACKAGES = ("topology", "pools", "router")
+"""Where the compiled modules' types come from (router may import pools and topology): a change to
+any of their sources can change what the compiled code expects."""
+ALL_PACKAGES = ("topology", "pools", "router", "loadtest")
 MANIFEST = "_native.json"
 ENV = "ISLE_INTERPRETED"
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,47 +53,95 @@ def source(module: str, root: Path = ROOT) -> Path:
     return root.joinpath(*module.split(".")).with_suffix(".py")
 
 
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def sources(root: Path = ROOT) -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (root / package).rglob("*.py"))
 
 
-def manifest(root: Path = ROOT) -> dict[str, str]:
-    """What a build compiled: module -> SHA-256 of its source then."""
-    return {m: digest(source(m, root)) for m in COMPILED}
+def fingerprint(root: Path = ROOT) -> dict[str, Any]:
+    """What a build is built from: one digest of every source in PACKAGES, and each file's size
+    and mtime (a quick check that skips hashing when nothing was touched)."""
+    files = sources(root)
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return {"digest": digest.hexdigest(), "stats": _stats(root, files)}
 
 
-def built(module: str, root: Path = ROOT) -> bool:
-    base = source(module, root).with_suffix("")
-    return any(base.with_name(base.name + suffix).exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+def _stats(root: Path, files: list[Path]) -> dict[str, list[int]]:
+    out = {}
+    for path in files:
+        st = path.stat()
+        out[str(path.relative_to(root))] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def extensions(root: Path = ROOT) -> list[Path]:
+    """Every extension module in our packages' folders (the group's library included)."""
+    return sorted({p for package in ALL_PACKAGES for suffix in importlib.machinery.EXTENSION_SUFFIXES
+                   for p in (root / package).rglob("*" + suffix)})
+
+
+def _module_of(path: Path, root: Path) -> str:
+    suffix = max((s for s in importlib.machinery.EXTENSION_SUFFIXES if path.name.endswith(s)), key=len)
+    return ".".join((*path.parent.relative_to(root).parts, path.name.removesuffix(suffix)))
+
+
+def read_manifest(root: Path = ROOT) -> dict[str, Any]:
+    try:
+        found = json.loads((root / "pools" / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def up_to_date(root: Path = ROOT) -> bool:
+    """The last build (compiled, or failed and so interpreted) was made from these sources: no
+    need to build again (the Makefile asks)."""
+    recorded = read_manifest(root)
+    if not recorded:
+        return False
+    if recorded.get("failed"):
+        return _same_sources(recorded, root)
+    return judge(root) == "compiled"
+
+
+def _same_sources(recorded: dict[str, Any], root: Path) -> bool:
+    files = sources(root)
+    if recorded.get("stats") == _stats(root, files):
+        return True
+    return bool(recorded.get("digest") == fingerprint(root)["digest"])
+
+
+def judge(root: Path = ROOT, forced: bool = False) -> str:
+    """'compiled' when every module of the group and the group's library are built from the
+    present sources and nothing else is; 'interpreted' when nothing is built (or `forced`);
+    else 'stale'."""
+    found = {_module_of(p, root) for p in extensions(root)}
+    if not found:
+        return "interpreted"
+    if forced:
+        return "interpreted"
+    recorded = read_manifest(root)
+    if (not recorded or recorded.get("failed") or found != {*COMPILED, GROUP + "__mypyc"}
+            or not _same_sources(recorded, root)):
+        return "stale"
+    return "compiled"
 
 
 class _Interpreted(importlib.abc.MetaPathFinder):
-    """Finds the compiled modules' `.py` sources ahead of their extension modules."""
+    """Finds our modules' `.py` sources ahead of any extension module beside them."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in COMPILED:
+        if fullname.partition(".")[0] not in ALL_PACKAGES or "." not in fullname:
             return None
-        return importlib.util.spec_from_file_location(fullname, source(fullname, self.root))
-
-
-def judge(root: Path = ROOT, forced: bool = False) -> str:
-    """'compiled' when every module of the group is built from its present source; 'interpreted'
-    when none is built (or `forced`); else 'stale'."""
-    if not any(built(m, root) for m in COMPILED):
-        return "interpreted"
-    if forced:
-        return "interpreted"
-    try:
-        recorded = json.loads((root / "pools" / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return "stale"
-    if all(built(m, root) for m in COMPILED) and recorded == manifest(root):
-        return "compiled"
-    return "stale"
+        file = source(fullname, self.root)
+        if not file.is_file():  # a package (its __init__.py) or not ours: the usual finders
+            return None
+        return importlib.util.spec_from_file_location(fullname, file)
 
 
 _decided: dict[str, str] = {}
@@ -98,10 +152,10 @@ def ensure() -> str:
     modules call it): anything but 'compiled' puts the `.py` sources ahead of the extensions."""
     if "state" not in _decided:
         _decided["state"] = state = judge(forced=os.environ.get(ENV, "") not in ("", "0"))
-        if state != "compiled" and any(built(m) for m in COMPILED):
+        if state != "compiled" and extensions():
             sys.meta_path.insert(0, _Interpreted(ROOT))
         if state == "stale":
-            print("isleserve: the request path's sources changed since they were compiled: running them "
+            print("isleserve: the compiled request path does not match the sources: running it "
                   "interpreted (slower); `make install` recompiles", file=sys.stderr)
     return _decided["state"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -75,13 +76,15 @@ except (OSError, AttributeError):  # not Linux
     _PRCTL = None
 
 
-def _stop_with_starter() -> None:
+def _stop_with_starter(starter: int) -> None:
     """In the vLLM server, between fork and exec: SIGTERM when the thread that started it ends
     (Linux PR_SET_PDEATHSIG; kept across exec), so a replica actor killed outright does not leave a
-    server holding its GPUs and ports. vLLM shuts its engine processes down on SIGTERM. Only a
-    system call here (the function was looked up in the parent): safe in a forked child."""
+    server holding its GPUs and ports. vLLM shuts its engine processes down on SIGTERM. Only
+    system calls here (the function was looked up in the parent): safe in a forked child."""
     if _PRCTL is not None:
         _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != starter:  # the starter died before we asked to follow it
+            os._exit(1)
 
 
 class VllmProcess:
@@ -123,7 +126,8 @@ class VllmProcess:
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, errors="replace", env={**os.environ, **environment(self.server)},
                                      start_new_session=True,  # its own group: stop() reaches the engine's children
-                                     preexec_fn=_stop_with_starter if self.die_with_starter else None)  # noqa: PLW1509
+                                     preexec_fn=functools.partial(_stop_with_starter, os.getpid())  # noqa: PLW1509
+                                     if self.die_with_starter else None)
         self._pin_cpus(self.proc.pid)
         assert self.proc.stdout is not None
         self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True,

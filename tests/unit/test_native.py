@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -20,42 +21,74 @@ SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 def _tree(root: Path, build: bool = True) -> None:
-    for module in native.COMPILED:
+    for module in (*native.COMPILED, "topology.model", "pools.model"):
         src = native.source(module, root)
         src.parent.mkdir(parents=True, exist_ok=True)
         src.write_text(f"# {module}\n")
-        if build:
-            src.with_name(src.stem + SUFFIX).write_bytes(b"")
     if build:
-        (root / "pools" / native.MANIFEST).write_text(json.dumps(native.manifest(root)))
+        for module in (*native.COMPILED, native.GROUP + "__mypyc"):
+            src = native.source(module, root)
+            src.with_name(src.stem + SUFFIX).write_bytes(b"")
+        (root / "pools" / native.MANIFEST).write_text(json.dumps(native.fingerprint(root)))
+
+
+def _edit(root: Path, module: str) -> None:
+    src = native.source(module, root)
+    src.write_text(src.read_text() + "x = 1\n")
 
 
 def test_a_tree_built_from_its_sources_runs_compiled(tmp_path: Path) -> None:
     _tree(tmp_path)
-    assert native.judge(tmp_path) == "compiled"
+    assert native.judge(tmp_path) == "compiled" and native.up_to_date(tmp_path)
     assert native.judge(tmp_path, forced=True) == "interpreted"
 
 
 def test_nothing_built_runs_interpreted(tmp_path: Path) -> None:
     _tree(tmp_path, build=False)
-    assert native.judge(tmp_path) == "interpreted"
+    assert native.judge(tmp_path) == "interpreted" and not native.up_to_date(tmp_path)
 
 
-def test_an_edited_source_makes_the_whole_group_stale(tmp_path: Path) -> None:
+@pytest.mark.parametrize("module", ["router.decision", "pools.model", "topology.model"])
+def test_an_edited_source_makes_the_whole_group_stale(tmp_path: Path, module: str) -> None:
+    """A compiled module's own source, or one whose types mypyc built in (pools, topology)."""
     _tree(tmp_path)
-    edited = native.source("router.decision", tmp_path)
-    edited.write_text(edited.read_text() + "x = 1\n")
+    _edit(tmp_path, module)
+    assert native.judge(tmp_path) == "stale" and not native.up_to_date(tmp_path)
+
+
+def test_touched_but_unchanged_sources_stay_compiled(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    src = native.source("router.server", tmp_path)
+    os.utime(src, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns + 10**9))
+    assert native.judge(tmp_path) == "compiled"
+
+
+def _extension(root: Path, module: str) -> Path:
+    src = native.source(module, root)
+    return src.with_name(src.stem + SUFFIX)
+
+
+def test_a_half_built_tree_a_missing_library_or_manifest_or_a_leftover_is_stale(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    _extension(tmp_path, "router.flight").unlink()
     assert native.judge(tmp_path) == "stale"
-
-
-def test_a_half_built_tree_or_a_missing_manifest_is_stale(tmp_path: Path) -> None:
     _tree(tmp_path)
-    flight = native.source("router.flight", tmp_path)
-    flight.with_name(flight.stem + SUFFIX).unlink()
+    _extension(tmp_path, native.GROUP + "__mypyc").unlink()
     assert native.judge(tmp_path) == "stale"
     _tree(tmp_path)
     (tmp_path / "pools" / native.MANIFEST).unlink()
     assert native.judge(tmp_path) == "stale"
+    _tree(tmp_path)
+    _extension(tmp_path, "pools.model").write_bytes(b"")  # a module compiled by an older build
+    assert native.judge(tmp_path) == "stale"
+
+
+def test_a_failed_build_is_not_retried_until_the_sources_change(tmp_path: Path) -> None:
+    _tree(tmp_path, build=False)
+    (tmp_path / "pools" / native.MANIFEST).write_text(json.dumps({**native.fingerprint(tmp_path), "failed": "no cc"}))
+    assert native.judge(tmp_path) == "interpreted" and native.up_to_date(tmp_path)
+    _edit(tmp_path, "router.auth")
+    assert not native.up_to_date(tmp_path)
 
 
 def test_interpreted_on_request_loads_the_python_sources() -> None:
@@ -66,7 +99,10 @@ def test_interpreted_on_request_loads_the_python_sources() -> None:
     assert out == ["interpreted", "True", "True"]
 
 
-@pytest.mark.skipif(not os.environ.get("CI") or shutil.which("cc") is None,
+CC = (sysconfig.get_config_var("CC") or "cc").split()[0]
+
+
+@pytest.mark.skipif(not os.environ.get("CI") or shutil.which(CC) is None,
                     reason="CI with a C compiler builds the compiled request path (make test)")
 def test_ci_runs_the_compiled_request_path() -> None:
     assert native.state() == "compiled"
