@@ -98,8 +98,6 @@ def up_to_date(root: Path = ROOT) -> bool:
     """The last build (compiled, or failed and so interpreted) was made from these sources: no
     need to build again (the Makefile asks)."""
     recorded = read_manifest(root)
-    if not recorded:
-        return False
     if recorded.get("failed"):
         return _same_sources(recorded, root)
     return judge(root) == "compiled"
@@ -117,9 +115,7 @@ def judge(root: Path = ROOT, forced: bool = False) -> str:
     present sources and nothing else is; 'interpreted' when nothing is built (or `forced`);
     else 'stale'."""
     found = {_module_of(p, root) for p in extensions(root)}
-    if not found:
-        return "interpreted"
-    if forced:
+    if not found or forced:
         return "interpreted"
     recorded = read_manifest(root)
     if (not recorded or recorded.get("failed") or found != {*COMPILED, GROUP + "__mypyc"}

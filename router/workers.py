@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 
 from pools.routing import ReplicaEndpoint, RoutingTable
+from pools.wire.lifecycle import follow_parent
 from topology import Topology
 from topology.serialize import from_dict, to_dict
 
@@ -124,12 +125,6 @@ LEADER_GONE_SIGNAL = signal.SIGHUP
 a stop asked by the leader is SIGTERM): it stops and removes the private directory itself."""
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: LEADER_GONE_SIGNAL when the thread that started us ends (Linux)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, LEADER_GONE_SIGNAL)  # PR_SET_PDEATHSIG
-
-
 class Workers:
     """The leader's side: starts, feeds, restarts and stops workers 1..count-1."""
 
@@ -157,7 +152,7 @@ class Workers:
     async def _spawn(self, index: int) -> None:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "router.worker", str(self.directory), str(index),
-            stdout=asyncio.subprocess.PIPE, preexec_fn=_die_with_parent)
+            stdout=asyncio.subprocess.PIPE, preexec_fn=functools.partial(follow_parent, LEADER_GONE_SIGNAL))
         self.procs[index], self.started_at[index] = proc, time.monotonic()
         assert proc.stdout is not None
         try:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -19,7 +17,7 @@ from pools.costmodel import LinkCost
 from pools.engine.core import EngineConfig
 from pools.engine.pd import Placement, is_loopback
 from pools.engine.server import EngineIdentity, SimEngine
-from pools.wire.lifecycle import serve_until_signalled
+from pools.wire.lifecycle import follow_parent, serve_until_signalled
 from topology import GpuRef, LinkKind, bottleneck, read_source
 from topology.gpus import gpu_facts
 from topology.kinds import default_bandwidth_gb_s, default_latency_us
@@ -96,8 +94,7 @@ def die_with_parent() -> None:
     parent = os.environ.get("ISLE_PARENT_PID")
     if not parent:
         return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    follow_parent(signal.SIGTERM)
     if str(os.getppid()) != parent:
         sys.exit(1)  # the parent died before we asked to follow it
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import functools
 import logging
 import os
@@ -27,6 +26,7 @@ from typing import IO
 
 from pools.controller.pinning import pin_cpus
 from pools.vllm.command import VllmServer, command, environment
+from pools.wire.lifecycle import follow_parent
 
 log = logging.getLogger("isleserve.vllm")
 READY_TIMEOUT_S = 600.0
@@ -70,21 +70,13 @@ def probe(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-try:
-    _PRCTL: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
-except (OSError, AttributeError):  # not Linux
-    _PRCTL = None
-
-
 def _stop_with_starter(starter: int) -> None:
     """In the vLLM server, between fork and exec: SIGTERM when the thread that started it ends
     (Linux PR_SET_PDEATHSIG; kept across exec), so a replica actor killed outright does not leave a
     server holding its GPUs and ports. vLLM shuts its engine processes down on SIGTERM. Only
-    system calls here (the function was looked up in the parent): safe in a forked child."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-        if os.getppid() != starter:  # the starter died before we asked to follow it
-            os._exit(1)
+    system calls here: safe in a forked child."""
+    if follow_parent(signal.SIGTERM) and os.getppid() != starter:  # it died before we asked to follow it
+        os._exit(1)
 
 
 class VllmProcess:
