@@ -16,6 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pools.config import SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, SLOClass
+from pools.wire.limits import (
+    CLIENT_WRITE_TIMEOUT_S,
+    FD_RESERVE,
+    MAX_BUFFERED_BYTES,
+    MAX_CONNECTIONS,
+    WRITE_BUFFER_BYTES,
+    ServerLimits,
+)
 from topology.readers.spec import validate_mapping
 from topology.yamlfile import load_yaml_file
 
@@ -113,6 +121,16 @@ class RouterConfig(_Strict):
     read_timeout_s: float = Field(default=30.0, gt=0, description="a request's head and body must arrive within it "
                                   "(else 408)")
     max_tokens_limit: int = Field(default=32768, gt=0)
+    max_connections: int = Field(default=0, ge=0, description="open client connections per router process; past it "
+                                 "503 + Retry-After. 0: half the open-file limit (raised to its hard limit at start) "
+                                 f"less {FD_RESERVE}, at most {MAX_CONNECTIONS}")
+    max_buffered_bytes: int = Field(default=MAX_BUFFERED_BYTES, gt=0, description="request bytes held in memory "
+                                    "across a router process's connections; past it 503 + Retry-After")
+    client_write_timeout_s: float = Field(default=CLIENT_WRITE_TIMEOUT_S, gt=0, description="a client that reads "
+                                          "nothing of its response for this long is disconnected, its engine request "
+                                          "aborted (outcome client_timeout)")
+    client_buffer_bytes: int = Field(default=WRITE_BUFFER_BYTES, ge=1024, description="response bytes queued for "
+                                     "one slow client before the router stops reading its engine")
     metrics_auth: Literal["open", "admin"] = Field(default="open", description="`admin`: /metrics needs the admin "
                                                    "key (Prometheus: `authorization: {credentials: ...}`)")
     workers: int = Field(default=1, ge=1, le=64, description="processes serving the port (SO_REUSEPORT); a class's "
@@ -134,6 +152,12 @@ class RouterConfig(_Strict):
         if self.default_slo_class is not None and self.default_slo_class not in names:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not a class")
         return self
+
+    def limits(self) -> ServerLimits:
+        """The front door's caps for one router process."""
+        return ServerLimits(max_connections=self.max_connections, max_buffered_bytes=self.max_buffered_bytes,
+                            client_write_timeout_s=self.client_write_timeout_s,
+                            write_buffer_bytes=self.client_buffer_bytes)
 
     def classes(self) -> dict[str, SLOClass]:
         chosen = [c.to_slo() for c in self.slo_classes] or list(DEFAULT_SLO_CLASSES)

@@ -34,8 +34,8 @@ _UNSET = HistogramSeries(())
 class Flight:
     __slots__ = ("abandoned", "bad", "call", "cand", "chunks", "conn", "content_type", "deadline", "ended", "error",
                  "extra", "first", "head_at", "itl", "labels", "last", "last_data", "order", "out", "outcome",
-                 "owner", "parts", "payload", "prev", "response", "router", "sent_at", "started", "status", "streaming",
-                 "tiers", "tried", "waiter")
+                 "owner", "parts", "paused_at", "payload", "prev", "response", "router", "sent_at", "started",
+                 "status", "streaming", "tiers", "tried", "waiter")
 
     def __init__(self, router: Router, call: _Call, order: list[Candidate], response: Responder, started: float,
                  payload: bytes, *, extra: tuple[tuple[str, str], ...] = (), tiers: Mapping[str, str] | None = None,
@@ -59,6 +59,8 @@ class Flight:
         self.bad = ""
         self.last = "no replica tried"
         self.sent_at = self.deadline = self.last_data = 0.0
+        self.paused_at = 0.0
+        """When the router stopped reading the engine because the client was slow (0: reading)."""
         self.chunks = 0
         self.first = self.prev = 0.0
         self.ended = False
@@ -101,7 +103,9 @@ class Flight:
 
     # deadlines: the router's watch sweeps every flight a few times a second (no timer per request)
     def check(self, now: float) -> None:
-        if self.ended:
+        """The engine's deadlines. While the router holds the engine back for a slow client, the
+        engine is not late: the client's own write timeout (pools.wire.limits) covers that."""
+        if self.ended or self.paused_at:
             return
         due = self.last_data + self.router.config.upstream.idle_timeout_s if self.status else self.deadline
         if now < due:
@@ -150,7 +154,7 @@ class Flight:
             self.itl.observe(now - self.prev)
         self.prev = now
         self.chunks += 1
-        self.out.append(b"%x\r\n%b\r\n" % (len(data), data))
+        self.out.append(self.response.frame(data))
 
     def _open_stream(self) -> None:
         assert self.cand is not None
@@ -163,9 +167,18 @@ class Flight:
             return
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
-        if self.response.write_framed(data) and self.conn is not None:
+        if self.response.write_framed(data) and self.conn is not None and not self.paused_at:
             self.conn.pause()  # the client is slower than the engine: stop reading upstream
-            self.response.on_resume(self.conn.resume)
+            self.paused_at = time.perf_counter()
+            self.response.on_resume(self._resumed)
+
+    def _resumed(self) -> None:
+        """The client caught up: read the engine again; the time it was held back is not its gap."""
+        if self.paused_at:
+            self.last_data += time.perf_counter() - self.paused_at
+            self.paused_at = 0.0
+        if self.conn is not None:
+            self.conn.resume()
 
     def _pending(self) -> bytes:
         out = self.out
@@ -221,7 +234,8 @@ class Flight:
         return self.outcome
 
     def abandon(self) -> None:
-        """The client went away: stop the engine's work (close the connection), count it."""
+        """The client went away, or was dropped for not reading: stop the engine's work (close
+        the connection), count it. Never the replica's failure."""
         if self.ended:
             return
         self.abandoned = True
@@ -229,7 +243,7 @@ class Flight:
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.abort()
-        self._end("cancelled")
+        self._end("client_timeout" if self.response.timed_out else "cancelled")
 
     def _fail(self, error: wire.ApiError) -> None:
         if self.waiter is None and not self.response.started:

@@ -33,16 +33,20 @@ def pd_choice(router: Router, call: _Call, snapshot: list[Candidate]) -> PDDecis
                      has_mixed=call.route.model in router.replicas.mixed)
 
 
-async def _release_prefill(router: Router, pcand: Candidate, params: dict[str, Any]) -> None:
-    body = orjson.dumps({"request_id": params.get("remote_request_id"),
-                         "engine_id": params.get("remote_engine_id")})
+async def _release_prefill(router: Router, pcand: Candidate, request_id: Any, engine_id: Any = None) -> None:
+    """Tell the prefill engine that nobody will claim the KV it holds (or will hold) for the request.
+    The simulated engine frees it (and, for an id it does not hold yet, frees it when the prefill
+    ends); vLLM has no such route (404, ignored): it frees KV of an aborted request at once, and
+    KV that a finished prefill holds unclaimed after VLLM_NIXL_ABORT_REQUEST_TIMEOUT."""
+    body = orjson.dumps({"request_id": request_id, "engine_id": engine_id})
     with contextlib.suppress(UpstreamError, OSError, asyncio.CancelledError):
         ex = await relay.start(router.relay, pcand.endpoint.url, "/internal/kv/release", body, JSON_HEADERS, 2.0)
         await relay.finish(ex, 2.0)
 
 
-async def _prefill(router: Router, call: _Call, pcand: Candidate) -> tuple[int, bytes]:
-    first = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
+async def _prefill(router: Router, call: _Call, pcand: Candidate, request_id: str) -> tuple[int, bytes]:
+    first = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True},
+             "request_id": request_id}
     first.pop("stream_options", None)
     first.pop("max_completion_tokens", None)
     rid = pcand.endpoint.replica_id
@@ -71,13 +75,23 @@ async def serve_pd(router: Router, call: _Call, pd: PDDecision, response: Respon
     """vLLM's disaggregated-serving protocol: prefill with kv_transfer_params and max_tokens=1,
     then decode with what the prefill returned, streamed back."""
     pcand = pd.prefill
-    status, raw = await _prefill(router, call, pcand)
+    request_id = router.request_id()
+    try:
+        status, raw = await _prefill(router, call, pcand, request_id)
+    except BaseException:
+        # the client left (cancelled) or the prefill failed: it may have finished all the same and
+        # hold the KV; the release goes apart from this request, which may be cancelled
+        router.spawn(_release_prefill(router, pcand, request_id))
+        raise
     if status != 200:
         response.send(status, raw)
         return "rejected"
     try:
         params = json.loads(raw)["kv_transfer_params"]
+        if not isinstance(params, dict):
+            raise TypeError("kv_transfer_params is not an object")
     except (ValueError, KeyError, TypeError):
+        router.spawn(_release_prefill(router, pcand, request_id))
         raise wire.ApiError(502, f"prefill replica {pcand.endpoint.replica_id} returned no kv_transfer_params",
                             "bad_gateway") from None
     handover = time.perf_counter()
@@ -87,7 +101,8 @@ async def serve_pd(router: Router, call: _Call, pd: PDDecision, response: Respon
                                  extra=(("x-isle-prefill-replica", pcand.endpoint.replica_id),), tiers=pd.tiers)
         outcome = flight.outcome_or_raise()
     except BaseException:
-        await _release_prefill(router, pcand, params)  # nobody will claim the held KV now
+        # nobody will claim the held KV now (the decode failed, or the client left)
+        router.spawn(_release_prefill(router, pcand, params.get("remote_request_id"), params.get("remote_engine_id")))
         raise
     kv_s = pd.kv_ms / 1000 if pd.kv_ms else max(0.0, flight.head_at - handover)
     router.metrics.child(router.metrics.kv, *flight.labels).observe(kv_s)

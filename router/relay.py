@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Protocol
+from typing import Any, Protocol
 
 import httptools
 
@@ -41,7 +41,7 @@ class UpstreamProtocol(asyncio.Protocol):
     def __init__(self, pool: RelayPool, key: str) -> None:
         self.pool, self.key = pool, key
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
+        self.parser: Any = httptools.HttpResponseParser(self)
         self.listener: Listener | None = None
         self.closed = False
         self.reused = False
@@ -58,6 +58,7 @@ class UpstreamProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
+        self.parser = None  # no parser <-> protocol cycle keeps a closed connection alive
         listener, self.listener = self.listener, None
         if listener is None:
             return
@@ -68,6 +69,8 @@ class UpstreamProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.answered = True
+        if self.parser is None:
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:

@@ -10,6 +10,7 @@ import importlib.resources
 import itertools
 import json
 import logging
+import os
 import random
 import time
 import zlib
@@ -56,6 +57,8 @@ class _Call:
     route: RouteRequest
     path: str
     """The route the client called: the engine gets the same one."""
+    payload: bytes
+    """`body` serialised for the engine."""
 
 
 def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, str, bool]:
@@ -107,6 +110,20 @@ class Router:
         self.workers: Workers | None = None
         """The leader's other workers (config `workers` > 1)."""
         self._internal: asyncio.Server | None = None
+        self.limits = config.limits()
+        self._background: set[asyncio.Task[None]] = set()
+        self._ids = itertools.count()
+        self._id_prefix = f"isle-{os.getpid():x}-{worker}-{int(time.time() * 1000):x}"
+
+    def request_id(self) -> str:
+        """An id the router gives an engine request (unique across processes and restarts)."""
+        return f"{self._id_prefix}-{next(self._ids)}"
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run clean-up work apart from the request that needed it (which may be cancelled)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _profile(self, slo_class: str) -> Profile:
         p = self.config.profile(slo_class)
@@ -118,7 +135,8 @@ class Router:
         self.server = await serve(self.handle, self.config.host, self.config.port,
                                   on_error=lambda e: log.exception("handler error", exc_info=e),
                                   read_timeout_s=self.config.read_timeout_s, max_body_bytes=self.config.max_body_bytes,
-                                  reuse_port=self.config.workers > 1)
+                                  reuse_port=self.config.workers > 1, limits=self.limits)
+        log.info("front door: %s", self.limits.describe())
         self._tasks.append(asyncio.get_running_loop().create_task(
             self.replicas.scrape_forever(self.pool, self.config.scrape_interval_s, self._publish_health)))
         if self.worker == 0 and self.config.workers > 1:  # the leader starts the others on the port it got
@@ -175,7 +193,7 @@ class Router:
                                 for c in self.replicas.snapshot()}  # replicas that left the table leave the gauge
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        for t in [*self._tasks, *self._background]:
             t.cancel()
         if self.server is not None:
             self.server.close()
@@ -254,10 +272,15 @@ class Router:
         # PD handover parameters are the router's business: a client cannot steer KV transfers
         body.pop("kv_transfer_params", None)
         body["priority"] = slo.priority  # vLLM's priority scheduling: lower is earlier
+        try:
+            payload = orjson.dumps(body)
+        except orjson.JSONEncodeError:  # parses, but nests deeper than it can be written again
+            raise wire.ApiError(400, "request body nests too deeply (JSON deeper than 254 levels cannot be "
+                                     "forwarded)") from None
         blocks = min(len(text) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
         prefix = text[: blocks * PREFIX_BLOCK_CHARS]
         route = RouteRequest(model, slo, count_tokens(text), zlib.crc32(prefix.encode()) if prefix else 0)
-        return _Call(slo=slo, body=body, stream=stream, route=route, path=request.path)
+        return _Call(slo=slo, body=body, stream=stream, route=route, path=request.path, payload=payload)
 
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         principal = self.auth.user(request.headers)
@@ -274,8 +297,8 @@ class Router:
             pd = pd_choice(self, call, snapshot)
             if pd is not None:
                 return self._waiting(call, response, started, pd=pd)
-            flight = Flight(self, call, self._decide(call, snapshot).order(), response, started,
-                            orjson.dumps(call.body), owner=True)
+            flight = Flight(self, call, self._decide(call, snapshot).order(), response, started, call.payload,
+                            owner=True)
         except BaseException:
             self.request_ended(slo, "error")
             raise
@@ -312,7 +335,7 @@ class Router:
         try:
             outcome = await self._serve(call, pd, response, started)
         except asyncio.CancelledError:
-            outcome = "cancelled"
+            outcome = "client_timeout" if response.timed_out else "cancelled"
             raise
         except wire.ApiError as err:
             outcome = "rejected" if err.status < 500 else "error"
@@ -330,7 +353,7 @@ class Router:
                 log.debug("PD pair %s/%s failed before the first byte (%s): a mixed replica serves it",
                           pd.prefill.endpoint.replica_id, pd.decode.endpoint.replica_id, err.message)
         decision = self._decide(call, self.replicas.snapshot())
-        flight = await self.fly(Flight, call, decision.order(), response, started, orjson.dumps(call.body))
+        flight = await self.fly(Flight, call, decision.order(), response, started, call.payload)
         return flight.outcome_or_raise()
 
     async def fly(self, cls: type[Flight], call: _Call, order: list[Candidate], response: Responder,

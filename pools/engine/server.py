@@ -31,6 +31,7 @@ from pools.wire.http import Request, Responder, serve
 from topology import Topology
 
 log = logging.getLogger("isleserve.engine")
+GIVEN_UP_MAX = 4096
 
 
 @dataclass(slots=True)
@@ -74,6 +75,11 @@ class SimEngine:
         self._ids = itertools.count()
         self._driver: asyncio.Task[None] | None = None
         self._held_at: dict[str, float] = {}
+        self._by_client: dict[str, str] = {}
+        """A PD prefill's client-given `request_id` -> this engine's id for it (while held)."""
+        self._given_up: dict[str, float] = {}
+        """Ids released before this engine held their KV (the client left mid-prefill): freed
+        as soon as the prefill ends. Kept kv_hold_s at most, GIVEN_UP_MAX of them."""
 
     # lifecycle
     async def start(self) -> None:
@@ -175,6 +181,11 @@ class SimEngine:
             if now - at > self.id.kv_hold_s:
                 freed = self.core.release(rid) or freed
                 del self._held_at[rid]
+        if self._by_client:
+            self._by_client = {k: v for k, v in self._by_client.items() if v in self._held_at}
+        for rid, at in list(self._given_up.items()):
+            if now - at > self.id.kv_hold_s:
+                del self._given_up[rid]
         return freed
 
     def _next_expiry_s(self) -> float | None:
@@ -223,9 +234,14 @@ class SimEngine:
             rid = str(body["request_id"])
         except (ValueError, KeyError, TypeError):
             raise wire.ApiError(400, "release wants {\"request_id\": ...}") from None
-        if body.get("engine_id") not in (None, self.id.engine_id) or not self.core.release(rid):
+        if body.get("engine_id") not in (None, self.id.engine_id):
             raise wire.ApiError(404, f"engine {self.id.engine_id} holds no KV for request {rid}", "not_found_error")
-        self._held_at.pop(rid, None)
+        own = rid if rid in self.core.held else self._by_client.pop(rid, rid)
+        if not self.core.release(own):
+            if len(self._given_up) < GIVEN_UP_MAX:
+                self._given_up[rid] = time.monotonic()  # if its prefill is still running: free it when done
+            raise wire.ApiError(404, f"engine {self.id.engine_id} holds no KV for request {rid}", "not_found_error")
+        self._held_at.pop(own, None)
         self.wake.set()  # blocks freed: a waiting request may fit now
         response.send(200, json.dumps({"released": rid}).encode())
 
@@ -269,7 +285,14 @@ class SimEngine:
         finally:
             self.live.pop(rid, None)
             if hold and live.emitted >= req.max_tokens:
-                self._held_at[rid] = time.monotonic()
+                if self._given_up.pop(rid, None) is not None or (
+                        req.request_id is not None and self._given_up.pop(req.request_id, None) is not None):
+                    self.core.release(rid)  # released while it ran: nobody will claim it
+                    self.wake.set()
+                else:
+                    self._held_at[rid] = time.monotonic()
+                    if req.request_id is not None:
+                        self._by_client[req.request_id] = rid
             elif live.emitted < req.max_tokens:
                 self.core.abort(rid)  # client gone or engine failing: free its blocks
                 self.wake.set()
