@@ -1,6 +1,7 @@
 """Upstream deadlines on the router's callback path: a replica that never answers is left for the
 next one after the first-byte deadline; a stream that goes quiet mid-way ends with an error
-event after the idle deadline. Real router, real loopback sockets, tiny hand-written upstreams."""
+event after the idle deadline; a client too slow to read is the client's fault, never the
+replica's. Real router, real loopback sockets, tiny hand-written upstreams."""
 
 from __future__ import annotations
 
@@ -68,10 +69,10 @@ async def quiet_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         writer.close()
 
 
-async def _router(upstreams: dict[str, Upstream]) -> tuple[Router, list[asyncio.Server]]:
+async def _router(upstreams: dict[str, Upstream], **extra: object) -> tuple[Router, list[asyncio.Server]]:
     STOP[:] = [asyncio.Event()]
     servers = {name: await asyncio.start_server(fn, "127.0.0.1", 0) for name, fn in upstreams.items()}
-    config = RouterConfig.model_validate({
+    config = RouterConfig.model_validate({**extra,
         "port": 0, "keys": [{"tenant": "t", "key_sha256": sha256(DEV_KEY)}],
         "admin_keys": [{"tenant": "ops", "key_sha256": sha256("admin")}],
         "default_profile": {"picker": "round-robin-picker"},
@@ -159,5 +160,76 @@ def test_a_pd_only_deployment_splits_short_prompts_too() -> None:
             assert b"x-isle-prefill-replica: p1" in data and b"x-isle-replica: d1" in data
         finally:
             await _stop(router, list(servers.values()))
+
+    asyncio.run(main())
+
+
+ABORTED: list[str] = []
+
+
+async def flooding(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A fast, healthy replica: streams as fast as it is read, answers the rest at once."""
+    while True:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length"))
+            body = await reader.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            break
+        if b'"stream":true' not in body.replace(b" ", b""):
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                         % (len(OK), OK))
+            await writer.drain()
+            continue
+        chunk = b'data: {"choices":[{"index":0,"text":"' + b"w" * 1000 + b'"}]}\n\n'
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        try:
+            while True:
+                writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                await writer.drain()
+        except ConnectionError:
+            ABORTED.append("stream")
+            break
+    writer.close()
+
+
+def test_slow_readers_never_change_a_replicas_health() -> None:
+    """Three streams whose clients never read: the router holds the replica back for them (so the
+    replica's stream goes quiet as the router sees it, far past the idle deadline), then drops
+    those clients after client_write_timeout_s and aborts their engine requests. The replica's
+    breaker (one failure opens it here) stays closed and it keeps serving everyone else."""
+    import socket
+
+    async def main() -> None:
+        ABORTED.clear()
+        router, servers = await _router({"r": flooding}, client_write_timeout_s=1.2, client_buffer_bytes=4096,
+                                         upstream={"first_byte_timeout_s": 2, "request_timeout_s": 2,
+                                                   "idle_timeout_s": 0.3, "breaker_failures": 1})
+        raw = json.dumps({"model": "m", "prompt": "x", "max_tokens": 9999, "stream": True}).encode()
+        slow = []
+        try:
+            for _ in range(3):
+                sock = socket.create_connection(("127.0.0.1", router.port))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %b\r\n"
+                             b"content-length: %d\r\n\r\n%b" % (DEV_KEY.encode(), len(raw), raw))
+                slow.append(sock)
+            await asyncio.sleep(0.9)  # held back far longer than the idle deadline
+            data, _ = await _post(router.port, {"model": "m", "prompt": "x", "max_tokens": 1})
+            assert data.startswith(b"HTTP/1.1 200"), data
+            await asyncio.sleep(1.3)  # past the client write timeout
+            state = router.replicas.states["r"]
+            assert state.open_until < time.monotonic() and state.inflight == 0
+            assert ABORTED == ["stream"] * 3  # the engine's work for them stopped
+            text = router.metrics.render().decode()
+            assert 'isle_router_requests_total{outcome="client_timeout",slo_class="interactive"} 3.0' in text
+            assert "outcome=\"error\"" not in text
+            data, _ = await _post(router.port, {"model": "m", "prompt": "x", "max_tokens": 1})
+            assert data.startswith(b"HTTP/1.1 200"), data
+        finally:
+            for sock in slow:
+                sock.close()
+            await _stop(router, servers)
 
     asyncio.run(main())

@@ -65,6 +65,7 @@ class Deployment:
     log_path: Path
     proc: subprocess.Popen[str]
     canary: Canary
+    engines: dict[str, EngineProcess] = field(default_factory=dict)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -137,7 +138,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         assert "ready:" in line, log_path.read_text()
         base = line.split("ready:")[1].strip().removesuffix("/v1")
         host, port = base.removeprefix("http://").rsplit(":", 1)
-        yield Deployment(base=base, host=host, port=int(port), log_path=log_path, proc=proc, canary=canary)
+        yield Deployment(base=base, host=host, port=int(port), log_path=log_path, proc=proc, canary=canary,
+                         engines=engines)
         assert proc.poll() is None, "the router died during the tests"
         proc.terminate()
         proc.wait(10)
