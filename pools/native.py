@@ -27,6 +27,7 @@ COMPILED = (
     "pools.engine.text",
     "pools.wire.http",
     "pools.wire.openai",
+    "pools.wire.reader",
     "pools.wire.responder",
     "router.admission",
     "router.auth",

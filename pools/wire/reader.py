@@ -1,0 +1,281 @@
+"""The receiving half of a `pools.wire.http` connection: httptools fed one request at a time, and
+the rules a request head must follow.
+
+The parser is fed only up to the end of the request in hand — the first CRLF CRLF of a head or
+of a chunked body (a request without a body, and a chunked body, can only end there), or the
+declared length of a body — so whatever a pipelining client sent after it stays unparsed bytes
+that the connection holds until the response is out. Refused (through `Sink.reject`): a head
+over MAX_HEAD_BYTES or MAX_HEADER_COUNT (431), a body over the limit (413), HTTP/1.1 without
+Host, a repeated header of SINGLE (400), a Transfer-Encoding other than `chunked` alone (501),
+protocol upgrades (400), malformed HTTP (400), bytes past the listener's buffered-bytes cap
+(503). Trailers of a chunked body are read and dropped: they never add to or replace a header.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+import httptools
+
+from pools.wire.limits import ServerLimits
+
+MAX_HEADER_COUNT = 100
+MAX_HEAD_BYTES = 64 * 1024
+"""Request line plus headers; past either limit the request is answered 431."""
+SINGLE = frozenset(("host", "authorization", "content-length", "x-slo-class"))
+"""Headers a request may carry once: two of them are ambiguous (which one a gateway in front
+checked is unknowable), so they are refused rather than merged or overridden."""
+
+_HEAD, _LENGTH, _CHUNKED = 0, 1, 2
+"""Where the parser is in the request at hand: in a head (or between requests), in a body of
+known length, in a chunked body."""
+_END = b"\r\n\r\n"
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    """Lower-case names; a header sent several times has its values joined with ", " (RFC 9110
+    5.3), except those of SINGLE, which a request may carry once."""
+    body: bytes
+    peer: str
+    http_version: str = "1.1"
+
+
+def error_body(status: int, message: str) -> bytes:
+    """An error body in OpenAI's shape, for what the server refuses before any handler runs."""
+    return (b'{"error": {"message": "%b", "type": "invalid_request_error", "param": null, "code": %d}}'
+            % (message.encode(), status))
+
+
+MALFORMED = error_body(400, "malformed HTTP request")
+UPGRADE = error_body(400, "protocol upgrades are not supported")
+NO_HOST = error_body(400, "an HTTP/1.1 request needs a Host header")
+TOO_LARGE = error_body(413, "request body too large")
+HEAD_TOO_LARGE = error_body(431, f"request headers too large (at most {MAX_HEADER_COUNT} headers, "
+                                 f"{MAX_HEAD_BYTES} bytes)")
+TRANSFER_CODING = error_body(501, "only the chunked transfer coding is supported for request bodies")
+BUSY_BYTES = error_body(503, "too many request bytes in flight: retry later")
+
+
+class Sink(Protocol):
+    """What the reader needs of its connection."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def reject(self, status: int, body: bytes) -> None:
+        """Answer this and close."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def account(self, delta: int) -> None:
+        """Request bytes held in memory for this connection, more or fewer."""
+
+    def message_begun(self) -> None:
+        """A request has started to arrive (its read deadline starts)."""
+
+
+class _Gone:
+    """The sink of a reader whose connection is gone."""
+
+    closed = True
+
+    def reject(self, status: int, body: bytes) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def account(self, delta: int) -> None:
+        pass
+
+    def message_begun(self) -> None:
+        pass
+
+
+_GONE = _Gone()
+
+
+def cut(tail: bytes, data: bytes, pos: int) -> int:
+    """How many bytes of `data` from `pos` to feed: up to and including the first CRLF CRLF
+    (which may start in `tail`, the last bytes fed), or all of them."""
+    if tail:
+        k = (tail + data[pos:pos + 3]).find(_END)
+        if k >= 0:
+            return k + 4 - len(tail)
+    k = data.find(_END, pos)
+    return len(data) - pos if k < 0 else k + 4 - pos
+
+
+class RequestReader:
+    def __init__(self, sink: Sink, limits: ServerLimits, max_body_bytes: int, peer: str) -> None:
+        self.sink, self.limits, self.max_body_bytes, self.peer = sink, limits, max_body_bytes, peer
+        self.parser: Any = httptools.HttpRequestParser(self)
+        self.ready: Request | None = None
+        """A request that has arrived whole, for the connection to take."""
+        self.keep_alive = True
+        self.head_only = False
+        self.in_message = False
+        self._phase = _HEAD
+        self._tail = b""
+        self._left = 0
+        self._head_raw = 0
+        self._head_bytes = 0
+        self._head_too_large = False
+        self._headers_done = False
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._repeated = ""
+        self._body: list[bytes] = []
+        self._size = 0
+        self._too_large = False
+
+    def close(self) -> None:
+        """The connection is gone: drop what refers back (the parser to this reader, this reader
+        to the connection) and the buffers, so no cycle keeps them alive."""
+        self.parser = None
+        self.sink = _GONE
+        self._body = []
+        self.ready = None
+
+    def feed(self, data: bytes, pos: int) -> int:
+        """Parse `data` from `pos` until a request is complete (`ready`), the data ends or the
+        request is refused; returns where it stopped."""
+        size = len(data)
+        while pos < size and self.ready is None and not self.sink.closed:
+            n = self._left if self._phase == _LENGTH and self._left > 0 else cut(self._tail, data, pos)
+            end = min(size, pos + n)
+            piece = data if pos == 0 and end == size else data[pos:end]  # (copies one request at most)
+            pos = end
+            phase = self._phase
+            if phase == _LENGTH:
+                self._left -= len(piece)
+            else:
+                self._tail = piece[-3:] if len(piece) >= 3 else (self._tail + piece)[-3:]
+            try:
+                self.parser.feed_data(piece)
+            except httptools.HttpParserUpgrade:
+                self.ready = None
+                self.sink.reject(400, UPGRADE)
+            except httptools.HttpParserError:
+                self.ready = None
+                self.sink.reject(400, MALFORMED)
+            if self.sink.closed:
+                break
+            if phase == _HEAD and self.in_message and not self._headers_done:
+                self._head_raw += len(piece)  # the parser holds an incomplete head: bound it
+                if self._head_raw > MAX_HEAD_BYTES:
+                    self.sink.reject(431, HEAD_TOO_LARGE)
+        return pos
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.in_message, self._headers_done = True, False
+        self._url, self._headers, self._repeated = b"", {}, ""
+        self._body, self._size, self._too_large = [], 0, False
+        self._head_bytes, self._head_raw, self._head_too_large = 0, 0, False
+        self.sink.message_begun()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._head_bytes += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._headers_done:
+            return  # a trailer of a chunked body: read, never merged into the headers
+        self._head_bytes += len(name) + len(value)
+        headers = self._headers
+        if len(headers) >= MAX_HEADER_COUNT or self._head_bytes > MAX_HEAD_BYTES:
+            self._head_too_large = True
+            return
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        if key in headers:
+            if key in SINGLE:
+                self._repeated = key
+            else:
+                headers[key] = headers[key] + ", " + text
+        else:
+            headers[key] = text
+
+    def on_headers_complete(self) -> None:
+        self._headers_done = True
+        self._head_raw = 0
+        self._tail = b""
+        parser = self.parser
+        if self._head_too_large or parser.should_upgrade():
+            return  # answered at the end of the message (431) or by the upgrade exception (400)
+        problem = self._check(self._headers, parser.get_http_version())
+        if problem is not None:
+            self.sink.reject(*problem)
+
+    def _check(self, headers: dict[str, str], version: str) -> tuple[int, bytes] | None:
+        """What is wrong with a complete head, if anything; sets how its body is framed."""
+        if self._repeated:
+            return 400, error_body(400, f"the {self._repeated} header is repeated")
+        if version == "1.1" and "host" not in headers:
+            return 400, NO_HOST
+        coding = headers.get("transfer-encoding")
+        length = 0
+        if coding is not None:
+            if coding.strip().lower() != "chunked":
+                return 501, TRANSFER_CODING
+            self._phase = _CHUNKED
+        else:
+            declared = headers.get("content-length")
+            length = int(declared) if declared is not None and declared.strip().isdigit() else 0
+            if length:
+                self._phase, self._left = _LENGTH, length
+        expect = headers.get("expect")
+        if length > self.max_body_bytes and expect is not None:
+            return 413, TOO_LARGE  # the client waits for a go-ahead: no need to read the body
+        if length:  # a declared body is reserved whole: the cap holds before the bytes arrive
+            reserve = min(length, self.max_body_bytes)
+            if not self.limits.fits(reserve):
+                self.limits.refuse("buffered_bytes")
+                return 503, BUSY_BYTES
+            self.sink.account(reserve)
+        if expect is not None and version == "1.1" and expect.lower() == "100-continue":
+            self.sink.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for this before a large body
+        return None
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > self.max_body_bytes:
+            self._too_large = True  # read on and drop, then 413
+            return
+        if self._phase == _CHUNKED:  # (a body of declared length was reserved with its head)
+            if not self.limits.fits(len(body)):
+                self.limits.refuse("buffered_bytes")
+                self.sink.reject(503, BUSY_BYTES)
+                return
+            self.sink.account(len(body))
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.in_message, self._phase, self._tail, self._left = False, _HEAD, b"", 0
+        parser = self.parser
+        if self.sink.closed or parser.should_upgrade():
+            return
+        if self._too_large or self._head_too_large:
+            self.sink.reject(413 if self._too_large else 431, TOO_LARGE if self._too_large else HEAD_TOO_LARGE)
+            return
+        url = self._url.decode("latin-1")
+        if url.startswith("/") and "?" not in url and "#" not in url:
+            path, query = url, {}  # the common case: a plain origin-form path
+        else:
+            parts = urlsplit(url)
+            path, query = parts.path, parse_qs(parts.query)
+        method = parser.get_method().decode()
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body = []
+        self.ready = Request(method="GET" if method == "HEAD" else method, path=path, query=query,
+                             headers=self._headers, body=body, peer=self.peer,
+                             http_version=parser.get_http_version())
+        self.keep_alive, self.head_only = parser.should_keep_alive(), method == "HEAD"
