@@ -33,10 +33,14 @@ def bench(argv: Sequence[str]) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--workers", type=int, default=2, help="our router's worker processes (config `workers`)")
+    parser.add_argument("--servers", action="store_true", help="also the floor of a router on uvicorn (httptools) "
+                        "and on granian: an ASGI app relaying through our relay, no routing")
+    parser.add_argument("--front-door", action="store_true", help="instead: the front-door probes (issue 15's "
+                        "attacks) against our connection layer, uvicorn and granian, each serving one echo app")
     args = parser.parse_args(argv)
     from router.bench.run import main as bench_main
 
-    return bench_main(args.format, args.reps, args.seconds, args.workers)
+    return bench_main(args.format, args.reps, args.seconds, args.workers, args.servers, args.front_door)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,8 +17,8 @@ CHAT = '{"model":"fake","messages":[{"role":"user","content":"Hello, how are you
 STREAM = '{"model":"fake","messages":[{"role":"user","content":"Hello"}],"max_tokens":64,"stream":true}'
 
 
-def tree_cpu_s(pid: int) -> float:
-    """user+sys seconds of a process and its descendants (nginx forks workers)."""
+def tree_pids(pid: int) -> list[int]:
+    """A process and its descendants (nginx forks workers; uvicorn and granian spawn them)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -28,16 +28,24 @@ def tree_cpu_s(pid: int) -> float:
                 children.setdefault(int(fields[1]), []).append(int(entry))
             except OSError:
                 continue
-    total, todo = 0.0, [pid]
+    found, todo = [], [pid]
     while todo:
         p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def tree_cpu_s(pid: int) -> float:
+    """user+sys seconds of a process and its descendants."""
+    total = 0.0
+    for p in tree_pids(pid):
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except OSError:
             continue
-        todo.extend(children.get(p, []))
     return total
 
 

@@ -35,8 +35,9 @@ from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 SIDE = Path(".bench")
 
 
-def _spawn(cmd: list[str], ready: str | None = None, port: int | None = None) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def _spawn(cmd: list[str], ready: str | None = None, port: int | None = None,
+           env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if ready is not None and proc.stdout is not None:
@@ -138,7 +139,38 @@ def _measure(proc: subprocess.Popen[str], port: int, direct: int, seconds: float
             "chunk_p99_added_ms": (load.pct(chunk, 0.99) - load.pct(chunk_base, 0.99)) * 1000}
 
 
-def run(reps: int = 3, seconds: float = 5.0, workers: int = 2) -> dict[str, Any]:
+def _candidate(server: str, backends: list[str], port: int, workers: int, env: dict[str, str]) -> subprocess.Popen[str]:
+    from router.bench.candidates import command
+
+    return _spawn(command(server, "proxy", port, workers), port=port,
+                  env={**env, "ISLE_BENCH_BACKENDS": ",".join(backends)})
+
+
+def front_door(workers: int = 2) -> dict[str, dict[str, str]]:
+    """The issue-15 probes against ours and the candidates, each serving the same echo app."""
+    from router.bench.candidates import command, ensure_servers
+    from router.bench.probes import run_probes
+
+    env = ensure_servers()
+    starters: dict[str, Callable[[int], subprocess.Popen[str]]] = {
+        "ours": lambda p: _spawn([sys.executable, "-m", "router.bench.probes", "--serve", str(p)], ready="ready:"),
+        "uvicorn": lambda p: _spawn(command("uvicorn", "echo", p, workers), port=p, env=env),
+        "granian": lambda p: _spawn(command("granian", "echo", p, workers), port=p, env=env),
+    }
+    results = {}
+    for name, start in starters.items():
+        port = _free_port()
+        proc = start(port)
+        try:
+            time.sleep(0.5)
+            results[name] = run_probes(port, proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    return results
+
+
+def run(reps: int = 3, seconds: float = 5.0, workers: int = 2, servers: bool = False) -> dict[str, Any]:
     nginx, vllm_router = _ensure_peers()
     workdir = Path(tempfile.mkdtemp(prefix="isle-bench-"))
     ports = [_free_port(), _free_port()]
@@ -151,6 +183,12 @@ def run(reps: int = 3, seconds: float = 5.0, workers: int = 2) -> dict[str, Any]
         "nginx": lambda p: _nginx(nginx, backends, p, workdir),
         "vllm_router": lambda p: _vllm_router(vllm_router, backends, p),
     }
+    if servers:  # the maintained data planes the router could sit on, as their floor (router.bench.candidates)
+        from router.bench.candidates import ensure_servers
+
+        env = ensure_servers()
+        starters["uvicorn_floor"] = lambda p: _candidate("uvicorn", backends, p, workers, env)
+        starters["granian_floor"] = lambda p: _candidate("granian", backends, p, workers, env)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in starters}
     try:
         for name, start in starters.items():
@@ -183,8 +221,19 @@ def _summary(runs: list[dict[str, float]]) -> dict[str, Any]:
                           "chunk_p99_added_ms": med("chunk_p99_added_ms")}}
 
 
-def main(fmt: str, reps: int, seconds: float, workers: int = 2) -> int:
-    figures = run(reps, seconds, workers)
+def main(fmt: str, reps: int, seconds: float, workers: int = 2, servers: bool = False,
+         probes: bool = False) -> int:
+    if probes:
+        table = front_door(workers)
+        if fmt == "json":
+            print(json.dumps(table))
+            return 0
+        names = list(table)
+        print(f"{'probe':<42}" + "".join(f"{n:<34}" for n in names))
+        for probe in table[names[0]]:
+            print(f"{probe:<42}" + "".join(f"{table[n][probe]:<34}" for n in names))
+        return 0
+    figures = run(reps, seconds, workers, servers)
     if fmt == "json":
         print(json.dumps(figures))
         return 0
