@@ -69,9 +69,7 @@ def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, str, bool]:
         raise wire.ApiError(400, "'model' is required", param="model")
     messages = body.get("messages")
     if messages is not None:
-        if not isinstance(messages, list):
-            raise wire.ApiError(400, "'messages' must be a list", param="messages")
-        text = "".join(m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
+        text = wire.chat_text(messages)  # as the engine reads it: string content or text parts alike
     else:
         prompt = body.get("prompt")
         text = prompt if isinstance(prompt, str) else (prompt[0] if isinstance(prompt, list) and prompt and

@@ -55,16 +55,22 @@ def _field(body: JSON, name: str, types: tuple[type, ...], default: Any) -> Any:
     return value
 
 
-def _chat_text(messages: Any) -> str:
+def chat_text(messages: Any) -> str:
+    """The prompt of a chat request as one text, the same for the engine (what it counts and
+    generates from) and for the router (token count, PD threshold, prefix key): each message
+    as `<|role|>content`, one per line; content given as parts has its text parts joined with
+    newlines, as vLLM's chat parsing joins them (other parts, such as images, carry no text)."""
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     parts = []
     for k, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages[{k}] needs a 'role'", param="messages")
-        content = m.get("content", "")
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        content = m.get("content")
+        if content is None:
+            content = ""
+        elif isinstance(content, list):  # content parts: the text ones
+            content = "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{k}].content must be a string or a list of parts", param="messages")
         parts.append(f"<|{m['role']}|>{content}")
@@ -97,7 +103,7 @@ def parse_generation(body_bytes: bytes | JSON, kind: str, max_model_len: int) ->
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required", param="model")
     if kind == "chat":
-        text = _chat_text(body.get("messages"))
+        text = chat_text(body.get("messages"))
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):

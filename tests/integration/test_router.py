@@ -140,6 +140,32 @@ def test_long_prompts_go_prefill_then_decode(cluster: dict[str, Any]) -> None:
     assert "x-isle-prefill-replica" not in short.headers
 
 
+def _decode_streams(cluster: dict[str, Any]) -> float:
+    text = get(f"{cluster['base']}/metrics")[1].decode()
+    line = next((ln for ln in text.splitlines() if ln.startswith(
+        'isle_router_ttft_seconds_count{pool="pool-decode",slo_class="interactive"')), " 0")
+    return float(line.rsplit(" ", 1)[1])
+
+
+@pytest.mark.parametrize("shape", ["string", "text parts", "text and image parts"])
+def test_a_long_chat_prompt_goes_pd_whether_string_or_parts(cluster: dict[str, Any], shape: str) -> None:
+    """What `vllm bench serve --backend openai-chat` and multimodal clients send (content parts)
+    routes as the same prompt as a string: over the PD threshold, prefill then decode."""
+    content: Any = LONG
+    if shape == "text parts":
+        content = [{"type": "text", "text": LONG[: len(LONG) // 2]}, {"type": "text", "text": LONG[len(LONG) // 2:]}]
+    elif shape == "text and image parts":
+        content = [{"type": "text", "text": LONG},
+                   {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+    before = _decode_streams(cluster)
+    stream = client(cluster).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=3, stream=True,
+        extra_headers={"x-slo-class": "interactive"})
+    assert stream.headers["x-isle-prefill-replica"] == "p1" and stream.headers["x-isle-replica"] == "d1"
+    assert len([c for c in stream.parse() if c.choices]) >= 1
+    assert _decode_streams(cluster) == before + 1  # the router's per-pool metrics: the decode pool served it
+
+
 def test_metrics_carry_class_pool_and_tier(cluster: dict[str, Any]) -> None:
     c = client(cluster)
     list(c.completions.create(model=MODEL, prompt=LONG, max_tokens=3, stream=True,
