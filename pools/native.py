@@ -25,6 +25,7 @@ from typing import Any
 
 COMPILED = (
     "pools.engine.text",
+    "pools.wire.deadline",
     "pools.wire.http",
     "pools.wire.openai",
     "pools.wire.reader",

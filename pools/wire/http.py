@@ -29,6 +29,7 @@ __all__ = ["MAX_HEADER_COUNT", "MAX_HEAD_BYTES", "SINGLE", "Handler", "HttpProto
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from pools.wire.deadline import Deadline
 from pools.wire.limits import ServerLimits
 from pools.wire.reader import MAX_HEAD_BYTES, MAX_HEADER_COUNT, SINGLE, Request, RequestReader, error_body
 from pools.wire.responder import Responder, header_block, status_line
@@ -86,38 +87,12 @@ class HttpProtocol(asyncio.Protocol):
         self._after_drain = False
         self._write_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._deadline = 0.0
-        self._on_expiry: Callable[[], None] | None = None
+        self.deadline = Deadline(self.loop)
+        """Idle between requests, or reading one."""
         self._accounted = 0
         """Bytes of this connection counted in `limits.buffered_bytes` (held + the current body)."""
         self._responder: Responder | None = None
         """The response in progress."""
-
-    # timers: idle between requests, read while a request arrives. One lazy timer per connection:
-    # re-arming only moves a deadline, the timer re-schedules itself when it fires early.
-    def _arm(self, seconds: float, on_expiry: Callable[[], None]) -> None:
-        loop = self.loop
-        self._deadline = loop.time() + seconds
-        self._on_expiry = on_expiry
-        if self._timer is None or self._deadline < self._timer.when():
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = loop.call_at(self._deadline, self._fire)
-
-    def _disarm(self) -> None:
-        self._on_expiry = None
-
-    def _fire(self) -> None:
-        self._timer = None
-        if self.closed or self._on_expiry is None:
-            return
-        loop = self.loop
-        if loop.time() < self._deadline:
-            self._timer = loop.call_at(self._deadline, self._fire)
-            return
-        on_expiry, self._on_expiry = self._on_expiry, None
-        on_expiry()
 
     def _idle_expired(self) -> None:
         if not self.busy and not self.reader.in_message and not self.held:
@@ -125,7 +100,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _read_expired(self) -> None:
         if self.reader.in_message and not self.busy:
-            self._reject(408, _NOT_IN_TIME)
+            self.reject(408, _NOT_IN_TIME)
 
     def _write_expired(self) -> None:
         """The client read nothing of what it was sent for client_write_timeout_s: drop it."""
@@ -143,11 +118,11 @@ class HttpProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = self.reader.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
         if not self.limits.admit_connection():
-            self._reject(503, _BUSY_CONNECTIONS)
+            self.reject(503, _BUSY_CONNECTIONS)
             return
         self.counted = True
         own.set_write_buffer_limits(high=self.limits.write_buffer_bytes)  # type: ignore[attr-defined]
-        self._arm(IDLE_TIMEOUT_S, self._idle_expired)
+        self.deadline.arm(IDLE_TIMEOUT_S, self._idle_expired)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -155,10 +130,11 @@ class HttpProtocol(asyncio.Protocol):
             self.counted = False
             self.limits.connections -= 1
         self.account(-self._accounted)
-        for timer in (self._timer, self._write_timer, self._linger_timer):
+        self.deadline.cancel()
+        for timer in (self._write_timer, self._linger_timer):
             if timer is not None:
                 timer.cancel()
-        self._timer = self._write_timer = self._linger_timer = None
+        self._write_timer = self._linger_timer = None
         self._wake()
         task, self.task = self.task, None
         if task is not None and not task.done():
@@ -170,7 +146,7 @@ class HttpProtocol(asyncio.Protocol):
         self.reader.close()
         self.resume_callbacks = []
         self.held = b""
-        self._responder = self._on_expiry = None
+        self._responder = None
 
     def eof_received(self) -> bool:
         """The client closed its side: answer what it asked (half-close), then close. Whether it
@@ -252,21 +228,18 @@ class HttpProtocol(asyncio.Protocol):
         finally:
             self._feeding = False
 
-    # Sink (what the reader uses)
-    def reject(self, status: int, body: bytes) -> None:
-        self._reject(status, body)
-
+    # Sink (what the reader uses), with reject below
     def account(self, delta: int) -> None:
         self._accounted += delta
         self.limits.buffered_bytes += delta
 
     def message_begun(self) -> None:
-        self._arm(self.read_timeout_s, self._read_expired)
+        self.deadline.arm(self.read_timeout_s, self._read_expired)
 
     # answering
-    def _reject(self, status: int, body: bytes) -> None:
+    def reject(self, status: int, body: bytes) -> None:
         """Answer and close (only ever when no other response is in progress)."""
-        self._disarm()
+        self.deadline.disarm()
         if self.transport is not None and not self.closed:
             headers = [("content-type", "application/json"), ("content-length", str(len(body))),
                        ("connection", "close")]
@@ -294,7 +267,7 @@ class HttpProtocol(asyncio.Protocol):
         self.closed = True
 
     def _dispatch(self, request: Request) -> None:
-        self._disarm()  # it has all arrived: no read deadline while it is answered
+        self.deadline.disarm()  # it has all arrived: no read deadline while it is answered
         self.busy = True
         responder = self._responder = Responder(self, self.reader.keep_alive and not self._eof,
                                                 self.reader.head_only, chunked=request.http_version != "1.0")
@@ -369,7 +342,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.held or self._reading_paused:
             self.loop.call_soon(self._go_on)  # after the current handler has returned
         else:
-            self._arm(IDLE_TIMEOUT_S, self._idle_expired)
+            self.deadline.arm(IDLE_TIMEOUT_S, self._idle_expired)
 
     def _go_on(self) -> None:
         """The previous response is out: parse what the client sent meanwhile, then read again."""
@@ -388,7 +361,7 @@ class HttpProtocol(asyncio.Protocol):
             self._reading_paused = False
             self.transport.resume_reading()
         if not self.reader.in_message:
-            self._arm(IDLE_TIMEOUT_S, self._idle_expired)
+            self.deadline.arm(IDLE_TIMEOUT_S, self._idle_expired)
 
 
 async def serve(handler: Handler, host: str, port: int, reuse_port: bool = False,

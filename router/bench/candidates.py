@@ -13,6 +13,7 @@ The servers install into `.bench/servers` (pip --target), never into the project
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -71,7 +72,12 @@ class _Bridge:
         self.queue.put_nowait(("error", str(error)))
 
 
-_pools: dict[str, RelayPool] = {}
+@functools.cache
+def _relay() -> RelayPool:
+    """One relay per worker process, made on the first request (inside the server's loop)."""
+    return RelayPool()
+
+
 _turn = itertools.count()
 _JSON = b"content-type: application/json\r\n"
 
@@ -79,7 +85,7 @@ _JSON = b"content-type: application/json\r\n"
 async def proxy(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
         return
-    pool = _pools.get("pool") or _pools.setdefault("pool", RelayPool())
+    pool = _relay()
     chunks = []
     while True:
         message = await receive()

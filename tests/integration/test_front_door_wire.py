@@ -70,6 +70,14 @@ def _run(scenario: Callable[[int, ServerLimits], Awaitable[None]], limits: Serve
     asyncio.run(main())
 
 
+async def _until_an_event(seconds: float) -> None:
+    """Until the handler reports something (EVENTS), at most `seconds`."""
+    for _tick in range(int(seconds / 0.05)):
+        await asyncio.sleep(0.05)
+        if EVENTS:
+            return
+
+
 async def _read_all(reader: asyncio.StreamReader) -> bytes:
     return await asyncio.wait_for(reader.read(-1), 10)
 
@@ -198,10 +206,7 @@ def test_a_client_that_closed_has_its_request_cancelled() -> None:
         sock.sendall(b"GET /hang HTTP/1.1\r\nhost: a\r\n\r\n")
         await asyncio.sleep(0.1)
         sock.close()  # FIN, like a client that gave up
-        for _tick in range(40):
-            await asyncio.sleep(0.05)
-            if EVENTS:
-                break
+        await _until_an_event(2.0)
         assert EVENTS == ["cancelled"]  # the probe after the FIN found the client gone
     _run(scenario)
 
@@ -238,10 +243,7 @@ def test_a_client_that_reads_nothing_is_disconnected_after_the_write_timeout() -
         sock = socket.create_connection(("127.0.0.1", port))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.sendall(b"GET /flood HTTP/1.1\r\nhost: a\r\n\r\n")
-        for _tick in range(60):
-            await asyncio.sleep(0.05)
-            if EVENTS:
-                break
+        await _until_an_event(3.0)
         assert EVENTS == ["flood cancelled, timed_out=True"] and limits.refused["client_timeout"] == 1
         sock.close()
     _run(scenario, ServerLimits(client_write_timeout_s=0.5, write_buffer_bytes=4096))
