@@ -21,11 +21,11 @@ from typing import Any
 
 import orjson
 
-from pools.engine.text import count_tokens
 from pools.model import SLOClass
 from pools.routing import RoutingTable
 from pools.wire import openai as wire
 from pools.wire.http import Request, Responder, serve
+from pools.wire.prompt import Prompt, read_prompts
 from router.admission import Admission
 from router.auth import Auth
 from router.config import RouterConfig
@@ -61,24 +61,18 @@ class _Call:
     """`body` serialised for the engine."""
 
 
-def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, str, bool]:
-    """Only what routing needs: model, prompt text (length, prefix), stream, and the router's own
+def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, tuple[Prompt, ...], bool]:
+    """Only what routing needs: model, prompts (length, prefix), stream, and the router's own
     token limit. Everything else the engine validates; its 4xx comes back to the client as is."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise wire.ApiError(400, "'model' is required", param="model")
-    messages = body.get("messages")
-    if messages is not None:
-        text = wire.chat_text(messages)  # as the engine reads it: string content or text parts alike
-    else:
-        prompt = body.get("prompt")
-        text = prompt if isinstance(prompt, str) else (prompt[0] if isinstance(prompt, list) and prompt and
-                                                       isinstance(prompt[0], str) else "")
+    prompts = read_prompts(body)  # as the engine reads them: every shape the API accepts
     for key in ("max_tokens", "max_completion_tokens"):
         limit = body.get(key)
         if isinstance(limit, int) and limit > max_tokens_limit:
             raise wire.ApiError(400, f"'{key}' is {limit}, over this router's limit of {max_tokens_limit}", param=key)
-    return model, text, body.get("stream") is True
+    return model, prompts, body.get("stream") is True
 
 
 class Router:
@@ -266,7 +260,7 @@ class Router:
         if len(request.body) > self.config.max_body_bytes:
             raise wire.ApiError(413, f"request body over {self.config.max_body_bytes} bytes")
         body = wire.load_body(request.body)
-        model, text, stream = peek(body, self.config.max_tokens_limit)
+        model, prompts, stream = peek(body, self.config.max_tokens_limit)
         # PD handover parameters are the router's business: a client cannot steer KV transfers
         body.pop("kv_transfer_params", None)
         body["priority"] = slo.priority  # vLLM's priority scheduling: lower is earlier
@@ -275,9 +269,11 @@ class Router:
         except orjson.JSONEncodeError:  # parses, but nests deeper than it can be written again
             raise wire.ApiError(400, "request body nests too deeply (JSON deeper than 254 levels cannot be "
                                      "forwarded)") from None
-        blocks = min(len(text) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
-        prefix = text[: blocks * PREFIX_BLOCK_CHARS]
-        route = RouteRequest(model, slo, count_tokens(text), zlib.crc32(prefix.encode()) if prefix else 0)
+        key = prompts[0].key  # the prefix a replica's cache may hold: the first prompt's
+        blocks = min(len(key) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
+        prefix = key[: blocks * PREFIX_BLOCK_CHARS]
+        tokens = sum(p.tokens for p in prompts)
+        route = RouteRequest(model, slo, tokens, zlib.crc32(prefix.encode()) if prefix else 0)
         return _Call(slo=slo, body=body, stream=stream, route=route, path=request.path, payload=payload)
 
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:

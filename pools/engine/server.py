@@ -25,7 +25,7 @@ from pools.engine import pd
 from pools.engine.core import EngineConfig, EngineCore, StepResult
 from pools.engine.faults import Faults
 from pools.engine.metrics import EngineMetrics
-from pools.engine.text import TokenText, count_tokens, seed_for
+from pools.engine.text import TokenText, seed_for
 from pools.wire import openai as wire
 from pools.wire.http import Request, Responder, serve
 from topology import Topology
@@ -254,7 +254,7 @@ class SimEngine:
         if req.model != self.id.served_model:
             raise wire.ApiError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model")
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{self.id.engine_id}-{next(self._ids)}"
-        prompt_tokens = count_tokens(req.prompt_text)
+        prompt_tokens = req.prompt_tokens
         if prompt_tokens + req.max_tokens > max_len:
             raise wire.ApiError(400, f"prompt ({prompt_tokens} tokens) plus max_tokens ({req.max_tokens}) exceeds "
                                      f"the model's context of {max_len} tokens", param="max_tokens")

@@ -11,22 +11,12 @@ from typing import Any
 
 import orjson
 
+from pools.wire.errors import ApiError, error_body
+from pools.wire.prompt import Prompt, chat_prompt, chat_text, completion_prompts
+
+__all__ = ["ApiError", "GenerationRequest", "chat_text", "error_body", "parse_generation"]
+
 JSON = dict[str, Any]
-
-
-class ApiError(Exception):
-    """An error the client gets in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
-
-    def body(self) -> bytes:
-        return error_body(self.status, self.message, self.kind, self.param)
-
-
-def error_body(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": status}}).encode()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,6 +25,7 @@ class GenerationRequest:
     """'chat' or 'completion'."""
     model: str
     prompt_text: str
+    prompt_tokens: int
     max_tokens: int
     stream: bool
     include_usage: bool
@@ -53,28 +44,6 @@ def _field(body: JSON, name: str, types: tuple[type, ...], default: Any) -> Any:
     if not isinstance(value, types):
         raise ApiError(400, f"'{name}' must be {' or '.join(t.__name__ for t in types)}", param=name)
     return value
-
-
-def chat_text(messages: Any) -> str:
-    """The prompt of a chat request as one text, the same for the engine (what it counts and
-    generates from) and for the router (token count, PD threshold, prefix key): each message
-    as `<|role|>content`, one per line; content given as parts has its text parts joined with
-    newlines, as vLLM's chat parsing joins them (other parts, such as images, carry no text)."""
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list", param="messages")
-    parts = []
-    for k, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages[{k}] needs a 'role'", param="messages")
-        content = m.get("content")
-        if content is None:
-            content = ""
-        elif isinstance(content, list):  # content parts: the text ones
-            content = "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-        if not isinstance(content, str):
-            raise ApiError(400, f"messages[{k}].content must be a string or a list of parts", param="messages")
-        parts.append(f"<|{m['role']}|>{content}")
-    return "\n".join(parts)
 
 
 def load_body(body_bytes: bytes) -> JSON:
@@ -103,14 +72,11 @@ def parse_generation(body_bytes: bytes | JSON, kind: str, max_model_len: int) ->
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required", param="model")
     if kind == "chat":
-        text = chat_text(body.get("messages"))
+        prompts: tuple[Prompt, ...] = (chat_prompt(body.get("messages"), body.get("tools")),)
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise ApiError(400, "'prompt' must be a string (one prompt per request)", param="prompt")
-        text = prompt
+        prompts = completion_prompts(body.get("prompt"))
+        if len(prompts) != 1:
+            raise ApiError(400, "'prompt' must be one prompt per request", param="prompt")
     n = _field(body, "n", (int,), 1)
     if n != 1:
         raise ApiError(400, "only n=1 is supported", param="n")
@@ -129,7 +95,8 @@ def parse_generation(body_bytes: bytes | JSON, kind: str, max_model_len: int) ->
     if params is not None and not isinstance(params, dict):
         raise ApiError(400, "'kv_transfer_params' must be an object", param="kv_transfer_params")
     return GenerationRequest(
-        kind=kind, model=model, prompt_text=text, max_tokens=max_tokens, stream=stream,
+        kind=kind, model=model, prompt_text=prompts[0].text, prompt_tokens=prompts[0].tokens,
+        max_tokens=max_tokens, stream=stream,
         include_usage=bool(options.get("include_usage")), priority=_field(body, "priority", (int,), 0),
         seed=_field(body, "seed", (int,), None), kv_transfer_params=params,
         request_id=_field(body, "request_id", (str,), None),

@@ -166,6 +166,18 @@ def test_a_long_chat_prompt_goes_pd_whether_string_or_parts(cluster: dict[str, A
     assert _decode_streams(cluster) == before + 1  # the router's per-pool metrics: the decode pool served it
 
 
+@pytest.mark.parametrize("shape", ["string", "list of one string", "token ids"])
+def test_a_long_completion_prompt_goes_pd_in_every_shape(cluster: dict[str, Any], shape: str) -> None:
+    """`prompt` as vLLM accepts it (a string, a list of strings, token ids): one reading, one route."""
+    prompt: Any = {"string": LONG, "list of one string": [LONG], "token ids": [17] * 1500}[shape]
+    before = _decode_streams(cluster)
+    stream = client(cluster).completions.with_raw_response.create(
+        model=MODEL, prompt=prompt, max_tokens=3, stream=True, extra_headers={"x-slo-class": "interactive"})
+    assert stream.headers["x-isle-prefill-replica"] == "p1" and stream.headers["x-isle-replica"] == "d1"
+    assert len([c for c in stream.parse() if c.choices]) >= 1
+    assert _decode_streams(cluster) == before + 1
+
+
 def test_metrics_carry_class_pool_and_tier(cluster: dict[str, Any]) -> None:
     c = client(cluster)
     list(c.completions.create(model=MODEL, prompt=LONG, max_tokens=3, stream=True,
