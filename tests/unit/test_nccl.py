@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import run_cli
 from topology.export import node_capture
 from topology.kinds import LinkKind
 from topology.readers import ReadOptions, read_node_text
@@ -92,3 +94,26 @@ def test_g5_classless_entries_use_sysfs_then_hints(shared_data: Path, tmp_path: 
     assert [(n["name"], n["level"]) for n in got["nics"]] == [("0000:00:15.0", "PHB")]
     hinted = parse_nccl(text, hints=NcclHints(sysfs_root=None, pci_classes={"0000:00:15.0": "nic", "*": "gpu"}))
     assert node_capture(hinted)["gpu_count"] == 8 and len(hinted.nics) == 1
+
+
+def _keep_gpus(text: str, count: int) -> str:
+    """A real file with all but its first `count` GPUs left out (a smaller VM of the same family)."""
+    lines, kept = [], 0
+    for line in text.splitlines():
+        if 'class="0x03' in line:
+            kept += 1
+            if kept > count:
+                continue
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def test_nvlink_unknown_is_said_only_where_there_is_a_gpu_pair(shared_data: Path, tmp_path: Path) -> None:
+    text = (shared_data / "nccl-topo" / "azure-ndv4-topo.xml").read_text()
+    for count, warned in ((1, False), (2, True)):  # one GPU: no NVLink question to leave open
+        path = tmp_path / f"{count}-gpu.xml"
+        path.write_text(_keep_gpus(text, count))
+        result = run_cli("parse", str(path), "--format", "json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["gpu_count"] == count
+        assert ("NVLink unknown" in result.stderr) is warned, (count, result.stderr)

@@ -258,7 +258,7 @@ def parse_nccl(text: str, node_name: str = "node0", hints: NcclHints | None = No
             f"({', '.join(walker.unclassified)}): NCCL classifies them from sysfs at run time; "
             "read the file on its machine or pass --pci-class BUSID=gpu|nic"
         )
-    if gpus and not links and facts is None:
+    if len(gpus) > 1 and not links and facts is None:  # one GPU: no pair for NVLink to join
         notes.append("the file has no <nvlink> elements and no GPU model: NVLink unknown, pass --gpu MODEL")
     return Node(name=node_name, gpus=node_gpus, links=tuple(out_links), nics=tuple(nics),
                 source_format="nccl-xml", machine=model, notes=tuple(notes))
