@@ -1,5 +1,6 @@
-# `make run`    : venv, install, `serve run configs/local.yaml`: the product on the simulated
-#                cluster, OpenAI endpoint http://127.0.0.1:8000/v1 (key isle-dev-key); Ctrl-C stops it
+# `make run`    : venv with the runtime only, `isle run configs/local.yaml` (Ray Serve's `serve run`):
+#                the product on the simulated cluster, OpenAI endpoint http://127.0.0.1:8000/v1
+#                (key isle-dev-key); Ctrl-C or SIGTERM stops it cleanly
 # `make survey` : parse and draw every capture (shared/data when present) and cluster spec
 # `make test`   : venv, install with dev tools, ruff + mypy --strict + import-linter + pytest
 # `make test-vllm`: the vLLM tier: real vLLM servers on CPU behind the router (tests/vllm); builds
@@ -7,7 +8,9 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+CHECKSUM := $(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(CHECKSUM)
+RUN_STAMP := $(VENV)/.runtime-$(CHECKSUM)
 SHARED ?= ../shared/data
 CAPTURES := $(wildcard $(SHARED)/topo/*.txt) $(wildcard $(SHARED)/nccl-topo/*.xml)
 export RAY_AUTH_MODE ?= disabled
@@ -15,24 +18,40 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 # a single-machine Ray stays on 127.0.0.1 (Ray otherwise swaps loopback for the routable address)
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install run survey test lint clean vllm-env test-vllm
+.PHONY: install install-run run survey test lint clean vllm-env test-vllm
+
+# `make run` needs the runtime only (and mypy, whose mypyc compiles the request path); `make test`
+# adds the dev tools (pytest, torch for the bench, schemathesis, ...) to the same environment.
+$(RUN_STAMP): pyproject.toml setup.py
+	@test -f $(STAMP) || { $(PYTHON) -m venv $(VENV) && \
+	  $(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=68" && \
+	  $(BIN)/python -m pip install --quiet -e '.[native]'; }
+	rm -f $(VENV)/.runtime-*
+	touch $(RUN_STAMP)
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=68"
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	rm -f $(VENV)/.installed-*
-	touch $(STAMP)
+	rm -f $(VENV)/.installed-* $(VENV)/.runtime-*
+	touch $(STAMP) $(RUN_STAMP)
 
 # the request path (pools/native.py COMPILED) compiled with mypyc from the installed mypy; again
 # whenever the sources change (pools.native says so). If it cannot be compiled (no C compiler)
 # it runs interpreted, and the build is not retried until the sources change.
-install: $(STAMP)
-	@$(BIN)/python -c "import pools.native as n; raise SystemExit(not n.up_to_date())" 2>/dev/null || \
+NATIVE_BUILD = @$(BIN)/python -c "import pools.native as n; raise SystemExit(not n.up_to_date())" 2>/dev/null || \
 	  $(BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e .
 
-run: install
-	$(BIN)/serve run configs/local.yaml
+install: $(STAMP)
+	$(NATIVE_BUILD)
+
+install-run: $(RUN_STAMP)
+	$(NATIVE_BUILD)
+
+# `isle run`: Ray Serve's `serve run configs/local.yaml`, one line when the endpoint is ready,
+# a clean stop (exit 0) on Ctrl-C or SIGTERM
+run: install-run
+	$(BIN)/isle run configs/local.yaml
 
 survey: install
 	$(BIN)/isle topology survey $(CAPTURES) configs/clusters/*.yaml --out-dir out/topology

@@ -19,6 +19,7 @@ commands:
   plan       place pools on a topology (python -m pools plan)
   size       propose the prefill:decode split (python -m pools size)
   pools      every `python -m pools` command (bench, sim-engine, ...)
+  run        the product: `serve run CONFIG` (default configs/local.yaml), a line when ready, clean stop
   router     serve the router standalone (python -m router --config FILE)
   status     a running deployment: nodes, islands, pools, replicas, health, plan
 """
@@ -42,6 +43,12 @@ def _router(argv: Sequence[str]) -> int:
     return router_main(argv)
 
 
+def _run(argv: Sequence[str]) -> int:
+    from router.run import main as run_main
+
+    return run_main(argv)
+
+
 def _status(argv: Sequence[str]) -> int:
     from router.status import main as status_main
 
@@ -58,6 +65,7 @@ def _size(argv: Sequence[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "run": _run,
     "router": _router,
     "status": _status,
     "topology": _topology,

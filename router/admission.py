@@ -1,11 +1,13 @@
 """Admission control by SLO class: per-class concurrency and queue-time limits, and shedding of
 sheddable classes first when every replica is backed up. A shed request gets 429 with
-Retry-After; the router never queues without a deadline."""
+Retry-After; the router never queues without a deadline. Waiting is first come, first served
+within a class: a freed slot goes to the class's longest waiter, never to a newer arrival."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Sequence
 
 from pools.model import SLOClass
@@ -25,7 +27,8 @@ class Admission:
         self.limits = {name: None if c.max_concurrency is None else max(1, -(-c.max_concurrency // share))
                        for name, c in classes.items()}
         self.inflight = {name: 0 for name in classes}
-        self.freed = {name: asyncio.Event() for name in classes}
+        self.waiters: dict[str, deque[asyncio.Future[None]]] = {name: deque() for name in classes}
+        """Each class's queue for a slot, oldest first."""
 
     @staticmethod
     def overloaded(snapshot: Sequence[Candidate]) -> bool:
@@ -36,35 +39,60 @@ class Admission:
 
     def check_overload(self, slo: SLOClass, snapshot: Sequence[Candidate]) -> None:
         if slo.sheddable and self.overloaded(snapshot):
-            raise ApiError(429, f"overloaded: {slo.name} requests are shed first; retry later", "rate_limit_error")
+            raise ApiError(429, f"overloaded: {slo.name} requests are shed first; retry later", "rate_limit_error",
+                           cause="overloaded")
 
     def enter(self, slo: SLOClass) -> bool:
-        """Take a slot now if one is free (the common case: no await, no context manager)."""
-        limit = self.limits[slo.name]
-        if limit is not None and self.inflight[slo.name] >= limit:
-            if slo.sheddable:
-                raise ApiError(429, f"{slo.name} is at its concurrency limit ({limit}); retry later",
-                               "rate_limit_error")
-            return False
-        self.inflight[slo.name] += 1
-        return True
+        """Take a slot now if one is free and nobody waits for it (the common case: no await, no
+        context manager); False: queue with `wait`."""
+        name = slo.name
+        limit = self.limits[name]
+        if limit is None:
+            self.inflight[name] += 1
+            return True
+        if self.inflight[name] < limit and not self.waiters[name]:
+            self.inflight[name] += 1
+            return True
+        if slo.sheddable:
+            raise ApiError(429, f"{name} is at its concurrency limit ({limit}); retry later", "rate_limit_error",
+                           cause="concurrency_limit")
+        return False
 
     async def wait(self, slo: SLOClass) -> None:
-        """Queue for a slot up to the class's queue-time limit, then take it (or 429)."""
-        limit = self.limits[slo.name] or 0
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (slo.max_queue_ms or DEFAULT_QUEUE_MS) / 1000
-        while self.inflight[slo.name] >= limit:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise ApiError(429, f"{slo.name} waited its queue limit for a slot; retry later", "rate_limit_error")
-            self.freed[slo.name].clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.freed[slo.name].wait(), left)
-        self.inflight[slo.name] += 1
+        """Queue for a slot, first come first served within the class: a freed slot goes to the
+        longest waiter (`leave` hands it over), up to the class's queue-time limit (then 429)."""
+        name = slo.name
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters[name].append(slot)
+        try:
+            await asyncio.wait_for(asyncio.shield(slot), (slo.max_queue_ms or DEFAULT_QUEUE_MS) / 1000)
+        except TimeoutError:
+            if slot.done():  # handed over as the time ran out: it is ours
+                return
+            self._drop(name, slot)
+            raise ApiError(429, f"{name} waited its queue limit for a slot; retry later", "rate_limit_error",
+                           cause="queue_timeout") from None
+        except asyncio.CancelledError:  # the client left while it waited
+            if slot.done():
+                self.leave(slo)  # a slot was handed to it: pass it on
+            else:
+                self._drop(name, slot)
+            raise
+
+    def _drop(self, name: str, slot: asyncio.Future[None]) -> None:
+        slot.cancel()
+        with contextlib.suppress(ValueError):
+            self.waiters[name].remove(slot)
 
     def leave(self, slo: SLOClass) -> None:
+        """Give the slot back, or straight to the longest waiter of the class."""
+        waiters = self.waiters[slo.name]
+        while waiters:
+            slot = waiters.popleft()
+            if not slot.done():
+                slot.set_result(None)  # the slot changes hands: in-flight stays as it is
+                return
         self.inflight[slo.name] -= 1
-        event = self.freed[slo.name]
-        if not event.is_set():
-            event.set()
+
+    def queued(self, name: str) -> int:
+        return len(self.waiters[name])

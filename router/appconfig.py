@@ -64,6 +64,24 @@ class AppArgs(BaseModel):
                                                                          "on NCCL, 8 MiB on gloo)")
     bench_iters: int | None = Field(default=None, ge=1, description="bench timed iterations (default 20 / 5)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _classes_once(cls, raw: Any) -> Any:
+        """SLO classes are declared once: `args.slo_classes` (the placement's) or
+        `args.router.slo_classes` (admission's and routing's); the other is derived from it. Both
+        declared and different is an error that names both paths."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("router"), dict):
+            return raw
+        app, routed = raw.get("slo_classes"), raw["router"].get("slo_classes")
+        if app and routed and _canonical(app) != _canonical(routed):
+            raise ValueError("args.slo_classes and args.router.slo_classes disagree; declare the SLO classes once "
+                             "(args.slo_classes: the router derives its own from them)")
+        if app and not routed:
+            return {**raw, "router": {**raw["router"], "slo_classes": app}}
+        if routed and not app:
+            return {**raw, "slo_classes": routed}
+        return raw
+
     @model_validator(mode="after")
     def _consistent(self) -> AppArgs:
         if self.policy not in POLICIES:
@@ -92,6 +110,14 @@ class AppArgs(BaseModel):
 
     def pools_config(self) -> PoolsConfig:
         return PoolsConfig(pools=self.pools, slo_classes=self.slo_classes)
+
+
+def _canonical(classes: Any) -> Any:
+    """SLO class declarations as validated (defaults filled in), to compare two of them."""
+    try:
+        return sorted(SLOClassConfig.model_validate(c).model_dump_json() for c in classes)
+    except Exception:  # a malformed list: the field's own validation says what is wrong
+        return classes
 
 
 def parse_app_args(raw: object, where: str = "args") -> AppArgs:

@@ -93,7 +93,8 @@ class PDConfig(_Strict):
 
 class UpstreamConfig(_Strict):
     connect_timeout_s: float = Field(default=2.0, gt=0)
-    first_byte_timeout_s: float = Field(default=60.0, gt=0, description="streams: until the first chunk")
+    first_byte_timeout_s: float = Field(
+        default=60.0, gt=0, description="streams: from the request to its first token (the engine's queue included)")
     request_timeout_s: float = Field(default=600.0, gt=0, description="non-stream requests: until the response")
     idle_timeout_s: float = Field(default=60.0, gt=0, description="longest gap between chunks")
     retries: int = Field(default=2, ge=0, description="other replicas tried before the first byte")

@@ -15,6 +15,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import orjson
+
 from pools.wire import openai as wire
 from pools.wire.http import Responder
 from router.decision import Candidate
@@ -29,13 +31,45 @@ log = logging.getLogger("isleserve.router")
 JSON_HEADERS = b"content-type: application/json\r\nconnection: keep-alive\r\n"
 Ended = tuple[str, "wire.ApiError | None"]
 _UNSET = HistogramSeries(())
+TOKEN_MARKS = (b'"content":"', b'"text":"', b'"reasoning_content":"', b'"reasoning":"', b'"tool_calls":[{')
+EMPTY_MARKS = (b'"content":""', b'"text":""', b'"reasoning_content":""', b'"reasoning":""')
+TAIL = max(len(m) for m in (*TOKEN_MARKS, *EMPTY_MARKS)) - 1
+
+
+def token_events(tail: bytes, data: bytes) -> int:
+    """The SSE chunks in `data` that carry output (text, reasoning or a tool call's delta), not
+    a role-only first chunk, a finish-only last one, a usage chunk or [DONE]: tokens as the
+    engine counts its gaps. `tail` is the end of the stream before `data` (shorter than any mark,
+    so no mark is counted twice; one cut between two reads is counted once). Compact JSON, as
+    vLLM (pydantic) and the simulated engine write it."""
+    text = tail + data
+    found = 0
+    for mark in TOKEN_MARKS:
+        found += text.count(mark)
+    for mark in EMPTY_MARKS:
+        found -= text.count(mark)
+    return max(0, found)
+
+
+def reported_timing(body: bytes) -> tuple[float, float, float] | None:
+    """(TTFT, TPOT, engine's own span) in wall seconds from a non-streamed response's
+    `isle_timing` (the simulated engine writes it, in its virtual ms and its `time_scale`),
+    or None: an engine that says nothing (vLLM) leaves a non-streamed request without TTFT."""
+    if b'"isle_timing"' not in body:
+        return None
+    try:
+        timing = orjson.loads(body)["isle_timing"]
+        scale = float(timing.get("time_scale", 1.0)) / 1000
+        return float(timing["ttft_ms"]) * scale, float(timing["tpot_ms"]) * scale, float(timing["e2e_ms"]) * scale
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 class Flight:
     __slots__ = ("abandoned", "bad", "call", "cand", "chunks", "conn", "content_type", "deadline", "ended", "error",
                  "extra", "first", "head_at", "itl", "labels", "last", "last_data", "order", "out", "outcome",
                  "owner", "parts", "paused_at", "payload", "prev", "response", "router", "sent_at", "started",
-                 "status", "streaming", "tiers", "tried", "waiter")
+                 "status", "streaming", "tail", "tiers", "tokens", "tried", "waiter")
 
     def __init__(self, router: Router, call: _Call, order: list[Candidate], response: Responder, started: float,
                  payload: bytes, *, extra: tuple[tuple[str, str], ...] = (), tiers: Mapping[str, str] | None = None,
@@ -62,6 +96,9 @@ class Flight:
         self.paused_at = 0.0
         """When the router stopped reading the engine because the client was slow (0: reading)."""
         self.chunks = 0
+        self.tokens = 0
+        """Output chunks seen (token_events): ITL is observed per gap between them."""
+        self.tail = b""
         self.first = self.prev = 0.0
         self.ended = False
         self.head_at = 0.0
@@ -103,21 +140,27 @@ class Flight:
 
     # deadlines: the router's watch sweeps every flight a few times a second (no timer per request)
     def check(self, now: float) -> None:
-        """The engine's deadlines. While the router holds the engine back for a slow client, the
+        """The engine's deadlines: a stream's first token within `first_byte_timeout_s` of the
+        request (an engine answers a stream's head before the request leaves its queue, so the
+        head does not count), a non-streamed answer within `request_timeout_s`; then no gap longer
+        than `idle_timeout_s`. While the router holds the engine back for a slow client, the
         engine is not late: the client's own write timeout (pools.wire.limits) covers that."""
         if self.ended or self.paused_at:
             return
-        due = self.last_data + self.router.config.upstream.idle_timeout_s if self.status else self.deadline
+        flowing = self.tokens > 0 or (self.status > 0 and not self.streaming)
+        due = self.last_data + self.router.config.upstream.idle_timeout_s if flowing else self.deadline
         if now < due:
             return
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.abort()
-        if self.status:
+        key = self.cand.endpoint.url.removeprefix("http://") if self.cand else "upstream"
+        if flowing:
             self.on_error(UpstreamError("upstream went quiet mid-response"))
+        elif self.response.started:  # a chunk without output went out (a role chunk): no retry now
+            self.on_error(UpstreamError(f"no token from {key} in time"))
         else:
-            key = self.cand.endpoint.url.removeprefix("http://") if self.cand else "upstream"
-            self._retry(f"no response from {key} in time")
+            self._retry(f"no {'first token' if self.call.stream else 'response'} from {key} in time")
 
     # relay.Listener
     def on_head(self, status: int, content_type: str) -> None:
@@ -146,15 +189,26 @@ class Flight:
         now = self.last_data = time.perf_counter()
         if self.chunks == 0:
             self._open_stream()
+        self.chunks += 1
+        self.out.append(self.response.frame(data))
+        found = token_events(self.tail, data)
+        self.tail = data[-TAIL:] if len(data) >= TAIL else (self.tail + data)[-TAIL:]
+        if not found:
+            return
+        if self.tokens == 0:
             self.first = now
             m = self.router.metrics
             m.child(m.ttft, *self.labels).observe(now - self.started)
             self.itl = m.child(m.itl, *self.labels)
+            found -= 1
         else:
             self.itl.observe(now - self.prev)
+            found -= 1
+        if found:  # tokens that came in one read: no gap between them
+            self.itl.counts[0] += found
+            self.tokens += found
         self.prev = now
-        self.chunks += 1
-        self.out.append(self.response.frame(data))
+        self.tokens += 1
 
     def _open_stream(self) -> None:
         assert self.cand is not None
@@ -196,8 +250,8 @@ class Flight:
             if self.chunks == 0:
                 self._open_stream()
             self.response.end(self._pending())
-            if self.chunks > 1:
-                m.child(m.tpot, *self.labels).observe((self.prev - self.first) / (self.chunks - 1))
+            if self.tokens > 1:
+                m.child(m.tpot, *self.labels).observe((self.prev - self.first) / (self.tokens - 1))
             m.child(m.e2e, *self.labels).observe(time.perf_counter() - self.started)
             self._end("ok")
             return
@@ -207,7 +261,16 @@ class Flight:
         self.response.send(self.status, body, self.content_type, self.router.served_by(cand, self.labels[2],
                                                                                         self.extra))
         if self.status < 400:
-            m.child(m.e2e, *self.labels).observe(time.perf_counter() - self.started)
+            e2e = time.perf_counter() - self.started
+            m.child(m.e2e, *self.labels).observe(e2e)
+            timing = reported_timing(body)
+            if timing is not None:  # the engine said when its first token came and how fast the rest
+                ttft_s, tpot_s, engine_s = timing
+                m.child(m.ttft, *self.labels).observe(max(0.0, e2e - engine_s + ttft_s))
+                if tpot_s > 0:
+                    m.child(m.tpot, *self.labels).observe(tpot_s)
+        else:
+            m.child(m.rejections, self.call.slo.name, f"engine_{self.status}").inc()
         self._end("ok" if self.status < 400 else "rejected")
 
     def on_error(self, error: UpstreamError) -> None:

@@ -23,7 +23,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+BUCKETS = tuple(float(f"{2.0 ** (k / 8):.4g}") for k in range(-80, 57))
+"""Latency bucket bounds: 2^(k/8) s from 2^-10 (~1 ms) to 2^7 (128 s), the bounds of a Prometheus
+native histogram of schema 3 written to 4 digits. Neighbours differ by 9.05% (+-0.01%), so
+`histogram_quantile` (linear within a bucket) is within 9.1% of the true quantile wherever it
+falls, even when every observation lands in one bucket (coarse 1-2-5 bounds said 3.8 s for a
+p99 of 2.03 s)."""
 FAST = (0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01)
 
 
@@ -128,6 +133,8 @@ class RouterMetrics:
         self.e2e = Family("isle_router_e2e_seconds", "Request latency end to end", labels, BUCKETS)
         self.kv = Family("isle_router_kv_transfer_seconds", "Prefill-to-decode handover (PD)", labels, BUCKETS)
         self.requests = Family("isle_router_requests", "Requests by SLO class and outcome", ["slo_class", "outcome"])
+        self.rejections = Family("isle_router_rejections", "Requests refused, by SLO class ('unknown' before the "
+                                 "class is known) and cause", ["slo_class", "cause"])
         self.decision = Family("isle_router_decision_seconds", "Time to make a routing decision", [], FAST)
         self.healthy: dict[str, float] = {}
         """Replica id -> 1.0 when this worker sends it traffic (isle_router_replica_healthy)."""
@@ -148,7 +155,7 @@ class RouterMetrics:
         return found
 
     def families(self) -> tuple[Family, ...]:
-        return self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.decision
+        return self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.rejections, self.decision
 
     def snapshot(self) -> dict[str, Any]:
         """This worker's series as JSON, for the sibling that answers a scrape."""

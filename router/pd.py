@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def pd_choice(router: Router, call: _Call, snapshot: list[Candidate]) -> PDDecision | None:
     """The prefill/decode pair for this request, or None: a mixed replica serves it whole."""
     pd = router.config.pd
-    if not pd.enabled:
+    if not pd.enabled or call.many:
         return None
     return pd_decide(call.route, snapshot, router.topology, min_prompt_tokens=pd.min_prompt_tokens,
                      has_mixed=call.route.model in router.replicas.mixed)
@@ -85,6 +85,7 @@ async def serve_pd(router: Router, call: _Call, pd: PDDecision, response: Respon
         raise
     if status != 200:
         response.send(status, raw)
+        router.metrics.child(router.metrics.rejections, call.slo.name, f"engine_{status}").inc()
         return "rejected"
     try:
         params = json.loads(raw)["kv_transfer_params"]

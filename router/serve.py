@@ -21,6 +21,7 @@ from pools.controller.controller import ControllerSpec
 from pools.controller.measure import BenchPolicy
 from pools.routing import RoutingTable
 from router.appconfig import AppArgs, parse_app_args
+from router.run import ready_line
 from router.server import Router
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,6 +74,7 @@ class RouterThread:
         self.thread.start()
         if not self.ready.wait(30) or self.error is not None:
             raise RuntimeError(f"the router did not start: {self.error}")
+        log.info(ready_line(args.router.host, self.router.port, len(table.replicas)))
 
     def _run(self) -> None:
         try:

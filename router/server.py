@@ -21,11 +21,12 @@ from typing import Any
 
 import orjson
 
-from pools.model import SLOClass
+from pools.model import Role, SLOClass
 from pools.routing import RoutingTable
 from pools.wire import openai as wire
 from pools.wire.http import Request, Responder, serve
 from pools.wire.prompt import Prompt, read_prompts
+from router import routes
 from router.admission import Admission
 from router.auth import Auth
 from router.config import RouterConfig
@@ -42,6 +43,9 @@ from topology import Topology
 log = logging.getLogger("isleserve.router")
 GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
+REFUSALS = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found", 413: "too_large",
+            429: "rate_limited"}
+"""The cause a refusal is counted under when the error does not name one."""
 """Prefix affinity hashes the prompt's leading full blocks (about 16 tokens each), up to 4."""
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENAPI_PATH = Path(str(importlib.resources.files("router").joinpath("openapi.json")))
@@ -59,6 +63,8 @@ class _Call:
     """The route the client called: the engine gets the same one."""
     payload: bytes
     """`body` serialised for the engine."""
+    many: bool = False
+    """Several sequences (a list of prompts, n > 1): no PD."""
 
 
 def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, tuple[Prompt, ...], bool]:
@@ -208,14 +214,26 @@ class Router:
     # callbacks (router.flight); it returns a coroutine only for work that must wait.
     def handle(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         method, path = request.method, request.path
+        if method == "HEAD":
+            method = "GET"  # the responder sends the head only
         try:
             if method == "POST" and path in GENERATE_PATHS:
                 return self._generate(request, response)
-            if (method, path) == ("GET", "/v1/models"):
+            wrong = routes.wrong_method(request.method, path)
+            if wrong is not None:
+                raise wrong
+            if method == "POST" and path in routes.TOKEN_PATHS:
+                self.auth.user(request.headers)
+                return self._forward(request, response)
+            if method == "GET" and path.startswith(routes.MODELS_PREFIX):
+                self.auth.user(request.headers)
+                response.send(200, routes.model_body(self, path))
+            elif (method, path) == ("GET", "/v1/models"):
                 self.auth.user(request.headers)
                 response.send(200, wire.models_body(self.replicas.table.models()))
             elif (method, path) == ("GET", "/health"):
-                response.send(200, b'{"status": "ok"}')
+                table = self.replicas.table
+                response.send(200, orjson.dumps({"status": "ok", "replicas": len(table.replicas)}))
             elif (method, path) == ("GET", "/metrics"):
                 if self.config.metrics_auth == "admin":
                     self.auth.admin(request.headers)
@@ -232,6 +250,12 @@ class Router:
         except wire.ApiError as err:
             _send_error(response, err)
         return None
+
+    async def _forward(self, request: Request, response: Responder) -> None:
+        try:
+            await routes.forward(self, request, response)
+        except wire.ApiError as err:
+            _send_error(response, err)
 
     def _admin(self, path: str) -> Any:
         if path == "/admin/replicas":
@@ -273,20 +297,31 @@ class Router:
         blocks = min(len(key) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
         prefix = key[: blocks * PREFIX_BLOCK_CHARS]
         tokens = sum(p.tokens for p in prompts)
-        route = RouteRequest(model, slo, tokens, zlib.crc32(prefix.encode()) if prefix else 0)
-        return _Call(slo=slo, body=body, stream=stream, route=route, path=request.path, payload=payload)
+        n = body.get("n")
+        many = len(prompts) > 1 or (isinstance(n, int) and n > 1)
+        # several sequences in one request (prompt lists, n > 1): served whole, never split over PD
+        # (one kv_transfer_params per request); by a decode replica where the model has no mixed one
+        role: Role | None = "decode" if many and model not in self.replicas.mixed else None
+        route = RouteRequest(model, slo, tokens, zlib.crc32(prefix.encode()) if prefix else 0, role)
+        return _Call(slo=slo, body=body, stream=stream, route=route, path=request.path, payload=payload, many=many)
 
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
-        principal = self.auth.user(request.headers)
-        slo = self.auth.slo_class(principal, request.headers.get("x-slo-class"))
-        call = self._parse(request, slo)
-        if call.route.model not in self.replicas.served:
-            raise wire.ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model")
-        started = time.perf_counter()
-        snapshot = self.replicas.snapshot()
-        self.admission.check_overload(slo, snapshot)
-        if not self.admission.enter(slo):
-            return self._waiting(call, response, started, queued=True)
+        slo: SLOClass | None = None
+        try:
+            principal = self.auth.user(request.headers)
+            slo = self.auth.slo_class(principal, request.headers.get("x-slo-class"))
+            call = self._parse(request, slo)
+            if call.route.model not in self.replicas.served:
+                raise wire.ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model",
+                                    cause="unknown_model")
+            started = time.perf_counter()
+            snapshot = self.replicas.snapshot()
+            self.admission.check_overload(slo, snapshot)
+            if not self.admission.enter(slo):
+                return self._waiting(call, response, started, queued=True)
+        except wire.ApiError as err:
+            self.refused(slo, err)
+            raise
         try:
             pd = pd_choice(self, call, snapshot)
             if pd is not None:
@@ -304,6 +339,15 @@ class Router:
         self.admission.leave(slo)
         self.metrics.child(self.metrics.requests, slo.name, outcome).inc()
 
+    def refused(self, slo: SLOClass | None, err: wire.ApiError) -> None:
+        """A request the router answered itself with `err` before any engine saw it: counted once,
+        as `shed` (429) or `rejected`, with its cause."""
+        m = self.metrics
+        cause = err.cause or REFUSALS.get(err.status, f"status_{err.status}")
+        m.child(m.rejections, slo.name if slo is not None else "unknown", cause).inc()
+        if slo is not None:
+            m.child(m.requests, slo.name, "shed" if err.status == 429 else "rejected").inc()
+
     def _decide(self, call: _Call, snapshot: list[Candidate]) -> RouteDecision:
         t0 = time.perf_counter()
         decision = decide(call.route, snapshot, self.profiles[call.slo.name], self.rng, next(self.turns))
@@ -320,7 +364,7 @@ class Router:
             try:
                 await self.admission.wait(slo)
             except wire.ApiError as err:
-                self.metrics.child(self.metrics.requests, slo.name, "rejected").inc()
+                self.refused(slo, err)
                 _send_error(response, err)
                 return
             if pd is None:
@@ -377,5 +421,5 @@ class Router:
 
 def _send_error(response: Responder, err: wire.ApiError) -> None:
     if not response.started:
-        headers = [("retry-after", "1")] if err.status in (429, 503) else []
+        headers = [*err.headers, *((("retry-after", "1"),) if err.status in (429, 503) else ())]
         response.send(err.status, err.body(), headers=headers)

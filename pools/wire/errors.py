@@ -8,9 +8,13 @@ import json
 class ApiError(Exception):
     """An error the client gets in OpenAI's shape."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 cause: str = "", headers: tuple[tuple[str, str], ...] = ()) -> None:
+        """`cause`: why the router refused it, for its rejection counts (not sent); `headers`:
+        sent with it (405's `Allow`)."""
         super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.status, self.message, self.kind, self.param, self.cause = status, message, kind, param, cause
+        self.headers = headers
 
     def body(self) -> bytes:
         return error_body(self.status, self.message, self.kind, self.param)

@@ -137,8 +137,8 @@ class HttpProtocol(asyncio.Protocol):
         self._write_timer = self._linger_timer = None
         self._wake()
         task, self.task = self.task, None
-        if task is not None and not task.done():
-            task.cancel()  # the client went away: stop the work it asked for
+        if task is not None and not task.done() and self.busy:
+            task.cancel()  # the client went away: stop the work it asked for (not what follows its answer)
         hook, self.on_disconnect = self.on_disconnect, None
         if hook is not None and self.busy:
             hook()

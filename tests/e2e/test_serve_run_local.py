@@ -1,5 +1,7 @@
-"""The product as a user starts it: `serve run configs/local.yaml`, then the OpenAI endpoint on
-http://127.0.0.1:8000/v1 with the development key, metrics, the admin plan, and a clean stop."""
+"""The product as a user starts it (`make run`: `isle run configs/local.yaml`, Ray Serve's `serve
+run` inside): one line saying the endpoint is ready, then the OpenAI endpoint on
+http://127.0.0.1:8000/v1 with the development key, metrics, the admin plan, and a clean stop on
+SIGTERM: exit 0, no stack trace, no engine left behind."""
 
 from __future__ import annotations
 
@@ -49,42 +51,48 @@ def _alive(pids: list[int]) -> list[int]:
     return out
 
 
+READY = "isleserve: OpenAI API on http://127.0.0.1:8000/v1, 4 replicas ready"
+
+
 @pytest.fixture(scope="module")
-def product() -> Iterator[None]:
+def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    serve = Path(sys.executable).parent / "serve"
-    proc = subprocess.Popen([str(serve), "run", "configs/local.yaml"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    isle = Path(sys.executable).parent / "isle"
+    out = tmp_path_factory.mktemp("run") / "out.txt"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen([str(isle), "run", "configs/local.yaml"], cwd=ROOT, env=env, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                req = urllib.request.Request(f"{BASE}/v1/models", headers={"authorization": f"Bearer {DEV_KEY}"})
-                with urllib.request.urlopen(req, timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                time.sleep(1)
-            assert proc.poll() is None, "serve run exited"
-        else:
-            pytest.fail("the product did not answer on 127.0.0.1:8000 within 120 s")
+        while READY not in out.read_text(errors="replace"):
+            assert proc.poll() is None, f"isle run exited: {out.read_text(errors='replace')[-2000:]}"
+            assert time.monotonic() < deadline, "no ready line within 120 s"
+            time.sleep(0.5)
+        # the line comes once the endpoint answers
+        req = urllib.request.Request(f"{BASE}/v1/models", headers={"authorization": f"Bearer {DEV_KEY}"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.status == 200
         engines = _our_engines(proc.pid)
         assert len(engines) == 4  # prefill, decode and two mixed replicas
         yield
     finally:
         engines = locals().get("engines", [])
-        proc.send_signal(signal.SIGINT)  # what a user's Ctrl-C does: serve run stops its local Ray
+        proc.send_signal(signal.SIGTERM)  # a service manager's stop (Ctrl-C is the same path)
         try:
-            proc.wait(60)
+            code = proc.wait(90)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+            code = -9
         deadline = time.monotonic() + 20
         while _alive(engines) and time.monotonic() < deadline:
             time.sleep(0.5)
         leftover = _alive(engines)
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)
+        text = out.read_text(errors="replace")
         assert not leftover, f"engines left behind: {leftover}"
+        assert code == 0 and "Traceback" not in text, (code, text[-3000:])
+        assert text.count(READY) == 1 and "no Ray node carries it" not in text
 
 
 def test_chat_streams_metrics_and_admin(product: None) -> None:

@@ -178,6 +178,71 @@ def test_a_long_completion_prompt_goes_pd_in_every_shape(cluster: dict[str, Any]
     assert _decode_streams(cluster) == before + 1
 
 
+def _sum(cluster: dict[str, Any], prefix: str) -> float:
+    """The sum of every series of the router's /metrics that starts with `prefix`."""
+    text = get(f"{cluster['base']}/metrics")[1].decode()
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(prefix))
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_itl_is_counted_per_token_gap(cluster: dict[str, Any], kind: str) -> None:
+    """A 64-token stream has 63 gaps between its tokens (as vLLM's engine counts them), whatever
+    the role, finish, usage and [DONE] chunks around them."""
+    before = _sum(cluster, 'isle_router_itl_seconds_count{pool="pool-mixed",slo_class="standard"')
+    c = client(cluster)
+    options: Any = {"include_usage": True}
+    chunks: list[Any]
+    if kind == "chat":
+        chunks = list(c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=64, stream=True, stream_options=options))
+    else:
+        chunks = list(c.completions.create(model=MODEL, prompt="hi", max_tokens=64, stream=True,
+                                           stream_options=options))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 64
+    assert _sum(cluster, 'isle_router_itl_seconds_count{pool="pool-mixed",slo_class="standard"') == before + 63
+
+
+def test_a_non_streamed_request_has_ttft_tpot_and_counts_once_as_ok(cluster: dict[str, Any]) -> None:
+    """Non-streamed, over PD: TTFT and TPOT recorded (from the engine's own timing), and one
+    `ok`, never `cancelled`, though the client hangs up the moment its answer is in."""
+    ttft = 'isle_router_ttft_seconds_count{pool="pool-decode",slo_class="interactive"'
+    tpot = 'isle_router_tpot_seconds_count{pool="pool-decode",slo_class="interactive"'
+    ok, cancelled = ('isle_router_requests_total{outcome="ok",slo_class="interactive"}',
+                     'isle_router_requests_total{outcome="cancelled",slo_class="interactive"}')
+    before = [_sum(cluster, k) for k in (ttft, tpot, ok, cancelled)]
+    for _ in range(3):
+        with client(cluster) as c:
+            raw = c.completions.with_raw_response.create(model=MODEL, prompt=LONG, max_tokens=4,
+                                                         extra_headers={"x-slo-class": "interactive"})
+            usage = raw.parse().usage
+            assert raw.headers["x-isle-prefill-replica"] == "p1" and usage is not None and usage.completion_tokens == 4
+    time.sleep(0.3)
+    after = [_sum(cluster, k) for k in (ttft, tpot, ok, cancelled)]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [3, 3, 3, 0]
+
+
+def test_a_served_model_is_retrieved_and_an_unknown_one_is_404(cluster: dict[str, Any]) -> None:
+    c = client(cluster)
+    model = c.models.retrieve(MODEL)
+    assert (model.id, model.object) == (MODEL, "model")
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("gpt-9")
+
+
+def test_refusals_are_counted_once_with_their_cause(cluster: dict[str, Any]) -> None:
+    unknown = 'isle_router_rejections_total{cause="unknown_model",slo_class="standard"}'
+    bad = 'isle_router_rejections_total{cause="bad_request",slo_class="standard"}'
+    rejected = 'isle_router_requests_total{outcome="rejected",slo_class="standard"}'
+    before = [_sum(cluster, k) for k in (unknown, bad, rejected)]
+    c = client(cluster)
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="gpt-9", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=MODEL, prompt=[], max_tokens=2)
+    after = [_sum(cluster, k) for k in (unknown, bad, rejected)]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 2]
+
+
 def test_metrics_carry_class_pool_and_tier(cluster: dict[str, Any]) -> None:
     c = client(cluster)
     list(c.completions.create(model=MODEL, prompt=LONG, max_tokens=3, stream=True,
@@ -186,7 +251,7 @@ def test_metrics_carry_class_pool_and_tier(cluster: dict[str, Any]) -> None:
     status, text = get(f"{cluster['base']}/metrics")
     body = text.decode()
     assert status == 200
-    assert 'isle_router_ttft_seconds_bucket{le="0.005",pool="pool-decode",slo_class="interactive",tier="nvlink"}' \
+    assert 'isle_router_ttft_seconds_bucket{le="0.005066",pool="pool-decode",slo_class="interactive",tier="nvlink"}' \
         in body
     assert 'slo_class="standard",tier="local"' in body
     assert 'isle_router_requests_total{outcome="ok",slo_class="interactive"}' in body

@@ -233,3 +233,45 @@ def test_slow_readers_never_change_a_replicas_health() -> None:
             await _stop(router, servers)
 
     asyncio.run(main())
+
+
+async def queued_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """An engine whose queue is full: the stream's head goes out at once, the first token never."""
+    await _read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    await writer.drain()
+    try:
+        await STOP[0].wait()
+    finally:
+        writer.close()
+
+
+async def streaming(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    for event in (b'data: {"choices":[{"index":0,"text":"a"}]}\n\n', b'data: {"choices":[{"index":0,"text":"b"}]}'
+                  b'\n\n', b"data: [DONE]\n\n"):
+        writer.write(b"%x\r\n%b\r\n" % (len(event), event))
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+
+def test_first_byte_timeout_bounds_the_time_to_the_first_token_not_to_the_head() -> None:
+    """An engine answers a stream's head before the request leaves its queue: the head is not the
+    first token. Past first_byte_timeout_s without a token the request goes to the next replica
+    (nothing reached the client yet), long before the idle timeout."""
+    async def main() -> None:
+        router, servers = await _router({"a-queued": queued_stream, "b-streaming": streaming},
+                                        upstream={"first_byte_timeout_s": 0.4, "request_timeout_s": 5,
+                                                  "idle_timeout_s": 5, "retries": 1})
+        try:
+            for _ in range(2):  # round robin: one of the two starts on the queued replica
+                data, took = await _post(router.port, {"model": "m", "prompt": "x", "max_tokens": 2, "stream": True})
+                assert data.startswith(b"HTTP/1.1 200") and b"x-isle-replica: b-streaming" in data, data
+                assert b'"text":"a"' in data and b"[DONE]" in data
+                assert took < 3  # the first-token deadline, not the 5 s idle one
+        finally:
+            await _stop(router, servers)
+
+    asyncio.run(main())

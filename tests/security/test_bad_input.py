@@ -86,7 +86,7 @@ def test_invalid_parameters_are_400_naming_the_parameter(deployment: Deployment,
     assert error["param"] == param, error
 
 
-@pytest.mark.parametrize("prompt", [5, None, [], [1, 2], {"text": "x"}, ["a", "b"]])
+@pytest.mark.parametrize("prompt", [5, None, [], {"text": "x"}, [1, "a"], [[]], [-1], [[1], "a"], [True]])
 def test_invalid_prompts_are_400(deployment: Deployment, prompt: object) -> None:
     status, _, reply = call(deployment.base + COMPLETIONS, json.dumps({"model": MODEL, "prompt": prompt}).encode())
     assert_openai_error(status, reply, 400)
@@ -173,11 +173,17 @@ def test_non_utf8_header_values_are_4xx(deployment: Deployment, header: bytes) -
     assert_openai_error(status, body, (400, 401))
 
 
-def test_unknown_routes_and_methods_are_404(deployment: Deployment) -> None:
-    for method, path in (("GET", "/v1/chat/completions"), ("DELETE", "/v1/models"), ("POST", "/admin/plan"),
-                         ("GET", "/%ff%fe"), ("GET", "/v1/../admin/plan")):
+def test_unknown_routes_are_404_and_wrong_methods_405_with_allow(deployment: Deployment) -> None:
+    """RFC 9110 §15.5.6: a known path asked with another method is 405 and says what it allows."""
+    for method, path in (("GET", "/v1/nothing"), ("GET", "/%ff%fe"), ("GET", "/v1/../admin/plan")):
         status, _, reply = call(deployment.base + path, None, method=method)
         assert_openai_error(status, reply, 404)
+    for method, path, allow in (("GET", "/v1/chat/completions", "POST"), ("DELETE", "/v1/models", "GET, HEAD"),
+                                ("POST", "/admin/plan", "GET, HEAD"), ("TRACE", "/v1/models", "GET, HEAD"),
+                                ("GET", "/tokenize", "POST"), ("PUT", "/v1/completions", "POST")):
+        status, headers, reply = call(deployment.base + path, None, method=method)
+        assert_openai_error(status, reply, 405)
+        assert headers["allow"] == allow, (method, path, headers)
 
 
 def test_the_router_is_still_well_and_logged_no_handler_error(deployment: Deployment) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from pools.config import load_pools
 from pools.placement.validate import validate_plan
@@ -92,3 +94,33 @@ def test_app_args_report_every_problem_at_once() -> None:
     with pytest.raises(ParseError, match="simulated engines need a declared topology"):
         parse_app_args({"topology": "nvml", "engine": "sim", "router": {"require_keys": False},
                         "pools": [{"name": "a", "role": "mixed", "tp": 1, "replicas": 1}]})
+
+
+def _args(**extra: Any) -> dict[str, Any]:
+    return {"topology": "configs/clusters/local-sim.yaml", "engine": "sim", "router": {"require_keys": False},
+            "pools": [{"name": "mixed", "role": "mixed", "tp": 1, "replicas": 1, "model": "llama-3.1-8b"}], **extra}
+
+
+CLASSES = [{"name": "fast", "priority": 0, "ttft_ms": 300, "tpot_ms": 30},
+           {"name": "slow", "priority": 1, "ttft_ms": 9000, "tpot_ms": 300, "sheddable": True}]
+
+
+def test_slo_classes_are_declared_once_and_the_other_section_derives_them() -> None:
+    placed = parse_app_args(_args(slo_classes=CLASSES))
+    assert [c.name for c in placed.router.slo_classes] == ["fast", "slow"]  # admission and routing know them
+    routed = _args()
+    routed["router"] = {"require_keys": False, "slo_classes": CLASSES}
+    assert [c.name for c in parse_app_args(routed).slo_classes] == ["fast", "slow"]  # so does the placement
+    for path in ("local", "prod", "vllm-cpu"):  # the shipped configs declare them once
+        doc = yaml.safe_load(Path(f"configs/{path}.yaml").read_text())
+        assert "slo_classes" not in doc["applications"][0]["args"]["router"]
+
+
+def test_two_slo_class_declarations_that_disagree_are_an_error_naming_both() -> None:
+    both = _args(slo_classes=CLASSES)
+    both["router"] = {"require_keys": False, "slo_classes": [{**CLASSES[0], "ttft_ms": 301}, CLASSES[1]]}
+    with pytest.raises(ParseError, match=r"args\.slo_classes and args\.router\.slo_classes disagree"):
+        parse_app_args(both)
+    same = _args(slo_classes=CLASSES)
+    same["router"] = {"require_keys": False, "slo_classes": list(reversed(CLASSES))}
+    assert len(parse_app_args(same).router.slo_classes) == 2  # the same classes twice: fine

@@ -43,7 +43,7 @@ def test_a_scrape_sums_every_worker_series() -> None:
     nv = 'pool="decode",slo_class="interactive",tier="nvlink"}'
     assert _value(text, "isle_router_ttft_seconds_count{" + nv) == 2
     assert _value(text, "isle_router_ttft_seconds_sum{" + nv) == pytest.approx(0.203)
-    assert _value(text, 'isle_router_ttft_seconds_bucket{le="0.005",' + nv) == 1
+    assert _value(text, 'isle_router_ttft_seconds_bucket{le="0.005066",' + nv) == 1
     assert _value(text, 'isle_router_ttft_seconds_bucket{le="0.25",' + nv) == 2
     assert _value(text, 'isle_router_ttft_seconds_count{pool="decode",slo_class="interactive",tier="cross-node"}') == 1
     assert _value(text, 'isle_router_inflight_requests{slo_class="interactive"}') == 3

@@ -1,0 +1,91 @@
+"""The router's routes beside generation: which methods each path takes (a known path asked
+with another method is 405 with `Allow`, as RFC 9110 §15.5.6 wants, not 404), the model a
+client retrieves (`GET /v1/models/{id}`, answered from the routing table as OpenAI's retrieve
+model does), and vLLM's `/tokenize` and `/detokenize`, proxied to a replica serving the model
+(`vllm bench serve` asks them; the answer is that engine's own tokenizer's)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+from pools.wire import openai as wire
+from pools.wire.http import Request, Responder
+from router import relay
+from router.flight import JSON_HEADERS
+from router.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from router.server import Router
+
+GET, POST = ("GET", "HEAD"), ("POST",)
+ROUTES: dict[str, tuple[str, ...]] = {
+    "/v1/chat/completions": POST, "/v1/completions": POST, "/tokenize": POST, "/detokenize": POST,
+    "/v1/models": GET, "/health": GET, "/metrics": GET, "/openapi.json": GET,
+    "/admin/replicas": GET, "/admin/topology": GET, "/admin/plan": GET}
+MODELS_PREFIX = "/v1/models/"
+TOKEN_PATHS = frozenset({"/tokenize", "/detokenize"})
+PROXY_TIMEOUT_S = 30.0
+
+
+def allowed(path: str) -> tuple[str, ...] | None:
+    """The methods `path` takes, or None for a path the router does not have."""
+    found = ROUTES.get(path)
+    if found is None and path.startswith(MODELS_PREFIX) and len(path) > len(MODELS_PREFIX):
+        return GET
+    return found
+
+
+def wrong_method(method: str, path: str) -> wire.ApiError | None:
+    """405 for a known path asked with a method it does not take (None: the method is right, or
+    the path is unknown)."""
+    methods = allowed(path)
+    if methods is None or method in methods:
+        return None
+    return wire.ApiError(405, f"method {method} not allowed on {path} (allowed: {', '.join(methods)})",
+                         "method_not_allowed", cause="method_not_allowed", headers=(("allow", ", ".join(methods)),))
+
+
+def model_body(router: Router, path: str) -> bytes:
+    """`GET /v1/models/{id}`: the model as OpenAI's retrieve answers it, or 404."""
+    model = unquote(path[len(MODELS_PREFIX):])
+    if model not in router.replicas.table.models():
+        raise wire.ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    return json.dumps({"id": model, "object": "model", "created": 0, "owned_by": "isleserve"}).encode()
+
+
+async def forward(router: Router, request: Request, response: Responder) -> None:
+    """`/tokenize` or `/detokenize` to the healthiest replicas of the body's model, in turn
+    (another on a connect error, timeout or 5xx); the engine's answer goes back as it is."""
+    body = wire.load_body(request.body)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise wire.ApiError(400, "'model' is required", param="model")
+    if model not in router.replicas.served:
+        raise wire.ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    order = sorted((c for c in router.replicas.snapshot() if c.endpoint.model == model and c.endpoint.healthy
+                    and not c.load.breaker_open), key=lambda c: (c.endpoint.role != "mixed", c.load.inflight))
+    last = "no healthy replica of the model"
+    for cand in order[: router.config.upstream.retries + 1]:
+        url, rid = cand.endpoint.url, cand.endpoint.replica_id
+        t0 = time.perf_counter()
+        try:
+            ex = await relay.start(router.relay, url, request.path, request.body, JSON_HEADERS, PROXY_TIMEOUT_S)
+            try:
+                await relay.finish(ex, PROXY_TIMEOUT_S)
+            finally:
+                ex.abort()
+        except UpstreamError as err:
+            router.replicas.failed(rid, url)
+            last = f"{rid}: {err}"
+            continue
+        if ex.status >= 500:
+            last = f"{rid} answered {ex.status}"
+            continue
+        router.replicas.ok(rid, (time.perf_counter() - t0) * 1000)
+        response.send(ex.status, ex.body(), ex.content_type, headers=[("x-isle-replica", rid)])
+        return
+    raise wire.ApiError(502 if order else 503, f"upstream failed: {last}", "bad_gateway" if order else
+                        "service_unavailable")
