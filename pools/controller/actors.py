@@ -178,9 +178,21 @@ class _ControllerActor:
             return self.core.table
 
     def _health_loop(self) -> None:
-        while not self.stopping.wait(HEALTH_INTERVAL_S):
+        """A pass every HEALTH_INTERVAL_S, and between passes the starts that end are installed
+        at once. The lock is held only while the core changes state: the starts themselves run
+        on the core's worker threads, so mark_link, node loss and other restarts never wait for
+        an engine that takes minutes to load."""
+        due = time.monotonic() + HEALTH_INTERVAL_S
+        while not self.stopping.is_set():
+            self.core.fleet.starts.finished.wait(max(0.0, due - time.monotonic()))
+            if self.stopping.is_set():
+                return
             with self.lock:
                 try:
+                    if time.monotonic() < due:
+                        self.core.settle()
+                        continue
+                    due = time.monotonic() + HEALTH_INTERVAL_S
                     self.core.check()
                 except Exception:  # one bad pass must not end the loop
                     log.exception("health loop")
@@ -206,7 +218,9 @@ class _ControllerActor:
         return {rid: r.replica.info() for rid, r in list(self.core.running.items())}
 
     def shutdown(self) -> None:
+        """Stops the loop, every replica and every start in flight (what one still starts is stopped)."""
         self.stopping.set()
+        self.core.fleet.starts.finished.set()  # the loop wakes and ends
         with self.lock:
             self.core.shutdown()
 

@@ -6,8 +6,12 @@ counters (a fresh discovery every `counters_interval_s`) and `mark_link` change 
 either way the replicas whose TP group is hurt are drained (the table says so at once, so
 routers stop sending them interactive traffic), re-placed by `replan()` (only what must move),
 started before the old ones stop where their GPUs allow it, and published. Engines that die are
-restarted in place. A Ray node that joins (or comes back) is discovered again. With the bench
-on (`BenchPolicy`), every node and a ring of node pairs are benchmarked at deploy, after such
+restarted in place. Those starts (a restart, a move's replacement, a resumed replica whose
+actor is gone) run on worker threads (pools.controller.starts, pools.controller.fleet): a pass
+submits one and goes on; what it started is installed and published once it is up (`settle`,
+or the next pass), so a vLLM server loading for minutes holds up no other restart, node loss
+or link mark. A Ray node that joins (or comes back) is discovered again. With the bench on
+(`BenchPolicy`), every node and a ring of node pairs are benchmarked at deploy, after such
 changes and on a schedule (pools.controller.benching), and what was measured feeds the cost
 model. Everything goes to `<state_dir>/events.jsonl` with the topology fingerprint, and the
 state a restarted controller resumes from (engine ports and bench records included) to
@@ -22,14 +26,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from pools.controller import health, launching, nodecheck, state
-from pools.controller.backend import Backend, Replica
+from pools.controller.backend import Backend
 from pools.controller.benching import BenchKeeper
 from pools.controller.events import EventLog
-from pools.controller.portbook import PortBook
+from pools.controller.fleet import Fleet, Running
 from pools.controller.ports import EnginePorts
 from pools.controller.rollout import Change, changes
 from pools.controller.spec import ControllerSpec, EngineLaunch
@@ -45,16 +49,6 @@ __all__ = ["CONTROLLER_NAME", "NAMESPACE", "ControllerCore", "ControllerSpec", "
 log = logging.getLogger("isleserve.controller")
 
 
-@dataclass(slots=True)
-class Running:
-    replica: Replica
-    launch: EngineLaunch
-    placement: ReplicaPlacement
-    url: str
-    draining: bool = False
-    retire_by: float = 0.0
-
-
 class ControllerCore:
     def __init__(self, spec: ControllerSpec, backend: Backend, clock: Callable[[], float] = time.monotonic) -> None:
         if spec.engine not in ("sim", "vllm"):
@@ -65,12 +59,11 @@ class ControllerCore:
         self.spec, self.backend, self.clock = spec, backend, clock
         self.events = EventLog(spec.state_dir)
         self.bench = BenchKeeper(spec.bench, spec.state_dir, self._record, clock)
-        self.ports = PortBook(spec.ports, lambda: [r.launch for r in (*self.running.values(), *self.retiring)],
-                              self._record)
+        self.fleet = Fleet(backend, spec.ports, self._record, clock, drain_timeout_s=spec.drain_timeout_s,
+                           engine=spec.engine)
+        self.ports = self.fleet.ports
         self.ray_ids: set[str] = set()
         """The alive Ray nodes at the last look (one that joins is discovered)."""
-        self.running: dict[str, Running] = {}
-        self.retiring: list[Running] = []
         self.discovered: Topology | None = None
         self.bindings: Mapping[str, nodecheck.RayNode] = {}
         self.report = nodecheck.NodeReport()
@@ -81,6 +74,14 @@ class ControllerCore:
         self.table = RoutingTable(version=0, replicas=())
         self.last_changes: list[Change] = []
         self.counters_at = clock()
+
+    @property
+    def running(self) -> dict[str, Running]:
+        return self.fleet.running
+
+    @property
+    def retiring(self) -> list[Running]:
+        return self.fleet.retiring
 
     # records ------------------------------------------------------------------------------
     def _record(self, kind: str, payload: dict[str, Any]) -> None:
@@ -97,7 +98,9 @@ class ControllerCore:
         state.save(self.spec.state_dir, state.ControllerState(
             session=self.backend.session(), spec_digest=state.digest(self.spec), plan=self.plan,
             table_version=self.table.version, replicas={rid: saved(r, r.draining) for rid, r in self.running.items()},
-            retiring=tuple(saved(r, True) for r in self.retiring), marks=tuple(self.marks.values()),
+            retiring=(*(saved(r, True) for r in self.retiring), *(  # a resumed controller stops starts it lost
+                state.SavedReplica(placement=i.placement, generation=i.launch.generation, draining=True)
+                for i in self.fleet.starts.flight.values())), marks=tuple(self.marks.values()),
             lost_nodes=tuple(sorted(self.lost)), bench=self.bench.saved()))
 
     # topology -----------------------------------------------------------------------------
@@ -107,8 +110,8 @@ class ControllerCore:
         self.ray_ids = {n.node_id for n in self.backend.nodes() or () if n.alive}
         report = nodecheck.check(found.topology, found.bindings, found.simulated)
         if report != self.report:  # said once, not on every counters pass
-            for line in report.lines():
-                log.warning("node check: %s", line)
+            for level, line in report.lines():
+                log.log(level, "node check: %s", line)
             if self.topology is not None:
                 self._record("node_check", report.to_json())
         self.report = report
@@ -131,45 +134,23 @@ class ControllerCore:
                                       topology_source=self.spec.topology_source, time_scale=self.spec.time_scale,
                                       vllm=vllm, ports=ports)
 
-    def _started(self, p: ReplicaPlacement, done: launching.Started) -> Running:
-        launch = done.launch
-        self._record("replica_started", {"replica_id": p.replica_id, "generation": launch.generation, "url": done.url,
-                                         "node": p.node, "gpus": list(p.gpus), "ray_node": launch.pin.ray_node_id,
-                                         "resources": dict(launch.pin.resources), "env": dict(launch.pin.env),
-                                         "engine": self.spec.engine, "notes": list(launch.pin.notes),
-                                         "ports": launch.vllm.ports.to_json() if launch.vllm else None})
-        return Running(replica=done.replica, launch=launch, placement=p, url=done.url)
-
-    def _start(self, p: ReplicaPlacement, generation: int, ports: EnginePorts | None = None) -> Running:
-        starting = self.ports.starting
-        starting[p.replica_id] = self._launch(p, generation, ports)
-        try:
-            return self._started(p, launching.start_one(self.backend, starting[p.replica_id], self.ports.reallocate))
-        finally:
-            starting.pop(p.replica_id, None)
-
     def _start_all(self, placements: tuple[ReplicaPlacement, ...]) -> None:
-        """Every placement's replica at once; if one fails, all are stopped and its error raised."""
-        starting = self.ports.starting
-        for p in placements:
-            starting[p.replica_id] = self._launch(p, 0)
+        """Every placement's replica at once, waiting for them (the first deploy); if one fails,
+        all are stopped and its error raised."""
+        launches = [self._launch(p, self.fleet.generation(p.replica_id)) for p in placements]
+        for x in launches:
+            self.ports.begin(x)
         try:
-            results = launching.start_all(self.backend, [starting[p.replica_id] for p in placements],
-                                          self.ports.reallocate)
+            results = launching.start_all(self.backend, launches, self.ports.reallocate)
         finally:
-            starting.clear()
+            for x in launches:
+                self.ports.end(x.actor_name)
         failed = [r for r in results if isinstance(r, Exception)]
         for p, r in zip(placements, results, strict=True):
             if isinstance(r, launching.Started):
-                self.running[p.replica_id] = self._started(p, r)
+                self.running[p.replica_id] = self.fleet.started(p, r)
         if failed:
             raise failed[0]
-
-    def _stop(self, replica: Replica) -> None:
-        try:
-            replica.stop()
-        except Exception as err:  # an actor on a lost node is already gone
-            log.info("stopping a replica: %s", err)
 
     # deploy and resume --------------------------------------------------------------------
     def deploy(self) -> RoutingTable:
@@ -203,22 +184,26 @@ class ControllerCore:
         self.bench.restore(saved.bench)
         self.topology, self.plan = self._discover(), saved.plan
         self.table = RoutingTable(version=saved.table_version, replicas=())
+        for r in (*saved.replicas.values(), *saved.retiring):
+            rid = r.placement.replica_id
+            self.fleet.generations[rid] = max(self.fleet.generations.get(rid, -1), r.generation)
         reattached, started = [], []
         for rid, r in saved.replicas.items():
             launch = self._launch(r.placement, r.generation, r.ports)
             replica = self.backend.attach(launch)
-            if replica is None:
-                self.running[rid] = self._start(r.placement, r.generation + 1, r.ports)
+            if replica is None:  # installed by a later pass once it is up
+                launch = self._launch(r.placement, self.fleet.generation(rid), r.ports)
+                self.fleet.starts.resume(launch, r.placement, r.draining)
                 started.append(rid)
                 continue
-            url = replica.ensure()
+            url = replica.ensure() if self.fleet.healthy(replica) else r.url  # else: restarted by the next pass
             self.running[rid] = Running(replica=replica, launch=launch, placement=r.placement, url=url,
                                         draining=r.draining, retire_by=0.0)
             reattached.append(rid)
         for r in saved.retiring:
             old = self.backend.attach(self._launch(r.placement, r.generation, r.ports))
             if old is not None:
-                self._stop(old)
+                self.fleet.stop(old)
         self._record("resumed", {"reattached": reattached, "restarted": started, "table_version": saved.table_version})
         self._publish()
         if self.topology.fingerprint() != self.plan.topology_fingerprint:
@@ -265,7 +250,8 @@ class ControllerCore:
         self._record("topology", {"reason": why, "previous": old.fingerprint(), "lost_nodes": sorted(self.lost),
                                   "marks": [m.key for m in self.marks.values()]})
         result = replan(self.plan, new, previous=old)
-        todo = changes({rid: r.placement for rid, r in self.running.items()}, result.plan, result.moves)
+        where = {**{rid: r.placement for rid, r in self.running.items()}, **self.fleet.starts.targets()}
+        todo = changes(where, result.plan, result.moves)
         self.plan = result.plan
         self._record("plan", {**result.plan.to_json(), "reason": why, "moves": [c.to_json() for c in todo]})
         for c in todo:
@@ -281,33 +267,30 @@ class ControllerCore:
         return todo
 
     def _apply(self, c: Change) -> None:
+        """Submit the replacement (installed by a later pass, once it is up); a start still in
+        flight for the replica is dropped, never installed over this newer decision."""
+        self.fleet.starts.drop(c.replica_id, f"superseded: {c.reason}")
         old = self.running.get(c.replica_id)
         if c.order == "keep-draining" or c.new is None:
             self._record("move", {**c.to_json(), "result": "no room: kept running, drained"})
             return
-        if old is not None and c.order == "break-before-make":
+        stop_first = None  # the GPUs of the one serving decide, not only those of one being started
+        shared = old is not None and set(old.placement.gpu_refs()) & set(c.new.gpu_refs())
+        if old is not None and (c.order == "break-before-make" or shared):
             self.running.pop(c.replica_id)
-            self._stop(old.replica)
-        generation = old.launch.generation + 1 if old is not None else 0
-        try:
-            new = self._start(c.new, generation)
-        except Exception as err:
-            self._record("move", {**c.to_json(), "result": f"replacement failed to start: {err}"})
-            return
-        if old is not None and c.order != "break-before-make":
-            old.retire_by = self.clock() + self.spec.drain_timeout_s
-            self.retiring.append(old)
-        self.running[c.replica_id] = new
-        self._record("move", {**c.to_json(), "result": "replacement serving", "url": new.url})
+            stop_first = old.replica
+        self.fleet.starts.move(c, self._launch(c.new, self.fleet.generation(c.replica_id)), stop_first)
 
     def check(self) -> RoutingTable:
         """One pass of the health loop."""
         if self.topology is None or self.plan is None:
             return self.table
+        changed = self.fleet.settle()
         self._watch_nodes()
         self._read_counters()
-        changed = self._restart_dead()
-        self._retire()
+        submitted = self.fleet.restart_dead(self.lost, self._launch)
+        if self.fleet.retire() or submitted:
+            self._save()  # what stopped, and what is being started (a resumed controller stops it)
         if self._bench_due():
             self.topology = self._effective()
             changed = True  # routers follow the table's version to the measured topology
@@ -351,52 +334,13 @@ class ControllerCore:
             if {r.replica_id: (r.healthy, r.health_score) for r in fresh.replicas} != scores:
                 self._publish()  # a link's score moved without changing the plan
 
-    def _restart_dead(self) -> bool:
-        changed = False
-        for rid, r in list(self.running.items()):
-            if r.placement.node in self.lost or self._healthy(r.replica):
-                continue
-            try:
-                url = r.replica.ensure()
-                self._record("restart", {"replica_id": rid, "url": url})
-            except Exception as err:  # the actor itself died: a new one on the same GPUs
-                self._record("restart", {"replica_id": rid, "error": str(err), "result": "new actor"})
-                self._stop(r.replica)
-                try:  # on the ports it had (another try on others if they are still held)
-                    fresh = self._start(r.placement, r.launch.generation + 1,
-                                        r.launch.vllm.ports if r.launch.vllm else None)
-                except Exception as again:
-                    self._record("restart_failed", {"replica_id": rid, "error": str(again)})
-                    continue
-                self.running[rid], url = replace(fresh, draining=r.draining), fresh.url
-            if url != r.url:
-                self.running[rid].url = url
-                changed = True
-        return changed
-
-    @staticmethod
-    def _healthy(replica: Replica) -> bool:
-        try:
-            return replica.healthy()
-        except Exception:
-            return False
-
-    def _retire(self) -> None:
-        keep = []
-        for r in self.retiring:
-            try:
-                idle = r.replica.idle()
-            except Exception:
-                idle = True
-            if idle or self.clock() >= r.retire_by:
-                self._stop(r.replica)
-                self._record("stopped", {"replica_id": r.placement.replica_id, "generation": r.launch.generation,
-                                         "idle": idle})
-            else:
-                keep.append(r)
-        if len(keep) != len(self.retiring):
-            self.retiring = keep
-            self._save()
+    def settle(self, timeout_s: float | None = 0.0) -> RoutingTable:
+        """Install the starts that ended (after waiting up to `timeout_s` for all of them; None:
+        as long as they take), publishing if that changed the table. The health loop calls it
+        when a start ends; a pass does it first."""
+        if timeout_s != 0.0:
+            self.fleet.starts.wait(timeout_s)
+        return self._publish() if self.fleet.settle() and self.plan is not None else self.table
 
     # views --------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -404,15 +348,14 @@ class ControllerCore:
         return {"table_version": self.table.version, "node_check": self.report.to_json(),
                 "draining": sorted(rid for rid, r in self.running.items() if r.draining),
                 "retiring": [r.placement.replica_id for r in self.retiring],
+                "starting": {rid: i.kind for rid, i in sorted(self.fleet.starts.flight.items())},
                 "marked_links": [list(m.key) for m in self.marks.values()], "lost_nodes": sorted(self.lost),
                 "last_moves": [c.to_json() for c in self.last_changes], "events": str(self.events.path),
                 "bench": self.bench.status()}
 
     def shutdown(self) -> None:
-        """Stop every replica and forget the saved state (a later controller starts afresh)."""
-        for r in [*self.running.values(), *self.retiring]:
-            self._stop(r.replica)
-        self.running.clear()
-        self.retiring.clear()
+        """Stop every replica, those being started included, and forget the saved state (a later
+        controller starts afresh)."""
+        self.fleet.stop_all()
         state.forget(self.spec.state_dir)
         self._record("shutdown", {})

@@ -74,13 +74,17 @@ def stop_quietly(replica: Replica) -> None:
         replica.stop()
 
 
-def start_one(backend: Backend, launch: EngineLaunch, reallocate: Callable[[EngineLaunch, int], EngineLaunch]
-              ) -> Started:
+def start_one(backend: Backend, launch: EngineLaunch, reallocate: Callable[[EngineLaunch, int], EngineLaunch],
+              created: Callable[[Replica], None] | None = None) -> Started:
     """Create and start the replica; on `PortInUse`, `reallocate(launch, busy_port)` gives the next try.
-    Anything else: the replica is stopped and the error raised."""
+    Anything else: the replica is stopped and the error raised. `created` hears of each replica
+    as soon as it exists (before its start ends: whoever must abort the start stops it); what it
+    raises aborts the start, as a failed start."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
         replica = backend.create(launch)
         try:
+            if created is not None:
+                created(replica)
             return Started(replica=replica, launch=launch, url=replica.start())
         except PortInUse as err:
             stop_quietly(replica)
@@ -91,6 +95,7 @@ def start_one(backend: Backend, launch: EngineLaunch, reallocate: Callable[[Engi
             stop_quietly(replica)
             raise
     raise AssertionError("unreachable")
+
 
 def start_all(backend: Backend, launches: Sequence[EngineLaunch],
               reallocate: Callable[[EngineLaunch, int], EngineLaunch]) -> list[Started | Exception]:

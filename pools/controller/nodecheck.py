@@ -4,11 +4,13 @@ resources `python -m pools node-labels` would give them (pure: Ray's node list c
 A Ray node is bound to a topology node by its `isle.io/node` label, else by the per-GPU
 resources `isle_gpu_<node>_<i>` it declares. Under NVML discovery every Ray node is its own
 topology node (the discovery task ran there); in simulation a declared node no Ray node carries
-is still simulated, unpinned, and the report says so.
+is still simulated, unpinned, and the report says so: as a note (info), since that is how a
+simulated cluster runs on one local Ray, where real problems are warnings.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -39,12 +41,19 @@ class NodeReport:
     """Topology nodes whose Ray node carries every expected label and resource."""
     problems: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Per topology node (or Ray node id): what is missing or different."""
+    unpinned: tuple[str, ...] = ()
+    """Simulated nodes no Ray node carries (also in `problems`): expected on a local Ray."""
 
     def to_json(self) -> dict[str, object]:
         return {"ok": list(self.ok), "problems": {k: list(v) for k, v in self.problems.items()}}
 
-    def lines(self) -> list[str]:
-        return [f"{node}: {'; '.join(why)}" for node, why in sorted(self.problems.items())]
+    def lines(self) -> list[tuple[int, str]]:
+        """Each line with its logging level: info for a simulated node no Ray node carries,
+        warning for the rest."""
+        return [(logging.INFO, f"simulated node {node} has no Ray node (simulated nodes have none unless a Ray "
+                               f"node was started with their labels); its replicas run unpinned on any Ray node")
+                if node in self.unpinned else (logging.WARNING, f"{node}: {'; '.join(why)}")
+                for node, why in sorted(self.problems.items())]
 
 
 def bind(topology: Topology, ray_nodes: Sequence[RayNode]) -> dict[str, RayNode]:
@@ -78,13 +87,16 @@ def check(topology: Topology, bound: Mapping[str, RayNode], simulated: bool) -> 
     """Compare what each bound Ray node carries with what its topology node (as discovered, before
     any health mark) implies."""
     ok: list[str] = []
+    unpinned: list[str] = []
     problems: dict[str, tuple[str, ...]] = {}
     for node in topology.nodes:
         ray = bound.get(node.name)
         if ray is None:
             if simulated:
-                why = (f"no Ray node carries it (its replicas run unpinned); `python -m pools node-labels "
-                       f"--source <cluster spec> --node {node.name}` gives the `ray start` arguments for one")
+                why = (f"simulated node: no Ray node carries it (none does on a local Ray), so its replicas run "
+                       f"unpinned; `python -m pools node-labels --source <cluster spec> --node {node.name}` gives "
+                       f"the `ray start` arguments for one")
+                unpinned.append(node.name)
             else:
                 why = "no Ray node for it"
             problems[node.name] = (why,)
@@ -94,4 +106,4 @@ def check(topology: Topology, bound: Mapping[str, RayNode], simulated: bool) -> 
             problems[node.name] = (f"Ray node {ray.node_id[:12]}: " + "; ".join(diff),)
         else:
             ok.append(node.name)
-    return NodeReport(ok=tuple(ok), problems=problems)
+    return NodeReport(ok=tuple(ok), problems=problems, unpinned=tuple(unpinned))

@@ -4,6 +4,7 @@ drain and re-place on a marked link, resume from the saved state."""
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
@@ -77,9 +78,14 @@ def test_deploy_publish_and_restart_a_dead_engine(tmp_path: Path) -> None:
         assert isinstance(victim, ReplicaProcess) and victim.proc is not None
         victim.proc.kill()
         victim.proc.wait(5)
-        table = core.check()
-        assert table.version == 2 and victim.restarts == 1
+        assert core.check().version == 1 and core.status()["starting"] == {"mixed-0": "restart"}  # submitted ...
+        table = core.settle(timeout_s=30)  # ... and installed once up
+        assert table.version == 2 and victim.restarts == 1 and core.status()["starting"] == {}
         assert _health(next(r.url for r in table.replicas if r.replica_id == "mixed-0")) == 200
+        # started on a worker thread, the engine outlives its start (it dies with the thread that
+        # started it, PR_SET_PDEATHSIG): the worker waits for the next start instead of ending
+        with pytest.raises(subprocess.TimeoutExpired):
+            victim.proc.wait(1.0)
         kinds = [e["kind"] for e in _events(tmp_path)]
         assert kinds[:2] == ["topology", "plan"] and "restart" in kinds
     finally:
@@ -95,6 +101,8 @@ def test_marked_link_drains_then_replaces_before_stopping(tmp_path: Path, backen
     old = core.running[victim]
     moves = core.mark_link("a", 0, 1, reason="test: NVLink down")
     assert [(m["replica_id"], m["order"], m["to"]) for m in moves] == [(victim, "make-before-break", "b:0,b:1")]
+    assert core.running[victim] is old and old.draining  # drained at once, replaced once the new one is up
+    core.settle(timeout_s=30)
     new = core.running[victim]
     assert new.url != old.url and not new.draining and _health(new.url) == 200
     assert core.topology is not None and core.table.topology_fingerprint == core.topology.fingerprint()
@@ -118,6 +126,7 @@ def test_a_new_controller_resumes_instead_of_starting_duplicates(tmp_path: Path,
     first = ControllerCore(_spec(tmp_path), backend)
     first.deploy()
     first.mark_link("a", 0, 1)
+    first.settle(timeout_s=30)
     first.check()
     before = {rid: (r.url, r.placement) for rid, r in first.running.items()}
     version = first.table.version
@@ -157,7 +166,8 @@ def test_a_lost_node_moves_its_replicas(tmp_path: Path) -> None:
         version = core.table.version
         assert core.check().version == version  # nothing changed: nothing published
         backend.alive["a"] = False
-        table = core.check()
+        core.check()
+        table = core.settle(timeout_s=30)
         assert {r.node for r in table.replicas} == {"b"} and all(r.healthy and not r.draining for r in table.replicas)
         assert all(_health(r.url) == 200 for r in table.replicas)
         topo = next(e for e in _events(tmp_path) if e["kind"] == "topology" and e["reason"] != "deploy")
@@ -206,6 +216,7 @@ def test_link_counters_lower_a_score_then_move_a_replica(tmp_path: Path) -> None
         _pairs_spec(spec, ", degraded_links: [{gpus: [0, 1], lanes_active: 1}]")  # 1 of 4 lanes: unhealthy
         now[0] = 62.0
         core.check()
+        core.settle(timeout_s=30)
         assert core.running[victim].placement.node == "b"  # re-placed off the bad link
         assert any(e["kind"] == "topology" and e["reason"] == "link counters changed" for e in _events(tmp_path))
     finally:

@@ -166,6 +166,7 @@ def test_a_moved_replica_never_takes_ports_its_predecessor_still_holds(tmp_path:
     victim = next(r for r in core.running.values() if r.placement.role == "mixed")
     a, b = victim.placement.gpus
     core.mark_link(victim.placement.node, a, b, reason="test")
+    core.settle(timeout_s=30)
     moved = core.running[victim.placement.replica_id]
     assert moved.launch.generation == 1 and victim in core.retiring
     _no_shared_ports(core)
