@@ -24,7 +24,18 @@ from types import ModuleType
 from typing import Any
 
 COMPILED = (
+    "pools.engine.fields",
+    "pools.engine.guided",
+    "pools.engine.metrics",
+    "pools.engine.output",
+    "pools.engine.protocol",
+    "pools.engine.responses",
+    "pools.engine.routes",
+    "pools.engine.serving",
     "pools.engine.text",
+    "pools.engine.tokenize",
+    "pools.engine.tokens",
+    "pools.engine.toolcall",
     "pools.wire.deadline",
     "pools.wire.http",
     "pools.wire.errors",

@@ -88,6 +88,8 @@ class StepResult:
     preempted: tuple[str, ...]
     prefill_tokens: int
     decode_seqs: int
+    admitted: tuple[str, ...] = ()
+    """Requests scheduled this step from the waiting queue (first time, or after a preemption)."""
 
 
 @dataclass(slots=True)
@@ -97,6 +99,7 @@ class _Plan:
     """rid -> tokens computed this step (1, or 0 right after a remote prefill)."""
     decode_context: int = 0
     preempted: list[str] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)
 
 
 class EngineCore:
@@ -141,6 +144,12 @@ class EngineCore:
             self.waiting.remove(seq)
         if seq in self.running:
             self.running.remove(seq)
+
+    def stop(self, rid: str) -> None:
+        """It ended before max_tokens (EOS, a stop string or token): finish it as if it reached them."""
+        seq = self.seqs.get(rid)
+        if seq is not None and seq in self.running:
+            self._finish(seq)
 
     def release(self, rid: str) -> bool:
         """The decode side took the KV of a held prefill: free it. False when not held."""
@@ -242,6 +251,7 @@ class EngineCore:
                 break  # no room: wait for running requests to finish
             self.waiting.remove(seq)
             self.running.append(seq)
+            plan.admitted.append(seq.rid)
             budget -= self._take(seq, plan, budget)
 
     def _duration_s(self, plan: _Plan) -> float:
@@ -286,7 +296,7 @@ class EngineCore:
                 self._finish(seq)
         return StepResult(start_s=start, duration_s=duration, tokens=tuple(tokens), finished=tuple(finished),
                           preempted=tuple(plan.preempted), prefill_tokens=sum(plan.chunks.values()),
-                          decode_seqs=len(plan.decodes))
+                          decode_seqs=len(plan.decodes), admitted=tuple(plan.admitted))
 
     def _finish(self, seq: Seq) -> None:
         seq.done = True

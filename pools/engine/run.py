@@ -17,6 +17,7 @@ from pools.costmodel import LinkCost
 from pools.engine.core import EngineConfig
 from pools.engine.pd import Placement, is_loopback
 from pools.engine.server import EngineIdentity, SimEngine
+from pools.engine.toolcall import ToolSetup
 from pools.wire.lifecycle import follow_parent, serve_until_signalled
 from topology import GpuRef, LinkKind, bottleneck, read_source
 from topology.gpus import gpu_facts
@@ -63,9 +64,12 @@ def build(args: argparse.Namespace) -> SimEngine:
                           kv_capacity_tokens=args.kv_capacity_tokens)
     if config.capacity() < config.block_size:
         raise ValueError(f"{args.model} at tp={args.tp} leaves no room for KV cache on {args.gpu}")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")  # as vLLM's cli_args.py
     identity = EngineIdentity(served_model=args.served_model_name or args.model,
                               engine_id=args.engine_id or uuid.uuid4().hex[:8], role=args.role, host=args.host,
-                              port=args.port, placement=placement, topology=topology, kv_hold_s=args.kv_hold_s)
+                              port=args.port, placement=placement, topology=topology, kv_hold_s=args.kv_hold_s,
+                              tools=ToolSetup(args.tool_call_parser, args.enable_auto_tool_choice))
     return SimEngine(config, identity, time_scale=args.time_scale)
 
 
@@ -86,6 +90,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--kv-capacity-tokens", type=int, help="override the cache size the cost model gives")
     p.add_argument("--kv-hold-s", type=float, default=60.0, help="how long a prefill keeps KV for its decode")
+    p.add_argument("--tool-call-parser", help="vLLM's: tool_choice 'required' and named functions need it (any name: "
+                   "the simulated model writes one format)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="vLLM's: tool_choice 'auto' (needs --tool-call-parser)")
     p.add_argument("--log-level", default="warning")
 
 

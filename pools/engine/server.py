@@ -1,11 +1,16 @@
-"""The simulated engine's HTTP shell: vLLM's OpenAI routes around the pure batching core.
+"""The simulated engine's HTTP shell: vLLM 0.32's OpenAI server around the pure batching core.
 
 A driver task runs the core: each step takes its cost-model duration x `time_scale` of wall
-time (scale 1 is real time), then its tokens go to the waiting responses. Routes:
-`/v1/completions`, `/v1/chat/completions` (stream or not, usage, `stream_options`,
-`max_tokens`, `priority`, `n=1`, `kv_transfer_params`), `/v1/models`, `/health`, `/metrics`
-(vLLM's names), and the loopback-only admin and PD routes `/admin/faults`, `/admin/steps`,
-`/internal/kv/release`.
+time (scale 1 is real time), then its tokens go to the waiting responses. Routes, as vLLM serves
+them (`pools.engine.routes`; 404 for an unknown path, 405 with `Allow` for a known one):
+`/v1/chat/completions` and `/v1/completions` (vLLM's request checks and error shapes,
+`pools.engine.protocol`; stream or not, usage, n choices and lists of prompts, each choice its
+own sequence in the core; seed; max_tokens up to the context; stop strings and token ids,
+ignore_eos, min_tokens (`pools.engine.output`); logprobs; response_format and tools by guided
+decoding (`pools.engine.guided`, `pools.engine.toolcall`); priority; PD `kv_transfer_params`),
+`/tokenize`, `/detokenize`, `/v1/models`, `/health`, `/version`, `/metrics` (vLLM's names,
+labels and buckets, `pools.engine.metrics`), and the loopback-only admin and PD routes
+`/admin/faults`, `/admin/steps`, `/internal/kv/release`.
 """
 
 from __future__ import annotations
@@ -21,31 +26,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pools.costmodel import LinkCost
-from pools.engine import pd
+from pools.engine import pd, protocol, routes
 from pools.engine.core import EngineConfig, EngineCore, StepResult
 from pools.engine.faults import Faults
-from pools.engine.metrics import EngineMetrics
-from pools.engine.text import TokenText, seed_for
-from pools.wire import openai as wire
+from pools.engine.metrics import EngineMetrics, Finished
+from pools.engine.output import Token
+from pools.engine.responses import Choice
+from pools.engine.serving import Live, choices_for, stream, whole
+from pools.engine.tokenize import detokenize, tokenize
+from pools.engine.toolcall import ToolSetup
+from pools.wire.errors import ApiError
 from pools.wire.http import Request, Responder, serve
 from topology import Topology
 
 log = logging.getLogger("isleserve.engine")
 GIVEN_UP_MAX = 4096
-
-
-@dataclass(slots=True)
-class _Live:
-    req: wire.GenerationRequest
-    rid: str
-    prompt_tokens: int
-    text: TokenText
-    queue: asyncio.Queue[tuple[str, str | None]] = field(default_factory=asyncio.Queue)
-    arrival_v: float = 0.0
-    first_v: float | None = None
-    last_v: float | None = None
-    kv_ms: float = 0.0
-    emitted: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,15 +53,20 @@ class EngineIdentity:
     placement: pd.Placement | None = None
     topology: Topology | None = None
     kv_hold_s: float = 60.0
+    tools: ToolSetup = field(default_factory=ToolSetup)
+    """`--tool-call-parser` and `--enable-auto-tool-choice`, off as in vLLM."""
 
 
 class SimEngine:
     def __init__(self, config: EngineConfig, identity: EngineIdentity, time_scale: float = 1.0) -> None:
         self.config, self.id, self.time_scale = config, identity, time_scale
         self.core = EngineCore(config)
-        self.metrics = EngineMetrics(identity.served_model)
+        self.limits = protocol.Limits(identity.served_model,
+                                      min(config.model.max_context, self.core.total_blocks * config.block_size))
+        """max_model_len: the model's context, cut to what the KV cache holds (vLLM's auto-fit)."""
+        self.metrics = EngineMetrics(identity.served_model, self.limits.max_model_len)
         self.faults = Faults()
-        self.live: dict[str, _Live] = {}
+        self.live: dict[str, tuple[Live, Choice]] = {}
         self.steps: deque[dict[str, Any]] = deque(maxlen=4096)
         self.wake = asyncio.Event()
         self.wall0 = 0.0
@@ -152,26 +152,47 @@ class SimEngine:
         self.steps.append({"start_s": result.start_s, "duration_s": result.duration_s,
                            "prefill_tokens": result.prefill_tokens, "decode_seqs": result.decode_seqs})
         end = result.start_s + result.duration_s
+        m = self.metrics
+        m.iteration.observe(result.prefill_tokens + len(result.tokens))
         if result.preempted:
-            self.metrics.c_preempt.inc(len(result.preempted))
-        finished = set(result.finished)
+            m.preemptions.inc(len(result.preempted))
+        for rid in result.preempted:
+            if (entry := self.live.get(rid)) is not None:
+                entry[1].preemptions += 1
+        for rid in result.admitted:
+            if (entry := self.live.get(rid)) is not None and entry[1].scheduled_v is None:
+                entry[1].scheduled_v = result.start_s
         for rid in result.tokens:
-            live = self.live.get(rid)
-            if live is None:
+            entry = self.live.get(rid)
+            if entry is None:
                 continue
-            if live.first_v is None:
-                live.first_v = end
-                self.metrics.c_ttft.observe(end - live.arrival_v)
+            live, c = entry
+            t = c.out.next()
+            if c.first_v is None:
+                c.first_v = end
+                m.ttft.observe(end - c.arrival_v)
+                m.prompt_tokens.inc(c.prompt_tokens)
             else:
-                gap = end - (live.last_v or end)
-                self.metrics.c_itl.observe(gap)
-                self.metrics.c_tpot.observe(gap)
-            live.last_v = end
-            live.emitted += 1
-            self.metrics.c_gen.inc()
-            live.queue.put_nowait((live.text.next(), "length" if rid in finished else None))
+                m.itl.observe(end - (c.last_v or end))
+            c.last_v = end
+            m.generation_tokens.inc()
+            if live.req.sampling.logprobs is not None:
+                c.tokens.append(t)
+            if t.finish:
+                self.core.stop(rid)  # ended early (EOS, stop): the core lets it go now
+                self._finished(live, c, t)
+            live.queue.put_nowait((c, t))
             self.faults.count_token()
-        self.metrics.state(self.core.num_running, self.core.num_waiting, self.core.kv_usage)
+        m.state(self.core.num_running, self.core.num_waiting, self.core.kv_usage)
+
+    def _finished(self, live: Live, c: Choice, t: Token) -> None:
+        self.metrics.finished(Finished(
+            reason=t.finish or "length", arrival_s=c.arrival_v, scheduled_s=c.scheduled_v or c.arrival_v,
+            first_s=c.first_v or c.arrival_v, last_s=c.last_v or c.arrival_v, prompt_tokens=c.prompt_tokens,
+            generation_tokens=c.emitted, preemptions=c.preemptions, max_tokens_param=live.req.sampling.max_tokens))
+        siblings = [s for s in live.choices if s.prompt == c.prompt]
+        if all(s.out.finish for s in siblings):
+            self.metrics.prompt_finished(len(siblings), max(s.emitted for s in siblings))
 
     def _expire_held(self) -> bool:
         """Free the KV no decode claimed in time; True when anything was freed."""
@@ -195,28 +216,34 @@ class SimEngine:
 
     # routes
     async def handle(self, request: Request, response: Responder) -> None:
+        if routes.refuse_route(request, response):
+            return
         route = (request.method, request.path)
         try:
             if route == ("POST", "/v1/chat/completions"):
                 await self._generate(request, response, "chat")
             elif route == ("POST", "/v1/completions"):
                 await self._generate(request, response, "completion")
+            elif route == ("POST", "/tokenize"):
+                response.send(200, json.dumps(tokenize(routes.json_body(request), self.limits)).encode())
+            elif route == ("POST", "/detokenize"):
+                response.send(200, json.dumps(detokenize(routes.json_body(request), self.limits)).encode())
             elif route == ("GET", "/v1/models"):
-                response.send(200, wire.models_body([self.id.served_model]))
+                response.send(200, routes.models_body(self.id.served_model, self.limits.max_model_len))
             elif route == ("GET", "/health"):
                 response.send(200, b"")
+            elif route == ("GET", "/version"):
+                response.send(200, routes.version_body())
             elif route == ("GET", "/metrics"):
                 self.metrics.state(self.core.num_running, self.core.num_waiting, self.core.kv_usage)
                 response.send(200, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
             elif route == ("POST", "/internal/kv/release"):
                 self._release(request, response)
-            elif request.path == "/admin/faults" and request.method in ("GET", "POST"):
+            elif request.path == "/admin/faults":
                 self._faults(request, response)
-            elif route == ("GET", "/admin/steps"):
+            else:  # GET /admin/steps
                 response.send(200, json.dumps(list(self.steps)).encode())
-            else:
-                raise wire.ApiError(404, f"no route {request.method} {request.path}", "not_found_error")
-        except wire.ApiError as err:
+        except ApiError as err:
             if not response.started:
                 response.send(err.status, err.body())
 
@@ -225,7 +252,7 @@ class SimEngine:
             try:
                 self.faults.apply(json.loads(request.body or b"{}"), self)
             except (ValueError, TypeError) as err:
-                raise wire.ApiError(400, f"bad fault: {err}") from None
+                raise ApiError(400, f"bad fault: {err}") from None
         response.send(200, json.dumps(self.faults.describe()).encode())
 
     def _release(self, request: Request, response: Responder) -> None:
@@ -233,72 +260,81 @@ class SimEngine:
             body = json.loads(request.body)
             rid = str(body["request_id"])
         except (ValueError, KeyError, TypeError):
-            raise wire.ApiError(400, "release wants {\"request_id\": ...}") from None
+            raise ApiError(400, "release wants {\"request_id\": ...}") from None
         if body.get("engine_id") not in (None, self.id.engine_id):
-            raise wire.ApiError(404, f"engine {self.id.engine_id} holds no KV for request {rid}", "not_found_error")
+            raise ApiError(404, f"engine {self.id.engine_id} holds no KV for request {rid}", "not_found_error")
         own = rid if rid in self.core.held else self._by_client.pop(rid, rid)
         if not self.core.release(own):
             if len(self._given_up) < GIVEN_UP_MAX:
                 self._given_up[rid] = time.monotonic()  # if its prefill is still running: free it when done
-            raise wire.ApiError(404, f"engine {self.id.engine_id} holds no KV for request {rid}", "not_found_error")
+            raise ApiError(404, f"engine {self.id.engine_id} holds no KV for request {rid}", "not_found_error")
         self._held_at.pop(own, None)
         self.wake.set()  # blocks freed: a waiting request may fit now
         response.send(200, json.dumps({"released": rid}).encode())
 
     async def _generate(self, request: Request, response: Responder, kind: str) -> None:
         if self.faults.fail_status:
-            raise wire.ApiError(self.faults.fail_status, "injected failure (admin fault fail_requests)",
-                                "server_error")
-        max_len = self.config.model.max_context
-        req = wire.parse_generation(request.body, kind, max_len)
-        if req.model != self.id.served_model:
-            raise wire.ApiError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model")
+            raise ApiError(self.faults.fail_status, "injected failure (admin fault fail_requests)", "server_error")
+        body = routes.json_body(request)
+        req = protocol.read(body, kind)
+        budgets = protocol.check(req, body, self.limits, self.id.tools)
+        params = req.kv_transfer_params
+        if params and req.sequences > 1:
+            raise ApiError(400, "kv_transfer_params take one sequence: n=1 and one prompt", "BadRequestError",
+                           "kv_transfer_params")
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{self.id.engine_id}-{next(self._ids)}"
-        prompt_tokens = req.prompt_tokens
-        if prompt_tokens + req.max_tokens > max_len:
-            raise wire.ApiError(400, f"prompt ({prompt_tokens} tokens) plus max_tokens ({req.max_tokens}) exceeds "
-                                     f"the model's context of {max_len} tokens", param="max_tokens")
-        live = _Live(req=req, rid=rid, prompt_tokens=prompt_tokens, text=TokenText(seed_for(req.seed, rid
-                     if req.seed is not None else req.prompt_text + str(req.request_id or ""))))
+        live = Live(req=req, rid=rid, model=self.id.served_model,
+                    choices=choices_for(req, rid, budgets, self.id.tools))
         ready_after, remote_prefill = 0.0, False
-        if pd.wants_remote_prefill(req.kv_transfer_params):
-            ready_after, remote_prefill = await self._claim(req, prompt_tokens, live)
-        hold = pd.wants_remote_decode(req.kv_transfer_params)
+        if pd.wants_remote_prefill(params):
+            ready_after, remote_prefill = await self._claim(params or {}, live.choices[0].prompt_tokens, live)
+        hold = pd.wants_remote_decode(params)
         if not self.core.has_work():
             self.core.advance_to(self.virtual_now())  # it sat idle: catch virtual time up
+        arrival = min(self.core.now, self.virtual_now())  # while a step runs, core.now is already its end
         try:
-            self.core.add(rid, prompt_tokens, req.max_tokens, req.priority, ready_after, remote_prefill, hold)
+            for c in live.choices:
+                self.core.add(c.rid, c.prompt_tokens, c.max_tokens, req.priority, ready_after, remote_prefill, hold)
+                c.arrival_v = arrival
+                self.live[c.rid] = (live, c)
         except ValueError as err:
-            raise wire.ApiError(400, str(err), param="max_tokens") from None
-        # arrival on the virtual clock: while a step runs, core.now is already that step's end
-        live.arrival_v = min(self.core.now, self.virtual_now())
-        self.live[rid] = live
-        self.metrics.c_prompt.inc(prompt_tokens)
+            self._drop(live)
+            raise ApiError(400, str(err), "BadRequestError", "max_tokens") from None
         self.wake.set()
-        log.debug("request %s: %d prompt tokens, max_tokens %d, priority %d", rid, prompt_tokens, req.max_tokens,
-                  req.priority)
+        log.debug("request %s: %d sequences, %d prompt tokens, max_tokens %s, priority %d", rid, len(live.choices),
+                  live.choices[0].prompt_tokens, budgets, req.priority)
         try:
             if req.stream:
-                await self._stream(live, response)
+                await stream(live, response, self._extra, self.faults)
             else:
-                await self._complete(live, response)
+                await whole(live, response, self._extra, self.faults)
         finally:
-            self.live.pop(rid, None)
-            if hold and live.emitted >= req.max_tokens:
-                if self._given_up.pop(rid, None) is not None or (
-                        req.request_id is not None and self._given_up.pop(req.request_id, None) is not None):
-                    self.core.release(rid)  # released while it ran: nobody will claim it
-                    self.wake.set()
-                else:
-                    self._held_at[rid] = time.monotonic()
-                    if req.request_id is not None:
-                        self._by_client[req.request_id] = rid
-            elif live.emitted < req.max_tokens:
-                self.core.abort(rid)  # client gone or engine failing: free its blocks
+            self._settle(live, hold)
+
+    def _drop(self, live: Live) -> None:
+        """Abort whatever of this request is still in the core (the client left, the engine failed)."""
+        for c in live.choices:
+            self.live.pop(c.rid, None)
+            if not c.out.finish:
+                self.core.abort(c.rid)  # free its blocks
                 self.wake.set()
 
-    async def _claim(self, req: wire.GenerationRequest, prompt_tokens: int, live: _Live) -> tuple[float, bool]:
-        params = req.kv_transfer_params or {}
+    def _settle(self, live: Live, hold: bool) -> None:
+        c, req = live.choices[0], live.req
+        if hold and c.out.finish:
+            self.live.pop(c.rid, None)
+            if self._given_up.pop(c.rid, None) is not None or (
+                    req.request_id is not None and self._given_up.pop(req.request_id, None) is not None):
+                self.core.release(c.rid)  # released while it ran: nobody will claim it
+                self.wake.set()
+            else:
+                self._held_at[c.rid] = time.monotonic()
+                if req.request_id is not None:
+                    self._by_client[req.request_id] = c.rid
+            return
+        self._drop(live)
+
+    async def _claim(self, params: dict[str, Any], prompt_tokens: int, live: Live) -> tuple[float, bool]:
         pd.check_decode_params(params)
         from pools.engine.claim import claim_blocks
 
@@ -311,59 +347,19 @@ class SimEngine:
         log.debug("KV of %d tokens from %s: %.2f ms over %s", prompt_tokens, params["remote_engine_id"], ms, via)
         return ms / 1000.0, True
 
-    def _timing(self, live: _Live) -> dict[str, float]:
-        ttft = (live.first_v - live.arrival_v) * 1000 if live.first_v is not None else 0.0
-        tpot = ((live.last_v or 0) - (live.first_v or 0)) * 1000 / max(1, live.emitted - 1)
-        return {"ttft_ms": round(ttft, 3), "tpot_ms": round(tpot, 3), "kv_transfer_ms": round(live.kv_ms, 3),
-                "e2e_ms": round(((live.last_v or live.arrival_v) - live.arrival_v) * 1000, 3)}
-
-    def _finish_metrics(self, live: _Live, reason: str) -> None:
-        self.metrics.c_e2e.observe((live.last_v or live.arrival_v) - live.arrival_v)
-        self.metrics.success.labels(self.id.served_model, reason).inc()
-
-    def _extra(self, live: _Live) -> dict[str, Any]:
-        extra: dict[str, Any] = {"isle_timing": self._timing(live)}
+    def _extra(self, live: Live) -> dict[str, Any]:
+        """What vLLM adds to a response (`kv_transfer_params`, here only when there are some) and what
+        the simulated engine adds: `isle_timing`, the first choice's modelled timing in ms and the
+        engine's time scale."""
+        c = live.choices[0]
+        first, last = c.first_v, c.last_v or c.arrival_v
+        timing = {"ttft_ms": round(((first or c.arrival_v) - c.arrival_v) * 1000, 3),
+                  "tpot_ms": round((last - (first or last)) * 1000 / max(1, c.emitted - 1), 3),
+                  "kv_transfer_ms": round(live.kv_ms, 3), "e2e_ms": round((last - c.arrival_v) * 1000, 3),
+                  "time_scale": self.time_scale}
+        extra: dict[str, Any] = {"isle_timing": timing}
         if pd.wants_remote_decode(live.req.kv_transfer_params):
             extra["kv_transfer_params"] = pd.prefill_params(
-                self.id.engine_id, live.rid, self.id.host, self.port, self.config.tp,
-                -(-live.prompt_tokens // self.config.block_size), live.prompt_tokens, self.id.placement)
+                self.id.engine_id, c.rid, self.id.host, self.port, self.config.tp,
+                -(-c.prompt_tokens // self.config.block_size), c.prompt_tokens, self.id.placement)
         return extra
-
-    async def _complete(self, live: _Live, response: Responder) -> None:
-        pieces, reason = [], "length"
-        while True:
-            piece, finish = await self._next_token(live)
-            pieces.append(piece)
-            if finish:
-                reason = finish
-                break
-        self._finish_metrics(live, reason)
-        body = wire.full_response(live.req, live.rid, "".join(pieces), reason, live.prompt_tokens, live.emitted,
-                                  self._extra(live))
-        response.send(200, json.dumps(body).encode())
-
-    async def _next_token(self, live: _Live) -> tuple[str, str | None]:
-        piece, finish = await live.queue.get()
-        self.faults.maybe_crash()
-        return piece, finish
-
-    async def _stream(self, live: _Live, response: Responder) -> None:
-        created = int(time.time())
-        writer = wire.ChunkWriter(live.req, live.rid, created)
-        response.start_stream()
-        first = True
-        while True:
-            piece, finish = await self._next_token(live)
-            await response.write(writer.content(piece, first))
-            first = False
-            if finish:
-                await response.write(writer.finish(finish))
-                break
-        self._finish_metrics(live, "length")
-        if live.req.include_usage:
-            body = wire.usage_chunk(live.req, live.rid, created, live.prompt_tokens, live.emitted)
-            extra = json.loads(body[6:])
-            extra.update(self._extra(live))
-            await response.write(wire.sse(extra))
-        await response.write(wire.DONE)
-        response.end()

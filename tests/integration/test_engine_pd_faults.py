@@ -127,6 +127,9 @@ def test_rejected_faults_change_nothing_and_context_is_enforced() -> None:
             status, _ = post(f"{e.base}/admin/faults", bad)
             assert status == 400
         assert fault(e.base, {})["slowdown"] == 1.0
-        status, body = post(f"{e.base}/v1/completions", {"model": "llama-3.1-8b", "prompt": "x" * 400_000,
+        # vLLM 0.32 clamps max_tokens to the context left (get_max_tokens) but refuses a prompt
+        # longer than the context itself (TokenizeParams, vllm/renderers/params.py)
+        status, body = post(f"{e.base}/v1/completions", {"model": "llama-3.1-8b", "prompt": "x" * 600_000,
                                                          "max_tokens": 100_000})
-        assert status == 400 and "context" in body["error"]["message"]
+        assert status == 400 and "maximum context length" in body["error"]["message"], body
+        assert body["error"]["param"] == "input_tokens"

@@ -126,3 +126,22 @@ def test_pd_decode_waits_for_the_transfer_and_held_kv_is_released() -> None:
         decode.add("d", 3000, 8, ready_after_s=transfer_s, remote_prefill=True)
         firsts[name] = run_all(decode)["d"][0]
     assert firsts["cross-node"] - firsts["same-island"] == pytest.approx(0.024, abs=1e-6)
+
+
+def test_a_sequence_stopped_early_frees_its_blocks_and_leaves_the_batch() -> None:
+    """EOS or a stop string ends a sequence before max_tokens (vLLM's scheduler: check_stop,
+    v1/core/sched/utils.py): `stop` finishes it at once, so the next step batches one fewer and its
+    KV blocks are free; n choices are n sequences, admitted in one step."""
+    core = engine(link_of_kind("nvlink", "h100-sxm"))
+    for k in range(3):
+        core.add(f"r-{k}", 100, 50)
+    first = core.step()
+    assert first is not None and sorted(first.admitted) == ["r-0", "r-1", "r-2"] and len(first.tokens) == 3
+    free = core.free_blocks
+    core.stop("r-1")
+    assert core.num_running == 2 and core.free_blocks > free
+    after = core.step()
+    assert after is not None and after.decode_seqs == 2 and "r-1" not in after.tokens
+    core.stop("r-1")  # again, or for a finished or unknown request: nothing happens
+    core.stop("nobody")
+    assert core.num_running == 2
