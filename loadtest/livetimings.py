@@ -32,7 +32,7 @@ def modelled(results: Sequence[RequestResult], time_scale: float) -> list[Reques
 
 
 # the engines' own (virtual) timings
-_SAMPLE = re.compile(r"^(vllm:(?:time_to_first_token|time_per_output_token)_seconds_(?:sum|count))\{[^}]*\}\s+(\S+)$",
+_SAMPLE = re.compile(r"^(vllm:(?:time_to_first_token|inter_token_latency)_seconds_(?:sum|count))\{[^}]*\}\s+(\S+)$",
                      re.M)
 
 
@@ -62,8 +62,8 @@ def engine_timings(before: Mapping[str, Mapping[str, float]], after: Mapping[str
 
     ttft_sum = sum(delta(rid, "time_to_first_token_seconds_sum") for rid in after)
     firsts = sum(delta(rid, "time_to_first_token_seconds_count") for rid in after if roles.get(rid) != "prefill")
-    tpot_sum = sum(delta(rid, "time_per_output_token_seconds_sum") for rid in after)
-    gaps = sum(delta(rid, "time_per_output_token_seconds_count") for rid in after)
+    tpot_sum = sum(delta(rid, "inter_token_latency_seconds_sum") for rid in after)
+    gaps = sum(delta(rid, "inter_token_latency_seconds_count") for rid in after)
     return {"ttft_ms": ttft_sum * 1000 / firsts if firsts else math.nan, "requests": firsts,
             "tpot_ms": tpot_sum * 1000 / gaps if gaps else math.nan, "token_gaps": gaps}
 

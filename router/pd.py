@@ -47,8 +47,8 @@ async def _release_prefill(router: Router, pcand: Candidate, request_id: Any, en
 async def _prefill(router: Router, call: _Call, pcand: Candidate, request_id: str) -> tuple[int, bytes]:
     first = {**call.body, "max_tokens": 1, "stream": False, "kv_transfer_params": {"do_remote_decode": True},
              "request_id": request_id}
-    first.pop("stream_options", None)
-    first.pop("max_completion_tokens", None)
+    for key in ("stream_options", "max_completion_tokens", "min_tokens"):  # one token, not streamed
+        first.pop(key, None)
     rid = pcand.endpoint.replica_id
     router.replicas.opened(rid)
     t0 = time.perf_counter()

@@ -101,7 +101,7 @@ class Router:
         self.turns = itertools.count()
         self.profiles = {name: self._profile(name) for name in config.classes()}
         self._served_by: dict[tuple[str, str, tuple[tuple[str, str], ...]], bytes] = {}
-        self.openapi = OPENAPI_PATH.read_bytes()
+        self.openapi = served_document(OPENAPI_PATH.read_bytes(), list(config.classes()), config.max_tokens_limit)
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.siblings: Siblings | None = None
@@ -417,6 +417,23 @@ class Router:
             if len(self._served_by) > 4096:
                 self._served_by.clear()
         return found
+
+
+def served_document(doc: bytes, classes: list[str], max_tokens_limit: int | None = None) -> bytes:
+    """The OpenAPI document with this router's settings in it: its SLO class names as the
+    `x-slo-class` values, its `max_tokens_limit` as the most tokens a request may ask."""
+    parsed = orjson.loads(doc)
+    if max_tokens_limit is not None:
+        for schema in parsed["components"]["schemas"].values():
+            for key in ("max_tokens", "max_completion_tokens"):
+                if key in schema.get("properties", {}):
+                    schema["properties"][key]["maximum"] = max_tokens_limit
+    for item in parsed["paths"].values():
+        for op in item.values():
+            for param in op.get("parameters", []):
+                if param.get("name") == "x-slo-class":
+                    param["schema"] = {"type": "string", "enum": classes}
+    return orjson.dumps(parsed)
 
 
 def _send_error(response: Responder, err: wire.ApiError) -> None:

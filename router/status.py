@@ -95,6 +95,9 @@ def _controller_lines(view: dict[str, Any] | None) -> list[str]:
         if view.get(key):
             lines.append(f"{what}: " + ", ".join(":".join(map(str, x)) if isinstance(x, list) else str(x)
                                                 for x in view[key]))
+    starting = view.get("starting")
+    if isinstance(starting, dict) and starting:  # replica -> why (restart, move, resume)
+        lines.append("starting: " + ", ".join(f"{rid} ({why})" for rid, why in sorted(starting.items())))
     return lines
 
 

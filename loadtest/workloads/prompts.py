@@ -1,6 +1,6 @@
-"""The text a `TraceRequest` is sent as: about its prompt tokens long, by the rule the simulated
-engine and the router count with (`pools.engine.text`: 4 bytes a token; the engine adds two tokens
-for the `<|user|>` tag of a chat message), so the engine sees the trace's prompt length. Real
+"""The text a `TraceRequest` is sent as: its prompt tokens long as the simulated engine and the
+router read a one-message chat prompt (`pools.wire.prompt`: 4 bytes a token, two more for the
+`<|user|>` tag), so the engine sees the trace's prompt length. Real
 tokenizers count this English-like filler at roughly the same rate.
 
 Prefix sharing: a request's `prefix_blocks` become blocks of `block_tokens` tokens whose text

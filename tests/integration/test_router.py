@@ -92,8 +92,10 @@ def test_openai_client_through_the_router(cluster: dict[str, Any]) -> None:
     assert [m.id for m in c.models.list()] == [MODEL]
     with pytest.raises(openai.NotFoundError):
         c.completions.create(model="gpt-9", prompt="x")
-    with pytest.raises(openai.BadRequestError):
-        c.completions.create(model=MODEL, prompt="x", n=3)
+    several = c.completions.with_raw_response.create(model=MODEL, prompt=["x", LONG], n=2, max_tokens=2,
+                                                     extra_headers={"x-slo-class": "interactive"})
+    assert len(several.parse().choices) == 4  # vLLM serves n > 1 and prompt lists: a choice per prompt and n
+    assert several.headers["x-isle-replica"] in ("m1", "m2") and "x-isle-prefill-replica" not in several.headers
 
 
 def test_profiles_per_class_use_their_plugins(cluster: dict[str, Any]) -> None:

@@ -55,10 +55,10 @@ def test_engine_timings_add_prefill_and_decode_first_tokens() -> None:
     before = {"m": {"time_to_first_token_seconds_sum": 1.0, "time_to_first_token_seconds_count": 10}}
     after = {
         "m": {"time_to_first_token_seconds_sum": 1.2, "time_to_first_token_seconds_count": 12,
-              "time_per_output_token_seconds_sum": 0.3, "time_per_output_token_seconds_count": 100},
+              "inter_token_latency_seconds_sum": 0.3, "inter_token_latency_seconds_count": 100},
         "p": {"time_to_first_token_seconds_sum": 0.1, "time_to_first_token_seconds_count": 2},
         "d": {"time_to_first_token_seconds_sum": 0.02, "time_to_first_token_seconds_count": 2,
-              "time_per_output_token_seconds_sum": 0.1, "time_per_output_token_seconds_count": 100},
+              "inter_token_latency_seconds_sum": 0.1, "inter_token_latency_seconds_count": 100},
     }
     got = engine_timings(before, after, {"m": "mixed", "p": "prefill", "d": "decode"})
     # 2 mixed first tokens (0.2 s) + 2 PD requests (prefill 0.1 s + decode 0.02 s) over 4 requests
