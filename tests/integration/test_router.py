@@ -231,6 +231,29 @@ def test_a_served_model_is_retrieved_and_an_unknown_one_is_404(cluster: dict[str
         c.models.retrieve("gpt-9")
 
 
+def _post(cluster: dict[str, Any], path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+    req = urllib.request.Request(f"{cluster['base']}{path}", data=json.dumps(body).encode(), method="POST",
+                                 headers={"authorization": f"Bearer {DEV_KEY}", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), json.loads(err.read())
+
+
+def test_tokenize_and_detokenize_are_answered_by_a_replica_of_the_model(cluster: dict[str, Any]) -> None:
+    """What `vllm bench serve` asks: /tokenize counts as the engine charges (usage.prompt_tokens),
+    /detokenize gives the text back; both proxied to a replica serving the body's model."""
+    status, headers, tokens = _post(cluster, "/tokenize", {"model": MODEL, "prompt": "an island of GPUs"})
+    assert status == 200 and headers["x-isle-replica"] in ("m1", "m2", "p1", "d1", "d2")
+    usage = client(cluster).completions.create(model=MODEL, prompt="an island of GPUs", max_tokens=1).usage
+    assert usage is not None and tokens["count"] == usage.prompt_tokens == len(tokens["tokens"])
+    status, _, text = _post(cluster, "/detokenize", {"model": MODEL, "tokens": tokens["tokens"]})
+    assert status == 200 and text["prompt"] == "an island of GPUs"
+    status, _, error = _post(cluster, "/tokenize", {"model": "gpt-9", "prompt": "x"})
+    assert status == 404 and error["error"]["param"] == "model"
+
+
 def test_refusals_are_counted_once_with_their_cause(cluster: dict[str, Any]) -> None:
     unknown = 'isle_router_rejections_total{cause="unknown_model",slo_class="standard"}'
     bad = 'isle_router_rejections_total{cause="bad_request",slo_class="standard"}'
