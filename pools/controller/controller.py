@@ -66,6 +66,9 @@ class ControllerCore:
         """The alive Ray nodes at the last look (one that joins is discovered)."""
         self.discovered: Topology | None = None
         self.bindings: Mapping[str, nodecheck.RayNode] = {}
+        self.known: dict[str, nodecheck.RayNode] = {}
+        """The last Ray node seen carrying each topology node: a node whose Ray node died between
+        two looks is lost even when a discovery in between no longer binds it."""
         self.report = nodecheck.NodeReport()
         self.marks: dict[tuple[str, int, int], health.LinkMark] = {}
         self.lost: set[str] = set()
@@ -107,6 +110,7 @@ class ControllerCore:
     def _discover(self) -> Topology:
         found = self.backend.discover(self.spec.topology_source)
         self.discovered, self.bindings = found.topology, found.bindings
+        self.known.update(found.bindings)
         self.ray_ids = {n.node_id for n in self.backend.nodes() or () if n.alive}
         report = nodecheck.check(found.topology, found.bindings, found.simulated)
         if report != self.report:  # said once, not on every counters pass
@@ -317,7 +321,7 @@ class ControllerCore:
             self._record("nodes_joined", {"ray_nodes": sorted(joined), "back": sorted(back)})
             why = f"Ray node back: {', '.join(sorted(back))}" if back else "Ray node joined"
             self._topology_changed(why, self._effective())  # re-plans only if the graph changed
-        gone = {name for name, ray in self.bindings.items() if ray.node_id not in alive and name not in self.lost}
+        gone = {name for name, ray in self.known.items() if ray.node_id not in alive and name not in self.lost}
         if gone:
             self.lost |= gone
             self.bench.forget(gone)  # back later: measured again

@@ -179,6 +179,27 @@ def test_a_lost_node_moves_its_replicas(tmp_path: Path) -> None:
             r.stop()
 
 
+def test_a_node_lost_while_a_discovery_ran_is_still_lost(tmp_path: Path) -> None:
+    """The Ray node dies, then a discovery (a counters pass, a join) runs before the loop looks at
+    the nodes: the discovery no longer binds it, but the node is lost all the same (found by the
+    chaos run: a restart in flight let a counters pass come first, and the lost node stayed in
+    the table)."""
+    backend = TwoNodeBackend()
+    core = ControllerCore(_spec(tmp_path), backend)
+    try:
+        core.deploy()
+        backend.alive["a"] = False
+        core._discover()  # what a counters pass does first
+        assert "a" not in core.bindings
+        core.check()
+        table = core.settle(timeout_s=30)
+        assert core.status()["lost_nodes"] == ["a"] and {r.node for r in table.replicas} == {"b"}
+    finally:
+        core.shutdown()
+        for r in backend.by_name.values():
+            r.stop()
+
+
 class CountersBackend(KeepingBackend):
     """Discovery reads a spec whose link counters the test changes (as NVML's would)."""
 
