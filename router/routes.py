@@ -2,14 +2,17 @@
 with another method is 405 with `Allow`, as RFC 9110 §15.5.6 wants, not 404), the model a
 client retrieves (`GET /v1/models/{id}`, answered from the routing table as OpenAI's retrieve
 model does), and vLLM's `/tokenize` and `/detokenize`, proxied to a replica serving the model
-(`vllm bench serve` asks them; the answer is that engine's own tokenizer's)."""
+(`vllm bench serve` asks them; the answer is that engine's own tokenizer's); the admin views,
+the OpenAPI document as this router serves it, and errors as the client gets them."""
 
 from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
+
+import orjson
 
 from pools.wire import openai as wire
 from pools.wire.http import Request, Responder
@@ -28,6 +31,9 @@ ROUTES: dict[str, tuple[str, ...]] = {
 MODELS_PREFIX = "/v1/models/"
 TOKEN_PATHS = frozenset({"/tokenize", "/detokenize"})
 PROXY_TIMEOUT_S = 30.0
+REFUSALS = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found", 413: "too_large",
+            429: "rate_limited"}
+"""The cause a refusal is counted under when the error does not name one."""
 
 
 def allowed(path: str) -> tuple[str, ...] | None:
@@ -59,6 +65,13 @@ def model_body(router: Router, path: str) -> bytes:
 async def forward(router: Router, request: Request, response: Responder) -> None:
     """`/tokenize` or `/detokenize` to the healthiest replicas of the body's model, in turn
     (another on a connect error, timeout or 5xx); the engine's answer goes back as it is."""
+    try:
+        await _forward(router, request, response)
+    except wire.ApiError as err:
+        send_error(response, err)
+
+
+async def _forward(router: Router, request: Request, response: Responder) -> None:
     body = wire.load_body(request.body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -89,3 +102,53 @@ async def forward(router: Router, request: Request, response: Responder) -> None
         return
     raise wire.ApiError(502 if order else 503, f"upstream failed: {last}", "bad_gateway" if order else
                         "service_unavailable")
+
+
+def admin_view(router: Router, path: str) -> Any:
+    """What the admin routes (admin key) answer: the replicas as this worker sees them, the
+    topology, the plan."""
+    if path == "/admin/replicas":
+        now = time.monotonic()
+        return {"version": router.replicas.table.version, "worker": router.worker, "replicas": [
+            {"replica_id": s.endpoint.replica_id, "url": s.endpoint.url, "model": s.endpoint.model,
+             "pool": s.endpoint.pool, "role": s.endpoint.role, "node": s.endpoint.node,
+             "gpus": list(s.endpoint.gpus), "tier": s.endpoint.tier, "healthy": s.endpoint.healthy,
+             "draining": s.endpoint.draining, "breaker_open": now < s.open_until, "running": s.running,
+             "waiting": s.waiting, "kv_usage": s.kv_usage, "inflight": s.inflight,
+             "latency_ms": round(s.latency_ms, 3)} for s in router.replicas.states.values()]}
+    if path == "/admin/topology":
+        if router.topology is None:
+            raise wire.ApiError(404, "this router was started without a topology", "not_found_error")
+        from topology.serialize import to_dict
+
+        return to_dict(router.topology)
+    if path == "/admin/plan":
+        if router.plan is None:
+            raise wire.ApiError(404, "this router was started without a placement plan", "not_found_error")
+        return router.plan
+    raise wire.ApiError(404, f"no admin route {path}", "not_found_error")
+
+
+def served_document(doc: bytes, classes: list[str], max_tokens_limit: int | None = None) -> bytes:
+    """The OpenAPI document with this router's settings in it: its SLO class names as the
+    `x-slo-class` values, its `max_tokens_limit` as the most tokens a request may ask."""
+    parsed = orjson.loads(doc)
+    if max_tokens_limit is not None:
+        for schema in parsed["components"]["schemas"].values():
+            for key in ("max_tokens", "max_completion_tokens"):
+                if key in schema.get("properties", {}):
+                    schema["properties"][key]["maximum"] = max_tokens_limit
+    for item in parsed["paths"].values():
+        for op in item.values():
+            for param in op.get("parameters", []):
+                if param.get("name") == "x-slo-class":
+                    param["schema"] = {"type": "string", "enum": classes}
+    return orjson.dumps(parsed)
+
+
+def send_error(response: Responder, err: wire.ApiError) -> None:
+    """`err` as the client gets it (unless the response has begun), with its headers and
+    Retry-After for 429 and 503."""
+    if not response.started:
+        headers = [*err.headers, *((("retry-after", "1"),) if err.status in (429, 503) else ())]
+        response.send(err.status, err.body(), headers=headers)

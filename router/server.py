@@ -35,6 +35,7 @@ from router.flight import Ended, Flight, Watch
 from router.metrics import RouterMetrics
 from router.pd import pd_choice, serve_pd
 from router.relay import RelayPool
+from router.routes import send_error
 from router.state import Replicas
 from router.upstream import Pool
 from router.workers import Siblings, Workers, read_view, socket_path, view_bytes
@@ -43,9 +44,6 @@ from topology import Topology
 log = logging.getLogger("isleserve.router")
 GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
-REFUSALS = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found", 413: "too_large",
-            429: "rate_limited"}
-"""The cause a refusal is counted under when the error does not name one."""
 """Prefix affinity hashes the prompt's leading full blocks (about 16 tokens each), up to 4."""
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENAPI_PATH = Path(str(importlib.resources.files("router").joinpath("openapi.json")))
@@ -101,7 +99,8 @@ class Router:
         self.turns = itertools.count()
         self.profiles = {name: self._profile(name) for name in config.classes()}
         self._served_by: dict[tuple[str, str, tuple[tuple[str, str], ...]], bytes] = {}
-        self.openapi = served_document(OPENAPI_PATH.read_bytes(), list(config.classes()), config.max_tokens_limit)
+        self.openapi = routes.served_document(OPENAPI_PATH.read_bytes(), list(config.classes()),
+                                              config.max_tokens_limit)
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.siblings: Siblings | None = None
@@ -178,7 +177,7 @@ class Router:
                 self.replicas.follow(table)
             response.send(200, b"{}")
         else:
-            _send_error(response, wire.ApiError(404, f"no route {request.method} {request.path}", "not_found_error"))
+            send_error(response, wire.ApiError(404, f"no route {request.method} {request.path}", "not_found_error"))
         return None
 
     async def _metrics(self, response: Responder) -> None:
@@ -224,7 +223,7 @@ class Router:
                 raise wrong
             if method == "POST" and path in routes.TOKEN_PATHS:
                 self.auth.user(request.headers)
-                return self._forward(request, response)
+                return routes.forward(self, request, response)
             if method == "GET" and path.startswith(routes.MODELS_PREFIX):
                 self.auth.user(request.headers)
                 response.send(200, routes.model_body(self, path))
@@ -244,40 +243,12 @@ class Router:
                 response.send(200, self.openapi)
             elif path.startswith("/admin/") and method == "GET":
                 self.auth.admin(request.headers)
-                response.send(200, json.dumps(self._admin(path)).encode())
+                response.send(200, json.dumps(routes.admin_view(self, path)).encode())
             else:
                 raise wire.ApiError(404, f"no route {method} {path}", "not_found_error")
         except wire.ApiError as err:
-            _send_error(response, err)
+            send_error(response, err)
         return None
-
-    async def _forward(self, request: Request, response: Responder) -> None:
-        try:
-            await routes.forward(self, request, response)
-        except wire.ApiError as err:
-            _send_error(response, err)
-
-    def _admin(self, path: str) -> Any:
-        if path == "/admin/replicas":
-            now = time.monotonic()
-            return {"version": self.replicas.table.version, "worker": self.worker, "replicas": [
-                {"replica_id": s.endpoint.replica_id, "url": s.endpoint.url, "model": s.endpoint.model,
-                 "pool": s.endpoint.pool, "role": s.endpoint.role, "node": s.endpoint.node,
-                 "gpus": list(s.endpoint.gpus), "tier": s.endpoint.tier, "healthy": s.endpoint.healthy,
-                 "draining": s.endpoint.draining, "breaker_open": now < s.open_until, "running": s.running,
-                 "waiting": s.waiting, "kv_usage": s.kv_usage, "inflight": s.inflight,
-                 "latency_ms": round(s.latency_ms, 3)} for s in self.replicas.states.values()]}
-        if path == "/admin/topology":
-            if self.topology is None:
-                raise wire.ApiError(404, "this router was started without a topology", "not_found_error")
-            from topology.serialize import to_dict
-
-            return to_dict(self.topology)
-        if path == "/admin/plan":
-            if self.plan is None:
-                raise wire.ApiError(404, "this router was started without a placement plan", "not_found_error")
-            return self.plan
-        raise wire.ApiError(404, f"no admin route {path}", "not_found_error")
 
     # generation
     def _parse(self, request: Request, slo: SLOClass) -> _Call:
@@ -343,7 +314,7 @@ class Router:
         """A request the router answered itself with `err` before any engine saw it: counted once,
         as `shed` (429) or `rejected`, with its cause."""
         m = self.metrics
-        cause = err.cause or REFUSALS.get(err.status, f"status_{err.status}")
+        cause = err.cause or routes.REFUSALS.get(err.status, f"status_{err.status}")
         m.child(m.rejections, slo.name if slo is not None else "unknown", cause).inc()
         if slo is not None:
             m.child(m.requests, slo.name, "shed" if err.status == 429 else "rejected").inc()
@@ -365,7 +336,7 @@ class Router:
                 await self.admission.wait(slo)
             except wire.ApiError as err:
                 self.refused(slo, err)
-                _send_error(response, err)
+                send_error(response, err)
                 return
             if pd is None:
                 pd = pd_choice(self, call, self.replicas.snapshot())
@@ -377,7 +348,7 @@ class Router:
             raise
         except wire.ApiError as err:
             outcome = "rejected" if err.status < 500 else "error"
-            _send_error(response, err)
+            send_error(response, err)
         finally:
             self.request_ended(slo, outcome)
 
@@ -417,26 +388,3 @@ class Router:
             if len(self._served_by) > 4096:
                 self._served_by.clear()
         return found
-
-
-def served_document(doc: bytes, classes: list[str], max_tokens_limit: int | None = None) -> bytes:
-    """The OpenAPI document with this router's settings in it: its SLO class names as the
-    `x-slo-class` values, its `max_tokens_limit` as the most tokens a request may ask."""
-    parsed = orjson.loads(doc)
-    if max_tokens_limit is not None:
-        for schema in parsed["components"]["schemas"].values():
-            for key in ("max_tokens", "max_completion_tokens"):
-                if key in schema.get("properties", {}):
-                    schema["properties"][key]["maximum"] = max_tokens_limit
-    for item in parsed["paths"].values():
-        for op in item.values():
-            for param in op.get("parameters", []):
-                if param.get("name") == "x-slo-class":
-                    param["schema"] = {"type": "string", "enum": classes}
-    return orjson.dumps(parsed)
-
-
-def _send_error(response: Responder, err: wire.ApiError) -> None:
-    if not response.started:
-        headers = [*err.headers, *((("retry-after", "1"),) if err.status in (429, 503) else ())]
-        response.send(err.status, err.body(), headers=headers)

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, Phase, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 
-from router.server import OPENAPI_PATH, served_document
+from router.routes import served_document
+from router.server import OPENAPI_PATH
 from tests.security.conftest import MAX_TOKENS_LIMIT, MODEL, USER_KEY, Deployment, call
 
 pytestmark = pytest.mark.integration
