@@ -1,5 +1,5 @@
 """`python -m loadtest <command>`: run (live load against a router), compare (placement policies on
-a scenario, simulated or live), sim (one simulated run), calibrate, chaos."""
+a scenario, simulated or live), sim (one simulated run), calibrate, size, chaos, bench."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS = {
-    "run": ("loadtest.live", "send a workload to a router on loopback and summarise it"),
-    "sim": ("loadtest.simcli", "simulate one scenario and policy offline"),
+    "run": ("loadtest.live.run", "send a workload to a router on loopback and summarise it"),
+    "sim": ("loadtest.sim.cli", "simulate one scenario and policy offline"),
     "compare": ("loadtest.compare", "compare placement policies on a scenario (--mode sim|live)"),
     "calibrate": ("loadtest.calibrate", "one small scenario live and simulated: how far apart (mean TTFT, TPOT)"),
     "size": ("loadtest.refine", "pool sizing's candidates, checked in the simulator (--refine)"),
-    "simbench": ("loadtest.simbench", "how fast the simulator runs (an hour of Azure traffic, 64 nodes)"),
-    "chaos": ("loadtest.chaos", "the local deployment at 80% load under faults; every request accounted for"),
+    "bench": ("loadtest.sim.bench", "how fast the simulator runs (an hour of Azure traffic, 64 nodes)"),
+    "simbench": ("loadtest.sim.bench", "the same as `bench` (kept for old scripts)"),
+    "chaos": ("loadtest.chaos.run", "the local deployment at 80% load under faults; every request accounted for"),
 }
 
 

@@ -31,8 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtest.deploy import ROOT, DeployError, Deployment, direct_deployment, ray_deployment
-from loadtest.livecompare import (
+from loadtest.live.compare import (
     LiveOptions,
     base_serve_config,
     drive,
@@ -41,7 +40,8 @@ from loadtest.livecompare import (
     local_misfit,
     write_serve_config,
 )
-from loadtest.livetimings import as_sent, engine_counters, engine_timings, mean_timings, simulate_deployment
+from loadtest.live.deploy import ROOT, DeployError, Deployment, direct_deployment, ray_deployment
+from loadtest.live.timings import as_sent, engine_counters, engine_timings, mean_timings, simulate_deployment
 from loadtest.scenario import load_scenario
 from router.appconfig import AppArgs, plan_for, resolve_topology
 

@@ -1,6 +1,6 @@
 """`python -m loadtest compare SCENARIO.yaml --mode sim|live --out DIR`: the same workload and seed
 under each placement policy (and rate), through the offline simulator (or, `--mode live`, deployed
-on local Ray: `loadtest.livecompare`); writes `DIR/results.jsonl`
+on local Ray: `loadtest.live.compare`); writes `DIR/results.jsonl`
 (one line per policy and rate), `DIR/report.md` and PNG plots at the top of DIR."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtest import livecompare
-from loadtest.deploy import DeployError
+from loadtest.live import compare as livecompare
+from loadtest.live.deploy import DeployError
 from loadtest.model import TraceRequest
 from loadtest.report import write_plots, write_report
 from loadtest.scenario import Scenario, load_scenario

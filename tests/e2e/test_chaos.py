@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from loadtest.chaosreport import openai_error
-from loadtest.deploy import RAY_ENV, session_pids
+from loadtest.chaos.report import openai_error
+from loadtest.live.deploy import RAY_ENV, session_pids
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadtest.deploy import free_ports, port_in_use, session_pids
+from loadtest.live.deploy import free_ports, port_in_use, session_pids
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -27,7 +27,7 @@ import openai
 import pytest
 import yaml
 
-from loadtest.deploy import free_ports, port_in_use, session_pids
+from loadtest.live.deploy import free_ports, port_in_use, session_pids
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 

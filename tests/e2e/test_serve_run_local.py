@@ -19,7 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from loadtest.deploy import session_pids
+from loadtest.live.deploy import session_pids
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadtest.client import UsageError, _Dechunker, loopback_target
-from loadtest.live import _Stream, load_classes
+from loadtest.live.client import UsageError, _Dechunker, loopback_target
+from loadtest.live.run import _Stream, load_classes
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.conftest import ROOT
 from tests.engines import EngineProcess, running_router, start_engine, stop_engine

@@ -14,7 +14,7 @@ import pytest
 
 import loadtest.calibrate as calibrate_module
 from loadtest.calibrate import DEFAULT_SCENARIO, calibrate
-from loadtest.livecompare import (
+from loadtest.live.compare import (
     LiveOptions,
     base_serve_config,
     live_args,
@@ -22,7 +22,7 @@ from loadtest.livecompare import (
     local_misfit,
     plan_summary_json,
 )
-from loadtest.livetimings import as_sent, engine_counters, engine_timings, mean_timings, modelled
+from loadtest.live.timings import as_sent, engine_counters, engine_timings, mean_timings, modelled
 from loadtest.model import RequestResult, TraceRequest
 from loadtest.scenario import load_scenario
 from tests.conftest import ROOT

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from loadtest.chaoscapacity import ATTAINMENT, search
-from loadtest.chaoschecks import checks, crash_details, node_loss_details
-from loadtest.chaoscluster import (
+from loadtest.chaos.capacity import ATTAINMENT, search
+from loadtest.chaos.checks import checks, crash_details, node_loss_details
+from loadtest.chaos.cluster import (
     HEAD_RESOURCE,
     ROUTER_DEPLOYMENT,
     chaos_args,
@@ -21,10 +21,10 @@ from loadtest.chaoscluster import (
     rss_mb,
     write_serve_config,
 )
-from loadtest.chaosdriver import ChaosRecord, _Sse
-from loadtest.chaosload import RequestFactory, duplicated_tokens, expected_words
-from loadtest.chaosreport import ERRORED, HUNG, LOST, classified, classify, fault_windows, memory, shedding, totals
-from loadtest.chaosspec import ChaosSpec, LinkDegrade, Overload, WorkloadShape, load_chaos_spec
+from loadtest.chaos.driver import ChaosRecord, _Sse
+from loadtest.chaos.load import RequestFactory, duplicated_tokens, expected_words
+from loadtest.chaos.report import ERRORED, HUNG, LOST, classified, classify, fault_windows, memory, shedding, totals
+from loadtest.chaos.spec import ChaosSpec, LinkDegrade, Overload, WorkloadShape, load_chaos_spec
 from pools.engine.text import TokenText
 from pools.model import SLOClass
 from tests.conftest import ROOT

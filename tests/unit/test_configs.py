@@ -37,7 +37,7 @@ def test_every_config_file_is_valid(path: Path) -> None:
     elif path.suffix == ".json":
         assert json.loads(path.read_text())["panels"]
     elif path.name == "chaos.yaml":
-        from loadtest.chaosspec import load_chaos_spec
+        from loadtest.chaos.spec import load_chaos_spec
 
         spec, base = load_chaos_spec(path)
         assert spec.faults and base.exists()

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loadtest.chaosload import RequestFactory
-from loadtest.livetimings import simulate_deployment
+from loadtest.chaos.load import RequestFactory
+from loadtest.live.timings import simulate_deployment
 from loadtest.summary import summarize
 from router.appconfig import AppArgs
 

@@ -5,10 +5,10 @@ capacity, every request accounted for.
         [--capacity-rps R] [--load F]
 
 It deploys `configs/local.yaml` on a Ray head of its own with one Ray node per simulated node
-(`loadtest.chaoscluster`), finds the deployment's capacity with the simulator on the deployed
-plan (`loadtest.chaoscapacity`; `--capacity-rps` gives it instead), drives it open loop at
-`load` x capacity (`loadtest.chaosdriver`) and, after a quiet window, does each fault of the spec
-in turn, waiting for recovery and a quiet window after each (`loadtest.chaosfaults`): a replica's
+(`loadtest.chaos.cluster`), finds the deployment's capacity with the simulator on the deployed
+plan (`loadtest.chaos.capacity`; `--capacity-rps` gives it instead), drives it open loop at
+`load` x capacity (`loadtest.chaos.driver`) and, after a quiet window, does each fault of the spec
+in turn, waiting for recovery and a quiet window after each (`loadtest.chaos.faults`): a replica's
 engine killed mid-stream, a TP group's NVLink degraded then marked unhealthy, a Ray node lost, a
 3x burst. Then it stops sending, waits for every request (each has a deadline), tears everything
 down (also on an error, Ctrl-C or SIGTERM) and writes:
@@ -39,17 +39,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from loadtest import chaoscapacity
-from loadtest.chaoschecks import checks, crash_details, node_loss_details, overload_details
-from loadtest.chaoscluster import ChaosCluster, chaos_args, chaos_deployment
-from loadtest.chaosdriver import ChaosDriver, ChaosRecord
-from loadtest.chaosfaults import FaultContext, Observer, inflict, wall_offset
-from loadtest.chaosload import RequestFactory
-from loadtest.chaosreport import classified, fault_windows, memory, shedding, totals, window
-from loadtest.chaosspec import ChaosSpec, load_chaos_spec
-from loadtest.client import Target, loopback_target
-from loadtest.deploy import ROOT, DeployError
-from loadtest.live import pick_model
+from loadtest.chaos import capacity as chaoscapacity
+from loadtest.chaos.checks import checks, crash_details, node_loss_details, overload_details
+from loadtest.chaos.cluster import ChaosCluster, chaos_args, chaos_deployment
+from loadtest.chaos.driver import ChaosDriver, ChaosRecord
+from loadtest.chaos.faults import FaultContext, Observer, inflict, wall_offset
+from loadtest.chaos.load import RequestFactory
+from loadtest.chaos.report import classified, fault_windows, memory, shedding, totals, window
+from loadtest.chaos.spec import ChaosSpec, load_chaos_spec
+from loadtest.live.client import Target, loopback_target
+from loadtest.live.deploy import ROOT, DeployError
+from loadtest.live.run import pick_model
 from pools.model import SLOClass
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from topology.errors import ParseError

@@ -1,4 +1,4 @@
-"""`python -m loadtest.raynode --address GCS --resources JSON --labels JSON`: one more Ray node on
+"""`python -m loadtest.live.raynode --address GCS --resources JSON --labels JSON`: one more Ray node on
 this machine, joined to a head of our own, on loopback only; it runs until it is killed.
 
 The chaos run declares a simulated topology node on it (the `isle_gpu_<node>_<i>` resources and
@@ -23,7 +23,7 @@ from typing import Any
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loadtest.raynode", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest.live.raynode", description=__doc__.split("\n\n")[0])
     p.add_argument("--address", required=True, help="the head's GCS address, 127.0.0.1:PORT")
     p.add_argument("--resources", default="{}", help="custom resources as JSON")
     p.add_argument("--labels", default="{}", help="node labels as JSON")

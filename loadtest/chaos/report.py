@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loadtest.chaosdriver import ChaosRecord
-from loadtest.chaosload import duplicated_tokens, expected_words
+from loadtest.chaos.driver import ChaosRecord
+from loadtest.chaos.load import duplicated_tokens, expected_words
 from loadtest.summary import percentile
 from pools.model import SLOClass
 

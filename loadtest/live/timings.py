@@ -10,7 +10,7 @@ import re
 import urllib.request
 from collections.abc import Mapping, Sequence
 
-from loadtest.deploy import ROOT
+from loadtest.live.deploy import ROOT
 from loadtest.model import RequestResult, TraceRequest
 from loadtest.sim.cluster import simulate
 from loadtest.sim.model import SimConfig

@@ -15,7 +15,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loadtest.chaosspec import WorkloadShape
+from loadtest.chaos.spec import WorkloadShape
 from loadtest.model import TraceRequest
 from loadtest.workloads import synthetic
 from pools.engine.text import TokenText

@@ -39,7 +39,7 @@ import orjson
 import yaml
 from pydantic import ValidationError
 
-from loadtest.client import Target, UsageError, loopback_target, sse_payloads
+from loadtest.live.client import Target, UsageError, loopback_target, sse_payloads
 from loadtest.model import OK, RequestResult, TraceRequest
 from loadtest.summary import format_summary, summarize
 from loadtest.workload import Workload, load_workload

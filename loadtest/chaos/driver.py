@@ -3,7 +3,7 @@ each with a deadline, each recorded with everything the accounting needs (status
 the replica that served it, every word received, usage, the [DONE] marker, the error body or
 the SSE error event as sent).
 
-Built on the live driver's client (`loadtest.client.Target`): keep-alive HTTP/1.1 on asyncio
+Built on the live driver's client (`loadtest.live.client.Target`): keep-alive HTTP/1.1 on asyncio
 streams, chunked bodies decoded as they are read.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from loadtest.chaosload import ChaosRequest, RequestFactory
-from loadtest.client import Target, sse_payloads
+from loadtest.chaos.load import ChaosRequest, RequestFactory
+from loadtest.live.client import Target, sse_payloads
 from loadtest.workloads.prompts import prompt_text
 
 CHAT_PATH = "/v1/chat/completions"

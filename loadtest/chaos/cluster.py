@@ -1,6 +1,6 @@
 """The chaos run's deployment, brought up and taken down whatever happens: a Ray head of our own
-(127.0.0.1, free ports, `loadtest.deploy`) carrying one simulated node, one more Ray node per
-simulated node in `ray_nodes` (`python -m loadtest.raynode`, each in a session of its own so it
+(127.0.0.1, free ports, `loadtest.live.deploy`) carrying one simulated node, one more Ray node per
+simulated node in `ray_nodes` (`python -m loadtest.live.raynode`, each in a session of its own so it
 can be lost by pid), then `serve deploy` of the base config with this run's time scale and state
 directory, the router's deployment kept on the head. Every replica is then pinned to the Ray node
 that carries its simulated node.
@@ -25,8 +25,9 @@ from typing import Any
 
 import yaml
 
-from loadtest.chaosspec import ChaosSpec
-from loadtest.deploy import (
+from loadtest.chaos.spec import ChaosSpec
+from loadtest.live.compare import APP_IMPORT, base_serve_config
+from loadtest.live.deploy import (
     ROOT,
     DeployError,
     RayHead,
@@ -40,7 +41,6 @@ from loadtest.deploy import (
     undeploy,
     wait_router,
 )
-from loadtest.livecompare import APP_IMPORT, base_serve_config
 from pools.nodelabels import node_labels, node_resources
 from router.appconfig import AppArgs, parse_app_args
 from router.config import DEV_KEY
@@ -61,7 +61,7 @@ class ChaosCluster:
     state_dir: Path
     serve_config: Path
     nodes: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
-    """Simulated node -> the `loadtest.raynode` process (its session) that carries it."""
+    """Simulated node -> the `loadtest.live.raynode` process (its session) that carries it."""
 
     def kill_node(self, name: str) -> int:
         """Every process of the Ray node carrying `name`, at once (SIGKILL); how many there were."""
@@ -115,7 +115,7 @@ def head_node_args(topology: Topology, name: str | None) -> list[str]:
 # Ray nodes of our own
 def start_ray_node(head: RayHead, topology: Topology, name: str, log: Path) -> subprocess.Popen[str]:
     node = topology.node(name)
-    cmd = [sys.executable, "-m", "loadtest.raynode", "--address", head.address, "--num-gpus", str(len(node.gpus)),
+    cmd = [sys.executable, "-m", "loadtest.live.raynode", "--address", head.address, "--num-gpus", str(len(node.gpus)),
            "--resources", json.dumps(node_resources(topology, node)), "--labels",
            json.dumps(node_labels(topology, node))]
     env = {**ray_env(), "RAY_raylet_start_wait_time_s": str(int(NODE_START_TIMEOUT_S))}

@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadtest.chaosdriver import ChaosRecord
-from loadtest.chaosreport import COMPLETED, ERRORED, Verdict, window
+from loadtest.chaos.driver import ChaosRecord
+from loadtest.chaos.report import COMPLETED, ERRORED, Verdict, window
 from pools.model import SLOClass
 
 INTERACTIVE = "interactive"

@@ -19,7 +19,7 @@ from pools.model import DEFAULT_SLO_CLASSES, PlacementRequest, PoolSpec
 from pools.placement import get_policy
 from topology import read_source
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main(argv: Sequence[str]) -> int:

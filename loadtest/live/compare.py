@@ -4,9 +4,9 @@ for real on local Ray, the scenario's workload sent through its router, everythi
 Per policy: a Serve config derived from configs/local.yaml (`policy` replaced; the scenario's pools
 when they run on the local simulated cluster, else local.yaml's, which the report says; the
 scenario's SLO classes and routing), a Ray head of its own, `serve deploy`, RUNNING, then each
-rate's workload through the live driver (`loadtest.live`) against the router, bounded by
+rate's workload through the live driver (`loadtest.live.run`) against the router, bounded by
 `--duration` and `--max-requests`; the plan from `/admin/plan`. Then `serve shutdown`,
-`pools stop-controller` and the head stopped by pid (`loadtest.deploy`), even on failure.
+`pools stop-controller` and the head stopped by pid (`loadtest.live.deploy`), even on failure.
 
 Times in the rows are modelled seconds: with the engines' `time_scale` s (wall seconds per
 modelled second) the workload is sent s times as fast and client timings are divided by s (at
@@ -29,10 +29,10 @@ from typing import Any
 
 import yaml
 
-from loadtest.client import Target, loopback_target
-from loadtest.deploy import ROOT, Deployment, ray_deployment
-from loadtest.live import Driver, pick_model
-from loadtest.livetimings import as_sent, engine_counters, engine_timings, mean_timings, modelled, simulate_deployment
+from loadtest.live.client import Target, loopback_target
+from loadtest.live.deploy import ROOT, Deployment, ray_deployment
+from loadtest.live.run import Driver, pick_model
+from loadtest.live.timings import as_sent, engine_counters, engine_timings, mean_timings, modelled, simulate_deployment
 from loadtest.model import RequestResult
 from loadtest.report import write_plots, write_report
 from loadtest.scenario import Scenario

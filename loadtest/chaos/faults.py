@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from loadtest.chaoscluster import ChaosCluster, listening_pid, rss_mb
-from loadtest.chaosdriver import ChaosDriver
-from loadtest.chaosspec import ChaosSpec, Fault, LinkDegrade, NodeLoss, Overload, ReplicaCrash
-from loadtest.client import Target
-from loadtest.deploy import ROOT, ray_env
+from loadtest.chaos.cluster import ChaosCluster, listening_pid, rss_mb
+from loadtest.chaos.driver import ChaosDriver
+from loadtest.chaos.spec import ChaosSpec, Fault, LinkDegrade, NodeLoss, Overload, ReplicaCrash
+from loadtest.live.client import Target
+from loadtest.live.deploy import ROOT, ray_env
 from router.state import parse_vllm_metrics
 
 POLL_S = 0.5
