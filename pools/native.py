@@ -45,6 +45,7 @@ COMPILED = (
     "pools.wire.responder",
     "router.admission",
     "router.auth",
+    "router.call",
     "router.decision",
     "router.flight",
     "router.metrics",

@@ -4,7 +4,12 @@ byte go to the next — never after, so no token reaches the client twice), then
 verbatim (SSE chunks as they come, with back-pressure) and record per-tier latency.
 
 No task, future or await per request: this is what keeps the router's CPU per request small.
-A coroutine that needs the outcome (the decode leg of a PD request) passes a `waiter`.
+A coroutine that needs the outcome (the decode leg of a PD request) awaits `fly`.
+
+A flight sees the router only through its `FlightContext`: the replica table (to pick up and
+put down load, and to count failures for the breakers), the relay, the metrics, the deadline
+watch, the upstream settings, the clock and the callback that ends a request. It never sees the
+`Router`, and nothing here imports the server.
 """
 
 from __future__ import annotations
@@ -12,20 +17,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
 
 import orjson
 
+from pools.model import SLOClass
 from pools.wire import openai as wire
 from pools.wire.http import Responder
+from router.call import Call
+from router.config import UpstreamConfig
 from router.decision import Candidate
-from router.metrics import HistogramSeries
-from router.relay import UpstreamProtocol, request_bytes
+from router.metrics import HistogramSeries, RouterMetrics
+from router.relay import RelayPool, UpstreamProtocol, request_bytes
+from router.state import Replicas
 from router.upstream import UpstreamError
-
-if TYPE_CHECKING:
-    from router.server import Router, _Call
 
 log = logging.getLogger("isleserve.router")
 JSON_HEADERS = b"content-type: application/json\r\nconnection: keep-alive\r\n"
@@ -65,18 +70,50 @@ def reported_timing(body: bytes) -> tuple[float, float, float] | None:
         return None
 
 
+Clock = Callable[[], float]
+"""Seconds on a monotonic clock (time.perf_counter in the router; a test may pass its own)."""
+SERVED_BY_KEEP = 4096
+
+
+class FlightContext:
+    """What a flight needs of the router: the replica table, the relay, the metrics, the upstream
+    settings, the clock, the deadline watch, and `ended(slo, outcome)`, called once when a flight
+    that owns its request's admission slot ends."""
+
+    __slots__ = ("_served_by", "clock", "ended", "metrics", "relay", "replicas", "upstream", "watch")
+
+    def __init__(self, replicas: Replicas, relay: RelayPool, metrics: RouterMetrics, upstream: UpstreamConfig,
+                 ended: Callable[[SLOClass, str], None], clock: Clock = time.perf_counter) -> None:
+        self.replicas, self.relay, self.metrics, self.upstream = replicas, relay, metrics, upstream
+        self.ended, self.clock = ended, clock
+        self.watch = Watch(clock)
+        self._served_by: dict[tuple[str, str, tuple[tuple[str, str], ...]], bytes] = {}
+
+    def served_by(self, cand: Candidate, tier: str, extra: tuple[tuple[str, str], ...]) -> bytes:
+        """The response headers that say what served a request (cached: a handful of combinations)."""
+        key = (cand.endpoint.replica_id, tier, extra)
+        found = self._served_by.get(key)
+        if found is None:
+            found = self._served_by[key] = b"".join(
+                f"{k}: {v}\r\n".encode("latin-1")
+                for k, v in (("x-isle-replica", cand.endpoint.replica_id), ("x-isle-tier", tier), *extra))
+            if len(self._served_by) > SERVED_BY_KEEP:
+                self._served_by.clear()
+        return found
+
+
 class Flight:
-    __slots__ = ("abandoned", "bad", "call", "cand", "chunks", "conn", "content_type", "deadline", "ended", "error",
-                 "extra", "first", "head_at", "itl", "labels", "last", "last_data", "order", "out", "outcome",
-                 "owner", "parts", "paused_at", "payload", "prev", "response", "router", "sent_at", "started",
+    __slots__ = ("abandoned", "bad", "call", "cand", "chunks", "conn", "content_type", "ctx", "deadline", "ended",
+                 "error", "extra", "first", "head_at", "itl", "labels", "last", "last_data", "order", "out",
+                 "outcome", "owner", "parts", "paused_at", "payload", "prev", "response", "sent_at", "started",
                  "status", "streaming", "tail", "tiers", "tokens", "tried", "waiter")
 
-    def __init__(self, router: Router, call: _Call, order: list[Candidate], response: Responder, started: float,
+    def __init__(self, ctx: FlightContext, call: Call, order: list[Candidate], response: Responder, started: float,
                  payload: bytes, *, extra: tuple[tuple[str, str], ...] = (), tiers: Mapping[str, str] | None = None,
                  waiter: asyncio.Future[Ended] | None = None, owner: bool = False) -> None:
         """`owner`: this flight holds the request's admission slot and counts its outcome (the
         callback path); otherwise the coroutine awaiting `waiter` does."""
-        self.router, self.call, self.order, self.response = router, call, order, response
+        self.ctx, self.call, self.order, self.response = ctx, call, order, response
         self.started, self.payload, self.extra, self.tiers = started, payload, extra, tiers
         self.waiter, self.owner = waiter, owner
         self.conn: UpstreamProtocol | None = None
@@ -114,18 +151,18 @@ class Flight:
         self._next()
 
     def _next(self) -> None:
-        r = self.router
-        if self.tried >= len(self.order) or self.tried > r.config.upstream.retries:
+        r = self.ctx
+        if self.tried >= len(self.order) or self.tried > r.upstream.retries:
             self._fail(wire.ApiError(502, f"upstream failed: {self.last}", "bad_gateway"))
             return
         cand = self.cand = self.order[self.tried]
         self.tried += 1
         r.replicas.opened(cand.endpoint.replica_id)
         self.status, self.bad, self.parts, self.streaming = 0, "", [], False
-        up = r.config.upstream
+        up = r.upstream
         # an engine answers a non-stream request only when it is done: wait for the whole of it
         wait_s = up.first_byte_timeout_s if self.call.stream else up.request_timeout_s
-        self.sent_at = time.perf_counter()
+        self.sent_at = r.clock()
         self.deadline = r.watch.add(self, wait_s)
         r.relay.send(cand.endpoint.url, request_bytes(cand.endpoint.url, "POST", self.call.path, self.payload,
                                                       JSON_HEADERS), self)
@@ -133,8 +170,8 @@ class Flight:
     def _retry(self, reason: str) -> None:
         assert self.cand is not None
         self.last = reason
-        self.router.replicas.failed(self.cand.endpoint.replica_id, self.cand.endpoint.url)
-        self.router.replicas.closed(self.cand.endpoint.replica_id)
+        self.ctx.replicas.failed(self.cand.endpoint.replica_id, self.cand.endpoint.url)
+        self.ctx.replicas.closed(self.cand.endpoint.replica_id)
         self.cand = None
         self._next()
 
@@ -148,7 +185,7 @@ class Flight:
         if self.ended or self.paused_at:
             return
         flowing = self.tokens > 0 or (self.status > 0 and not self.streaming)
-        due = self.last_data + self.router.config.upstream.idle_timeout_s if flowing else self.deadline
+        due = self.last_data + self.ctx.upstream.idle_timeout_s if flowing else self.deadline
         if now < due:
             return
         conn, self.conn = self.conn, None
@@ -167,12 +204,12 @@ class Flight:
         cand = self.cand
         assert cand is not None
         self.status, self.content_type = status, content_type
-        self.last_data = time.perf_counter()
+        r = self.ctx
+        self.last_data = r.clock()
         if status >= 500:
             self.bad = f"{cand.endpoint.replica_id} answered {status}"
             return  # read the error body to keep the connection, then try the next replica
-        r = self.router
-        self.head_at = time.perf_counter()
+        self.head_at = self.last_data
         r.replicas.ok(cand.endpoint.replica_id, (self.head_at - self.sent_at) * 1000)
         tier = self.tiers.get(cand.endpoint.replica_id, cand.endpoint.tier) if self.tiers else cand.endpoint.tier
         self.labels = (self.call.slo.name, cand.endpoint.pool, tier)
@@ -186,7 +223,7 @@ class Flight:
         if not self.streaming:
             self.parts.append(data)
             return
-        now = self.last_data = time.perf_counter()
+        now = self.last_data = self.ctx.clock()
         if self.chunks == 0:
             self._open_stream()
         self.chunks += 1
@@ -197,7 +234,7 @@ class Flight:
             return
         if self.tokens == 0:
             self.first = now
-            m = self.router.metrics
+            m = self.ctx.metrics
             m.child(m.ttft, *self.labels).observe(now - self.started)
             self.itl = m.child(m.itl, *self.labels)
             found -= 1
@@ -213,7 +250,7 @@ class Flight:
     def _open_stream(self) -> None:
         assert self.cand is not None
         self.out.append(self.response.stream_head(self.status, self.content_type,
-                                                  self.router.served_by(self.cand, self.labels[2], self.extra)))
+                                                  self.ctx.served_by(self.cand, self.labels[2], self.extra)))
 
     def flush(self) -> None:
         out = self.out
@@ -223,13 +260,13 @@ class Flight:
         out.clear()
         if self.response.write_framed(data) and self.conn is not None and not self.paused_at:
             self.conn.pause()  # the client is slower than the engine: stop reading upstream
-            self.paused_at = time.perf_counter()
+            self.paused_at = self.ctx.clock()
             self.response.on_resume(self._resumed)
 
     def _resumed(self) -> None:
         """The client caught up: read the engine again; the time it was held back is not its gap."""
         if self.paused_at:
-            self.last_data += time.perf_counter() - self.paused_at
+            self.last_data += self.ctx.clock() - self.paused_at
             self.paused_at = 0.0
         if self.conn is not None:
             self.conn.resume()
@@ -245,23 +282,23 @@ class Flight:
         if self.bad:
             self._retry(self.bad)
             return
-        m = self.router.metrics
+        m = self.ctx.metrics
         if self.streaming:
             if self.chunks == 0:
                 self._open_stream()
             self.response.end(self._pending())
             if self.tokens > 1:
                 m.child(m.tpot, *self.labels).observe((self.prev - self.first) / (self.tokens - 1))
-            m.child(m.e2e, *self.labels).observe(time.perf_counter() - self.started)
+            m.child(m.e2e, *self.labels).observe(self.ctx.clock() - self.started)
             self._end("ok")
             return
         cand = self.cand
         assert cand is not None
         body = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
-        self.response.send(self.status, body, self.content_type, self.router.served_by(cand, self.labels[2],
+        self.response.send(self.status, body, self.content_type, self.ctx.served_by(cand, self.labels[2],
                                                                                         self.extra))
         if self.status < 400:
-            e2e = time.perf_counter() - self.started
+            e2e = self.ctx.clock() - self.started
             m.child(m.e2e, *self.labels).observe(e2e)
             timing = reported_timing(body)
             if timing is not None:  # the engine said when its first token came and how fast the rest
@@ -283,7 +320,7 @@ class Flight:
         # Tokens already went out: no retry (never a token twice). Say so in the stream and end it.
         assert self.cand is not None
         rid = self.cand.endpoint.replica_id
-        self.router.replicas.failed(rid, self.cand.endpoint.url)
+        self.ctx.replicas.failed(rid, self.cand.endpoint.url)
         log.warning("replica %s failed mid-stream: %s", rid, error)
         event = wire.sse({"error": {"message": f"upstream replica failed mid-stream: {error}",
                                     "type": "server_error", "code": 502}})
@@ -319,28 +356,28 @@ class Flight:
             return
         self.ended = True
         self.outcome, self.error = outcome, error
-        self.router.watch.discard(self)
+        self.ctx.watch.discard(self)
         if self.cand is not None:
-            self.router.replicas.closed(self.cand.endpoint.replica_id)
+            self.ctx.replicas.closed(self.cand.endpoint.replica_id)
         if self.owner:
-            self.router.request_ended(self.call.slo, outcome)
+            self.ctx.ended(self.call.slo, outcome)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result((outcome, error))
 
 
 class Watch:
-    """Deadlines of the flights in progress (on the perf_counter clock), swept every `interval_s`
+    """Deadlines of the flights in progress (on the router's clock), swept every `interval_s`
     while any exist: one timer for the router instead of one per request (timeouts are seconds;
     a tenth more is fine)."""
 
-    def __init__(self, interval_s: float = 0.1) -> None:
-        self.interval_s = interval_s
+    def __init__(self, clock: Clock = time.perf_counter, interval_s: float = 0.1) -> None:
+        self.clock, self.interval_s = clock, interval_s
         self.flights: set[Flight] = set()
         self.timer: asyncio.TimerHandle | None = None
 
     def add(self, flight: Flight, wait_s: float) -> float:
-        """Watch `flight`; returns its deadline on the perf_counter clock."""
-        now = time.perf_counter()
+        """Watch `flight`; returns its deadline on the watch's clock."""
+        now = self.clock()
         self.flights.add(flight)
         if self.timer is None:
             self.timer = asyncio.get_running_loop().call_later(self.interval_s, self._sweep)
@@ -350,7 +387,7 @@ class Watch:
         self.flights.discard(flight)
 
     def _sweep(self) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         for flight in list(self.flights):
             flight.check(now)
         self.timer = asyncio.get_running_loop().call_later(self.interval_s, self._sweep) if self.flights else None
@@ -359,3 +396,19 @@ class Watch:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+async def fly(ctx: FlightContext, call: Call, order: list[Candidate], response: Responder, started: float,
+              payload: bytes, *, extra: tuple[tuple[str, str], ...] = (), tiers: Mapping[str, str] | None = None
+              ) -> Flight:
+    """A flight for a coroutine that needs its outcome (the request's slot stays with the caller):
+    begun, awaited, abandoned if the caller is cancelled."""
+    waiter: asyncio.Future[Ended] = asyncio.get_running_loop().create_future()
+    flight = Flight(ctx, call, order, response, started, payload, extra=extra, tiers=tiers, waiter=waiter)
+    flight.begin()
+    try:
+        await waiter
+    except asyncio.CancelledError:
+        flight.abandon()
+        raise
+    return flight

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Mapping
+from typing import Any
 from urllib.parse import unquote
 
 import orjson
@@ -17,11 +18,10 @@ import orjson
 from pools.wire import openai as wire
 from pools.wire.http import Request, Responder
 from router import relay
-from router.flight import JSON_HEADERS
+from router.flight import JSON_HEADERS, FlightContext
+from router.state import Replicas
 from router.upstream import UpstreamError
-
-if TYPE_CHECKING:
-    from router.server import Router
+from topology import Topology
 
 GET, POST = ("GET", "HEAD"), ("POST",)
 ROUTES: dict[str, tuple[str, ...]] = {
@@ -54,78 +54,79 @@ def wrong_method(method: str, path: str) -> wire.ApiError | None:
                          "method_not_allowed", cause="method_not_allowed", headers=(("allow", ", ".join(methods)),))
 
 
-def model_body(router: Router, path: str) -> bytes:
+def model_body(models: Collection[str], path: str) -> bytes:
     """`GET /v1/models/{id}`: the model as OpenAI's retrieve answers it, or 404."""
     model = unquote(path[len(MODELS_PREFIX):])
-    if model not in router.replicas.table.models():
+    if model not in models:
         raise wire.ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     return json.dumps({"id": model, "object": "model", "created": 0, "owned_by": "isleserve"}).encode()
 
 
-async def forward(router: Router, request: Request, response: Responder) -> None:
+async def forward(ctx: FlightContext, request: Request, response: Responder) -> None:
     """`/tokenize` or `/detokenize` to the healthiest replicas of the body's model, in turn
     (another on a connect error, timeout or 5xx); the engine's answer goes back as it is."""
     try:
-        await _forward(router, request, response)
+        await _forward(ctx, request, response)
     except wire.ApiError as err:
         send_error(response, err)
 
 
-async def _forward(router: Router, request: Request, response: Responder) -> None:
+async def _forward(ctx: FlightContext, request: Request, response: Responder) -> None:
     body = wire.load_body(request.body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise wire.ApiError(400, "'model' is required", param="model")
-    if model not in router.replicas.served:
+    if model not in ctx.replicas.served:
         raise wire.ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-    order = sorted((c for c in router.replicas.snapshot() if c.endpoint.model == model and c.endpoint.healthy
+    order = sorted((c for c in ctx.replicas.snapshot() if c.endpoint.model == model and c.endpoint.healthy
                     and not c.load.breaker_open), key=lambda c: (c.endpoint.role != "mixed", c.load.inflight))
     last = "no healthy replica of the model"
-    for cand in order[: router.config.upstream.retries + 1]:
+    for cand in order[: ctx.upstream.retries + 1]:
         url, rid = cand.endpoint.url, cand.endpoint.replica_id
-        t0 = time.perf_counter()
+        t0 = ctx.clock()
         try:
-            ex = await relay.start(router.relay, url, request.path, request.body, JSON_HEADERS, PROXY_TIMEOUT_S)
+            ex = await relay.start(ctx.relay, url, request.path, request.body, JSON_HEADERS, PROXY_TIMEOUT_S)
             try:
                 await relay.finish(ex, PROXY_TIMEOUT_S)
             finally:
                 ex.abort()
         except UpstreamError as err:
-            router.replicas.failed(rid, url)
+            ctx.replicas.failed(rid, url)
             last = f"{rid}: {err}"
             continue
         if ex.status >= 500:
             last = f"{rid} answered {ex.status}"
             continue
-        router.replicas.ok(rid, (time.perf_counter() - t0) * 1000)
+        ctx.replicas.ok(rid, (ctx.clock() - t0) * 1000)
         response.send(ex.status, ex.body(), ex.content_type, headers=[("x-isle-replica", rid)])
         return
     raise wire.ApiError(502 if order else 503, f"upstream failed: {last}", "bad_gateway" if order else
                         "service_unavailable")
 
 
-def admin_view(router: Router, path: str) -> Any:
-    """What the admin routes (admin key) answer: the replicas as this worker sees them, the
-    topology, the plan."""
+def admin_view(path: str, replicas: Replicas, worker: int, topology: Topology | None,
+               plan: Mapping[str, Any] | None) -> Any:
+    """What the admin routes (admin key) answer: the replicas as this worker (`worker`) sees
+    them, the topology, the plan."""
     if path == "/admin/replicas":
-        now = time.monotonic()
-        return {"version": router.replicas.table.version, "worker": router.worker, "replicas": [
+        now = time.monotonic()  # the breakers' clock (router.state)
+        return {"version": replicas.table.version, "worker": worker, "replicas": [
             {"replica_id": s.endpoint.replica_id, "url": s.endpoint.url, "model": s.endpoint.model,
              "pool": s.endpoint.pool, "role": s.endpoint.role, "node": s.endpoint.node,
              "gpus": list(s.endpoint.gpus), "tier": s.endpoint.tier, "healthy": s.endpoint.healthy,
              "draining": s.endpoint.draining, "breaker_open": now < s.open_until, "running": s.running,
              "waiting": s.waiting, "kv_usage": s.kv_usage, "inflight": s.inflight,
-             "latency_ms": round(s.latency_ms, 3)} for s in router.replicas.states.values()]}
+             "latency_ms": round(s.latency_ms, 3)} for s in replicas.states.values()]}
     if path == "/admin/topology":
-        if router.topology is None:
+        if topology is None:
             raise wire.ApiError(404, "this router was started without a topology", "not_found_error")
         from topology.serialize import to_dict
 
-        return to_dict(router.topology)
+        return to_dict(topology)
     if path == "/admin/plan":
-        if router.plan is None:
+        if plan is None:
             raise wire.ApiError(404, "this router was started without a placement plan", "not_found_error")
-        return router.plan
+        return plan
     raise wire.ApiError(404, f"no admin route {path}", "not_found_error")
 
 

@@ -1,6 +1,12 @@
 """The router's data plane: one asyncio HTTP server (pools.wire.http) that authenticates, admits
 by SLO class, routes (pure decisions), orchestrates PD, proxies with retries before the first
 byte, and records per-tier latency. The same code runs in tests, standalone and under Ray Serve.
+
+The `Router` owns the parts and wires them; the request path below it sees only narrow seams:
+a request becomes a `router.call.Call` (pure), a decision comes from `router.decision` (pure),
+and a `router.flight.Flight` (or `router.pd.serve_pd`) carries it out through a
+`FlightContext` (replica table, relay, metrics, upstream settings, clock, end callback).
+Nothing below imports this module.
 """
 
 from __future__ import annotations
@@ -13,25 +19,23 @@ import logging
 import os
 import random
 import time
-import zlib
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from pools.model import Role, SLOClass
+from pools.model import SLOClass
 from pools.routing import RoutingTable
 from pools.wire import openai as wire
 from pools.wire.http import Request, Responder, serve
-from pools.wire.prompt import Prompt, read_prompts
 from router import routes
 from router.admission import Admission
 from router.auth import Auth
+from router.call import Call, read_call
 from router.config import RouterConfig
-from router.decision import Candidate, PDDecision, Profile, RouteDecision, RouteRequest, check_profile, decide
-from router.flight import Ended, Flight, Watch
+from router.decision import Candidate, PDDecision, Profile, RouteDecision, check_profile, decide
+from router.flight import Clock, Flight, FlightContext, fly
 from router.metrics import RouterMetrics
 from router.pd import pd_choice, serve_pd
 from router.relay import RelayPool
@@ -43,46 +47,18 @@ from topology import Topology
 
 log = logging.getLogger("isleserve.router")
 GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
-PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
-"""Prefix affinity hashes the prompt's leading full blocks (about 16 tokens each), up to 4."""
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENAPI_PATH = Path(str(importlib.resources.files("router").joinpath("openapi.json")))
 """The public API's OpenAPI document (static, hand-kept; served as is at /openapi.json). Found
 through the package, not `__file__` (which compiled modules set to the shared library's folder)."""
 
 
-@dataclass(slots=True)
-class _Call:
-    slo: SLOClass
-    body: dict[str, Any]
-    stream: bool
-    route: RouteRequest
-    path: str
-    """The route the client called: the engine gets the same one."""
-    payload: bytes
-    """`body` serialised for the engine."""
-    many: bool = False
-    """Several sequences (a list of prompts, n > 1): no PD."""
-
-
-def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, tuple[Prompt, ...], bool]:
-    """Only what routing needs: model, prompts (length, prefix), stream, and the router's own
-    token limit. Everything else the engine validates; its 4xx comes back to the client as is."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise wire.ApiError(400, "'model' is required", param="model")
-    prompts = read_prompts(body)  # as the engine reads them: every shape the API accepts
-    for key in ("max_tokens", "max_completion_tokens"):
-        limit = body.get(key)
-        if isinstance(limit, int) and limit > max_tokens_limit:
-            raise wire.ApiError(400, f"'{key}' is {limit}, over this router's limit of {max_tokens_limit}", param=key)
-    return model, prompts, body.get("stream") is True
-
-
 class Router:
     def __init__(self, config: RouterConfig, table: RoutingTable, topology: Topology | None = None,
-                 plan: Mapping[str, Any] | None = None, worker: int = 0) -> None:
+                 plan: Mapping[str, Any] | None = None, worker: int = 0, clock: Clock = time.perf_counter) -> None:
+        """`clock`: the request path's clock (seconds, monotonic): latencies, deadlines, backoff."""
         self.config = config
+        self.clock = clock
         self.worker = worker
         """This process's index among the router's workers (0: the leader, which starts the others)."""
         self.auth = Auth(config)
@@ -94,11 +70,11 @@ class Router:
         self.metrics.inflight = self.admission.inflight
         self.pool = Pool(config.upstream.connect_timeout_s)  # scraping engines' /metrics
         self.relay = RelayPool(config.upstream.connect_timeout_s)  # the request path
-        self.watch = Watch()
+        self.flights = FlightContext(self.replicas, self.relay, self.metrics, config.upstream, self.request_ended,
+                                     clock)
         self.rng = random.Random(config.seed)
         self.turns = itertools.count()
         self.profiles = {name: self._profile(name) for name in config.classes()}
-        self._served_by: dict[tuple[str, str, tuple[tuple[str, str], ...]], bytes] = {}
         self.openapi = routes.served_document(OPENAPI_PATH.read_bytes(), list(config.classes()),
                                               config.max_tokens_limit)
         self.server: asyncio.Server | None = None
@@ -201,7 +177,7 @@ class Router:
             self._internal.close()
         self.pool.close()
         self.relay.close()
-        self.watch.close()
+        self.flights.watch.close()
 
     @property
     def port(self) -> int:
@@ -223,10 +199,10 @@ class Router:
                 raise wrong
             if method == "POST" and path in routes.TOKEN_PATHS:
                 self.auth.user(request.headers)
-                return routes.forward(self, request, response)
+                return routes.forward(self.flights, request, response)
             if method == "GET" and path.startswith(routes.MODELS_PREFIX):
                 self.auth.user(request.headers)
-                response.send(200, routes.model_body(self, path))
+                response.send(200, routes.model_body(self.replicas.table.models(), path))
             elif (method, path) == ("GET", "/v1/models"):
                 self.auth.user(request.headers)
                 response.send(200, wire.models_body(self.replicas.table.models()))
@@ -243,7 +219,8 @@ class Router:
                 response.send(200, self.openapi)
             elif path.startswith("/admin/") and method == "GET":
                 self.auth.admin(request.headers)
-                response.send(200, json.dumps(routes.admin_view(self, path)).encode())
+                view = routes.admin_view(path, self.replicas, self.worker, self.topology, self.plan)
+                response.send(200, json.dumps(view).encode())
             else:
                 raise wire.ApiError(404, f"no route {method} {path}", "not_found_error")
         except wire.ApiError as err:
@@ -251,30 +228,10 @@ class Router:
         return None
 
     # generation
-    def _parse(self, request: Request, slo: SLOClass) -> _Call:
-        if len(request.body) > self.config.max_body_bytes:
-            raise wire.ApiError(413, f"request body over {self.config.max_body_bytes} bytes")
-        body = wire.load_body(request.body)
-        model, prompts, stream = peek(body, self.config.max_tokens_limit)
-        # PD handover parameters are the router's business: a client cannot steer KV transfers
-        body.pop("kv_transfer_params", None)
-        body["priority"] = slo.priority  # vLLM's priority scheduling: lower is earlier
-        try:
-            payload = orjson.dumps(body)
-        except orjson.JSONEncodeError:  # parses, but nests deeper than it can be written again
-            raise wire.ApiError(400, "request body nests too deeply (JSON deeper than 254 levels cannot be "
-                                     "forwarded)") from None
-        key = prompts[0].key  # the prefix a replica's cache may hold: the first prompt's
-        blocks = min(len(key) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
-        prefix = key[: blocks * PREFIX_BLOCK_CHARS]
-        tokens = sum(p.tokens for p in prompts)
-        n = body.get("n")
-        many = len(prompts) > 1 or (isinstance(n, int) and n > 1)
-        # several sequences in one request (prompt lists, n > 1): served whole, never split over PD
-        # (one kv_transfer_params per request); by a decode replica where the model has no mixed one
-        role: Role | None = "decode" if many and model not in self.replicas.mixed else None
-        route = RouteRequest(model, slo, tokens, zlib.crc32(prefix.encode()) if prefix else 0, role)
-        return _Call(slo=slo, body=body, stream=stream, route=route, path=request.path, payload=payload, many=many)
+    def _parse(self, request: Request, slo: SLOClass) -> Call:
+        c = self.config
+        return read_call(request.body, request.path, slo, max_body_bytes=c.max_body_bytes,
+                         max_tokens_limit=c.max_tokens_limit, mixed=self.replicas.mixed)
 
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         slo: SLOClass | None = None
@@ -285,7 +242,7 @@ class Router:
             if call.route.model not in self.replicas.served:
                 raise wire.ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model",
                                     cause="unknown_model")
-            started = time.perf_counter()
+            started = self.clock()
             snapshot = self.replicas.snapshot()
             self.admission.check_overload(slo, snapshot)
             if not self.admission.enter(slo):
@@ -294,11 +251,11 @@ class Router:
             self.refused(slo, err)
             raise
         try:
-            pd = pd_choice(self, call, snapshot)
+            pd = self._pd_choice(call, snapshot)
             if pd is not None:
                 return self._waiting(call, response, started, pd=pd)
-            flight = Flight(self, call, self._decide(call, snapshot).order(), response, started, call.payload,
-                            owner=True)
+            flight = Flight(self.flights, call, self._decide(call, snapshot).order(), response, started,
+                            call.payload, owner=True)
         except BaseException:
             self.request_ended(slo, "error")
             raise
@@ -319,15 +276,18 @@ class Router:
         if slo is not None:
             m.child(m.requests, slo.name, "shed" if err.status == 429 else "rejected").inc()
 
-    def _decide(self, call: _Call, snapshot: list[Candidate]) -> RouteDecision:
-        t0 = time.perf_counter()
+    def _pd_choice(self, call: Call, snapshot: list[Candidate]) -> PDDecision | None:
+        return pd_choice(self.config.pd, call, snapshot, self.topology, self.replicas.mixed)
+
+    def _decide(self, call: Call, snapshot: list[Candidate]) -> RouteDecision:
+        t0 = self.clock()
         decision = decide(call.route, snapshot, self.profiles[call.slo.name], self.rng, next(self.turns))
-        self.metrics.decision.observe(time.perf_counter() - t0)
+        self.metrics.decision.observe(self.clock() - t0)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(decision.log_line())
         return decision
 
-    async def _waiting(self, call: _Call, response: Responder, started: float, queued: bool = False,
+    async def _waiting(self, call: Call, response: Responder, started: float, queued: bool = False,
                        pd: PDDecision | None = None) -> None:
         """The coroutine path: a request queued for an admission slot, or a PD request."""
         slo = call.slo
@@ -339,7 +299,7 @@ class Router:
                 send_error(response, err)
                 return
             if pd is None:
-                pd = pd_choice(self, call, self.replicas.snapshot())
+                pd = self._pd_choice(call, self.replicas.snapshot())
         outcome = "error"
         try:
             outcome = await self._serve(call, pd, response, started)
@@ -352,39 +312,15 @@ class Router:
         finally:
             self.request_ended(slo, outcome)
 
-    async def _serve(self, call: _Call, pd: PDDecision | None, response: Responder, started: float) -> str:
+    async def _serve(self, call: Call, pd: PDDecision | None, response: Responder, started: float) -> str:
         if pd is not None:
             try:
-                return await serve_pd(self, call, pd, response, started)
+                return await serve_pd(self.flights, call, pd, response, started, self.request_id(), self.spawn)
             except wire.ApiError as err:
                 if response.started or err.status < 500:
                     raise
                 log.debug("PD pair %s/%s failed before the first byte (%s): a mixed replica serves it",
                           pd.prefill.endpoint.replica_id, pd.decode.endpoint.replica_id, err.message)
         decision = self._decide(call, self.replicas.snapshot())
-        flight = await self.fly(Flight, call, decision.order(), response, started, call.payload)
+        flight = await fly(self.flights, call, decision.order(), response, started, call.payload)
         return flight.outcome_or_raise()
-
-    async def fly(self, cls: type[Flight], call: _Call, order: list[Candidate], response: Responder,
-                   started: float, payload: bytes, **kwargs: Any) -> Flight:
-        waiter: asyncio.Future[Ended] = asyncio.get_running_loop().create_future()
-        flight = cls(self, call, order, response, started, payload, waiter=waiter, **kwargs)
-        flight.begin()
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            flight.abandon()
-            raise
-        return flight
-
-    def served_by(self, cand: Candidate, tier: str, extra: tuple[tuple[str, str], ...]) -> bytes:
-        """The response headers that say what served a request (cached: a handful of combinations)."""
-        key = (cand.endpoint.replica_id, tier, extra)
-        found = self._served_by.get(key)
-        if found is None:
-            found = self._served_by[key] = b"".join(
-                f"{k}: {v}\r\n".encode("latin-1")
-                for k, v in (("x-isle-replica", cand.endpoint.replica_id), ("x-isle-tier", tier), *extra))
-            if len(self._served_by) > 4096:
-                self._served_by.clear()
-        return found

@@ -69,17 +69,18 @@ async def quiet_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         writer.close()
 
 
-async def _router(upstreams: dict[str, Upstream], **extra: object) -> tuple[Router, list[asyncio.Server]]:
+async def _router(upstreams: dict[str, Upstream], clock: Callable[[], float] = time.perf_counter, **extra: object
+                  ) -> tuple[Router, list[asyncio.Server]]:
     STOP[:] = [asyncio.Event()]
     servers = {name: await asyncio.start_server(fn, "127.0.0.1", 0) for name, fn in upstreams.items()}
-    config = RouterConfig.model_validate({**extra,
+    config = RouterConfig.model_validate({
         "port": 0, "keys": [{"tenant": "t", "key_sha256": sha256(DEV_KEY)}],
         "admin_keys": [{"tenant": "ops", "key_sha256": sha256("admin")}],
         "default_profile": {"picker": "round-robin-picker"},
         "upstream": {"first_byte_timeout_s": 0.4, "request_timeout_s": 0.4, "idle_timeout_s": 0.4, "retries": 1},
         "replicas": [{"replica_id": name, "url": f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}", "model": "m"}
-                     for name, s in servers.items()]})
-    router = Router(config, table_from_config(config))
+                     for name, s in servers.items()], **extra})
+    router = Router(config, table_from_config(config), clock=clock)
     await router.start()
     return router, list(servers.values())
 
@@ -113,6 +114,34 @@ def test_a_replica_that_never_answers_is_left_for_the_next_after_the_deadline() 
                 data, took = await _post(router.port, {"model": "m", "prompt": "x", "max_tokens": 1})
                 assert data.startswith(b"HTTP/1.1 200") and b"x-isle-replica: b-good" in data, data
                 assert took < 5
+        finally:
+            await _stop(router, servers)
+
+    asyncio.run(main())
+
+
+def test_deadlines_and_latencies_follow_the_clock_the_router_is_given() -> None:
+    """The request path reads time only from the router's clock: on one that runs ten times
+    fast, a 3 s first-byte deadline passes in about 0.3 s of wall time, and the latency the
+    router records is ten times what the wall clock saw."""
+    def fast() -> float:
+        return 10 * time.perf_counter()
+
+    async def main() -> None:
+        router, servers = await _router({"a-silent": silent, "b-good": good}, clock=fast,
+                                        upstream={"first_byte_timeout_s": 3.0, "request_timeout_s": 3.0,
+                                                  "idle_timeout_s": 3.0, "retries": 1})
+        try:
+            for _ in range(2):  # round robin: one of the two starts on the silent replica
+                data, took = await _post(router.port, {"model": "m", "prompt": "x", "max_tokens": 1})
+                assert data.startswith(b"HTTP/1.1 200") and b"x-isle-replica: b-good" in data, data
+                assert took < 2.0  # not the 3 s a wall-clock deadline would take
+            text = router.metrics.render().decode()
+            e2e = {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith(("isle_router_e2e_seconds_sum", "isle_router_e2e_seconds_count"))
+                   and 'slo_class="interactive"' in line}
+            assert e2e["isle_router_e2e_seconds_count"] == 2
+            assert e2e["isle_router_e2e_seconds_sum"] > 2.0  # the silent replica's 3 s, on the fast clock
         finally:
             await _stop(router, servers)
 

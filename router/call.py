@@ -1,0 +1,78 @@
+"""One generation request as the router reads it: only what routing needs (model, prompts'
+length and prefix, stream, the router's own token limit), the body re-serialised for the engine
+with the router's fields (priority) and without the client's (kv_transfer_params). Pure: no
+I/O, no clock; everything else the engine validates, and its 4xx comes back as it is."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from pools.model import Role, SLOClass
+from pools.wire import openai as wire
+from pools.wire.prompt import Prompt, read_prompts
+from router.decision import RouteRequest
+
+PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
+"""Prefix affinity hashes the prompt's leading full blocks (about 16 tokens each), up to 4."""
+
+
+@dataclass(slots=True)
+class Call:
+    slo: SLOClass
+    body: dict[str, Any]
+    stream: bool
+    route: RouteRequest
+    path: str
+    """The route the client called: the engine gets the same one."""
+    payload: bytes
+    """`body` serialised for the engine."""
+    many: bool = False
+    """Several sequences (a list of prompts, n > 1): no PD."""
+
+
+def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, tuple[Prompt, ...], bool]:
+    """Model, prompts (every shape the API accepts, read as the engine reads them) and stream;
+    400 for a missing model or a token limit over the router's."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise wire.ApiError(400, "'model' is required", param="model")
+    prompts = read_prompts(body)
+    for key in ("max_tokens", "max_completion_tokens"):
+        limit = body.get(key)
+        if isinstance(limit, int) and limit > max_tokens_limit:
+            raise wire.ApiError(400, f"'{key}' is {limit}, over this router's limit of {max_tokens_limit}", param=key)
+    return model, prompts, body.get("stream") is True
+
+
+def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_tokens_limit: int,
+              mixed: Collection[str]) -> Call:
+    """The request `raw` (a body sent to `path`) as the router routes it. `mixed`: the models
+    that have mixed replicas (several sequences go to a decode replica where a model has none)."""
+    if len(raw) > max_body_bytes:
+        raise wire.ApiError(413, f"request body over {max_body_bytes} bytes")
+    body = wire.load_body(raw)
+    model, prompts, stream = peek(body, max_tokens_limit)
+    # PD handover parameters are the router's business: a client cannot steer KV transfers
+    body.pop("kv_transfer_params", None)
+    body["priority"] = slo.priority  # vLLM's priority scheduling: lower is earlier
+    try:
+        payload = orjson.dumps(body)
+    except orjson.JSONEncodeError:  # parses, but nests deeper than it can be written again
+        raise wire.ApiError(400, "request body nests too deeply (JSON deeper than 254 levels cannot be "
+                                 "forwarded)") from None
+    key = prompts[0].key  # the prefix a replica's cache may hold: the first prompt's
+    blocks = min(len(key) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
+    prefix = key[: blocks * PREFIX_BLOCK_CHARS]
+    tokens = sum(p.tokens for p in prompts)
+    n = body.get("n")
+    many = len(prompts) > 1 or (isinstance(n, int) and n > 1)
+    # several sequences in one request (prompt lists, n > 1): served whole, never split over PD
+    # (one kv_transfer_params per request); by a decode replica where the model has no mixed one
+    role: Role | None = "decode" if many and model not in mixed else None
+    route = RouteRequest(model, slo, tokens, zlib.crc32(prefix.encode()) if prefix else 0, role)
+    return Call(slo=slo, body=body, stream=stream, route=route, path=path, payload=payload, many=many)
