@@ -1,2 +1,5 @@
-"""Workloads, the live load driver, the offline simulator and policy comparison. Built on every
-layer below; the load-test issue fills it in."""
+"""Load tests of the whole product: workloads (`workload`, `workloads`), the live driver on
+loopback (`live`), the offline simulator (`sim`), policy comparison and its report (`compare`,
+`report`, `summary`), the simulator's calibration against live runs (`calibrate`), pool sizing
+refined in the simulator (`refine`) and fault injection (`chaos`). The top layer: imports
+`router`, `pools` and `topology`; nothing in them imports it."""

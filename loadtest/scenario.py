@@ -19,8 +19,7 @@ from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
 from router.config import PDConfig, ProfileConfig
 from router.decision import Profile, check_profile
 from topology import GpuRef, Topology, read_source
-from topology.readers.spec import validate_mapping
-from topology.yamlfile import load_yaml_file
+from topology.configfile import load_yaml_file, validate_mapping
 
 
 class _Strict(BaseModel):

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from loadtest.model import TraceRequest
 from loadtest.workloads import WorkloadError, synthetic, traces, transforms
-from topology.readers.spec import format_validation
+from topology.configfile import format_validation
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 NAMED: dict[str, tuple[str, str]] = {

@@ -17,9 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pools import catalog
 from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
 from pools.vllm.config import VllmPoolConfig
+from topology.configfile import load_yaml_file, validate_mapping
 from topology.errors import ParseError
-from topology.readers.spec import validate_mapping
-from topology.yamlfile import load_yaml_file
 
 
 class _Strict(BaseModel):

@@ -18,10 +18,12 @@ measurements cited in tests/unit/test_costmodel.py, within the bands stated ther
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pools.catalog import GpuSpec, ModelSpec
-from topology import Path
+from topology import GpuRef, LinkKind, Path, Topology, bottleneck
+from topology.kinds import DEFAULTS
 
 BF16 = 2
 MIN_GB_S = 0.01
@@ -58,6 +60,29 @@ class LinkCost:
 
 
 LOCAL = LinkCost(bandwidth_gb_s=float("inf"), latency_us=0.0)
+TP_LINK_FALLBACK = LinkCost(bandwidth_gb_s=DEFAULTS[LinkKind.NVSWITCH].bandwidth_gb_s,
+                            latency_us=DEFAULTS[LinkKind.NVSWITCH].latency_us)
+"""A TP group's bottleneck when no topology knows its GPUs: placement keeps a TP group inside one
+NVLink island (DESIGN.md), so the island's default link (topology.kinds: H100 SXM NVSwitch,
+18 x 25 = 450 GB/s per direction, 0.5 us)."""
+KV_SAME_NODE_FALLBACK = Path(kind=LinkKind.NVSWITCH, tier="nvlink", bandwidth_gb_s=DEFAULTS[LinkKind.NVSWITCH]
+                             .bandwidth_gb_s, latency_us=DEFAULTS[LinkKind.NVSWITCH].latency_us,
+                             via="assumed: one NVLink island")
+"""The KV path between two replicas on one node when no topology knows their GPUs: the node's
+NVLink island (the default HGX machine, topology.kinds NVSWITCH)."""
+KV_CROSS_NODE_FALLBACK = Path(kind=LinkKind.RDMA, tier="rdma", bandwidth_gb_s=DEFAULTS[LinkKind.RDMA].bandwidth_gb_s,
+                              latency_us=DEFAULTS[LinkKind.RDMA].latency_us, via="assumed: one RDMA NIC pair")
+"""... on other (or unnamed) nodes: one RDMA NIC pair (topology.kinds RDMA: InfiniBand NDR,
+50 GB/s, 3 us)."""
+
+TIER_QUALITY = {"local": 1.0, "nvlink": 1.0, "pcie": 0.45, "numa": 0.3, "rdma": 0.2, "tcp": 0.08, "rack": 0.05}
+"""How good a TP group's tier is, in [0, 1] (the placement score and the router's
+link-tier-scorer). Inside a node it is this cost model's own ratio: a prefill of 8192 tokens of
+llama-3.1-8b at TP=2 on H100 runs 0.42x (NODE) to 0.51x (PIX) as fast over the PCIe default
+links as over NVSwitch, and 0.32x over the cross-socket (SYS) one (topology.kinds defaults;
+tests/unit/test_routing_costs.py checks it). Across nodes it is held below that ratio (by the
+same measure rdma 0.63, tcp 0.28): a TP group spread over nodes also shares their NICs with KV
+transfers and other traffic, and is lost with either node."""
 
 
 def allreduce_ms(message_bytes: float, tp: int, link: LinkCost, eff: Efficiency = DEFAULT) -> float:
@@ -117,6 +142,46 @@ def kv_transfer_ms(model: ModelSpec, tokens: int, path: Path) -> float:
     if path.tier == "local":
         return 0.0
     return kv_bytes(model, tokens) / (max(path.bandwidth_gb_s, MIN_GB_S) * 1e9) * 1e3 + path.latency_us * 1e-3
+
+
+def located(topology: Topology | None, gpus: Sequence[GpuRef]) -> bool:
+    """The topology knows every one of these GPUs (so paths between them can be priced)."""
+    return topology is not None and bool(gpus) and all(
+        topology.has_node(g.node) and topology.node(g.node).has_gpu(g.index) for g in gpus)
+
+
+def group_link(topology: Topology | None, gpus: Sequence[GpuRef], tp: int) -> LinkCost:
+    """The bottleneck of a TP group: the worst link among its GPUs (`topology.bottleneck`), or
+    `TP_LINK_FALLBACK` when the topology does not know them."""
+    if tp <= 1 or len(gpus) == 1:
+        return LOCAL
+    if topology is None or not located(topology, gpus):
+        return TP_LINK_FALLBACK
+    return LinkCost.of(bottleneck(topology, gpus))
+
+
+def kv_handover_ms(model: ModelSpec, tokens: int, paths: Sequence[Path]) -> float:
+    """KV of `tokens` moved as the engines move it: each prefill TP rank sends its shard to the
+    decode rank of the same index, all at once (`paths`: one per rank pair). Pairs carried by the
+    same link or NIC pair (the same `Path.via`) share its bandwidth; the slowest carrier and the
+    worst latency decide. No paths, or only local ones: nothing moves."""
+    ms_per_byte, latency_ms = kv_handover_rate(paths)
+    return kv_bytes(model, tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0
+
+
+def kv_handover_rate(paths: Sequence[Path]) -> tuple[float, float]:
+    """`kv_handover_ms` as (ms per byte of the whole KV, latency ms): a function of the paths
+    alone, so a router can remember it per replica pair."""
+    moving = [p for p in paths if p.tier != "local"]
+    if not moving:
+        return 0.0, 0.0
+    carried: dict[str, tuple[int, float]] = {}
+    for p in moving:
+        count, bandwidth = carried.get(p.via, (0, p.bandwidth_gb_s))
+        carried[p.via] = (count + 1, min(bandwidth, p.bandwidth_gb_s))
+    share = 1.0 / len(paths)
+    slowest_s = max(count * share / (max(bandwidth, MIN_GB_S) * 1e9) for count, bandwidth in carried.values())
+    return slowest_s * 1e3, max(p.latency_us for p in moving) * 1e-3
 
 
 def weights_per_gpu_gb(model: ModelSpec, tp: int) -> float:

@@ -49,9 +49,20 @@ COMPILED = (
     "router.decision",
     "router.flight",
     "router.metrics",
+    "router.plugins.filters",
+    "router.plugins.model",
+    "router.plugins.params",
+    "router.plugins.pd",
+    "router.plugins.pickers",
+    "router.plugins.profile",
+    "router.plugins.registry",
+    "router.plugins.scorers",
+    "router.plugins.timing",
+    "router.plugins.ttft",
     "router.relay",
     "router.server",
     "router.state",
+    "router.timing",
 )
 """The request path: HTTP server, upstream relay, auth, admission, decision, relay, metrics. One group
 (one shared library, `pools/_native__mypyc`), so calls between them are C calls."""

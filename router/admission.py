@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from pools.model import SLOClass
 from pools.wire.openai import ApiError
-from router.decision import Candidate
+from router.plugins.filters import healthy
+from router.plugins.model import Candidate
 
 OVERLOAD_WAITING = 8.0
 """Requests waiting per replica (engine queue + a quarter of the router's in-flight) at which
@@ -32,7 +33,8 @@ class Admission:
 
     @staticmethod
     def overloaded(snapshot: Sequence[Candidate]) -> bool:
-        live = [c for c in snapshot if c.endpoint.healthy and not c.load.breaker_open]
+        """Every replica the router may send to (the routing plugins' health rule) is backed up."""
+        live = [c for c in snapshot if healthy(c)]
         if not live:
             return False
         return min(c.load.waiting + c.load.inflight / 4 for c in live) >= OVERLOAD_WAITING

@@ -30,10 +30,9 @@ from pools.placement import POLICIES, get_policy
 from pools.vllm.config import VllmAppConfig, settings_for
 from router.config import RouterConfig
 from topology import Topology
+from topology.configfile import load_yaml_file, validate_mapping
 from topology.errors import ParseError
 from topology.readers import read_source
-from topology.readers.spec import validate_mapping
-from topology.yamlfile import load_yaml_file
 
 
 class AppArgs(BaseModel):

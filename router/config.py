@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pools.config import SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, SLOClass
@@ -24,8 +24,9 @@ from pools.wire.limits import (
     WRITE_BUFFER_BYTES,
     ServerLimits,
 )
-from topology.readers.spec import validate_mapping
-from topology.yamlfile import load_yaml_file
+from router.plugins.profile import DEFAULT_FILTERS, Profile
+from router.plugins.spec import PluginSpec
+from topology.configfile import load_yaml_file, validate_mapping
 
 DEV_KEY, DEV_ADMIN_KEY = "isle-dev-key", "isle-dev-admin"
 
@@ -81,9 +82,46 @@ class ReplicaConfig(_Strict):
 
 
 class ProfileConfig(_Strict):
-    filters: list[str] = Field(default_factory=lambda: ["health-filter", "drain-filter", "role-filter"])
-    scorers: dict[str, float] = Field(default_factory=lambda: {"queue-depth-scorer": 1.0, "kv-usage-scorer": 1.0})
-    picker: str = "max-score-picker"
+    """A routing profile by plugin names (README: Routing); every plugin and parameter is checked
+    at load. A plugin with parameters is `{name, weight, parameters}` (llm-d's form)."""
+
+    filters: list[str | PluginSpec] = Field(
+        default_factory=lambda: list[str | PluginSpec](DEFAULT_FILTERS),
+        description="filter names, or {name, parameters}")
+    scorers: dict[str, float | PluginSpec] = Field(
+        default_factory=lambda: dict[str, float | PluginSpec]({"queue-depth-scorer": 1.0, "kv-usage-scorer": 1.0}),
+        description="{name: weight}, {name: {weight, parameters}} or a list [{name, weight, parameters}]")
+    picker: str | PluginSpec = Field(default="max-score-picker", description="a picker name, or {name, parameters}")
+
+    @field_validator("scorers", mode="before")
+    @classmethod
+    def _scorer_forms(cls, raw: object) -> object:
+        """The list form and `{name: {weight, parameters}}` as `{name: {name, weight, parameters}}`."""
+        if isinstance(raw, list):
+            names = [e.get("name") if isinstance(e, dict) else None for e in raw]
+            if None in names:
+                raise ValueError("each scorer of the list form is a mapping with a name")
+            twice = sorted({str(n) for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"scorers listed twice: {twice}")
+            return {str(n): e for n, e in zip(names, raw, strict=True)}
+        if isinstance(raw, dict):
+            out: dict[object, object] = {}
+            for name, value in raw.items():
+                if isinstance(value, dict) and value.get("name", name) != name:
+                    raise ValueError(f"scorer {name!r} names another plugin ({value['name']!r})")
+                out[name] = {**value, "name": name} if isinstance(value, dict) else value
+            return out
+        return raw
+
+    @model_validator(mode="after")
+    def _plugins(self) -> ProfileConfig:
+        self.to_profile(where="")
+        return self
+
+    def to_profile(self, where: str = "profile") -> Profile:
+        """The routing profile this config names (ValueError naming each bad plugin's path)."""
+        return Profile(filters=self.filters, scorers=self.scorers, picker=self.picker, where=where)
 
 
 class PDConfig(_Strict):

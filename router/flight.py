@@ -19,8 +19,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-import orjson
-
 from pools.model import SLOClass
 from pools.wire import openai as wire
 from pools.wire.http import Responder
@@ -30,46 +28,13 @@ from router.decision import Candidate
 from router.metrics import HistogramSeries, RouterMetrics
 from router.relay import RelayPool, UpstreamProtocol, request_bytes
 from router.state import Replicas
+from router.timing import TAIL, reported_timing, token_events
 from router.upstream import UpstreamError
 
 log = logging.getLogger("isleserve.router")
 JSON_HEADERS = b"content-type: application/json\r\nconnection: keep-alive\r\n"
 Ended = tuple[str, "wire.ApiError | None"]
 _UNSET = HistogramSeries(())
-TOKEN_MARKS = (b'"content":"', b'"text":"', b'"reasoning_content":"', b'"reasoning":"', b'"tool_calls":[{')
-EMPTY_MARKS = (b'"content":""', b'"text":""', b'"reasoning_content":""', b'"reasoning":""')
-TAIL = max(len(m) for m in (*TOKEN_MARKS, *EMPTY_MARKS)) - 1
-
-
-def token_events(tail: bytes, data: bytes) -> int:
-    """The SSE chunks in `data` that carry output (text, reasoning or a tool call's delta), not
-    a role-only first chunk, a finish-only last one, a usage chunk or [DONE]: tokens as the
-    engine counts its gaps. `tail` is the end of the stream before `data` (shorter than any mark,
-    so no mark is counted twice; one cut between two reads is counted once). Compact JSON, as
-    vLLM (pydantic) and the simulated engine write it."""
-    text = tail + data
-    found = 0
-    for mark in TOKEN_MARKS:
-        found += text.count(mark)
-    for mark in EMPTY_MARKS:
-        found -= text.count(mark)
-    return max(0, found)
-
-
-def reported_timing(body: bytes) -> tuple[float, float, float] | None:
-    """(TTFT, TPOT, engine's own span) in wall seconds from a non-streamed response's
-    `isle_timing` (the simulated engine writes it, in its virtual ms and its `time_scale`),
-    or None: an engine that says nothing (vLLM) leaves a non-streamed request without TTFT."""
-    if b'"isle_timing"' not in body:
-        return None
-    try:
-        timing = orjson.loads(body)["isle_timing"]
-        scale = float(timing.get("time_scale", 1.0)) / 1000
-        return float(timing["ttft_ms"]) * scale, float(timing["tpot_ms"]) * scale, float(timing["e2e_ms"]) * scale
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
-        return None
-
-
 Clock = Callable[[], float]
 """Seconds on a monotonic clock (time.perf_counter in the router; a test may pass its own)."""
 SERVED_BY_KEEP = 4096

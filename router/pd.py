@@ -20,7 +20,7 @@ from pools.wire.http import Responder
 from router import relay
 from router.call import Call
 from router.config import PDConfig
-from router.decision import Candidate, PDDecision, pd_decide
+from router.decision import Candidate, PDDecision, PluginTimer, pd_decide
 from router.flight import JSON_HEADERS, FlightContext, fly
 from router.relay import RelayPool
 from router.upstream import UpstreamError
@@ -32,13 +32,13 @@ RELEASE_TIMEOUT_S = 2.0
 
 
 def pd_choice(pd: PDConfig, call: Call, snapshot: list[Candidate], topology: Topology | None,
-              mixed: Collection[str]) -> PDDecision | None:
+              mixed: Collection[str], timer: PluginTimer | None = None) -> PDDecision | None:
     """The prefill/decode pair for this request, or None: a mixed replica serves it whole.
     `mixed`: the models with mixed replicas in the routing table."""
     if not pd.enabled or call.many:
         return None
     return pd_decide(call.route, snapshot, topology, min_prompt_tokens=pd.min_prompt_tokens,
-                     has_mixed=call.route.model in mixed)
+                     has_mixed=call.route.model in mixed, timer=timer)
 
 
 async def _release_prefill(pool: RelayPool, pcand: Candidate, request_id: Any, engine_id: Any = None) -> None:

@@ -13,11 +13,9 @@ from collections.abc import Collection, Mapping
 from typing import Any
 from urllib.parse import unquote
 
-import orjson
-
 from pools.wire import openai as wire
 from pools.wire.http import Request, Responder
-from router import relay
+from router import openapi, relay
 from router.flight import JSON_HEADERS, FlightContext
 from router.state import Replicas
 from router.upstream import UpstreamError
@@ -130,21 +128,11 @@ def admin_view(path: str, replicas: Replicas, worker: int, topology: Topology | 
     raise wire.ApiError(404, f"no admin route {path}", "not_found_error")
 
 
-def served_document(doc: bytes, classes: list[str], max_tokens_limit: int | None = None) -> bytes:
-    """The OpenAPI document with this router's settings in it: its SLO class names as the
-    `x-slo-class` values, its `max_tokens_limit` as the most tokens a request may ask."""
-    parsed = orjson.loads(doc)
-    if max_tokens_limit is not None:
-        for schema in parsed["components"]["schemas"].values():
-            for key in ("max_tokens", "max_completion_tokens"):
-                if key in schema.get("properties", {}):
-                    schema["properties"][key]["maximum"] = max_tokens_limit
-    for item in parsed["paths"].values():
-        for op in item.values():
-            for param in op.get("parameters", []):
-                if param.get("name") == "x-slo-class":
-                    param["schema"] = {"type": "string", "enum": classes}
-    return orjson.dumps(parsed)
+def served_document(classes: list[str], max_tokens_limit: int) -> bytes:
+    """The OpenAPI document this router serves at `/openapi.json`, generated from the pydantic
+    models (`router.openapi`): its SLO class names as the `x-slo-class` values, its
+    `max_tokens_limit` as the most tokens a request may ask."""
+    return openapi.document(classes, max_tokens_limit)
 
 
 def send_error(response: Responder, err: wire.ApiError) -> None:

@@ -12,19 +12,17 @@ returned."""
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
+from pools.supervisor import Child, ChildError, Group, Output, ReadyProbe, Stop
+from pools.wire import client
 from router.appconfig import app_args_from_serve_config
 from topology.errors import ParseError
 
@@ -39,16 +37,24 @@ def ready_line(host: str, port: int, replicas: int) -> str:
 
 def _health(host: str, port: int) -> int | None:
     """The replicas the router serves when it answers /health, else None."""
-    try:
-        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2) as resp:
-            return int(json.loads(resp.read()).get("replicas", 0))
-    except (OSError, ValueError, urllib.error.URLError):
+    try:  # remote_ok: the address the config told the router to listen on, this machine's own
+        doc = client.get_json(f"{client.origin(host, port)}/health", timeout_s=2, remote_ok=True)
+        return int(doc.get("replicas", 0)) if isinstance(doc, dict) else None
+    except (OSError, ValueError):
         return None
 
 
 def _serve_binary() -> str:
     beside = Path(sys.executable).parent / "serve"
     return str(beside) if beside.exists() else "serve"
+
+
+def _serve_run(config: str, env: dict[str, str], answers: Callable[[], bool]) -> Child:
+    return Child([_serve_binary(), "run", config], name="serve run", ready=ReadyProbe(answers), env=env,
+                 group=Group.OWN,  # Ctrl-C: ours alone
+                 stdout=Output.INHERIT, stderr=Output.INHERIT,  # its output passed through
+                 parent_death=signal.SIGINT,  # we are killed outright: it still shuts its local Ray down
+                 stop=Stop(signal=signal.SIGINT, grace_s=STOP_TIMEOUT_S, linger_s=None))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,30 +68,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     host = "127.0.0.1" if router.host in ("0.0.0.0", "::", "") else router.host
     env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **os.environ}
-    child = subprocess.Popen([_serve_binary(), "run", args.config], env=env, process_group=0)  # Ctrl-C: ours alone
+    replicas: list[int] = []
+
+    def answers() -> bool:
+        found = _health(host, router.port)
+        if found is not None:
+            replicas.append(found)
+        return found is not None
+
+    child = _serve_run(args.config, env, answers).start()
     stopping = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
         if not stopping.is_set():
             stopping.set()
             print("isleserve: stopping", file=sys.stderr, flush=True)
-            child.send_signal(signal.SIGINT)  # serve run's own clean shutdown
+            child.terminate()  # SIGINT: serve run's own clean shutdown
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
-    deadline, said = time.monotonic() + READY_TIMEOUT_S, False
+    with contextlib.suppress(ChildError):  # it exited, we were stopped, or it is slow: no line then
+        child.wait_ready(READY_TIMEOUT_S, poll_s=POLL_S, cancel=stopping, stop_on_failure=False)
+        print(ready_line(host, router.port, replicas[-1]), flush=True)
     while child.poll() is None and not stopping.is_set():
-        if not said and time.monotonic() < deadline:
-            replicas = _health(host, router.port)
-            if replicas is not None:
-                print(ready_line(host, router.port, replicas), flush=True)
-                said = True
         stopping.wait(POLL_S)
     if stopping.is_set():
-        try:
-            child.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+        child.stop()  # SIGKILL to its group after STOP_TIMEOUT_S
         return 0
     return child.returncode or 0

@@ -12,7 +12,6 @@ Nothing below imports this module.
 from __future__ import annotations
 
 import asyncio
-import importlib.resources
 import itertools
 import json
 import logging
@@ -34,7 +33,7 @@ from router.admission import Admission
 from router.auth import Auth
 from router.call import Call, read_call
 from router.config import RouterConfig
-from router.decision import Candidate, PDDecision, Profile, RouteDecision, check_profile, decide
+from router.decision import Candidate, PDDecision, PluginTimer, Profile, RouteDecision, check_profile, decide
 from router.flight import Clock, Flight, FlightContext, fly
 from router.metrics import RouterMetrics
 from router.pd import pd_choice, serve_pd
@@ -48,9 +47,6 @@ from topology import Topology
 log = logging.getLogger("isleserve.router")
 GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-OPENAPI_PATH = Path(str(importlib.resources.files("router").joinpath("openapi.json")))
-"""The public API's OpenAPI document (static, hand-kept; served as is at /openapi.json). Found
-through the package, not `__file__` (which compiled modules set to the shared library's folder)."""
 
 
 class Router:
@@ -68,6 +64,7 @@ class Router:
         self.metrics = RouterMetrics()
         self.admission = Admission(config.classes(), share=config.workers)
         self.metrics.inflight = self.admission.inflight
+        self.plugin_timer = PluginTimer(self.metrics.plugins, clock)
         self.pool = Pool(config.upstream.connect_timeout_s)  # scraping engines' /metrics
         self.relay = RelayPool(config.upstream.connect_timeout_s)  # the request path
         self.flights = FlightContext(self.replicas, self.relay, self.metrics, config.upstream, self.request_ended,
@@ -75,8 +72,7 @@ class Router:
         self.rng = random.Random(config.seed)
         self.turns = itertools.count()
         self.profiles = {name: self._profile(name) for name in config.classes()}
-        self.openapi = routes.served_document(OPENAPI_PATH.read_bytes(), list(config.classes()),
-                                              config.max_tokens_limit)
+        self.openapi = routes.served_document(list(config.classes()), config.max_tokens_limit)
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.siblings: Siblings | None = None
@@ -277,11 +273,12 @@ class Router:
             m.child(m.requests, slo.name, "shed" if err.status == 429 else "rejected").inc()
 
     def _pd_choice(self, call: Call, snapshot: list[Candidate]) -> PDDecision | None:
-        return pd_choice(self.config.pd, call, snapshot, self.topology, self.replicas.mixed)
+        return pd_choice(self.config.pd, call, snapshot, self.topology, self.replicas.mixed, self.plugin_timer)
 
     def _decide(self, call: Call, snapshot: list[Candidate]) -> RouteDecision:
         t0 = self.clock()
-        decision = decide(call.route, snapshot, self.profiles[call.slo.name], self.rng, next(self.turns))
+        decision = decide(call.route, snapshot, self.profiles[call.slo.name], self.rng, next(self.turns),
+                          self.plugin_timer)
         self.metrics.decision.observe(self.clock() - t0)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(decision.log_line())

@@ -10,30 +10,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pools.routing import ReplicaEndpoint, RoutingTable
+from pools.wire.promtext import engine_load
 from router.decision import Candidate, ReplicaLoad
 from router.upstream import Pool, UpstreamError
 
-GAUGES = {
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:kv_cache_usage_perc": "kv_usage",
-    "vllm:gpu_cache_usage_perc": "kv_usage",
-}
-
 
 def parse_vllm_metrics(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        field = GAUGES.get(name)
-        if field is not None:
-            try:
-                out[field] = out.get(field, 0.0) + float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                continue
-    return out
+    """`running`, `waiting` and `kv_usage`, those the engine's /metrics text has
+    (pools.wire.promtext.engine_load; ValueError: not Prometheus text)."""
+    load = engine_load(text)
+    found = (("running", load.running), ("waiting", load.waiting), ("kv_usage", load.kv_usage))
+    return {name: value for name, value in found if value is not None}
 
 
 @dataclass(slots=True)
@@ -118,17 +105,21 @@ class Replicas:
             s.open_until = time.monotonic() + self.breaker_open_s
 
     async def scrape_forever(self, pool: Pool, interval_s: float, after: Callable[[], None] | None = None) -> None:
-        while True:
-            await asyncio.gather(*(self._scrape(pool, s) for s in list(self.states.values())))
-            if after is not None:
-                after()
-            await asyncio.sleep(interval_s)
+        """Every replica's /metrics each `interval_s`; the scrape connections close with this task."""
+        try:
+            while True:
+                states = list(self.states.values())
+                await asyncio.gather(*(self._scrape(pool, s) for s in states))
+                await pool.keep({s.endpoint.url for s in states})
+                if after is not None:
+                    after()
+                await asyncio.sleep(interval_s)
+        finally:
+            await pool.aclose()
 
     async def _scrape(self, pool: Pool, s: ReplicaState) -> None:
-        with contextlib.suppress(UpstreamError, TimeoutError, ValueError):
-            resp = await pool.request(s.endpoint.url, "GET", "/metrics", b"", {}, 2.0, 2.0)
-            text = (await resp.body()).decode("utf-8", "replace")
-            values = parse_vllm_metrics(text)
+        with contextlib.suppress(UpstreamError, ValueError):
+            values = parse_vllm_metrics(await pool.text(s.endpoint.url, "/metrics"))
             s.running = values.get("running", s.running)
             s.waiting = values.get("waiting", s.waiting)
             s.kv_usage = values.get("kv_usage", s.kv_usage)

@@ -14,33 +14,28 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from pools.wire.client import Client, ClientError, RefusedUrl, StatusError
 from router.config import DEV_ADMIN_KEY
 from topology.islands import islands
 from topology.serialize import from_dict
 
 
-def _get(url: str, key: str) -> Any:
-    request = urllib.request.Request(url, headers={"authorization": f"Bearer {key}"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
-
-
 def collect(base: str, key: str) -> dict[str, Any]:
-    """The deployment's state as one JSON document (topology and plan are optional on a router)."""
-    state: dict[str, Any] = {"url": base, "replicas": _get(f"{base}/admin/replicas", key)}
-    for name in ("plan", "topology"):
-        try:
-            state[name] = _get(f"{base}/admin/{name}", key)
-        except urllib.error.HTTPError as err:
-            if err.code != 404:
-                raise
-            state[name] = None
+    """The deployment's state as one JSON document (topology and plan are optional on a router).
+    `base` may be another host's: an operator asks the router where it runs."""
+    with Client(base, key=key, timeout_s=10, remote_ok=True) as admin:
+        state: dict[str, Any] = {"url": base, "replicas": admin.get_json("/admin/replicas")}
+        for name in ("plan", "topology"):
+            try:
+                state[name] = admin.get_json(f"/admin/{name}")
+            except StatusError as err:
+                if err.status != 404:
+                    raise
+                state[name] = None
     return state
 
 
@@ -111,13 +106,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = args.url.rstrip("/")
     try:
         state = collect(base, key)
-    except urllib.error.HTTPError as err:
-        hint = " (check --admin-key or $ISLE_ADMIN_KEY)" if err.code in (401, 403) else ""
-        print(f"isle status: {base} answered HTTP {err.code}{hint}", file=sys.stderr)
+    except RefusedUrl as err:
+        print(f"isle status: --url {err}", file=sys.stderr)
+        return 2
+    except StatusError as err:
+        hint = " (check --admin-key or $ISLE_ADMIN_KEY)" if err.status in (401, 403) else ""
+        print(f"isle status: {base} answered HTTP {err.status}{hint}", file=sys.stderr)
         return 1
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        print(f"isle status: cannot reach the router at {base} ({reason}); is the product running?",
+    except ClientError as err:
+        print(f"isle status: cannot reach the router at {base} ({err}); is the product running?",
               file=sys.stderr)
         return 1
     sys.stdout.write(json.dumps(state, indent=2) + "\n" if args.format == "json" else render(state))

@@ -14,9 +14,7 @@ spreads connections evenly over SO_REUSEPORT listeners.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import functools
 import logging
 import os
 import shutil
@@ -31,7 +29,7 @@ from typing import Any
 import orjson
 
 from pools.routing import ReplicaEndpoint, RoutingTable
-from pools.wire.lifecycle import follow_parent
+from pools.supervisor import Child, ChildError, Output, ReadyLine, Stop
 from topology import Topology
 from topology.serialize import from_dict, to_dict
 
@@ -132,7 +130,7 @@ class Workers:
         self.count = count
         self.directory = Path(tempfile.mkdtemp(prefix="isle-router-"))  # 0700: our siblings only
         (self.directory / CONFIG_FILE).write_text(config_json)
-        self.procs: dict[int, asyncio.subprocess.Process] = {}
+        self.procs: dict[int, Child] = {}
         self.started_at: dict[int, float] = {}
         self.view = b""
         self._watch: asyncio.Task[None] | None = None
@@ -150,26 +148,21 @@ class Workers:
         tmp.replace(self.directory / VIEW_FILE)  # a restarted worker starts from the newest view
 
     async def _spawn(self, index: int) -> None:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "router.worker", str(self.directory), str(index),
-            stdout=asyncio.subprocess.PIPE, preexec_fn=functools.partial(follow_parent, LEADER_GONE_SIGNAL))
+        proc = Child([sys.executable, "-m", "router.worker", str(self.directory), str(index)],
+                     name=f"router worker {index}", ready=ReadyLine("ready"), stderr=Output.INHERIT,
+                     parent_death=LEADER_GONE_SIGNAL, stop=Stop(grace_s=5.0)).start()
         self.procs[index], self.started_at[index] = proc, time.monotonic()
-        assert proc.stdout is not None
         try:
-            line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
-        except TimeoutError:
-            line = b""
-        if b"ready" not in line:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            raise RuntimeError(f"router worker {index} did not start (exit status {proc.returncode}); "
-                               "its stderr is above")
+            await proc.wait_ready_async(START_TIMEOUT_S)  # stopped when it does not come up
+        except ChildError as err:
+            raise RuntimeError(f"router worker {index} did not start (exit status {err.exit_code}); "
+                               "its stderr is above") from None
 
     async def _supervise(self) -> None:
         while True:
             await asyncio.sleep(0.5)
             for index, proc in list(self.procs.items()):
-                if proc.returncode is None or self._stopping:
+                if proc.poll() is None or self._stopping:
                     continue
                 wait = RESTART_BACKOFF_S - (time.monotonic() - self.started_at[index])
                 log.warning("router worker %d exited with %s; restarting it", index, proc.returncode)
@@ -190,22 +183,16 @@ class Workers:
                 log.warning("router worker %d did not take the new view: %s", i, err)
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self.procs.values() if p.returncode is None]
+        return [p.pid for p in self.procs.values() if p.poll() is None]
 
     async def stop(self, grace_s: float = 5.0) -> None:
         self._stopping = True
         if self._watch is not None:
             self._watch.cancel()
         for proc in self.procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
+            proc.terminate()  # all at once; then each has `grace_s` before SIGKILL
         for proc in self.procs.values():
-            try:
-                await asyncio.wait_for(proc.wait(), grace_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
+            await asyncio.to_thread(proc.stop, grace_s)
         shutil.rmtree(self.directory, ignore_errors=True)
 
 

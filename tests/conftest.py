@@ -1,9 +1,16 @@
+"""What every test shares: the repository root, the shared real-machine data (../shared/data, or
+$ISLE_SHARED_DATA) and a skip that says so when it is absent, `python -m topology` as a user runs
+it, and the tier rule: every test carries one of TIERS (registered in pyproject.toml), from its
+file's `pytestmark` as a rule, or collection fails naming the file.
+"""
+
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,15 +27,65 @@ TOPO_DIR = SHARED_DATA / "topo"
 NCCL_DIR = SHARED_DATA / "nccl-topo"
 
 
+TIERS = frozenset({"unit", "integration", "ray", "e2e", "sim", "vllm", "gpu"})
+"""The markers that say what a test file starts (pyproject.toml describes each); `slow` is not one."""
+
+
+def shared_path(*parts: str) -> Path:
+    """A file or folder of the shared data, or a skip that says it is absent and why it matters."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent: these cases read the shared real-machine data "
+                    "(../shared/data beside this checkout, or $ISLE_SHARED_DATA)")
+    return path
+
+
 def captures(pattern: str = "*.txt") -> list[Path]:
+    """The shared captures matching `pattern`; empty when the shared data is absent (for
+    parametrize, see capture_params; for one capture, first_capture)."""
     return sorted(TOPO_DIR.glob(pattern)) if TOPO_DIR.is_dir() else []
+
+
+def no_captures_reason(pattern: str) -> str:
+    return f"{TOPO_DIR} has no {pattern}: these cases read the shared captures (../shared/data/topo)"
+
+
+def no_captures(pattern: str, arity: int = 1) -> list[Any]:
+    """For parametrize when `captures(pattern)` is empty: one skipped case (of `arity` values)
+    that says why, instead of pytest's silent "empty parameter set"."""
+    return [pytest.param(*([None] * arity), id="no-shared-captures",
+                         marks=pytest.mark.skip(reason=no_captures_reason(pattern)))]
+
+
+def capture_params(pattern: str = "*.txt") -> list[Any]:
+    """`captures(pattern)` as parameters named by stem, or one skipped case saying why."""
+    return [pytest.param(c, id=c.stem) for c in captures(pattern)] or no_captures(pattern)
+
+
+def first_capture(pattern: str) -> Path:
+    """The first shared capture matching `pattern`, or a skip saying it is absent."""
+    found = captures(pattern)
+    if not found:
+        pytest.skip(no_captures_reason(pattern))
+    return found[0]
 
 
 @pytest.fixture
 def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip("shared/data is not beside this checkout")
-    return SHARED_DATA
+    return shared_path()
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    """The tier markers a test carries (from its file's `pytestmark`, its class or itself)."""
+    return {m.name for m in item.iter_markers()} & TIERS
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an untiered file would vanish from every tier's run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    untiered = sorted({os.path.relpath(item.path, config.rootpath) for item in items if not tiers_of(item)})
+    if untiered:
+        raise pytest.UsageError("tests without a tier: add `pytestmark = pytest.mark.<tier>` (one of "
+                                + ", ".join(sorted(TIERS)) + ") to " + ", ".join(untiered))
 
 
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

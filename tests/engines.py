@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import os
-import select
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,12 +12,15 @@ from typing import Any
 
 import yaml
 
+from pools.supervisor import Child, ChildError, ChildExited, ChildNotReady, ReadyLine
 from tests.conftest import ROOT
+
+ROUTER_READY_S = 60.0
 
 
 @dataclass
 class EngineProcess:
-    proc: subprocess.Popen[str]
+    proc: Child
     url: str
 
     @property
@@ -31,35 +30,19 @@ class EngineProcess:
 
 def start_engine(*args: str, timeout_s: float = 30.0) -> EngineProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "pools", "sim-engine", "--port", "0", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + timeout_s
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            line = proc.stdout.readline()
-            if "ready:" in line:
-                return EngineProcess(proc=proc, url=line.split("ready:")[1].strip())
-        if proc.poll() is not None:
-            err = proc.stderr.read() if proc.stderr else ""
-            stop_engine(EngineProcess(proc=proc, url=""))
-            raise RuntimeError(f"engine exited {proc.returncode}: {err}")
-    stop_engine(EngineProcess(proc=proc, url=""))
-    raise RuntimeError("engine did not become ready")
+    proc = Child([sys.executable, "-m", "pools", "sim-engine", "--port", "0", *args], name="engine",
+                 ready=ReadyLine("ready:"), cwd=ROOT, env=env).start()
+    try:
+        line = proc.wait_ready(timeout_s, poll_s=0.2)  # stopped when it does not come up
+    except ChildExited as err:
+        raise RuntimeError(f"engine exited {err.exit_code}: " + "\n".join(err.tail)) from None
+    except ChildNotReady:
+        raise RuntimeError("engine did not become ready") from None
+    return EngineProcess(proc=proc, url=line.split("ready:")[1].strip())
 
 
 def stop_engine(engine: EngineProcess) -> None:
-    if engine.proc.poll() is None:
-        engine.proc.send_signal(signal.SIGTERM)
-        try:
-            engine.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            engine.proc.kill()
-            engine.proc.wait()
-    for pipe in (engine.proc.stdout, engine.proc.stderr):
-        if pipe is not None:
-            pipe.close()
+    engine.proc.stop()  # SIGTERM, SIGKILL after 10 s
 
 
 @contextmanager
@@ -72,20 +55,17 @@ def running_engine(*args: str) -> Iterator[EngineProcess]:
 
 
 @contextmanager
-def running_router(config: Mapping[str, Any], directory: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def running_router(config: Mapping[str, Any], directory: Path) -> Iterator[tuple[Child, str]]:
     """`python -m router --config` with this config, as a user starts it: (process, its /v1 URL)."""
     path = directory / "router.yaml"
     path.write_text(yaml.safe_dump(dict(config)))
-    proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = Child([sys.executable, "-m", "router", "--config", str(path)], name="router", ready=ReadyLine("ready:"),
+                 cwd=ROOT).start()
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "ready:" in line, proc.stderr.read() if proc.stderr else ""
+        try:
+            line = proc.wait_ready(ROUTER_READY_S)
+        except ChildError as err:
+            raise AssertionError(str(err)) from None
         yield proc, line.split("ready:")[1].strip()
     finally:
-        proc.terminate()
-        proc.wait(10)
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
+        proc.stop()

@@ -1,5 +1,7 @@
 """The physical graph: model, readers (nvidia-smi, rocm-smi, NCCL XML, NVML, cluster specs),
-islands and cliques, paths and tiers, link health, drawing and drift."""
+islands and cliques, paths and tiers, link health, drawing and drift, machine templates
+(`templates`), communication benchmarks (`bench`) and the config-file helpers every layer uses
+(`configfile`). The lowest layer: imports no other package of this project."""
 
 from topology.errors import DiscoveryError, ParseError, TopologyError
 from topology.islands import cliques, is_clique, islands

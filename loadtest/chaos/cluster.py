@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -42,6 +41,7 @@ from loadtest.live.deploy import (
     wait_router,
 )
 from pools.nodelabels import node_labels, node_resources
+from pools.supervisor import Child, ChildError, Group, ReadyLine, Stop
 from router.appconfig import AppArgs, parse_app_args
 from router.config import DEV_KEY
 from topology import Topology, read_source
@@ -60,7 +60,7 @@ class ChaosCluster:
     router_port: int
     state_dir: Path
     serve_config: Path
-    nodes: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
+    nodes: dict[str, Child] = field(default_factory=dict)
     """Simulated node -> the `loadtest.live.raynode` process (its session) that carries it."""
 
     def kill_node(self, name: str) -> int:
@@ -113,20 +113,21 @@ def head_node_args(topology: Topology, name: str | None) -> list[str]:
 
 
 # Ray nodes of our own
-def start_ray_node(head: RayHead, topology: Topology, name: str, log: Path) -> subprocess.Popen[str]:
+def start_ray_node(head: RayHead, topology: Topology, name: str, log: Path) -> Child:
     node = topology.node(name)
     cmd = [sys.executable, "-m", "loadtest.live.raynode", "--address", head.address, "--num-gpus", str(len(node.gpus)),
            "--resources", json.dumps(node_resources(topology, node)), "--labels",
            json.dumps(node_labels(topology, node))]
     env = {**ray_env(), "RAY_raylet_start_wait_time_s": str(int(NODE_START_TIMEOUT_S))}
-    with log.open("w") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                                start_new_session=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # "ray node ready: <id>", or nothing when it failed
-    if "ready" not in line:
-        kill_session(proc.pid)
-        raise DeployError(f"the Ray node for {name} did not start (exit {proc.poll()}); its log: {log}")
+    # stopped as it is lost: SIGKILL to its whole session at once
+    proc = Child(cmd, name=f"the Ray node for {name}", ready=ReadyLine("ready"), cwd=ROOT, env=env,
+                 group=Group.SESSION, stderr=log, stop=Stop(signal=signal.SIGKILL, to_group=True, grace_s=10.0))
+    proc.start()
+    try:  # "ray node ready: <id>"; it gives up itself after NODE_START_TIMEOUT_S
+        proc.wait_ready(2 * NODE_START_TIMEOUT_S, stop_on_failure=False)
+    except ChildError as err:
+        proc.stop()
+        raise DeployError(f"the Ray node for {name} did not start (exit {err.exit_code}); its log: {log}") from None
     return proc
 
 
@@ -201,8 +202,4 @@ def chaos_deployment(spec: ChaosSpec, base_config: Path, work_dir: Path,
             for problem in undeploy(head):
                 say(f"teardown: {problem}")
             for proc in cluster.nodes.values():
-                kill_session(proc.pid)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(10)
-                if proc.stdout is not None:
-                    proc.stdout.close()
+                proc.stop()

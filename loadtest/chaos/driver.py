@@ -3,8 +3,8 @@ each with a deadline, each recorded with everything the accounting needs (status
 the replica that served it, every word received, usage, the [DONE] marker, the error body or
 the SSE error event as sent).
 
-Built on the live driver's client (`loadtest.live.client.Target`): keep-alive HTTP/1.1 on asyncio
-streams, chunked bodies decoded as they are read.
+Built on the live driver's client (`loadtest.live.client.Target`: keep-alive connections through
+httpx) and the SSE splitter (pools.wire.sse), events read as they arrive.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from typing import Any
 import orjson
 
 from loadtest.chaos.load import ChaosRequest, RequestFactory
-from loadtest.live.client import Target, sse_payloads
+from loadtest.live.client import Target
 from loadtest.workloads.prompts import prompt_text
+from pools.wire.client import ClientError
+from pools.wire.sse import DONE, SseSplitter
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -66,15 +68,14 @@ class _Sse:
     usage: int | None = None
     done: bool = False
     error: Any = None
-    pending: bytes = b""
+    sse: SseSplitter = field(default_factory=SseSplitter)
 
     def feed(self, data: bytes, now: float) -> None:
-        self.pending, payloads = sse_payloads(self.pending, data)
-        for payload in payloads:
+        for payload in self.sse.feed(data):
             self._event(payload, now)
 
     def _event(self, payload: bytes, now: float) -> None:
-        if payload == b"[DONE]":
+        if payload == DONE:
             self.done = True
             return
         try:
@@ -109,8 +110,8 @@ class ChaosDriver:
         self.multiplier = 1.0
         self.rng = random.Random(f"gaps:{seed}")
         self.tag = secrets.token_hex(4)
-        self.head = (f"POST {CHAT_PATH} HTTP/1.1\r\nhost: {target.authority}\r\ncontent-type: application/json\r\n"
-                     f"accept: text/event-stream\r\nauthorization: Bearer {api_key}\r\n").encode()
+        self.headers = {"content-type": "application/json", "accept": "text/event-stream",
+                        "authorization": f"Bearer {api_key}"}
         self.t0 = time.perf_counter()
         self.stopping = asyncio.Event()
         self.tasks: list[asyncio.Task[ChaosRecord]] = []
@@ -149,24 +150,22 @@ class ChaosDriver:
 
     async def one(self, req: ChaosRequest) -> ChaosRecord:
         body = self.body(req)
-        raw = self.head + f"x-slo-class: {req.slo_class}\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
         sse, parts = _Sse(), list[bytes]()
         status, headers, problem, timed_out = 0, dict[str, str](), "", False
         sent = time.perf_counter()
         try:
-            async with asyncio.timeout(self.deadline_s):
-                conn, status, headers = await self.target.request(raw)
-                try:
-                    if status == 200:
-                        await self.target.body(conn, headers, sse.feed)
-                    else:
-                        await self.target.body(conn, headers, lambda b, _: parts.append(b))
-                except BaseException:
-                    conn.close()
-                    raise
+            async with (asyncio.timeout(self.deadline_s),
+                        self.target.post(CHAT_PATH, body, {**self.headers, "x-slo-class": req.slo_class}) as answer):
+                status, headers = answer.status, dict(answer.headers)
+                if status == 200:
+                    await self.target.body(answer, sse.feed)
+                else:
+                    parts.append(await answer.read())
         except TimeoutError:
             timed_out = True
-        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as err:
+        except ClientError as err:
+            problem = f"{err.kind}: {err}"[:200]
+        except (OSError, ValueError, IndexError) as err:
             problem = f"{type(err).__name__}: {err}"[:200]
         end = time.perf_counter()
         error: Any = sse.error

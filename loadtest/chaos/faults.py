@@ -25,7 +25,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +35,8 @@ from loadtest.chaos.driver import ChaosDriver
 from loadtest.chaos.spec import ChaosSpec, Fault, LinkDegrade, NodeLoss, Overload, ReplicaCrash
 from loadtest.live.client import Target
 from loadtest.live.deploy import ROOT, ray_env
-from router.state import parse_vllm_metrics
+from pools.wire import client
+from pools.wire.promtext import EngineLoad, engine_load
 
 POLL_S = 0.5
 
@@ -71,7 +71,7 @@ class Observer:
     async def run(self) -> None:
         pid, last_rss = listening_pid(self.router_port), -1.0
         while not self.stopping.is_set():
-            with contextlib.suppress(OSError, asyncio.IncompleteReadError, ValueError, TypeError, KeyError):
+            with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
                 await self._poll()
             if self.now() - last_rss >= 1.0:
                 last_rss = self.now()
@@ -82,7 +82,7 @@ class Observer:
                     self.rss.append((self.now(), mb, self.in_flight()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), POLL_S)
-        self.admin.close()
+        await self.admin.aclose()
 
     async def _poll(self) -> None:
         status, body = await self.admin.get_json("/admin/replicas", self.admin_key)
@@ -130,15 +130,11 @@ class FaultContext:
 
 
 def _post(url: str, body: Mapping[str, Any]) -> Any:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return json.loads(resp.read())
+    return client.post_json(url, body, timeout_s=5)
 
 
-def _engine_load(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        return parse_vllm_metrics(resp.read().decode("utf-8", "replace"))
+def _engine_load(url: str) -> EngineLoad:
+    return engine_load(client.get_text(f"{url}/metrics", timeout_s=5))
 
 
 async def replica_crash(f: ReplicaCrash, ctx: FaultContext) -> dict[str, Any]:
@@ -155,8 +151,8 @@ async def replica_crash(f: ReplicaCrash, ctx: FaultContext) -> dict[str, Any]:
     back = await obs.wait_for(lambda t: f.replica in t and t[f.replica].url != old.url and t[f.replica].healthy,
                               timeout)
     return {"at_s": at, "recovered_s": back, "replica": f.replica, "node": old.node, "engine_pid": pid,
-            "router_inflight_at_kill": inflight, "engine_running_at_kill": load.get("running"),
-            "engine_waiting_at_kill": load.get("waiting"), "new_url": obs.table.get(f.replica, old).url,
+            "router_inflight_at_kill": inflight, "engine_running_at_kill": load.running,
+            "engine_waiting_at_kill": load.waiting, "new_url": obs.table.get(f.replica, old).url,
             "controller": [{"at_s": e["at_s"], "kind": e["kind"], "url": e.get("url")}
                            for e in ctx.events("restart", at) if e.get("replica_id") == f.replica][:3]}
 

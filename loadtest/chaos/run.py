@@ -52,8 +52,8 @@ from loadtest.live.deploy import ROOT, DeployError
 from loadtest.live.run import pick_model
 from pools.model import SLOClass
 from router.config import DEV_ADMIN_KEY, DEV_KEY
+from topology.configfile import format_validation
 from topology.errors import ParseError
-from topology.readers.spec import format_validation
 
 DEFAULT_SPEC = ROOT / "configs" / "chaos.yaml"
 
@@ -100,7 +100,7 @@ async def drive(spec: ChaosSpec, cluster: ChaosCluster, factory: RequestFactory,
         records = await load
         observer.stopping.set()
         await watching
-        target.close()
+        await target.aclose()
     return Run(records=records, faults=faults, observer=observer, load_end_s=load_end,
                max_lag_ms=round(driver.max_lag_s * 1000, 1))
 

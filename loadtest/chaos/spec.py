@@ -17,8 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from topology.readers.spec import validate_mapping
-from topology.yamlfile import load_yaml_file
+from topology.configfile import load_yaml_file, validate_mapping
 
 
 class _Strict(BaseModel):

@@ -142,7 +142,7 @@ async def _drive(router_url: str, workload: Workload, options: LiveOptions) -> t
         results, elapsed = await driver.run()
         return results, elapsed, round(driver.max_lag_s * 1000)
     finally:
-        target.close()
+        await target.aclose()
 
 
 def drive(router_url: str, workload: Workload, options: LiveOptions) -> tuple[list[RequestResult], float, int]:

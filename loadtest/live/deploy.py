@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -27,14 +25,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from pools.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyLine, ReadyUrl, Stop
+from pools.supervisor import session_pids as session_pids  # noqa: PLC0414 (re-exported: the chaos run's)
+from pools.wire import client
 from router.appconfig import AppArgs, plan_for, resolve_topology
 
 BIN = Path(sys.executable).parent
@@ -80,22 +79,8 @@ def port_in_use(port: int) -> bool:
 
 
 def get_json(url: str, key: str | None = None, timeout_s: float = 5.0) -> Any:
-    req = urllib.request.Request(url, headers={"authorization": f"Bearer {key}"} if key else {})
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read())
-
-
-def session_pids(sid: int) -> list[int]:
-    """Live processes of a session (stat field 6), zombies left out."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
+    """A 2xx answer's JSON (pools.wire.client: OSError for no such answer, ValueError for no JSON)."""
+    return client.get_json(url, key=key, timeout_s=timeout_s)
 
 
 def wait_router(url: str, key: str, timeout_s: float) -> None:
@@ -120,7 +105,7 @@ def _describe(url: str, admin_key: str) -> Deployment:
 # Ray: a head of our own, serve deploy, serve status
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RayHead:
-    proc: subprocess.Popen[bytes]
+    proc: Child
     temp_dir: Path
     dashboard: str
     address: str
@@ -173,22 +158,20 @@ def ray_head(num_cpus: int = 2, timeout_s: float = 90, node_args: Sequence[str] 
            "127.0.0.1", "--temp-dir", str(temp_dir), "--num-cpus", str(num_cpus), "--disable-usage-stats",
            *node_args,
            *(x for option, port in ports.items() for x in (option, str(port)))]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=ray_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    head = RayHead(proc=proc, temp_dir=temp_dir, dashboard=f"http://127.0.0.1:{ports['--dashboard-port']}",
-                   address=f"127.0.0.1:{ports['--port']}")
+    dashboard = f"http://127.0.0.1:{ports['--dashboard-port']}"
+    # stopped by SIGTERM to `ray start` (it stops the head's processes), then what is left of its
+    # session is killed by pid
+    proc = Child(cmd, name="ray start --head", ready=ReadyUrl(f"{dashboard}/api/version"), cwd=ROOT, env=ray_env(),
+                 group=Group.SESSION, stdout=Output.DEVNULL, stderr=Output.DEVNULL,
+                 stop=Stop(grace_s=60.0, linger_s=20.0)).start()
+    head = RayHead(proc=proc, temp_dir=temp_dir, dashboard=dashboard, address=f"127.0.0.1:{ports['--port']}")
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise DeployError(f"ray start --head exited with {proc.returncode} (temp dir {temp_dir})")
-            try:
-                with urllib.request.urlopen(f"{head.dashboard}/api/version", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise DeployError(f"the Ray head's dashboard did not answer within {timeout_s:g} s") from None
-                time.sleep(1)
+        try:
+            proc.wait_ready(timeout_s, poll_s=1.0, stop_on_failure=False)
+        except ChildExited as err:
+            raise DeployError(f"ray start --head exited with {err.exit_code} (temp dir {temp_dir})") from None
+        except ChildNotReady:
+            raise DeployError(f"the Ray head's dashboard did not answer within {timeout_s:g} s") from None
         yield head
     finally:
         stop_head(head)
@@ -196,21 +179,8 @@ def ray_head(num_cpus: int = 2, timeout_s: float = 90, node_args: Sequence[str] 
 
 def stop_head(head: RayHead, grace_s: float = 20) -> None:
     """SIGTERM to our `ray start` (it stops the head's processes), then kill what is left of its
-    session by pid, and remove its temp dir."""
-    sid = head.proc.pid
-    if head.proc.poll() is None:
-        head.proc.send_signal(signal.SIGTERM)
-        try:
-            head.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            head.proc.kill()
-            head.proc.wait()
-    deadline = time.monotonic() + grace_s
-    while session_pids(sid) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in session_pids(sid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    session by pid (after `grace_s`), and remove its temp dir."""
+    head.proc.stop(linger_s=grace_s)
     shutil.rmtree(head.temp_dir, ignore_errors=True)
 
 
@@ -269,41 +239,28 @@ def ray_deployment(serve_config: Path, app: str, router_url: str, key: str, admi
 # direct: the same plan's engines and router as plain processes
 @dataclasses.dataclass(slots=True)
 class _Proc:
-    proc: subprocess.Popen[str]
+    proc: Child
     url: str = ""
 
 
 def _start(cmd: list[str]) -> _Proc:
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    return _Proc(proc=proc)
+    return _Proc(proc=Child(cmd, ready=ReadyLine("ready:"), cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            stop=Stop(grace_s=10.0)).start())
 
 
 def _ready(p: _Proc, what: str, deadline: float) -> None:
-    assert p.proc.stdout is not None
-    while time.monotonic() < deadline:
-        if select.select([p.proc.stdout], [], [], 0.2)[0]:
-            line = p.proc.stdout.readline()
-            if "ready:" in line:
-                p.url = line.split("ready:")[1].strip().removesuffix("/v1")
-                return
-        if p.proc.poll() is not None:
-            err = p.proc.stderr.read() if p.proc.stderr else ""
-            raise DeployError(f"{what} exited with {p.proc.returncode}: {err.strip()[-500:]}")
-    raise DeployError(f"{what} did not become ready")
+    try:
+        line = p.proc.wait_ready(max(0.0, deadline - time.monotonic()), poll_s=0.2, stop_on_failure=False)
+    except ChildExited as err:
+        last = "\n".join(err.tail).strip()[-500:]
+        raise DeployError(f"{what} exited with {err.exit_code}: {last}") from None
+    except ChildNotReady:
+        raise DeployError(f"{what} did not become ready") from None
+    p.url = line.split("ready:")[1].strip().removesuffix("/v1")
 
 
 def _stop(p: _Proc) -> None:
-    if p.proc.poll() is None:
-        p.proc.terminate()
-        try:
-            p.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            p.proc.kill()
-            p.proc.wait()
-    for pipe in (p.proc.stdout, p.proc.stderr):
-        if pipe is not None:
-            pipe.close()
+    p.proc.stop()  # SIGTERM, SIGKILL after 10 s
 
 
 def _stop_all(procs: dict[str, _Proc]) -> None:

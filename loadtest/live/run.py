@@ -14,9 +14,9 @@ sent after --duration; a request running --timeout seconds is cancelled (`timeou
 `ok`, `shed` (429), `timeout`, `error:<status>|<cause>`. Only loopback targets (127.0.0.0/8, ::1,
 localhost): this tool makes load on this machine and nowhere else.
 
-The client: HTTP/1.1 on asyncio streams, a keep-alive pool, chunked bodies decoded from whole
-socket reads and SSE lines parsed with orjson, each token timed when its bytes are read; cheap
-enough for hundreds of streams a second on one core.
+The client: keep-alive connections through httpx (loadtest.live.client, pools.wire.client), SSE
+events split as they are read (pools.wire.sse) and parsed with orjson, each token timed when its
+bytes are read.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import orjson
 import yaml
 from pydantic import ValidationError
 
-from loadtest.live.client import Target, UsageError, loopback_target, sse_payloads
+from loadtest.live.client import Target, UsageError, loopback_target
 from loadtest.model import OK, RequestResult, TraceRequest
 from loadtest.summary import format_summary, summarize
 from loadtest.workload import Workload, load_workload
@@ -47,7 +47,9 @@ from loadtest.workloads import WorkloadError
 from loadtest.workloads.prompts import prompt_text
 from pools.config import SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, SLOClass
-from topology.readers.spec import format_validation
+from pools.wire.client import ClientError
+from pools.wire.sse import DONE, SseSplitter
+from topology.configfile import format_validation
 
 DEFAULT_KEY = "isle-dev-key"
 CHAT_PATH = "/v1/chat/completions"
@@ -59,17 +61,16 @@ class _Stream:
 
     token_times: list[float] = dataclasses.field(default_factory=list)
     usage: dict[str, Any] = dataclasses.field(default_factory=dict)
-    pending: bytes = b""
+    sse: SseSplitter = dataclasses.field(default_factory=SseSplitter)
     done: bool = False
     error: str = ""
 
     def feed(self, data: bytes, now: float) -> None:
-        self.pending, payloads = sse_payloads(self.pending, data)
-        for payload in payloads:
+        for payload in self.sse.feed(data):
             self._event(payload, now)
 
     def _event(self, payload: bytes, now: float) -> None:
-        if payload == b"[DONE]":
+        if payload == DONE:
             self.done = True
             return
         try:
@@ -124,8 +125,8 @@ class Driver:
         self.target, self.workload, self.model = target, workload, model
         self.timeout_s, self.duration_s = timeout_s, duration_s
         self.slots = asyncio.Semaphore(concurrency_limit) if concurrency_limit else None
-        self.head = (f"POST {CHAT_PATH} HTTP/1.1\r\nhost: {target.authority}\r\ncontent-type: application/json\r\n"
-                     f"accept: text/event-stream\r\nauthorization: Bearer {api_key}\r\n").encode()
+        self.headers = {"content-type": "application/json", "accept": "text/event-stream",
+                        "authorization": f"Bearer {api_key}"}
         self.tag = secrets.token_hex(4)  # this run's prompt text is its own: no cache left by an earlier run
         self.sent = 0
         self.tally: Counter[str] = Counter()  # ok, shed, timeout, error
@@ -160,29 +161,25 @@ class Driver:
 
     async def one(self, req: TraceRequest) -> RequestResult:
         body = self.body(req)
-        raw = self.head + f"x-slo-class: {req.slo_class}\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
         stream, status, error = _Stream(), 0, ""
         headers: dict[str, str] = {}
         self.sent += 1
         sent = time.perf_counter()
         try:
-            async with asyncio.timeout(self.timeout_s):
-                conn, status, headers = await self.target.request(raw)
-                try:
-                    if status == 200:
-                        await self.target.body(conn, headers, stream.feed)
-                    else:
-                        parts: list[bytes] = []
-                        await self.target.body(conn, headers, lambda b, _: parts.append(b))
-                        error = b"".join(parts)[:300].decode("utf-8", "replace")
-                except BaseException:
-                    conn.close()
-                    raise
+            async with (asyncio.timeout(self.timeout_s),
+                        self.target.post(CHAT_PATH, body, {**self.headers, "x-slo-class": req.slo_class}) as answer):
+                status, headers = answer.status, dict(answer.headers)
+                if status == 200:
+                    await self.target.body(answer, stream.feed)
+                else:
+                    error = (await answer.read())[:300].decode("utf-8", "replace")
             outcome = _outcome(status, stream)
             error = error or stream.error
         except TimeoutError:
             outcome, error = "timeout", f"no end within {self.timeout_s:g} s"
-        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as err:
+        except ClientError as err:
+            outcome, error = f"error:{err.kind}", str(err)[:200]
+        except (OSError, ValueError, IndexError) as err:
             outcome, error = f"error:{type(err).__name__}", str(err)[:200]
         finally:
             if self.slots is not None:
@@ -297,7 +294,7 @@ async def drive(args: argparse.Namespace, target: Target, workload: Workload) ->
                 await progress
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(2)
-        target.close()
+        await target.aclose()
     return driver, results, elapsed
 
 

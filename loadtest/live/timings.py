@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
-import urllib.request
 from collections.abc import Mapping, Sequence
 
 from loadtest.live.deploy import ROOT
 from loadtest.model import RequestResult, TraceRequest
 from loadtest.sim.cluster import simulate
 from loadtest.sim.model import SimConfig
+from pools.wire import client
+from pools.wire.promtext import parse
 from router.appconfig import AppArgs, plan_for, resolve_topology
 from router.decision import Profile, check_profile
 
@@ -32,19 +32,20 @@ def modelled(results: Sequence[RequestResult], time_scale: float) -> list[Reques
 
 
 # the engines' own (virtual) timings
-_SAMPLE = re.compile(r"^(vllm:(?:time_to_first_token|inter_token_latency)_seconds_(?:sum|count))\{[^}]*\}\s+(\S+)$",
-                     re.M)
+HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds")
 
 
 def engine_counters(engine_urls: Mapping[str, str]) -> dict[str, dict[str, float]]:
     """Per engine: the sums and counts of its TTFT and TPOT histograms (virtual seconds)."""
     out = {}
     for rid, url in engine_urls.items():
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+        scrape = parse(client.get_text(f"{url}/metrics", timeout_s=5), HISTOGRAMS)
         counters: dict[str, float] = {}
-        for name, value in _SAMPLE.findall(text):
-            counters[name.removeprefix("vllm:")] = counters.get(name.removeprefix("vllm:"), 0.0) + float(value)
+        for name in HISTOGRAMS:
+            h = scrape.histogram(name)
+            if h is not None:
+                counters[f"{name.removeprefix('vllm:')}_sum"] = h.sum
+                counters[f"{name.removeprefix('vllm:')}_count"] = h.count
         out[rid] = counters
     return out
 

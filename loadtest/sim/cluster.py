@@ -316,6 +316,8 @@ class Simulation:
     # the router's view refreshes on its scrape interval
     def _scrape(self, t: float, _obj: Any, _v: int) -> None:
         for rep in self.replicas.values():
+            if rep.phase is Phase.RUN:  # an engine's KV grows every step: commit the run so far
+                self._interrupt(t, rep)
             rep.scrape()
             self._refresh(rep)
 

@@ -7,7 +7,8 @@
 3. 200 concurrent streams against one engine process: achieved requests/s, tokens/s and the
    engine's CPU seconds (from /proc).
 
-Every engine is a real process on loopback; the client is a raw asyncio HTTP/1.1 client.
+Every engine is a real process on loopback; the client is pools.wire.client's (httpx), SSE events
+split by pools.wire.sse and timed as they are read.
 """
 
 from __future__ import annotations
@@ -15,42 +16,32 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import select
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
 from pools import catalog, costmodel
 from pools.engine.run import link_of_kind
+from pools.supervisor import Child, ChildError, Output, ReadyLine
+from pools.wire.client import AsyncClient
+from pools.wire.sse import DONE, SseSplitter
 
 MODEL, GPU = "llama-3.1-8b", "h100-sxm"
 
 
-def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "pools", "sim-engine", "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if select.select([proc.stdout], [], [], 0.2)[0]:
-            line = proc.stdout.readline()
-            if "ready:" in line:
-                return proc, line.split("ready:")[1].strip().removesuffix("/v1")
-    proc.kill()
-    raise RuntimeError("engine did not start")
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGTERM)
+def _start(*args: str) -> tuple[Child, str]:
+    proc = Child([sys.executable, "-m", "pools", "sim-engine", "--port", "0", *args], name="engine",
+                 ready=ReadyLine("ready:"), stderr=Output.DEVNULL).start()
     try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    if proc.stdout is not None:
-        proc.stdout.close()
+        line = proc.wait_ready(30, poll_s=0.2)
+    except ChildError:  # stopped
+        raise RuntimeError("engine did not start") from None
+    return proc, line.split("ready:")[1].strip().removesuffix("/v1")
+
+
+def _stop(proc: Child) -> None:
+    proc.stop()  # SIGTERM, SIGKILL after 10 s
 
 
 def _cpu_s(pid: int) -> float:
@@ -60,24 +51,22 @@ def _cpu_s(pid: int) -> float:
 
 
 async def _request(base: str, path: str, body: dict[str, Any]) -> tuple[float | None, list[float], bytes]:
-    """POST; returns (time to first SSE chunk, chunk arrival times, full body) on the wall clock."""
-    host, port = base.removeprefix("http://").split(":")
-    payload = json.dumps(body).encode()
-    start = time.perf_counter()
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
-                 f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n".encode() + payload)
+    """POST; returns (time to the first SSE event, event arrival times, body) on the wall clock."""
     times: list[float] = []
-    data = b""
-    while chunk := await reader.read(65536):
-        data += chunk
-        times.extend(time.perf_counter() - start for _ in range(chunk.count(b"data: {")))
-    writer.close()
-    return (times[0] if times else None), times, data
+    parts: list[bytes] = []
+    sse = SseSplitter()
+    async with AsyncClient(base, timeout_s=None, max_idle=0) as client:
+        start = time.perf_counter()
+        async with client.stream("POST", path, json_body=body) as answer:
+            async for piece in answer.chunks():
+                now = time.perf_counter() - start
+                parts.append(piece)
+                times.extend(now for payload in sse.feed(piece) if payload != DONE)
+    return (times[0] if times else None), times, b"".join(parts)
 
 
 def _json_body(raw: bytes) -> dict[str, Any]:
-    return json.loads(raw.split(b"\r\n\r\n", 1)[1])  # type: ignore[no-any-return]
+    return json.loads(raw)  # type: ignore[no-any-return]
 
 
 async def _ttft_tpot(base: str, n: int = 5) -> tuple[float, float]:

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from pools.controller.pinning import pin_cpus
 from pools.controller.spec import ENGINE_ENV, EngineLaunch
+from pools.supervisor import Child, ChildError, ReadyLine, tail_block
+from pools.wire import client
+from pools.wire.promtext import engine_load
 from topology.readers.cpus import format_cpu_list
 
 
@@ -34,32 +33,25 @@ class ReplicaProcess:
 
     def __init__(self, launch: EngineLaunch) -> None:
         self.launch = launch
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: Child | None = None
         self.url = ""
         self.restarts = 0
         self.notes: list[str] = list(launch.pin.notes)
 
     def start(self) -> str:
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()  # the previous (dead) engine's pipe
-        # ISLE_PARENT_PID: the engine dies with this actor instead of lingering as an orphan
+        # ISLE_PARENT_PID: the engine dies with this actor instead of lingering as an orphan (it
+        # follows the thread that started it itself, so no parent_death here)
         env = {**os.environ, **self.launch.environment(), "PYTHONUNBUFFERED": "1", "ISLE_PARENT_PID": str(os.getpid())}
-        self.proc = subprocess.Popen([sys.executable, *self.launch.command()], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=env)
+        self.proc = Child([sys.executable, *self.launch.command()], name=f"replica {self.launch.replica_id}",
+                          ready=ReadyLine("ready:"), env=env, parent_death=None).start()
         self._pin_cpus(self.proc.pid)
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + self.launch.ready_timeout_s
-        while time.monotonic() < deadline:
-            if select.select([self.proc.stdout], [], [], 0.2)[0]:
-                line = self.proc.stdout.readline()
-                if "ready:" in line:
-                    self.url = line.split("ready:")[1].strip().removesuffix("/v1")
-                    return self.url
-            if self.proc.poll() is not None:
-                break
-        code = self.proc.poll()
-        self.stop()
-        raise RuntimeError(f"replica {self.launch.replica_id}: engine did not start (exit {code})")
+        try:
+            line = self.proc.wait_ready(self.launch.ready_timeout_s, poll_s=0.2)
+        except ChildError as err:  # stopped
+            raise RuntimeError(f"replica {self.launch.replica_id}: engine did not start (exit {err.exit_code}); "
+                               f"{tail_block(err.tail)}") from None
+        self.url = line.split("ready:")[1].strip().removesuffix("/v1")
+        return self.url
 
     def _pin_cpus(self, pid: int) -> None:
         pin_cpus(pid, self.launch.pin.cpus, self.notes)
@@ -67,27 +59,16 @@ class ReplicaProcess:
     def healthy(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
             return False
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
+        return client.healthy(self.url, timeout_s=2)
 
     def idle(self) -> bool:
         """No request running or waiting in the engine (a dead engine is idle)."""
         if self.proc is None or self.proc.poll() is not None:
             return True
         try:
-            with urllib.request.urlopen(f"{self.url}/metrics", timeout=2) as resp:
-                text = resp.read().decode("utf-8", "replace")
-        except OSError:
+            return engine_load(client.get_text(f"{self.url}/metrics", timeout_s=2)).busy == 0
+        except (OSError, ValueError):  # no answer, or not Prometheus text
             return True
-        busy = 0.0
-        for line in text.splitlines():
-            if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
-                with contextlib.suppress(ValueError):
-                    busy += float(line.rsplit(" ", 1)[1])
-        return busy == 0
 
     def ensure(self) -> str:
         """Restart a dead engine; the URL (port) may change."""
@@ -97,15 +78,8 @@ class ReplicaProcess:
         return self.start()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()
+        if self.proc is not None:
+            self.proc.stop()  # SIGTERM, SIGKILL after 10 s
 
     def info(self) -> dict[str, Any]:
         pid = self.proc.pid if self.proc is not None and self.proc.poll() is None else None

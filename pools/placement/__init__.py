@@ -8,6 +8,8 @@
 
 Every policy is pure: `place(PlacementRequest) -> PlacementPlan`; infeasible replicas become
 `Unplaced` values with a reason, never exceptions.
+
+Imports `pools` (model, catalog, cost model) and `topology` only.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from pools.model import PlacementPlan, PlacementRequest, PoolSpec, ReplicaPlacem
 from topology import GpuRef, Island, Topology, is_clique, islands, tier
 from topology.islands import island_of
 
-TIER_QUALITY = {"local": 1.0, "nvlink": 1.0, "pcie": 0.45, "numa": 0.3, "rdma": 0.2, "tcp": 0.08, "rack": 0.05}
-"""How good a TP group's tier is for the plan score (its all-reduce cost, roughly inverted)."""
+TIER_QUALITY = costmodel.TIER_QUALITY
+"""How good a TP group's tier is for the plan score (defined, with its sources, in the cost model)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

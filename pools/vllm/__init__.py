@@ -1,5 +1,6 @@
 """Real vLLM replicas: the OpenAI server's command line and environment from a replica's plan
-(`command`), and the process that runs it (`process`)."""
+(`command`), and the process that runs it (`process`). Imports `pools` (the controller's launch
+spec, ports and pinning) and `pools.wire`; never the router."""
 
 from pools.vllm.command import KV_ROLES, VllmServer, command, environment, from_launch, kv_transfer_config
 from pools.vllm.process import EngineStartError, VllmProcess, free_port

@@ -1,5 +1,5 @@
-"""Run one vLLM OpenAI server: start it in its own process group, stream its log, wait for
-`/health`, stop it (SIGTERM to the group, SIGKILL after a grace period).
+"""Run one vLLM OpenAI server (a pools.supervisor child): start it in a session of its own,
+stream its log, wait for `/health`, stop it (SIGTERM to the group, SIGKILL after a grace period).
 
 Errors (one class, `EngineStartError`, a RuntimeError):
 - the engine exits before `/health` answers -> its exit code and its last log lines;
@@ -8,25 +8,19 @@ Errors (one class, `EngineStartError`, a RuntimeError):
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import functools
 import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 from pools.controller.pinning import pin_cpus
+from pools.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyProbe, Stop
 from pools.vllm.command import VllmServer, command, environment
-from pools.wire.lifecycle import follow_parent
+from pools.wire import client
 
 log = logging.getLogger("isleserve.vllm")
 READY_TIMEOUT_S = 600.0
@@ -63,20 +57,7 @@ def port_free(host: str, port: int) -> bool:
 
 
 def probe(url: str, timeout_s: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
-def _stop_with_starter(starter: int) -> None:
-    """In the vLLM server, between fork and exec: SIGTERM when the thread that started it ends
-    (Linux PR_SET_PDEATHSIG; kept across exec), so a replica actor killed outright does not leave a
-    server holding its GPUs and ports. vLLM shuts its engine processes down on SIGTERM. Only
-    system calls here: safe in a forked child."""
-    if follow_parent(signal.SIGTERM) and os.getppid() != starter:  # it died before we asked to follow it
-        os._exit(1)
+    return client.healthy(url, timeout_s)
 
 
 class VllmProcess:
@@ -92,10 +73,9 @@ class VllmProcess:
         thread lives as long as it (a replica actor's), not for a pool thread."""
         self.log_path = Path(log_path) if log_path is not None else None
         self.ready_timeout_s, self.health = ready_timeout_s, health
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: Child | None = None
         self.notes: list[str] = []
-        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-        self._reader: threading.Thread | None = None
+        self.tail_lines = tail_lines
 
     @property
     def url(self) -> str:
@@ -106,72 +86,51 @@ class VllmProcess:
         return self.proc.pid if self.proc is not None else None
 
     def tail(self) -> list[str]:
-        return list(self._tail)
+        return self.proc.tail() if self.proc is not None else []
 
     def start(self) -> str:
         """Start the server and wait until `/health` answers; its URL (without /v1)."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError(f"vLLM replica {self.server.replica_id} is already running (pid {self.proc.pid})")
-        self._tail.clear()
         argv = command(self.server, self.python)
         log.info("vLLM replica %s: %s", self.server.replica_id, " ".join(argv))
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, errors="replace", env={**os.environ, **environment(self.server)},
-                                     start_new_session=True,  # its own group: stop() reaches the engine's children
-                                     preexec_fn=functools.partial(_stop_with_starter, os.getpid())  # noqa: PLW1509
-                                     if self.die_with_starter else None)
+        self.proc = Child(argv, name=f"vLLM replica {self.server.replica_id}", ready=ReadyProbe(self._answers),
+                          env={**os.environ, **environment(self.server)},
+                          group=Group.SESSION,  # its own group: stop() reaches the engine's children
+                          stdin=Output.DEVNULL, stderr=Output.STDOUT, log_path=self.log_path, on_line=self._log_line,
+                          tail_lines=self.tail_lines,
+                          # a replica actor killed outright leaves no server holding its GPUs and ports
+                          # (vLLM shuts its engine processes down on SIGTERM)
+                          parent_death=signal.SIGTERM if self.die_with_starter else None,
+                          stop=Stop(to_group=True, grace_s=STOP_GRACE_S, linger_s=STOP_GRACE_S / 4)).start()
         self._pin_cpus(self.proc.pid)
-        assert self.proc.stdout is not None
-        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True,
-                                        name=f"vllm-log-{self.server.replica_id}")
-        self._reader.start()
-        self._wait_ready()
+        self._wait_ready(self.proc)
         return self.url
 
     def _pin_cpus(self, pid: int) -> None:
         pin_cpus(pid, self.server.cpus, self.notes)
 
-    def _read(self, stream: IO[str]) -> None:
-        sink = self.log_path.open("a", encoding="utf-8") if self.log_path is not None else None
-        try:
-            for raw in stream:
-                line = raw.rstrip("\n")
-                self._tail.append(line)
-                log.info("[%s] %s", self.server.replica_id, line)
-                if sink is not None:
-                    sink.write(raw)
-                    sink.flush()
-        except ValueError:  # the pipe was closed under us by stop()
-            pass
-        finally:
-            if sink is not None:
-                sink.close()
+    def _answers(self) -> bool:
+        return self.health(self.url)
 
-    def _wait_ready(self) -> None:
-        assert self.proc is not None
+    def _log_line(self, line: str) -> None:
+        log.info("[%s] %s", self.server.replica_id, line)
+
+    def _wait_ready(self, proc: Child) -> None:
         started = time.monotonic()
-        deadline = started + self.ready_timeout_s
-        while True:
-            code = self.proc.poll()
-            if code is not None:
-                self.stop(grace_s=5.0)  # what it started may still run
-                raise EngineStartError(self.server.replica_id, f"the engine exited with code {code} "
-                                       f"{time.monotonic() - started:.1f} s after start, before /health answered",
-                                       self.tail(), code)
-            if self.health(self.url):
-                log.info("vLLM replica %s ready at %s after %.1f s", self.server.replica_id, self.url,
-                         time.monotonic() - started)
-                return
-            if time.monotonic() >= deadline:
-                self.stop()
-                raise EngineStartError(self.server.replica_id, f"/health at {self.url} did not answer within "
-                                       f"{self.ready_timeout_s:g} s (the engine was stopped)", self.tail())
-            time.sleep(0.5)
-
-    def _drain_log(self) -> None:
-        """The reader has every line the engine wrote before it exited."""
-        if self._reader is not None:
-            self._reader.join(5.0)
+        try:
+            proc.wait_ready(self.ready_timeout_s, stop_on_failure=False)
+        except ChildExited as err:
+            self.stop(grace_s=5.0)  # what it started may still run
+            raise EngineStartError(self.server.replica_id, f"the engine exited with code {err.exit_code} "
+                                   f"{err.elapsed_s:.1f} s after start, before /health answered",
+                                   self.tail(), err.exit_code) from None
+        except ChildNotReady:
+            self.stop()
+            raise EngineStartError(self.server.replica_id, f"/health at {self.url} did not answer within "
+                                   f"{self.ready_timeout_s:g} s (the engine was stopped)", self.tail()) from None
+        log.info("vLLM replica %s ready at %s after %.1f s", self.server.replica_id, self.url,
+                 time.monotonic() - started)
 
     def healthy(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.health(self.url)
@@ -180,35 +139,8 @@ class VllmProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
-        """SIGTERM to the process group, SIGKILL to what is left after `grace_s`; the exit code."""
-        proc = self.proc
-        if proc is None:
+        """SIGTERM to the process group, SIGKILL to what is left after `grace_s` (and a quarter of
+        it for the engine core and workers, which leave after the API server); the exit code."""
+        if self.proc is None:
             return None
-        group = proc.pid  # start_new_session: the group id is the leader's pid
-        _signal_group(group, signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            log.warning("vLLM replica %s: no exit %g s after SIGTERM, killing it", self.server.replica_id, grace_s)
-        _wait_group(group, max(0.0, grace_s / 4))  # the engine core and workers leave after the API server
-        _signal_group(group, signal.SIGKILL)
-        code = proc.wait()
-        self._drain_log()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        return code
-
-
-def _signal_group(group: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(group, sig)
-
-
-def _wait_group(group: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(group, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.1)
+        return self.proc.stop(grace_s, linger_s=max(0.0, grace_s / 4))

@@ -9,12 +9,10 @@ engine that dies of EADDRINUSE a minute later."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shutil
 import sys
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,18 +21,13 @@ from pools.controller.ports import PortInUse
 from pools.controller.replica import engine_environment
 from pools.vllm.command import VllmServer
 from pools.vllm.process import READY_TIMEOUT_S, EngineStartError, VllmProcess, port_free
-
-BUSY_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+from pools.wire import client
+from pools.wire.promtext import engine_load
 
 
 def busy_requests(metrics_text: str) -> float:
-    """Requests running or waiting, from vLLM's Prometheus text."""
-    busy = 0.0
-    for line in metrics_text.splitlines():
-        if line.startswith(BUSY_GAUGES):
-            with contextlib.suppress(ValueError, IndexError):
-                busy += float(line.rsplit(" ", 1)[1])
-    return busy
+    """Requests running or waiting, from vLLM's Prometheus text (ValueError: not that)."""
+    return engine_load(metrics_text).busy
 
 
 class VllmReplica:
@@ -86,9 +79,8 @@ class VllmReplica:
         if not self.process.running():
             return True
         try:
-            with urllib.request.urlopen(f"{self.process.url}/metrics", timeout=2) as resp:
-                return busy_requests(resp.read().decode("utf-8", "replace")) == 0
-        except OSError:
+            return busy_requests(client.get_text(f"{self.process.url}/metrics", timeout_s=2)) == 0
+        except (OSError, ValueError):  # no answer, or not Prometheus text
             return True
 
     def stop(self) -> None:

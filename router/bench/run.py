@@ -16,8 +16,10 @@ grid). Installs missing peers itself: nginx from Debian's packages, the Rust rou
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,37 +31,36 @@ from typing import Any
 import yaml
 
 from pools import native
+from pools.supervisor import Child, ChildExited, ChildNotReady, Output, ReadyLine, ReadyProbe
 from router.bench import load
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 
 SIDE = Path(".bench")
 
 
-def _spawn(cmd: list[str], ready: str | None = None, port: int | None = None,
-           env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if ready is not None and proc.stdout is not None:
-            if ready in proc.stdout.readline():
-                return proc
-        elif port is not None:
-            try:
-                import socket
+def _takes_connections(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.5).close()
+    except OSError:
+        return False
+    return True
 
-                socket.create_connection(("127.0.0.1", port), 0.5).close()
-                return proc
-            except OSError:
-                time.sleep(0.2)
-        if proc.poll() is not None:
-            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}")
-    proc.kill()
-    raise RuntimeError(f"{cmd[0]} did not start")
+
+def _spawn(cmd: list[str], ready: str | None = None, port: int | None = None,
+           env: dict[str, str] | None = None) -> Child:
+    """Started and ready: its `ready` line, or `port` taking connections (stopped: SIGTERM, SIGKILL after 10 s)."""
+    check = ReadyLine(ready) if ready is not None else ReadyProbe(functools.partial(_takes_connections, port or 0))
+    proc = Child(cmd, name=cmd[0], ready=check, stderr=Output.DEVNULL, env=env).start()
+    try:
+        proc.wait_ready(60, poll_s=0.2)
+    except ChildExited as err:
+        raise RuntimeError(f"{cmd[0]} exited with {err.exit_code}") from None
+    except ChildNotReady:
+        raise RuntimeError(f"{cmd[0]} did not start") from None
+    return proc
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -77,7 +78,7 @@ def _ensure_peers() -> tuple[str, str]:
     return str(shutil.which("nginx")), str(binary)
 
 
-def _ours(backends: list[str], port: int, workdir: Path, workers: int) -> subprocess.Popen[str]:
+def _ours(backends: list[str], port: int, workdir: Path, workers: int) -> Child:
     config = {"port": port, "workers": workers, "keys": [{"tenant": "bench", "key_sha256": sha256(DEV_KEY)}],
               "admin_keys": [{"tenant": "ops", "key_sha256": sha256(DEV_ADMIN_KEY)}],
               "pd": {"enabled": False}, "default_profile": {"scorers": {"queue-depth-scorer": 1.0}},
@@ -87,7 +88,7 @@ def _ours(backends: list[str], port: int, workdir: Path, workers: int) -> subpro
     return _spawn([sys.executable, "-m", "router", "--config", str(path)], ready="ready:")
 
 
-def _nginx(binary: str, backends: list[str], port: int, workdir: Path) -> subprocess.Popen[str]:
+def _nginx(binary: str, backends: list[str], port: int, workdir: Path) -> Child:
     servers = "\n".join(f"    server {b.removeprefix('http://')};" for b in backends)
     conf = f"""worker_processes 2;
 pid {workdir}/nginx.pid;
@@ -116,12 +117,12 @@ http {{
     return _spawn([binary, "-c", str(workdir / "nginx.conf"), "-p", str(workdir), "-g", "daemon off;"], port=port)
 
 
-def _vllm_router(binary: str, backends: list[str], port: int) -> subprocess.Popen[str]:
+def _vllm_router(binary: str, backends: list[str], port: int) -> Child:
     return _spawn([binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *backends,
                    "--policy", "round_robin", "--prometheus-port", str(_free_port())], port=port)
 
 
-def _measure(proc: subprocess.Popen[str], port: int, direct: int, seconds: float) -> dict[str, float]:
+def _measure(proc: Child, port: int, direct: int, seconds: float) -> dict[str, float]:
     cpu0 = load.tree_cpu_s(proc.pid)
     rps = load.wrk(port, load.CHAT, seconds)
     cpu = load.tree_cpu_s(proc.pid) - cpu0
@@ -139,7 +140,7 @@ def _measure(proc: subprocess.Popen[str], port: int, direct: int, seconds: float
             "chunk_p99_added_ms": (load.pct(chunk, 0.99) - load.pct(chunk_base, 0.99)) * 1000}
 
 
-def _candidate(server: str, backends: list[str], port: int, workers: int, env: dict[str, str]) -> subprocess.Popen[str]:
+def _candidate(server: str, backends: list[str], port: int, workers: int, env: dict[str, str]) -> Child:
     from router.bench.candidates import command
 
     return _spawn(command(server, "proxy", port, workers), port=port,
@@ -152,7 +153,7 @@ def front_door(workers: int = 2) -> dict[str, dict[str, str]]:
     from router.bench.probes import run_probes
 
     env = ensure_servers()
-    starters: dict[str, Callable[[int], subprocess.Popen[str]]] = {
+    starters: dict[str, Callable[[int], Child]] = {
         "ours": lambda p: _spawn([sys.executable, "-m", "router.bench.probes", "--serve", str(p)], ready="ready:"),
         "uvicorn": lambda p: _spawn(command("uvicorn", "echo", p, workers), port=p, env=env),
         "granian": lambda p: _spawn(command("granian", "echo", p, workers), port=p, env=env),
@@ -165,8 +166,7 @@ def front_door(workers: int = 2) -> dict[str, dict[str, str]]:
             time.sleep(0.5)
             results[name] = run_probes(port, proc.pid)
         finally:
-            proc.terminate()
-            proc.wait(10)
+            proc.stop()
     return results
 
 
@@ -178,7 +178,7 @@ def run(reps: int = 3, seconds: float = 5.0, workers: int = 2, servers: bool = F
                   for p in ports]
     backends = [f"http://127.0.0.1:{p}" for p in ports]
     direct = ports[0]
-    starters: dict[str, Callable[[int], subprocess.Popen[str]]] = {
+    starters: dict[str, Callable[[int], Child]] = {
         "ours": lambda p: _ours(backends, p, workdir, workers),
         "nginx": lambda p: _nginx(nginx, backends, p, workdir),
         "vllm_router": lambda p: _vllm_router(vllm_router, backends, p),
@@ -199,12 +199,10 @@ def run(reps: int = 3, seconds: float = 5.0, workers: int = 2, servers: bool = F
                 for _ in range(reps):
                     results[name].append(_measure(proc, port, direct, seconds))
             finally:
-                proc.terminate()
-                proc.wait(10)
+                proc.stop()
     finally:
         for b in backends_p:
-            b.terminate()
-            b.wait(10)
+            b.stop()
     figures = {name: _summary(runs) for name, runs in results.items()}
     figures["ours"]["request_path"] = native.state()  # the router processes import what this one does
     return figures

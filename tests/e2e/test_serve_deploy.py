@@ -9,11 +9,9 @@ it stops every Ray process of the user on the machine.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +26,7 @@ import pytest
 import yaml
 
 from loadtest.live.deploy import free_ports, port_in_use, session_pids
+from pools.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyUrl, Stop
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 
@@ -40,7 +39,7 @@ PORT_OPTIONS = ("--port", "--dashboard-port", "--ray-client-server-port", "--nod
 
 @dataclass
 class Head:
-    proc: subprocess.Popen[bytes]
+    proc: Child
     dashboard: str
     address: str
     """The GCS address (`ray.init` and the product's own commands)."""
@@ -65,31 +64,21 @@ def head() -> Iterator[Head]:
     cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--dashboard-host",
            "127.0.0.1", "--temp-dir", str(temp_dir), "--num-cpus", "2", "--disable-usage-stats",
            *(x for option, port in ports.items() for x in (option, str(port)))]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
     dashboard = f"http://127.0.0.1:{ports['--dashboard-port']}"
+    # SIGTERM to `ray start`; 60 s for it, 20 s more for what is left of its session, then SIGKILL
+    proc = Child(cmd, name="ray start --head", ready=ReadyUrl(f"{dashboard}/api/version"), cwd=ROOT, env=env,
+                 group=Group.SESSION, stdout=Output.DEVNULL, stderr=Output.DEVNULL,
+                 stop=Stop(grace_s=60.0, linger_s=20.0)).start()
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "ray start --head exited"
-            try:
-                with urllib.request.urlopen(f"{dashboard}/api/version", timeout=2):
-                    break
-            except OSError:
-                time.sleep(1)
-        else:
+        try:
+            proc.wait_ready(90, poll_s=1.0, stop_on_failure=False)
+        except ChildExited:
+            pytest.fail("ray start --head exited")
+        except ChildNotReady:
             pytest.fail("the Ray head's dashboard did not answer within 90 s")
         yield Head(proc=proc, dashboard=dashboard, address=f"127.0.0.1:{ports['--port']}", temp_dir=temp_dir)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(60)
-        deadline = time.monotonic() + 20
-        while session_pids(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        leftover = session_pids(proc.pid)
-        for pid in leftover:
-            os.kill(pid, signal.SIGKILL)
+        proc.stop()
         shutil.rmtree(temp_dir, ignore_errors=True)
         assert not session_pids(proc.pid) and not port_in_use(8000)
 

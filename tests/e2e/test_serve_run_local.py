@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from loadtest.live.deploy import session_pids
+from pools.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyLine, Stop
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 
@@ -59,15 +60,17 @@ def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     isle = Path(sys.executable).parent / "isle"
     out = tmp_path_factory.mktemp("run") / "out.txt"
-    with out.open("wb") as sink:
-        proc = subprocess.Popen([str(isle), "run", "configs/local.yaml"], cwd=ROOT, env=env, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    # SIGTERM to it alone (a service manager's stop); SIGKILL to its session if it is still there after 90 s
+    proc = Child([str(isle), "run", "configs/local.yaml"], name="isle run", ready=ReadyLine(READY), cwd=ROOT, env=env,
+                 group=Group.SESSION, stderr=Output.STDOUT, log_path=out, stop=Stop(grace_s=90.0, linger_s=None))
+    proc.start()
     try:
-        deadline = time.monotonic() + 120
-        while READY not in out.read_text(errors="replace"):
-            assert proc.poll() is None, f"isle run exited: {out.read_text(errors='replace')[-2000:]}"
-            assert time.monotonic() < deadline, "no ready line within 120 s"
-            time.sleep(0.5)
+        try:
+            proc.wait_ready(120, stop_on_failure=False)
+        except ChildExited as err:
+            pytest.fail(f"isle run exited: {err}")
+        except ChildNotReady:
+            pytest.fail("no ready line within 120 s")
         # the line comes once the endpoint answers
         req = urllib.request.Request(f"{BASE}/v1/models", headers={"authorization": f"Bearer {DEV_KEY}"})
         with urllib.request.urlopen(req, timeout=5) as resp:
@@ -77,12 +80,7 @@ def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
     finally:
         engines = locals().get("engines", [])
-        proc.send_signal(signal.SIGTERM)  # a service manager's stop (Ctrl-C is the same path)
-        try:
-            code = proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            code = -9
+        code = proc.stop()  # Ctrl-C is the same path
         deadline = time.monotonic() + 20
         while _alive(engines) and time.monotonic() < deadline:
             time.sleep(0.5)

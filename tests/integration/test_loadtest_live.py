@@ -3,6 +3,7 @@ user runs it: every request completes, counts and classes add up, tier and repli
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadtest.live.client import UsageError, _Dechunker, loopback_target
+from loadtest.live.client import Target, UsageError, loopback_target
 from loadtest.live.run import _Stream, load_classes
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.conftest import ROOT
@@ -79,7 +80,11 @@ def test_a_synthetic_load_completes_with_classes_tiers_and_replicas(router_url: 
     assert sorted(r["index"] for r in rows) == list(range(30))
     assert all(r["tier"] and r["replica"] in ("m1", "m2", "d1") and r["status"] == 200 for r in rows)
     long = [r for r in rows if r["prompt_tokens"] >= 600]
-    assert long and all(r["prefill_replica"] == "p1" and r["replica"] == "d1" for r in long)  # PD for long prompts
+    # a long prompt goes PD, or whole to a mixed replica when that is predicted sooner (the one
+    # prefill replica busy with another long prompt); never to a mixed replica via a prefill
+    split = [r for r in long if r["prefill_replica"]]
+    assert split and all(r["prefill_replica"] == "p1" and r["replica"] == "d1" for r in split)
+    assert all(r["replica"] in ("m1", "m2") for r in long if not r["prefill_replica"])
     short = [r for r in rows if r["prompt_tokens"] < 600]
     assert short and all(r["replica"] in ("m1", "m2") and not r["prefill_replica"] for r in short)
     for r in rows:  # lengths as the workload asked (ignore_eos, max_tokens) and one ITL per later token
@@ -134,16 +139,14 @@ def test_other_targets_are_refused(url: str) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(events=st.lists(st.text(max_size=20), min_size=1, max_size=12), cuts=st.lists(st.integers(0, 2000)))
-def test_chunked_sse_decodes_whatever_the_read_boundaries(events: list[str], cuts: list[int]) -> None:
+def test_sse_decodes_whatever_the_read_boundaries(events: list[str], cuts: list[int]) -> None:
     sse = b"".join(b'data: {"choices":[{"delta":{"content":' + json.dumps(e).encode() + b"}}]}\n\n" for e in events)
     sse += b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":%d}}\n\ndata: [DONE]\n\n' % len(events)
-    wire = b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in (sse[i:i + 37] for i in range(0, len(sse), 37)))
-    wire += b"0\r\n\r\n"
-    points = sorted({min(c, len(wire)) for c in cuts} | {0, len(wire)})
-    chunks, stream = _Dechunker(), _Stream()
+    points = sorted({min(c, len(sse)) for c in cuts} | {0, len(sse)})
+    stream = _Stream()
     for a, b in itertools.pairwise(points):
-        stream.feed(chunks.feed(wire[a:b]), float(b))
-    assert chunks.done and not chunks.buf and stream.done and not stream.error
+        stream.feed(sse[a:b], float(b))
+    assert stream.done and not stream.error
     assert len(stream.token_times) == sum(1 for e in events if e) and stream.usage["completion_tokens"] == len(events)
 
 
@@ -192,3 +195,54 @@ def test_bounded_in_time_stragglers_are_timeouts(silent_server: int, tmp_path: P
     summary = json.loads(done.stdout)
     assert summary["outcomes"] == {"timeout": 10} and summary["workload"]["requests"] == 10
     assert all(json.loads(line)["sent_s"] < 1.0 for line in out.read_text().splitlines())
+
+
+def test_the_client_times_each_event_as_it_comes_on_one_reused_connection() -> None:
+    """Three streams in turn from a server that spaces its events 50 ms apart: one connection,
+    and each token's time is when its event arrived (the ITLs see the spacing)."""
+    accepted: list[asyncio.Event] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(ended := asyncio.Event())
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                              if h.lower().startswith(b"content-length"))
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n")
+                for word in ("a", "b", "c"):
+                    event = b'data: {"choices":[{"delta":{"content":"%s"}}]}\n\n' % word.encode()
+                    writer.write(b"%x\r\n%b\r\n" % (len(event), event))
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+                done = b"data: [DONE]\n\n"
+                writer.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(done), done))
+        writer.close()
+        await writer.wait_closed()
+        ended.set()
+
+    async def run() -> list[_Stream]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        target = Target("127.0.0.1", server.sockets[0].getsockname()[1])
+        streams = []
+        try:
+            for _ in range(3):
+                stream = _Stream()
+                async with target.post("/v1/chat/completions", b"{}", {"content-type": "application/json"}) as answer:
+                    assert answer.status == 200
+                    await target.body(answer, stream.feed)
+                streams.append(stream)
+        finally:
+            await target.aclose()
+            server.close()
+            for ended in accepted:
+                await asyncio.wait_for(ended.wait(), 5)
+        return streams
+
+    streams = asyncio.run(run())
+    assert len(accepted) == 1
+    for stream in streams:
+        assert stream.done and not stream.error and len(stream.token_times) == 3
+        assert all(b - a >= 0.04 for a, b in itertools.pairwise(stream.token_times))

@@ -23,10 +23,7 @@ def test_chunk_delivery_measures_every_stamped_chunk() -> None:
         lat, lat_peer = asyncio.run(load.open_loop(port, 50, 0.4, warmup_s=0.2, peer=port))
         ttfc, ttfc_peer = asyncio.run(load.streams(port, 4, 2, peer=port))
     finally:
-        backend.terminate()
-        backend.wait(10)
-        if backend.stdout is not None:
-            backend.stdout.close()
+        backend.stop()
     assert len(delays) == 20 and none == []  # 4 streams x 5 chunks, each stamped when sent
     assert all(0 <= d < 1.0 for d in delays)
     assert len(mine) == len(peer) == 30  # 2 alternating rounds of 3 streams x 5 chunks on each side

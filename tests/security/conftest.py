@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import threading
 import urllib.error
@@ -18,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pools.supervisor import Child, ChildError, ReadyLine
 from router.config import sha256
 from tests.conftest import ROOT
-from tests.engines import EngineProcess, start_engine, stop_engine
+from tests.engines import ROUTER_READY_S, EngineProcess, start_engine, stop_engine
 
 MODEL = "llama-3.1-8b"
 USER_KEY = "sk-isle-test-user-7f3c9a1e5b"
@@ -63,7 +63,7 @@ class Deployment:
     host: str
     port: int
     log_path: Path
-    proc: subprocess.Popen[str]
+    proc: Child
     canary: Canary
     engines: dict[str, EngineProcess] = field(default_factory=dict)
 
@@ -121,6 +121,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     sock = socket.create_server(("127.0.0.1", 0))
     canary = Canary(sock)
     threading.Thread(target=canary.serve, daemon=True).start()
+    proc: Child | None = None
     try:
         for i, (name, role) in enumerate(roles.items()):
             engines[name] = start_engine(
@@ -130,21 +131,20 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         folder = tmp_path_factory.mktemp("secure-router")
         path, log_path = folder / "router.yaml", folder / "router.log"
         path.write_text(yaml.safe_dump(_router_config(engines, roles)))
-        with log_path.open("w") as log_file:
-            proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(path), "--log-level", "debug"],
-                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=log_file, text=True)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "ready:" in line, log_path.read_text()
+        proc = Child([sys.executable, "-m", "router", "--config", str(path), "--log-level", "debug"], name="router",
+                     ready=ReadyLine("ready:"), cwd=ROOT, stderr=log_path).start()  # it writes its log itself
+        try:
+            line = proc.wait_ready(ROUTER_READY_S)
+        except ChildError:
+            raise AssertionError(log_path.read_text()) from None
         base = line.split("ready:")[1].strip().removesuffix("/v1")
         host, port = base.removeprefix("http://").rsplit(":", 1)
         yield Deployment(base=base, host=host, port=int(port), log_path=log_path, proc=proc, canary=canary,
                          engines=engines)
         assert proc.poll() is None, "the router died during the tests"
-        proc.terminate()
-        proc.wait(10)
-        proc.stdout.close()
     finally:
+        if proc is not None:
+            proc.stop()
         sock.close()
         for engine in engines.values():
             stop_engine(engine)

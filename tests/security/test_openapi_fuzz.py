@@ -15,11 +15,10 @@ from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 
 from router.routes import served_document
-from router.server import OPENAPI_PATH
 from tests.security.conftest import MAX_TOKENS_LIMIT, MODEL, USER_KEY, Deployment, call
 
 pytestmark = pytest.mark.integration
-DOC = json.loads(served_document(OPENAPI_PATH.read_bytes(), ["interactive", "standard", "batch"], MAX_TOKENS_LIMIT))
+DOC = json.loads(served_document(["interactive", "standard", "batch"], MAX_TOKENS_LIMIT))
 """As the test deployment serves it: its SLO classes are the `x-slo-class` values."""
 schema = schemathesis.openapi.from_dict(DOC)
 schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], max_examples=12)

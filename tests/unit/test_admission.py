@@ -11,6 +11,8 @@ from pools.model import SLOClass
 from pools.wire.errors import ApiError
 from router.admission import Admission
 
+pytestmark = pytest.mark.unit
+
 STD = SLOClass(name="standard", priority=1, ttft_ms=2000, tpot_ms=100, max_concurrency=1, max_queue_ms=5000)
 BATCH = SLOClass(name="batch", priority=2, ttft_ms=30000, tpot_ms=500, sheddable=True, max_concurrency=1)
 

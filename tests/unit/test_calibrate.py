@@ -27,6 +27,8 @@ from loadtest.model import RequestResult, TraceRequest
 from loadtest.scenario import load_scenario
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.unit
+
 LOCAL = ROOT / "configs" / "local.yaml"
 PD_SCENARIO = f"""
 name: local-pd

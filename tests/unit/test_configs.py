@@ -19,6 +19,8 @@ from topology import Topology, read_source
 from topology.errors import ParseError
 from topology.readers.nvml import discover
 
+pytestmark = pytest.mark.unit
+
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*") if p.is_file())
 
 

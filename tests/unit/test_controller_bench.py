@@ -26,6 +26,8 @@ from topology.bench.plan import plan_between, plan_probes
 from topology.bench.record import BenchRecord, Measurement, node_fingerprint, pair_fingerprint
 from topology.bench.run import BenchSettings
 
+pytestmark = pytest.mark.unit
+
 PAIRS = str(ROOT / "tests/data/pairs-cluster.yaml")
 
 

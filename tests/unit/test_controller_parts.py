@@ -20,6 +20,8 @@ from tests.conftest import ROOT
 from topology import Fabric, Gpu, LinkKind, Topology, read_source
 from topology.model import Node
 
+pytestmark = pytest.mark.unit
+
 PAIRS = str(ROOT / "tests/data/pairs-cluster.yaml")
 POOL = PoolSpec(name="mixed", role="mixed", tp=2, replicas=3, model="llama-3.1-8b")
 

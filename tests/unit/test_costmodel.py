@@ -17,6 +17,8 @@ from pools import catalog, costmodel
 from pools.costmodel import LinkCost
 from topology import GpuRef, bottleneck, path, read_source
 
+pytestmark = pytest.mark.unit
+
 A100_NVSWITCH = LinkCost(bandwidth_gb_s=12 * 25.0, latency_us=0.5)
 A100_MESH_NV1 = LinkCost(bandwidth_gb_s=25.0, latency_us=0.5)
 H100_NVSWITCH = LinkCost(bandwidth_gb_s=450.0, latency_us=0.5)

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, captures, run_cli
+from tests.conftest import ROOT, first_capture, run_cli
 from topology.diff import diff
-from topology.readers import read_source
+from topology.model import Topology
+from topology.readers import read_node_text, read_source
 from topology.readers.spec import parse_spec
+
+pytestmark = pytest.mark.unit
 
 HEALTHY = "nodes:\n  - {name: n, template: hgx-h100}\n  - {name: m, template: rtx4090-pcie}\n"
 
@@ -45,9 +48,7 @@ def test_cli_diff_reports_worse_with_exit_1(tmp_path: Path) -> None:
 
 
 def test_capture_against_its_own_json_is_unchanged(tmp_path: Path) -> None:
-    capture = next(iter(captures("dgx1-*.txt")), None)
-    if capture is None:
-        pytest.skip("shared/data not present")
+    capture = first_capture("dgx1-*.txt")
     saved = tmp_path / "baseline.json"
     saved.write_text(run_cli("parse", str(capture), "--format", "json").stdout)
     assert diff(read_source(str(saved)), read_source(str(capture))) == []
@@ -55,6 +56,26 @@ def test_capture_against_its_own_json_is_unchanged(tmp_path: Path) -> None:
     (tmp_path / "after.txt").write_text(trained_down)
     result = run_cli("diff", str(saved), str(tmp_path / "after.txt"))
     assert result.returncode == 1 and "nvlink NV2 -> nvlink NV1" in result.stdout
+
+
+TWO_NICS = (ROOT / "tests/data/two-nics-2numa.txt").read_text()
+
+
+def test_nic_moving_to_another_gpu_is_reported() -> None:
+    moved = TWO_NICS.replace("GPU0\t X \tNV4\tSYS\tSYS\tPIX", "GPU0\t X \tNV4\tSYS\tSYS\tPXB").replace(
+        "GPU1\tNV4\t X \tSYS\tSYS\tPXB", "GPU1\tNV4\t X \tSYS\tSYS\tPIX").replace(
+        "NIC0\tPIX\tPXB", "NIC0\tPXB\tPIX")
+    changes = diff(Topology(nodes=(read_node_text(TWO_NICS),)), Topology(nodes=(read_node_text(moved),)))
+    assert [c.what for c in changes if c.worse] == ["nearest GPUs [0] -> [1] (PIX)"]
+
+
+def test_one_pair_training_down_is_one_change() -> None:
+    text = first_capture("hgx-h100*.txt").read_text()
+    lines = text.splitlines()
+    lines[1] = lines[1].replace("NV18", "NV16", 1)  # GPU0-GPU1
+    lines[2] = lines[2].replace("NV18", "NV16", 1)  # GPU1-GPU0
+    changes = diff(Topology(nodes=(read_node_text(text),)), Topology(nodes=(read_node_text("\n".join(lines)),)))
+    assert [(c.subject, c.what) for c in changes if c.worse] == [("GPU0-GPU1", "nvlink NV18 -> nvlink NV16")]
 
 
 @pytest.mark.parametrize("suffix", [".svg", ".png"])
@@ -90,3 +111,14 @@ def test_survey_and_isle_dispatcher(tmp_path: Path) -> None:
     assert (tmp_path / "a30-pairs.svg").exists()
     unknown = subprocess.run([sys.executable, "isle.py", "nope"], cwd=ROOT, capture_output=True, text=True, check=False)
     assert unknown.returncode == 2 and "unknown command" in unknown.stderr
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "cannot read plan"), ("[1, 2]", "placements"), ('{"placements": [{"node": "n", "gpus": [[0]]}]}',
+                                                           "placements"), ("{", "not JSON")])
+def test_show_plan_errors_are_one_line(tmp_path: Path, content: str | None, message: str) -> None:
+    plan = tmp_path / "plan.json"
+    if content is not None:
+        plan.write_text(content)
+    result = run_cli("show", "a30-pairs", "--out", str(tmp_path / "x.svg"), "--plan", str(plan))
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -10,6 +10,8 @@ from pools.costmodel import LinkCost
 from pools.engine.core import EngineConfig, EngineCore
 from pools.engine.run import link_of_kind
 
+pytestmark = pytest.mark.unit
+
 MODEL, GPU = catalog.model("llama-3.1-8b"), catalog.gpu("h100-sxm")
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pools.engine.core import EngineCore
 from pools.engine.run import link_of_kind
 from tests.unit.test_engine_core import engine
+
+pytestmark = pytest.mark.unit
 
 
 def _state(core: EngineCore) -> tuple[object, ...]:

@@ -8,6 +8,8 @@ from topology.health import GpuCounters, HealthThresholds, LinkCounters, per_min
 from topology.kinds import LinkKind
 from topology.model import Link
 
+pytestmark = pytest.mark.unit
+
 NV = Link(a=0, b=1, kind=LinkKind.NVLINK, lanes=4)
 PCIE = Link(a=0, b=1, kind=LinkKind.PIX)
 TH = HealthThresholds()

@@ -2,7 +2,7 @@
 config, pools files, the Ray Serve app's args, cluster specs and topology files (bytes, not only
 text), load-test traces. Each either loads or raises the one error type its CLI prints as one
 line (ParseError / WorkloadError); never another exception. (Text captures of nvidia-smi and NCCL
-XML are fuzzed in test_properties.py; trace round trips in test_workloads.py.)"""
+XML are fuzzed in test_capture_parse_properties.py; trace round trips in test_workloads.py.)"""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,8 @@ from router.appconfig import parse_app_args
 from router.config import RouterConfig, load_router_config, parse_router_config
 from topology.errors import ParseError
 from topology.readers import read_source
+
+pytestmark = pytest.mark.unit
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 WORDS = ["h100-sxm", "hgx-h100", "dgx-a100", "llama-3.1-8b", "interactive", "standard", "batch", "mixed",

@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, shared_path
 from topology.export import node_capture
 from topology.kinds import LinkKind
 from topology.readers import ReadOptions, read_node_text
 from topology.readers.nccl import NcclHints, parse_nccl
+
+pytestmark = pytest.mark.unit
 
 # Facts from each file's .source.md. `gpu` is what the operator knows about the VM size and
 # the file does not say (static files leave NVLink to NCCL's run-time NVML probe).
@@ -44,14 +46,19 @@ MACHINES: dict[str, dict[str, Any]] = {
 }
 
 
+@pytest.fixture
+def nccl_dir() -> Path:
+    return shared_path("nccl-topo")
+
+
 def _read(path: Path, gpu: str | None) -> dict[str, Any]:
     return node_capture(read_node_text(path.read_text(), ReadOptions(gpu=gpu)))
 
 
 @pytest.mark.parametrize("stem", sorted(MACHINES))
-def test_nccl_file_matches_its_machine(shared_data: Path, stem: str) -> None:
+def test_nccl_file_matches_its_machine(nccl_dir: Path, stem: str) -> None:
     facts = MACHINES[stem]
-    got = _read(shared_data / "nccl-topo" / f"{stem}.xml", facts["gpu"])
+    got = _read(nccl_dir / f"{stem}.xml", facts["gpu"])
     assert got["gpu_count"] == 8
     assert got["islands"] == facts["islands"]
     assert [g["numa_node"] for g in got["gpus"]] == facts["numa"]
@@ -59,27 +66,27 @@ def test_nccl_file_matches_its_machine(shared_data: Path, stem: str) -> None:
     assert nics == facts["nics"]
 
 
-def test_ndv2_hint_gives_the_hybrid_cube_mesh_cliques(shared_data: Path) -> None:
-    got = _read(shared_data / "nccl-topo" / "azure-ndv2-topo.xml", "v100-sxm2")
+def test_ndv2_hint_gives_the_hybrid_cube_mesh_cliques(nccl_dir: Path) -> None:
+    got = _read(nccl_dir / "azure-ndv2-topo.xml", "v100-sxm2")
     assert [0, 1, 2, 3] in got["cliques"] and [4, 5, 6, 7] in got["cliques"]
 
 
-def test_ibm_nvswitch_links_are_inferred_through_shared_switches(shared_data: Path) -> None:
-    node = read_node_text((shared_data / "nccl-topo" / "ibm-cloud-gx3d-8xh100-topo.xml").read_text())
+def test_ibm_nvswitch_links_are_inferred_through_shared_switches(nccl_dir: Path) -> None:
+    node = read_node_text((nccl_dir / "ibm-cloud-gx3d-8xh100-topo.xml").read_text())
     link = node.link(0, 7)
     assert link is not None and link.kind is LinkKind.NVSWITCH and link.lanes == 18
     assert {n.speed_gbit_s for n in node.nics} == {200.0}
     assert node.gpu(0).cpu_affinity == "0-79" and node.gpu(7).cpu_affinity == "80-159"
 
 
-def test_without_a_hint_missing_nvlink_is_said_not_guessed(shared_data: Path) -> None:
-    node = read_node_text((shared_data / "nccl-topo" / "azure-ndv4-topo.xml").read_text())
+def test_without_a_hint_missing_nvlink_is_said_not_guessed(nccl_dir: Path) -> None:
+    node = read_node_text((nccl_dir / "azure-ndv4-topo.xml").read_text())
     assert node_capture(node)["islands"] == [[i] for i in range(8)]
     assert any("NVLink unknown" in note for note in node.notes)
 
 
-def test_g5_classless_entries_use_sysfs_then_hints(shared_data: Path, tmp_path: Path) -> None:
-    text = (shared_data / "nccl-topo" / "aws-g5.48xl-topo.xml").read_text()
+def test_g5_classless_entries_use_sysfs_then_hints(nccl_dir: Path, tmp_path: Path) -> None:
+    text = (nccl_dir / "aws-g5.48xl-topo.xml").read_text()
     bare = parse_nccl(text, hints=NcclHints(sysfs_root=tmp_path))
     assert len(bare.gpus) == 0 and "9 PCI devices have no class" in bare.notes[0]
     # On the machine itself, sysfs names the classes (a fake sysfs tree stands in for it).
@@ -108,8 +115,8 @@ def _keep_gpus(text: str, count: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_nvlink_unknown_is_said_only_where_there_is_a_gpu_pair(shared_data: Path, tmp_path: Path) -> None:
-    text = (shared_data / "nccl-topo" / "azure-ndv4-topo.xml").read_text()
+def test_nvlink_unknown_is_said_only_where_there_is_a_gpu_pair(nccl_dir: Path, tmp_path: Path) -> None:
+    text = (nccl_dir / "azure-ndv4-topo.xml").read_text()
     for count, warned in ((1, False), (2, True)):  # one GPU: no NVLink question to leave open
         path = tmp_path / f"{count}-gpu.xml"
         path.write_text(_keep_gpus(text, count))

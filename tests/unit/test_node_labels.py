@@ -8,11 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pools.nodelabels import node_labels, node_resources, ray_start_args
 from tests.conftest import ROOT
 from tests.fakes import fake_nvml
 from topology import Topology, read_source
 from topology.readers.nvml import discover
+
+pytestmark = pytest.mark.unit
 
 # Ray label keys: an optional DNS-style prefix and a name; values: alphanumerics, '-', '_', '.'
 KEY = re.compile(r"^isle\.io/[a-z0-9]([a-z0-9-]*[a-z0-9])?$")

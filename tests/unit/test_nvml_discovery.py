@@ -15,6 +15,8 @@ from topology.model import Topology
 from topology.paths import path as gpu_path
 from topology.readers.nvml import discover
 
+pytestmark = pytest.mark.unit
+
 
 def _discover(nvml: fake_nvml.FakeNvml, root: Path, sample_s: float = 0.0) -> Topology:
     node = discover(nvml=nvml, sysfs_root=root, sample_s=sample_s, sleep=nvml.advance)

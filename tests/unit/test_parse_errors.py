@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import captures, run_cli
+from tests.conftest import captures, no_captures, run_cli
 from topology.errors import ParseError
 from topology.readers import read_node_text
 
-H100 = next(iter(captures("hgx-h100*.txt")), None)
-
-
-def _h100() -> str:
-    if H100 is None:
-        pytest.skip("shared/data/topo not present")
-    return H100.read_text()
-
+pytestmark = pytest.mark.unit
 
 CASES: list[tuple[str, bytes | None, str]] = [
     ("empty", b"", "empty input"),
@@ -46,25 +41,26 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, name: str, data: bytes,
     assert message in lines[0]
 
 
-def _mutations() -> list[tuple[str, str]]:
-    text = _h100() if H100 else ""
-    if not text:
-        return []
+def _mutations() -> list[Any]:
+    found = captures("hgx-h100*.txt")
+    if not found:
+        return no_captures("hgx-h100*.txt", arity=2)
+    text = found[0].read_text()
     rows = text.splitlines()
-    return [
+    return [pytest.param(name, damaged, id=name) for name, damaged in [
         ("truncated-rows", "\n".join(rows[:4])),
         ("truncated-cells", "\n".join([*rows[:3], rows[3][:30], *rows[4:]])),
         ("unknown-code", text.replace("NV18", "NV18", 5).replace("PXB", "QQQ", 1)),
         ("asymmetric", text.replace("GPU1    NV18", "GPU1    SYS ", 1)),
         ("bad-diagonal", text.replace(" X      NV18    NV18    NV18    NV18    NV18    NV18    NV18    PIX",
                                       " SYS    NV18    NV18    NV18    NV18    NV18    NV18    NV18    PIX", 1)),
-    ]
+    ]]
 
 
 MUTATIONS = _mutations()
 
 
-@pytest.mark.parametrize(("name", "text"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
+@pytest.mark.parametrize(("name", "text"), MUTATIONS)
 def test_damaged_capture_is_a_parse_error(tmp_path: Path, name: str, text: str) -> None:
     with pytest.raises(ParseError):
         read_node_text(text)
@@ -92,3 +88,15 @@ def test_discover_without_driver_is_one_clear_line() -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
     assert "NVML" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_deep_nccl_xml_and_badly_typed_json_are_parse_errors(tmp_path: Path) -> None:
+    deep = "<system><cpu numaid='0'>" + "<pci busid='0000:00:01.0'>" * 3000 + "</pci>" * 3000 + "</cpu></system>"
+    (tmp_path / "deep.xml").write_text(deep)
+    doc = {"source_format": "x", "gpus": [{"index": "x"}, {"index": 0}], "links": [], "nics": []}
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    doc2 = {"gpus": [{"index": 0}], "links": [], "nics": [{"name": "n", "nearest_gpus": [5], "level": "pix"}]}
+    (tmp_path / "nic.json").write_text(json.dumps(doc2))
+    for name in ("deep.xml", "bad.json", "nic.json"):
+        result = run_cli("parse", str(tmp_path / name), "--format", "json")
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (name, result.stderr)

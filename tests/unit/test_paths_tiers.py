@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import ROOT
-from topology.model import GpuRef
-from topology.paths import bottleneck, path, tier
-from topology.readers import read_source
+from topology.health import GpuCounters, apply_node_health
+from topology.model import GpuRef, Topology
+from topology.paths import bottleneck, nearest_nic, path, tier
+from topology.readers import read_node_text, read_source
+
+pytestmark = pytest.mark.unit
 
 LOCAL = read_source(str(ROOT / "configs/clusters/local-sim.yaml"))
 LOW = read_source(str(ROOT / "configs/clusters/low-affinity-pd.yaml"))
@@ -47,3 +52,18 @@ def test_bottleneck_of_a_tp_group_is_its_worst_pair() -> None:
     worst = bottleneck(LOCAL, group)
     assert not worst.healthy and worst.bandwidth_gb_s < 100
     print(f"TP=4 on h100-degraded incl. GPU3: bottleneck {worst.bandwidth_gb_s:.1f} GB/s vs 450 GB/s healthy")
+
+
+def test_nearest_nic_uses_each_gpus_own_level() -> None:
+    node = read_node_text((ROOT / "tests/data/two-nics-2numa.txt").read_text())
+    chosen = nearest_nic(node, 3)
+    assert chosen is not None and chosen.name == "mlx5_1"  # NODE on its own socket, not mlx5_0 across it
+
+
+def test_pcie_trained_down_slows_the_nic_path_on_nvswitch_boards() -> None:
+    sick = apply_node_health(LOCAL.node("h100-0"), {}, {0: GpuCounters(pcie_width=4, pcie_width_max=16)})
+    after = Topology(nodes=tuple(sick if n.name == "h100-0" else n for n in LOCAL.nodes), fabric=LOCAL.fabric)
+    before_bw = path(LOCAL, g("h100-0", 0), g("h100-1", 0)).bandwidth_gb_s
+    after_bw = path(after, g("h100-0", 0), g("h100-1", 0)).bandwidth_gb_s
+    assert after_bw == pytest.approx(before_bw / 4)
+    assert after.node("h100-0").gpu(0).healthy and "PCIe x4 of x16" in after.node("h100-0").gpu(0).health_reasons[0]

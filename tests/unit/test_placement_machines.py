@@ -11,10 +11,12 @@ import pytest
 from pools.model import PlacementPlan, PlacementRequest, PoolSpec
 from pools.placement import POLICIES, place
 from pools.placement.validate import validate_plan
-from tests.conftest import TOPO_DIR
+from tests.conftest import shared_path
 from topology import GpuRef, Topology, read_source
 from topology.islands import joined
 from topology.readers.spec import parse_spec
+
+pytestmark = pytest.mark.unit
 
 
 def pools(*tps: int, role: str = "mixed", model: str | None = None) -> tuple[PoolSpec, ...]:
@@ -23,10 +25,7 @@ def pools(*tps: int, role: str = "mixed", model: str | None = None) -> tuple[Poo
 
 
 def capture(stem: str) -> Topology:
-    path = TOPO_DIR / f"{stem}.txt"
-    if not path.exists():
-        pytest.skip("shared/data not present")
-    return read_source(str(path))
+    return read_source(str(shared_path("topo", f"{stem}.txt")))
 
 
 def groups(plan: PlacementPlan) -> dict[str, tuple[int, ...]]:

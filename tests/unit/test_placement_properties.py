@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,8 @@ from pools.placement.validate import group_problems, validate_plan
 from tests.unit.test_placement_machines import feasible_in_island
 from topology import GpuRef, LinkHealth, Topology, is_clique, read_source
 from topology.readers.spec import parse_spec
+
+pytestmark = pytest.mark.unit
 
 MACHINES: dict[str, Topology] = {
     name: read_source(name) for name in ("dgx1-v100", "a30-pairs", "h100-nvl-pairs", "rtx4090-pcie", "hgx-h100")

@@ -12,8 +12,10 @@ import pytest
 from pools.bench import placement as bench
 from pools.model import SLOClass
 from pools.sizing import parse_workload, size
-from tests.conftest import ROOT, TOPO_DIR
+from tests.conftest import ROOT, TOPO_DIR, shared_path
 from topology import read_source
+
+pytestmark = pytest.mark.unit
 
 PLACEMENT_KEYS = {"replica_id", "pool", "role", "node", "gpus", "island", "tier"}
 
@@ -26,8 +28,8 @@ def pools_cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("source", ["configs/clusters/local-sim.yaml", "dgx1-v100",
                                     str(TOPO_DIR / "a30-4gpu-nv4-bridge-pairs-1nic.txt")])
 def test_plan_json_schema(source: str) -> None:
-    if source.endswith(".txt") and not Path(source).exists():
-        pytest.skip("shared/data not present")
+    if source.endswith(".txt"):
+        shared_path("topo", Path(source).name)
     result = pools_cli("plan", "--topology", source, "--pools", "configs/pools/mixed-tp.yaml",
                        "--policy", "ray-pack", "--format", "json")
     assert result.returncode == 0, result.stderr

@@ -11,6 +11,8 @@ from pools.engine.text import count_tokens
 from pools.wire.errors import ApiError
 from pools.wire.prompt import MEDIA_TOKENS, chat_prompt, completion_prompts, read_prompts
 
+pytestmark = pytest.mark.unit
+
 TEXT = "an island of eight GPUs joined by NVLink " * 30
 
 

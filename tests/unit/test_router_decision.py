@@ -20,6 +20,8 @@ from router.decision import (
 )
 from topology import read_source
 
+pytestmark = pytest.mark.unit
+
 INTERACTIVE, STANDARD, BATCH = DEFAULT_SLO_CLASSES
 
 

@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.metrics import RouterMetrics
 
+pytestmark = pytest.mark.unit
+
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     """Prometheus' histogram_quantile over cumulative (le, count) buckets, +Inf last."""

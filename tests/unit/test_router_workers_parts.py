@@ -19,6 +19,8 @@ from router.metrics import RouterMetrics
 from router.workers import read_view, view_bytes
 from topology import read_source
 
+pytestmark = pytest.mark.unit
+
 
 def _value(text: str, line_start: str) -> float:
     found = [line for line in text.splitlines() if line.startswith(line_start)]

@@ -21,6 +21,8 @@ from pools.placement import get_policy
 from tests.conftest import ROOT
 from topology import read_source
 
+pytestmark = pytest.mark.sim
+
 CLASSES = {c.name: c for c in DEFAULT_SLO_CLASSES}
 TOPOLOGY = read_source(str(ROOT / "configs/clusters/local-sim.yaml"))
 POOLS = (PoolSpec(name="prefill", role="prefill", tp=2, replicas=1, model="llama-3.1-8b"),

@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import captures, run_cli
+from tests.conftest import capture_params, captures, no_captures, run_cli, shared_path
 from topology.export import dumps, node_capture
 from topology.readers import read_node_text
+
+pytestmark = pytest.mark.unit
 
 CAPTURES = captures()
 
 
 def test_fixtures_are_present() -> None:
     # A checkout without shared/data would silently run no capture test below.
-    if not CAPTURES:
-        pytest.skip("shared/data/topo not present")
+    shared_path("topo")
     assert len(CAPTURES) >= 10
 
 
-@pytest.mark.parametrize("capture", CAPTURES, ids=[c.stem for c in CAPTURES])
+@pytest.mark.parametrize("capture", capture_params())
 def test_capture_matches_expected(capture: Path) -> None:
     expected_path = capture.with_suffix(".expected.json")
     node = read_node_text(capture.read_text())
@@ -30,7 +32,7 @@ def test_capture_matches_expected(capture: Path) -> None:
     assert produced == expected_path.read_text(), "layout differs from the reference file"
 
 
-@pytest.mark.parametrize("capture", CAPTURES[:3], ids=[c.stem for c in CAPTURES[:3]])
+@pytest.mark.parametrize("capture", capture_params()[:3])
 def test_cli_parse_prints_the_schema(capture: Path) -> None:
     result = run_cli("parse", str(capture), "--format", "json")
     assert result.returncode == 0, result.stderr
@@ -42,21 +44,22 @@ def _expected(name: str) -> dict[str, object]:
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
-def _variant_cases() -> list[tuple[str, str, str]]:
+def _variant_cases() -> list[Any]:
     """Other captures of the same tool: the real ones rewritten the ways other drivers print."""
     ansi = "\x1b[4m"
-    cases = []
-    if CAPTURES:
-        h100 = next(c for c in CAPTURES if c.stem.startswith("hgx-h100")).read_text()
-        rtx = next(c for c in CAPTURES if c.stem.startswith("rtx4090")).read_text()
-        dgx1 = next(c for c in CAPTURES if c.stem.startswith("dgx1")).read_text()
-        lines = h100.splitlines()
-        cases.append(("hgx-h100", "tabs", "\n".join("\t".join(ln.split("    ")) for ln in lines)))
-        cases.append(("hgx-h100", "ansi-header", ansi + lines[0] + "\x1b[0m\n" + "\n".join(lines[1:])))
-        cases.append(("hgx-h100", "crlf", h100.replace("\n", "\r\n")))
-        cases.append(("hgx-h100", "prompt-and-trailer", "$ nvidia-smi topo -m\n" + h100 + "\n$ exit\n"))
-        cases.append(("rtx4090", "old-soc-legend", rtx.replace("SYS ", "SOC ").replace("SYS\t", "SOC\t")))
-        cases.append(("dgx1", "no-legend", dgx1.split("Legend:")[0]))
+    cases: list[Any] = []
+    if not CAPTURES:
+        return no_captures("*.txt", arity=3)
+    h100 = next(c for c in CAPTURES if c.stem.startswith("hgx-h100")).read_text()
+    rtx = next(c for c in CAPTURES if c.stem.startswith("rtx4090")).read_text()
+    dgx1 = next(c for c in CAPTURES if c.stem.startswith("dgx1")).read_text()
+    lines = h100.splitlines()
+    cases.append(("hgx-h100", "tabs", "\n".join("\t".join(ln.split("    ")) for ln in lines)))
+    cases.append(("hgx-h100", "ansi-header", ansi + lines[0] + "\x1b[0m\n" + "\n".join(lines[1:])))
+    cases.append(("hgx-h100", "crlf", h100.replace("\n", "\r\n")))
+    cases.append(("hgx-h100", "prompt-and-trailer", "$ nvidia-smi topo -m\n" + h100 + "\n$ exit\n"))
+    cases.append(("rtx4090", "old-soc-legend", rtx.replace("SYS ", "SOC ").replace("SYS\t", "SOC\t")))
+    cases.append(("dgx1", "no-legend", dgx1.split("Legend:")[0]))
     return cases
 
 

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, captures
+from tests.conftest import ROOT, captures, no_captures
+
+pytestmark = pytest.mark.unit
 
 SMI = [c for c in captures() if "rocm-smi" not in c.stem]
 _WORD = re.compile(r"\S+")
@@ -67,6 +69,8 @@ class Capture:
 
 
 def _cases(mutate: Any, wanted: Any) -> list[Any]:
+    if not SMI:
+        return no_captures("*.txt", arity=2)
     out = []
     for path in SMI:
         cap = Capture(path)

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TOPO_DIR
+from tests.conftest import ROOT, first_capture, run_cli, shared_path
 from topology.errors import ParseError
 from topology.export import node_capture
 from topology.islands import islands
+from topology.model import GpuRef
+from topology.paths import path
 from topology.readers import read_source
 from topology.readers.spec import parse_spec
 from topology.templates import load_template, node_from_template, template_names
+
+pytestmark = pytest.mark.unit
 
 # template -> the capture it was derived from (where one exists): same GPU fabric and NUMA.
 DERIVED = {
@@ -34,9 +40,7 @@ def test_every_required_machine_ships_with_a_source() -> None:
 
 @pytest.mark.parametrize(("template", "capture"), sorted(DERIVED.items()))
 def test_template_reproduces_its_capture(template: str, capture: str) -> None:
-    path = TOPO_DIR / f"{capture}.expected.json"
-    if not path.exists():
-        pytest.skip("shared/data not present")
+    path = shared_path("topo", f"{capture}.expected.json")
     import json
 
     expected = json.loads(path.read_text())
@@ -94,9 +98,7 @@ nodes:
 
 
 def test_spec_capture_nodes_and_bad_references(tmp_path: Path) -> None:
-    capture = next(iter(sorted(TOPO_DIR.glob("a30-*.txt"))), None)
-    if capture is None:
-        pytest.skip("shared/data not present")
+    capture = first_capture("a30-*.txt")
     (tmp_path / "cap.txt").write_text(capture.read_text())
     spec = "nodes:\n  - {name: x, capture: cap.txt, gpu: a30, count: 2}\n"
     topo = parse_spec(spec, base_dir=tmp_path)
@@ -105,6 +107,19 @@ def test_spec_capture_nodes_and_bad_references(tmp_path: Path) -> None:
         parse_spec("nodes:\n  - {name: y, template: a30-pairs, degraded_links: [{gpus: [0, 9]}]}\n")
     with pytest.raises(ParseError, match="duplicate node names: z"):
         parse_spec("nodes:\n  - {name: z, template: a30-pairs}\n  - {name: z, template: a30-pairs}\n")
+
+
+def test_dead_nvlink_in_a_spec_falls_back_to_pcie_and_the_clis_still_size_it(tmp_path: Path) -> None:
+    spec = tmp_path / "d.yaml"
+    spec.write_text("nodes:\n  - name: a\n    template: hgx-h100\n"
+                    "    degraded_links: [{gpus: [1, 2], lanes_active: 0}]\n")
+    p = path(read_source(str(spec)), GpuRef("a", 1), GpuRef("a", 2))
+    assert p.bandwidth_gb_s > 0 and p.tier == "pcie" and not p.healthy
+    assert run_cli("parse", str(spec)).returncode == 0
+    size = subprocess.run([sys.executable, "-m", "pools", "size", "--topology", str(spec), "--model", "llama-3.1-70b",
+                           "--workload", "azure-conv", "--slo", "interactive"], cwd=ROOT, capture_output=True,
+                          text=True, check=False)
+    assert size.returncode == 0, size.stderr
 
 
 def test_grafana_dashboard_queries_metrics_the_router_exports() -> None:

@@ -9,6 +9,8 @@ import pytest
 
 from router.status import main
 
+pytestmark = pytest.mark.unit
+
 
 def test_status_without_a_router_says_it_cannot_reach_it(capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as sock:  # a loopback port nobody listens on

@@ -20,6 +20,8 @@ from pools.vllm import EngineStartError, VllmProcess, VllmServer, command, envir
 from pools.vllm.replica import VllmReplica, busy_requests
 from topology import read_source
 
+pytestmark = pytest.mark.integration
+
 HGX = read_source("hgx-h100")
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 

@@ -19,6 +19,7 @@ from loadtest.workloads import WorkloadError, synthetic, traces, transforms
 from loadtest.workloads.prompts import prompt_text
 from pools.engine.text import count_tokens
 from pools.wire.prompt import read_prompts
+from tests.conftest import shared_path
 
 pytestmark = pytest.mark.unit
 FULL = {"azure-conv": ("azure_llm_2023_conv.csv", 19366, 3501.7),
@@ -31,8 +32,8 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 
 
 @pytest.fixture
-def traces_dir(shared_data: Path) -> Path:
-    return shared_data / "traces"
+def traces_dir() -> Path:
+    return shared_path("traces")
 
 
 # the real traces and the samples

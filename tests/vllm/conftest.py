@@ -9,7 +9,6 @@ about 1.6 GB and one core, and a start takes 25-70 s on a 2-core machine.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pools.supervisor import Child, ChildError, ReadyLine
 from pools.vllm import VllmProcess, VllmServer
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.conftest import ROOT
@@ -81,7 +81,7 @@ def stop_all(procs: Sequence[VllmProcess]) -> None:
 
 @dataclass
 class Router:
-    proc: subprocess.Popen[str]
+    proc: Child
     url: str
 
     @property
@@ -110,17 +110,13 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def start_router(config: dict[str, Any], where: Path) -> Iterator[Router]:
     path = where / "router.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stderr is not None
-    line = proc.stdout.readline()
-    if "ready:" not in line:
-        proc.kill()
-        raise RuntimeError(f"router did not start: {line}{proc.stderr.read()}")
+    proc = Child([sys.executable, "-m", "router", "--config", str(path)], name="router", ready=ReadyLine("ready:"),
+                 cwd=ROOT).start()
+    try:
+        line = proc.wait_ready(60)  # stopped when it does not come up
+    except ChildError as err:
+        raise RuntimeError(f"router did not start: {err}") from None
     try:
         yield Router(proc=proc, url=line.split("ready:")[1].strip())
     finally:
-        proc.terminate()
-        proc.wait(10)
-        proc.stdout.close()
-        proc.stderr.close()
+        proc.stop()

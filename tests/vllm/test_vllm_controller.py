@@ -35,7 +35,7 @@ from tests.conftest import ROOT
 from tests.vllm.conftest import READY_TIMEOUT_S, SERVED
 from topology import read_source
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.ray]
+pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.timeout(900)]
 CONFIG = ROOT / "configs/vllm-cpu.yaml"
 IGNORE_EOS = {"ignore_eos": True}
 

@@ -17,7 +17,7 @@ from pools.vllm import VllmProcess, free_port
 from router.config import DEV_KEY
 from tests.vllm.conftest import SERVED, Router, cpu_server, router_config, start_all, start_router, stop_all
 
-pytestmark = [pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 IGNORE_EOS = {"ignore_eos": True}
 PROMPT = "".join(f"def handler_{i}(request, topology):\n    return route(request, island={i})\n" for i in range(18))
 

@@ -14,7 +14,7 @@ from pools.vllm import VllmProcess, free_port
 from router.config import DEV_KEY
 from tests.vllm.conftest import SERVED, Router, cpu_server, router_config, start_all, start_router, stop_all
 
-pytestmark = [pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 IGNORE_EOS = {"ignore_eos": True}  # random weights may end a reply at once
 
 

@@ -22,15 +22,16 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from topology.configfile import parse_yaml_text, validate_mapping
 from topology.errors import ParseError
 from topology.health import XID_FELL_OFF_BUS, GpuCounters, HealthThresholds, LinkCounters, apply_node_health
 from topology.kinds import LinkKind
 from topology.model import Fabric, Node, Topology
+from topology.readers.capture import ReadOptions, decode, read_node_text
 from topology.templates import node_from_template, template_names
 
 FABRICS: dict[str, tuple[LinkKind, float, float]] = {
@@ -129,27 +130,6 @@ class ClusterSpec(_Strict):
         return self
 
 
-def format_validation(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
-        parts.append(f"{where or 'spec'}: {e['msg']}")
-    return "; ".join(parts).replace("\r", "\\r").replace("\n", "\\n")  # one line, whatever the input's keys
-
-
-_M = TypeVar("_M", bound=BaseModel)
-
-
-def validate_mapping(model: type[_M], raw: object, what: str, shape: str, where: str | None = None) -> _M:
-    """`raw` (parsed YAML) as `model`, or one ParseError naming every problem at once."""
-    if not isinstance(raw, dict):
-        raise ParseError(shape, where)
-    try:
-        return model.model_validate(raw)
-    except ValidationError as err:
-        raise ParseError(f"invalid {what}: {format_validation(err)}", where) from None
-
-
 def _fabric(spec: FabricSpec) -> Fabric:
     kind, gbit, latency = FABRICS[spec.technology]
     return Fabric(
@@ -165,8 +145,6 @@ def _fabric(spec: FabricSpec) -> Fabric:
 def _base_node(spec: NodeSpec, name: str, rack: str | None, base_dir: Path | None) -> Node:
     if spec.template is not None:
         return node_from_template(spec.template, name, rack)
-    from topology.readers import ReadOptions, decode, read_node_text
-
     path = Path(spec.capture or "")
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
@@ -227,9 +205,6 @@ def build_topology(spec: ClusterSpec, base_dir: Path | None = None) -> Topology:
 
 
 def parse_spec(text: str, base_dir: Path | None = None) -> Topology:
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ParseError(f"cluster spec is not valid YAML ({str(err).splitlines()[0]})") from None
+    raw = parse_yaml_text(text, "cluster spec")
     spec = validate_mapping(ClusterSpec, raw, "cluster spec", "cluster spec must be a YAML mapping")
     return build_topology(spec, base_dir)

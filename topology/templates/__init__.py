@@ -3,6 +3,8 @@
 Each `<name>.yaml` here describes one node type and says what it was derived from: a real
 capture in shared/data (named, with its source), or the vendor's published topology. The
 product reads them at run time, so they live in the repository, not in shared/.
+
+Imports `topology` only.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ import functools
 from importlib import resources
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from topology.configfile import parse_yaml_text, validate_mapping
 from topology.errors import ParseError
 from topology.gpus import baseboard_links, gpu_facts
 from topology.kinds import LinkKind, default_bandwidth_gb_s
@@ -72,10 +74,7 @@ def load_template(name: str) -> MachineTemplate:
     if name not in template_names():
         raise ParseError(f"unknown machine template {name!r} (templates: {', '.join(template_names())})")
     text = resources.files("topology.templates").joinpath(f"{name}.yaml").read_text()
-    try:
-        return MachineTemplate.model_validate(yaml.safe_load(text))
-    except (ValidationError, yaml.YAMLError) as err:
-        raise ParseError(f"template {name}: {err}") from None
+    return parse_template(text, f"template {name}")
 
 
 def _fabric_links(t: MachineTemplate) -> dict[tuple[int, int], Link]:
@@ -100,10 +99,8 @@ def _pcie_kind(t: MachineTemplate, a: int, b: int) -> LinkKind:
 
 def parse_template(text: str, source: str) -> MachineTemplate:
     """A machine template from a file of its own (the packaged ones are read by name)."""
-    try:
-        return MachineTemplate.model_validate(yaml.safe_load(text))
-    except (ValidationError, yaml.YAMLError) as err:
-        raise ParseError(f"invalid machine template: {err}", source) from None
+    raw = parse_yaml_text(text, "machine template", source)
+    return validate_mapping(MachineTemplate, raw, "machine template", "a machine template is a YAML mapping", source)
 
 
 def node_from_template(name: str, node_name: str, rack: str | None = None) -> Node:

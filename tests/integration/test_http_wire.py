@@ -12,6 +12,8 @@ import pytest
 from pools.wire import http
 from pools.wire.http import Request, Responder
 
+pytestmark = pytest.mark.integration
+
 
 async def _echo(request: Request, response: Responder) -> None:
     if request.path == "/slow":

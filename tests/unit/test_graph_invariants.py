@@ -1,4 +1,5 @@
-"""Invariants of islands, cliques, the fingerprint and the readers, on generated inputs."""
+"""Invariants of the physical graph on generated topologies: islands partition the GPUs, cliques
+are all the maximal ones, and the fingerprint ignores order but not a changed link."""
 
 from __future__ import annotations
 
@@ -6,15 +7,15 @@ import random
 from dataclasses import replace
 from itertools import combinations
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import captures
-from topology.errors import ParseError
 from topology.islands import adjacency, cliques, islands, joined
 from topology.kinds import LinkKind
 from topology.model import Gpu, GpuRef, Link, LinkHealth, Node, Topology
-from topology.readers import read_text
+
+pytestmark = pytest.mark.unit
 
 KINDS = [LinkKind.NVLINK, LinkKind.NVSWITCH, LinkKind.XGMI, LinkKind.PIX, LinkKind.NODE, LinkKind.SYS]
 
@@ -92,37 +93,3 @@ def test_fingerprint_changes_when_a_link_changes(topology: Topology, data: st.Da
     new_node = replace(node, links=tuple(changed if k is link else k for k in node.links))
     new = replace(topology, nodes=tuple(new_node if n is node else n for n in topology.nodes))
     assert new.fingerprint() != topology.fingerprint()
-
-
-def _reads_or_parse_error(text: str) -> None:
-    try:
-        read_text(text)
-    except ParseError as err:
-        assert "\n" not in str(err)
-
-
-@settings(max_examples=300)
-@given(st.text())
-def test_reader_never_raises_anything_but_parse_error(text: str) -> None:
-    _reads_or_parse_error(text)
-
-
-SEEDS = [c.read_text() for c in captures()][:6]
-
-
-@settings(max_examples=300)
-@given(st.sampled_from(SEEDS or [""]), st.data())
-def test_damaged_real_captures_never_crash(seed: str, data: st.DataObject) -> None:
-    if not seed:
-        return
-    start = data.draw(st.integers(0, len(seed)))
-    end = data.draw(st.integers(start, min(len(seed), start + 40)))
-    insert = data.draw(st.text(alphabet="GPUNVX0123456789 \t\nSYSPIXBHODE-:,", max_size=20))
-    _reads_or_parse_error(seed[:start] + insert + seed[end:])
-
-
-@settings(max_examples=200)
-@given(st.sampled_from(["<system>", "<system><cpu numaid='x'>", "{", "nodes:", "GPU0 GPU1\n"]),
-       st.text(max_size=200))
-def test_prefixes_of_every_format_never_crash(prefix: str, tail: str) -> None:
-    _reads_or_parse_error(prefix + tail)

@@ -1,0 +1,77 @@
+"""What routing plugins see and are: the snapshot's value types (`Candidate`, `ReplicaLoad`,
+`RouteRequest`), a plugin's config entry (`PluginSpec`) and the three plugin kinds.
+
+A filter keeps or drops one candidate at a time (so the router runs a profile's filters in one
+pass over the snapshot); a scorer says how good one candidate is, in [0, 1]; a picker chooses
+the winner from the ranked candidates. Plugins are pure and synchronous: same input, same RNG
+state, same answer.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from pools.model import Role, SLOClass
+from pools.routing import ReplicaEndpoint
+
+
+class ReplicaLoad(NamedTuple):  # built for every replica on every request: tuples are cheap
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    inflight: int = 0
+    """Requests this router has open on the replica right now."""
+    latency_ms: float = 0.0
+    """The router's own moving average of the replica's time to first byte."""
+    breaker_open: bool = False
+
+
+class Candidate(NamedTuple):
+    endpoint: ReplicaEndpoint
+    load: ReplicaLoad = ReplicaLoad()
+
+
+class RouteRequest(NamedTuple):
+    model: str
+    slo_class: SLOClass
+    prompt_tokens: int
+    prefix_hash: int = 0
+    role: Role | None = None
+
+
+class Ranked(NamedTuple):
+    replica_id: str
+    total: float
+    scores: Mapping[str, float]
+    candidate: Candidate
+
+
+Keyed = tuple[float, str, int]
+"""A scored candidate as the picker sees it: (-total score, replica id, index into the candidates);
+sorted ascending, best first, ties by replica id."""
+
+
+class Filter:
+    """Keeps the candidates that `keep` accepts."""
+
+    def keep(self, req: RouteRequest, c: Candidate) -> bool:
+        raise NotImplementedError
+
+    def filter(self, req: RouteRequest, cands: Sequence[Candidate]) -> list[Candidate]:
+        return [c for c in cands if self.keep(req, c)]
+
+
+class Scorer:
+    """How good a candidate is for the request, in [0, 1] (a profile weighs and adds them)."""
+
+    def score(self, req: RouteRequest, c: Candidate) -> float:
+        raise NotImplementedError
+
+
+class Picker:
+    """The winner among the filtered candidates; `keyed` holds them scored, best first."""
+
+    def pick(self, cands: Sequence[Candidate], keyed: Sequence[Keyed], rng: random.Random, turn: int) -> Candidate:
+        raise NotImplementedError

@@ -1,0 +1,194 @@
+"""The PD profile: whether a request is split over a prefill and a decode replica, and which pair.
+
+Candidates: the model's usable replicas (the one health rule, `filters.usable`) in the prefill,
+decode and mixed roles. A pair is priced as predicted TTFT (`router.plugins.ttft`):
+
+    prefill queue    prompts ahead on the prefill replica x its predicted prefill of this prompt
+    prefill          the prompt over the prefill replica's own TP links
+    KV handover      the KV over the paths between the two replicas' GPUs, rank by rank
+    decode admission (1 + requests waiting on the decode) x one decode step of its batch
+
+PD or mixed: a prompt under `min_prompt_tokens` never goes PD when the model has mixed replicas;
+above it the pair wins unless the best usable mixed replica would finish the prompt sooner than
+the pair's prefill replica would (its queue x its prefill + its prefill, slowed by its running
+decodes). The handover (KV transfer and the decode's first step) is not held against the pair:
+it is the price of keeping a long prefill off the decodes' steps (DistServe's prefill-decode
+interference), which `min_prompt_tokens` says is worth paying; queueing buys nothing, so it
+counts. An idle mixed replica takes a prompt from a backed-up pair; on idle replicas a long
+prompt still splits. A deployment without mixed replicas splits every prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from pools import catalog, costmodel
+from router.plugins.filters import usable_of
+from router.plugins.model import Candidate, RouteRequest
+from router.plugins.timing import PluginTimer
+from router.plugins.ttft import FALLBACK_MODEL, ahead, decode_step_ms, hardware, mixed_ttft_ms, prefill_ms
+from topology import GpuRef, Topology, path, tier
+
+PD_PLUGIN = "pd-profile-handler"
+TIE = 1e-9
+"""Predictions this close (relative) are equal: a tie goes to PD (floating-point noise aside, an
+idle mixed replica and an idle pair on the same hardware predict the same prefill)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PDDecision:
+    prefill: Candidate
+    decode: Candidate
+    predicted_ttft_ms: float
+    kv_ms: float
+    tier: str
+    """Tier of the KV path (prefill GPUs + decode GPUs)."""
+    ranked: tuple[tuple[str, str, float], ...]
+    decode_order: tuple[Candidate, ...] = ()
+    """Decodes to try for this prefill, best first (any decode can claim the prefill's KV)."""
+    tiers: Mapping[str, str] = field(default_factory=dict)
+    """KV-path tier per decode replica id."""
+    handover_ms: float = 0.0
+    """KV transfer plus the decode's first step: what PD adds to the prefill itself."""
+    ready_ms: float = 0.0
+    """The predicted TTFT less the handover: prefill queue + prefill + the decode's waiting."""
+    mixed_ttft_ms: float | None = None
+    """The best usable mixed replica's predicted TTFT, when the choice weighed one."""
+
+
+class PDRoute(NamedTuple):
+    """PD's answer with its reason: `decision` None sends the request whole to a mixed replica."""
+
+    decision: PDDecision | None
+    reason: str
+
+
+def pd_route(req: RouteRequest, snapshot: Sequence[Candidate], topology: Topology | None, *,
+             min_prompt_tokens: int, has_mixed: bool) -> PDRoute:
+    """`has_mixed`: the routing table has mixed replicas of the model, healthy or not."""
+    if req.prompt_tokens < min_prompt_tokens and has_mixed:
+        return PDRoute(None, f"{req.prompt_tokens} prompt tokens < min_prompt_tokens {min_prompt_tokens}")
+    prefills, decodes = usable_of(req, snapshot, "prefill"), usable_of(req, snapshot, "decode")
+    pair = pd_pair(req, prefills, decodes, topology) if prefills and decodes else None
+    if pair is None:
+        return PDRoute(None, f"no usable prefill/decode pair ({len(prefills)} prefill, {len(decodes)} decode)")
+    mixed = usable_of(req, snapshot, "mixed") if has_mixed else []
+    if not mixed:
+        return PDRoute(pair, f"pd {pair.predicted_ttft_ms:.1f} ms, no usable mixed replica")
+    best = min(mixed_ttft_ms(c.endpoint, c.load, req.prompt_tokens, topology) for c in mixed)
+    if best < pair.ready_ms * (1.0 - TIE):
+        return PDRoute(None, f"mixed {best:.1f} ms < pd {pair.ready_ms:.1f} ms before the handover")
+    return PDRoute(_with_mixed(pair, best), f"pd {pair.ready_ms:.1f} ms before the handover <= mixed {best:.1f} ms")
+
+
+def pd_decide(req: RouteRequest, snapshot: Sequence[Candidate], topology: Topology | None, *, min_prompt_tokens: int,
+              has_mixed: bool, timer: PluginTimer | None = None) -> PDDecision | None:
+    """The pair for this request, or None: a mixed replica serves it whole (`pd_route` says why).
+    The router and the offline simulator both call this."""
+    if timer is None or not timer.due():
+        return pd_route(req, snapshot, topology, min_prompt_tokens=min_prompt_tokens, has_mixed=has_mixed).decision
+    t0 = timer.clock()
+    out = pd_route(req, snapshot, topology, min_prompt_tokens=min_prompt_tokens, has_mixed=has_mixed).decision
+    timer.record("profile-handler", PD_PLUGIN, timer.clock() - t0)
+    return out
+
+
+def _with_mixed(pair: PDDecision, mixed_ms: float) -> PDDecision:
+    return PDDecision(prefill=pair.prefill, decode=pair.decode, predicted_ttft_ms=pair.predicted_ttft_ms,
+                      kv_ms=pair.kv_ms, tier=pair.tier, ranked=pair.ranked, decode_order=pair.decode_order,
+                      tiers=pair.tiers, handover_ms=pair.handover_ms, ready_ms=pair.ready_ms, mixed_ttft_ms=mixed_ms)
+
+
+def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[Candidate],
+            topology: Topology | None) -> PDDecision | None:
+    """The prefill/decode pair with the lowest predicted TTFT (module docstring)."""
+    tokens = req.prompt_tokens
+    steps = {d.endpoint.replica_id: decode_step_ms(hardware(d.endpoint, topology), d.load.running + 1,
+                                                   d.load.kv_usage, tokens) for d in decodes}
+    best: _Pair | None = None
+    ranked: list[tuple[str, str, float]] = []
+    tiers: dict[tuple[str, str], str] = {}
+    for p in prefills:
+        pre = prefill_ms(hardware(p.endpoint, topology), tokens)
+        queue = ahead(p.load, prefill_only=True) * pre
+        for d in decodes:
+            if d.endpoint.model != p.endpoint.model:
+                continue
+            kv, tier_name = kv_ms(p, d, tokens, topology)
+            tiers[(p.endpoint.replica_id, d.endpoint.replica_id)] = tier_name
+            step = steps[d.endpoint.replica_id]
+            pair = _Pair(ready_ms=queue + pre + d.load.waiting * step, handover_ms=kv + step, kv_ms=kv,
+                         tier=tier_name, prefill=p, decode=d)
+            ranked.append((p.endpoint.replica_id, d.endpoint.replica_id, pair.ttft_ms()))
+            if best is None or pair.ttft_ms() < best.ttft_ms():
+                best = pair
+    if best is None:
+        return None
+    ranked.sort(key=_predicted)
+    chosen = best.prefill.endpoint.replica_id
+    by_id = {c.endpoint.replica_id: c for c in decodes}
+    order = tuple(by_id[dec] for pre_id, dec, _ in ranked if pre_id == chosen)
+    return PDDecision(prefill=best.prefill, decode=best.decode, predicted_ttft_ms=best.ttft_ms(), kv_ms=best.kv_ms,
+                      tier=best.tier, ranked=tuple(ranked[:8]), decode_order=order, handover_ms=best.handover_ms,
+                      ready_ms=best.ready_ms, tiers={dec: t for (pre_id, dec), t in tiers.items() if pre_id == chosen})
+
+
+class _Pair(NamedTuple):
+    ready_ms: float
+    """Until the decode would take the request: prefill queue, prefill, the decode's waiting."""
+    handover_ms: float
+    """KV transfer plus the decode's first step."""
+    kv_ms: float
+    tier: str
+    prefill: Candidate
+    decode: Candidate
+
+    def ttft_ms(self) -> float:
+        return self.ready_ms + self.handover_ms
+
+
+def _predicted(r: tuple[str, str, float]) -> float:
+    return r[2]
+
+
+def kv_ms(p: Candidate, d: Candidate, tokens: int, topology: Topology | None) -> tuple[float, str]:
+    """The KV handover's time and its path's tier. Without a topology that knows both replicas'
+    GPUs: the named fallback paths (`costmodel.KV_*_FALLBACK`), tier `local` on one named node
+    and `rdma` otherwise."""
+    pe, de = p.endpoint, d.endpoint
+    model = catalog.models().get(pe.catalog_model or "") or catalog.model(FALLBACK_MODEL)
+    ms_per_byte, latency_ms, tier_name = kv_route(topology, pe.node, pe.gpus, de.node, de.gpus)
+    return (costmodel.kv_bytes(model, tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0), tier_name
+
+
+KvRoute = tuple[float, float, str]
+"""(ms per byte of the KV, latency ms, tier): `costmodel.kv_handover_rate` of a replica pair's paths."""
+_ROUTES: dict[tuple[int, str, tuple[int, ...], str, tuple[int, ...]], tuple[Topology | None, KvRoute]] = {}
+_SAME_NODE = costmodel.kv_handover_rate([costmodel.KV_SAME_NODE_FALLBACK])
+_CROSS_NODE = costmodel.kv_handover_rate([costmodel.KV_CROSS_NODE_FALLBACK])
+
+
+def kv_route(topology: Topology | None, pnode: str, pgpus: tuple[int, ...], dnode: str, dgpus: tuple[int, ...]
+             ) -> KvRoute:
+    """The KV paths between two replicas, prefill rank i to decode rank i (as the engines move
+    it; the simulator's `loadtest.sim.network.legs` too), priced, with the tier of all their GPUs.
+    A function of the (immutable) topology and the two GPU groups, so remembered: a PD decision
+    weighs every prefill/decode pair."""
+    key = (id(topology), pnode, pgpus, dnode, dgpus)
+    found = _ROUTES.get(key)
+    if found is not None and found[0] is topology:
+        return found[1]
+    refs = [GpuRef(pnode, g) for g in pgpus] + [GpuRef(dnode, g) for g in dgpus]
+    if topology is not None and pgpus and dgpus and costmodel.located(topology, refs):
+        paths = [path(topology, GpuRef(pnode, a), GpuRef(dnode, b)) for a, b in zip(pgpus, dgpus, strict=False)]
+        out = (*costmodel.kv_handover_rate(paths), tier(topology, refs))
+    elif pnode and pnode == dnode:
+        out = (*_SAME_NODE, "local")
+    else:
+        out = (*_CROSS_NODE, "rdma")
+    if len(_ROUTES) > 65536:
+        _ROUTES.clear()
+    _ROUTES[key] = (topology, out)
+    return out

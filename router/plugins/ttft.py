@@ -1,0 +1,108 @@
+"""Predicted time to first token on a replica, from the cost model over the replica's own links
+(`pools.costmodel`, the same physics the planner, the simulated engine and the simulator use) and
+its load as the router sees it. The PD profile prices prefill/decode pairs and the best mixed
+replica with these, so both sides of "PD or mixed?" are predicted the same way.
+
+Every input has a source: model and GPU from the catalogue (`FALLBACK_*` when the routing table
+does not name them), the TP group's bottleneck from the topology (`costmodel.group_link`), queue
+and batch from the engine's scraped `running`/`waiting`/KV usage and the router's own in-flight
+count.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pools import catalog, costmodel
+from pools.catalog import GpuSpec, ModelSpec
+from pools.costmodel import LinkCost
+from pools.routing import ReplicaEndpoint
+from router.plugins.model import ReplicaLoad
+from topology import GpuRef, Topology
+
+FALLBACK_MODEL = "llama-3.1-8b"
+FALLBACK_GPU = "h100-sxm"
+"""The cost model's reference when the routing table names no catalogue model or GPU for a
+replica: the demo deployment's (configs/local.yaml on configs/clusters/local-sim.yaml). A guess
+of the right order; every replica without names gets the same one, so they compare fairly."""
+CHUNK_TOKENS = 8192
+"""Prompt tokens per engine step (vLLM's `max_num_batched_tokens` with chunked prefill; the
+simulated engine's default, pools/engine/core.py EngineConfig)."""
+
+
+class Hardware(NamedTuple):
+    model: ModelSpec
+    gpu: GpuSpec
+    tp: int
+    link: LinkCost
+    """The TP group's bottleneck link (the worst among its GPUs)."""
+    kv_capacity_tokens: int
+
+
+_HARDWARE: dict[tuple[int, str, tuple[int, ...], int, str, str], tuple[Topology | None, Hardware]] = {}
+
+
+def hardware(e: ReplicaEndpoint, topology: Topology | None) -> Hardware:
+    """What the replica runs on: a function of the (immutable) topology and the endpoint, so
+    remembered — a PD decision prices every replica of the model."""
+    key = (id(topology), e.node, e.gpus, e.tp, e.catalog_model or "", e.gpu_model or "")
+    found = _HARDWARE.get(key)
+    if found is not None and found[0] is topology:
+        return found[1]
+    model = catalog.models().get(e.catalog_model or "") or catalog.model(FALLBACK_MODEL)
+    gpu = catalog.gpus().get(e.gpu_model or "") or catalog.gpu(FALLBACK_GPU)
+    tp = max(1, e.tp)
+    link = costmodel.group_link(topology, [GpuRef(e.node, g) for g in e.gpus], tp)
+    hw = Hardware(model=model, gpu=gpu, tp=tp, link=link,
+                  kv_capacity_tokens=max(1, costmodel.kv_capacity_tokens(model, gpu, tp)))
+    if len(_HARDWARE) > 65536:
+        _HARDWARE.clear()
+    _HARDWARE[key] = (topology, hw)
+    return hw
+
+
+def prefill_ms(hw: Hardware, tokens: int) -> float:
+    return costmodel.prefill_ms(hw.model, hw.gpu, hw.tp, hw.link, tokens)
+
+
+_STEPS: dict[tuple[int, int], tuple[Hardware, costmodel.DecodeStep]] = {}
+
+
+def decode_step_ms(hw: Hardware, running: float, kv_usage: float, extra_tokens: int = 0) -> float:
+    """One decode step of the replica's batch (`running` sequences, its cache `kv_usage` full):
+    `costmodel.decode_step_ms`, its per-batch part remembered per replica."""
+    batch = max(1, int(running))
+    key = (id(hw), batch)
+    found = _STEPS.get(key)
+    if found is None or found[0] is not hw:
+        if len(_STEPS) > 65536:
+            _STEPS.clear()
+        found = _STEPS[key] = (hw, costmodel.DecodeStep.of(hw.model, hw.gpu, hw.tp, hw.link, batch))
+    return found[1].ms(int(kv_usage * hw.kv_capacity_tokens) + extra_tokens)
+
+
+def ahead(load: ReplicaLoad, prefill_only: bool) -> float:
+    """Prompts the replica will work on before this one. The engine's counts are as of the last
+    scrape and the router's in-flight count is live, so the larger of the two. On a prefill
+    replica everything open is prompt work; on a mixed one the running requests are decoding."""
+    if prefill_only:
+        return max(float(load.inflight), load.waiting + load.running)
+    return max(load.waiting, load.inflight - load.running, 0.0)
+
+
+def interference_ms(hw: Hardware, load: ReplicaLoad, tokens: int) -> float:
+    """What the running decodes of a mixed replica add to a prefill: every step of it carries at
+    most CHUNK_TOKENS of prompt and one token of each running sequence (chunked prefill), so each
+    chunk also pays a decode step of the running batch."""
+    if load.running < 1:
+        return 0.0
+    chunks = -(-max(tokens, 1) // CHUNK_TOKENS)
+    return chunks * decode_step_ms(hw, load.running, load.kv_usage)
+
+
+def mixed_ttft_ms(e: ReplicaEndpoint, load: ReplicaLoad, tokens: int, topology: Topology | None) -> float:
+    """The request served whole by a mixed replica: the prompts queued before it, then its own
+    prefill, each over the replica's own TP links and slowed by the decodes running there."""
+    hw = hardware(e, topology)
+    per_prompt = prefill_ms(hw, tokens) + interference_ms(hw, load, tokens)
+    return (ahead(load, prefill_only=False) + 1.0) * per_prompt
