@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from pools.engine.fields import as_int
 from pools.model import Role, SLOClass
 from pools.wire import openai as wire
 from pools.wire.prompt import Prompt, read_prompts
@@ -43,8 +44,8 @@ def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, tuple[Prompt
         raise wire.ApiError(400, "'model' is required", param="model")
     prompts = read_prompts(body)
     for key in ("max_tokens", "max_completion_tokens"):
-        limit = body.get(key)
-        if isinstance(limit, int) and limit > max_tokens_limit:
+        limit = as_int(body.get(key))  # as the engine (vLLM's lax pydantic) reads it: 1e9 is 10**9
+        if limit is not None and limit > max_tokens_limit:
             raise wire.ApiError(400, f"'{key}' is {limit}, over this router's limit of {max_tokens_limit}", param=key)
     return model, prompts, body.get("stream") is True
 
@@ -69,8 +70,8 @@ def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_
     blocks = min(len(key) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)
     prefix = key[: blocks * PREFIX_BLOCK_CHARS]
     tokens = sum(p.tokens for p in prompts)
-    n = body.get("n")
-    many = len(prompts) > 1 or (isinstance(n, int) and n > 1)
+    n = as_int(body.get("n"))  # 2.0 and "2" are two sequences to the engine, too
+    many = len(prompts) > 1 or (n is not None and n > 1)
     # several sequences in one request (prompt lists, n > 1): served whole, never split over PD
     # (one kv_transfer_params per request); by a decode replica where the model has no mixed one
     role: Role | None = "decode" if many and model not in mixed else None

@@ -23,7 +23,7 @@ from loadtest.chaos.load import ChaosRequest, RequestFactory
 from loadtest.live.client import Target
 from loadtest.workloads.prompts import prompt_text
 from pools.wire.client import ClientError
-from pools.wire.sse import DONE, SseSplitter
+from pools.wire.sse import SseSplitter, json_events, output_text
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -71,30 +71,22 @@ class _Sse:
     sse: SseSplitter = field(default_factory=SseSplitter)
 
     def feed(self, data: bytes, now: float) -> None:
-        for payload in self.sse.feed(data):
-            self._event(payload, now)
+        for ev in json_events(self.sse, data):
+            if ev.done:
+                self.done = True
+            elif ev.bad:
+                self.error = self.error or {"unparseable_event": ev.bad[:200].decode("utf-8", "replace")}
+            elif ev.event is not None:
+                self._event(ev.event, now)
 
-    def _event(self, payload: bytes, now: float) -> None:
-        if payload == DONE:
-            self.done = True
-            return
-        try:
-            event = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            self.error = self.error or {"unparseable_event": payload[:200].decode("utf-8", "replace")}
-            return
-        if not isinstance(event, dict):
-            return
+    def _event(self, event: dict[str, Any], now: float) -> None:
         if "error" in event:
             self.error = event
-        choices = event.get("choices")
-        if choices and isinstance(choices[0], dict):
-            delta = choices[0].get("delta")
-            text = delta.get("content") if isinstance(delta, dict) else None
-            if text:
-                self.words.extend(text.split())
-                self.first_at = self.first_at if self.first_at is not None else now
-                self.last_at = now
+        text = output_text(event) if "choices" in event else None
+        if text:
+            self.words.extend(text.split())
+            self.first_at = self.first_at if self.first_at is not None else now
+            self.last_at = now
         usage = event.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             self.usage = usage["completion_tokens"]

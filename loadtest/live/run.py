@@ -48,7 +48,7 @@ from loadtest.workloads.prompts import prompt_text
 from pools.config import SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, SLOClass
 from pools.wire.client import ClientError
-from pools.wire.sse import DONE, SseSplitter
+from pools.wire.sse import SseSplitter, json_events, output_text
 from topology.configfile import format_validation
 
 DEFAULT_KEY = "isle-dev-key"
@@ -66,29 +66,20 @@ class _Stream:
     error: str = ""
 
     def feed(self, data: bytes, now: float) -> None:
-        for payload in self.sse.feed(data):
-            self._event(payload, now)
+        for ev in json_events(self.sse, data):
+            if ev.done:
+                self.done = True
+            elif ev.bad:
+                self.error = self.error or f"unparseable event {ev.bad[:80]!r}"
+            elif ev.event is not None:
+                self._event(ev.event, now)
 
-    def _event(self, payload: bytes, now: float) -> None:
-        if payload == DONE:
-            self.done = True
-            return
-        try:
-            event = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            self.error = self.error or f"unparseable event {payload[:80]!r}"
-            return
-        if not isinstance(event, dict):
-            return
+    def _event(self, event: dict[str, Any], now: float) -> None:
         if "error" in event:
             err = event["error"]
             self.error = str(err.get("message", err) if isinstance(err, dict) else err)[:200]
-        choices = event.get("choices")
-        if choices and isinstance(choices[0], dict):
-            delta = choices[0].get("delta")
-            text = delta.get("content") if isinstance(delta, dict) else choices[0].get("text")
-            if text:
-                self.token_times.append(now)
+        if output_text(event):
+            self.token_times.append(now)
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
 

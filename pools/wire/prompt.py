@@ -109,10 +109,23 @@ def chat_text(messages: Any) -> str:
     return chat_prompt(messages).text
 
 
-def _ids(ids: list[Any], where: str) -> Prompt:
-    if not ids:
+def _token_id(t: Any) -> int:
+    """A token id as vLLM's (lax) pydantic reads one: an int, or a float with no fractional part
+    (`5.0`); -1 for anything else."""
+    if isinstance(t, bool):
+        return -1
+    if isinstance(t, int):
+        return t
+    if isinstance(t, float) and t.is_integer():
+        return int(t)
+    return -1
+
+
+def _ids(raw: list[Any], where: str) -> Prompt:
+    if not raw:
         raise ApiError(400, f"{where} is an empty list of token ids", param="prompt")
-    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID for t in ids):
+    ids = [_token_id(t) for t in raw]
+    if not all(0 <= t <= MAX_TOKEN_ID for t in ids):
         raise ApiError(400, f"{where} must be token ids: integers from 0", param="prompt")
     assert BYTES_PER_TOKEN == 4  # one id packed in 4 bytes
     return Prompt(text="", tokens=len(ids), key=struct.pack(f"<{len(ids)}I", *ids).decode("latin-1"))

@@ -12,6 +12,11 @@ is not one. `data: [DONE]` (OpenAI's end of stream) is a payload like any other,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import orjson
+
 DONE = b"[DONE]"
 MAX_EVENT_BYTES = 8 << 20
 """An unfinished line or event past this many bytes is not an SSE stream we follow."""
@@ -61,3 +66,38 @@ class SseSplitter:
             return
         self._data.append(value)
         self._size += len(value) + 1
+
+
+class JsonEvent(NamedTuple):
+    """One event of an OpenAI-style stream: `[DONE]`, a JSON object, or a payload that is not one."""
+
+    done: bool = False
+    event: dict[str, Any] | None = None
+    """The event's JSON object (None for [DONE], an unparseable payload, or JSON that is no object)."""
+    bad: bytes = b""
+    """The payload that does not parse as JSON (b"": it parsed)."""
+
+
+def json_events(splitter: SseSplitter, data: bytes) -> Iterator[JsonEvent]:
+    """The events `data` completes, parsed."""
+    for payload in splitter.feed(data):
+        if payload == DONE:
+            yield JsonEvent(done=True)
+            continue
+        try:
+            parsed = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            yield JsonEvent(bad=payload)
+            continue
+        yield JsonEvent(event=parsed if isinstance(parsed, dict) else None)
+
+
+def output_text(event: dict[str, Any]) -> str | None:
+    """The text a chat (`choices[0].delta.content`) or completions (`choices[0].text`) chunk
+    carries, if any."""
+    choices = event.get("choices")
+    if not choices or not isinstance(choices[0], dict):
+        return None
+    delta = choices[0].get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choices[0].get("text")
+    return text if isinstance(text, str) else None

@@ -76,3 +76,14 @@ def test_bad_prompts_are_400_naming_the_field(body: dict[str, Any], param: str) 
     with pytest.raises(ApiError) as err:
         read_prompts(body)
     assert err.value.status == 400 and err.value.param == param
+
+
+def test_token_ids_read_as_vllms_lax_pydantic_reads_them() -> None:
+    """vLLM's `list[int]` (lax pydantic) takes a float with no fractional part as its integer;
+    the router and engine read such a prompt alike, and still refuse 1.5, true and -1."""
+    (whole,) = completion_prompts([9358.0, 12, 7.0])
+    (exact,) = completion_prompts([9358, 12, 7])
+    assert whole == exact
+    for bad in ([1.5], [True], [-1], [float("nan")]):
+        with pytest.raises(ApiError):
+            completion_prompts(bad)
