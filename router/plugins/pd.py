@@ -9,13 +9,16 @@ decode and mixed roles. A pair is priced as predicted TTFT (`router.plugins.ttft
     decode admission (1 + requests waiting on the decode) x one decode step of its batch
 
 PD or mixed: a prompt under `min_prompt_tokens` never goes PD when the model has mixed replicas;
-above it the pair wins unless the best usable mixed replica would finish the prompt sooner than
-the pair's prefill replica would (its queue x its prefill + its prefill, slowed by its running
-decodes). The handover (KV transfer and the decode's first step) is not held against the pair:
-it is the price of keeping a long prefill off the decodes' steps (DistServe's prefill-decode
-interference), which `min_prompt_tokens` says is worth paying; queueing buys nothing, so it
-counts. An idle mixed replica takes a prompt from a backed-up pair; on idle replicas a long
-prompt still splits. A deployment without mixed replicas splits every prompt.
+above it the pair wins unless an *idle* usable mixed replica (nothing running, waiting or in
+flight) would finish the prompt sooner than the pair's prefill replica would (its queue x its
+prefill + its prefill). The handover (KV transfer and the decode's first step) is not held
+against the pair: it is the price of keeping a long prefill off the decodes' steps (DistServe's
+prefill-decode interference), which `min_prompt_tokens` says is worth paying; queueing buys
+nothing, so it counts. Only an idle mixed replica: on a busy one the prompt would stall the
+decodes running there and the prompts queued behind it, which this prediction does not price
+(in the simulator, letting any mixed replica win cost the chaos deployment 23 % of its capacity).
+So an idle mixed replica takes a prompt from a backed-up pair; on idle replicas a long prompt
+still splits. A deployment without mixed replicas splits every prompt.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import NamedTuple
 
 from pools import catalog, costmodel
 from router.plugins.filters import usable_of
-from router.plugins.model import Candidate, RouteRequest
+from router.plugins.model import Candidate, ReplicaLoad, RouteRequest
 from router.plugins.timing import PluginTimer
 from router.plugins.ttft import FALLBACK_MODEL, ahead, decode_step_ms, hardware, mixed_ttft_ms, prefill_ms
 from topology import GpuRef, Topology, path, tier
@@ -77,10 +80,20 @@ def pd_route(req: RouteRequest, snapshot: Sequence[Candidate], topology: Topolog
     mixed = usable_of(req, snapshot, "mixed") if has_mixed else []
     if not mixed:
         return PDRoute(pair, f"pd {pair.predicted_ttft_ms:.1f} ms, no usable mixed replica")
-    best = min(mixed_ttft_ms(c.endpoint, c.load, req.prompt_tokens, topology) for c in mixed)
+    idle = [c for c in mixed if idle_replica(c.load)]
+    if not idle:
+        return PDRoute(pair, f"pd {pair.predicted_ttft_ms:.1f} ms, no idle mixed replica")
+    best = min(mixed_ttft_ms(c.endpoint, c.load, req.prompt_tokens, topology) for c in idle)
     if best < pair.ready_ms * (1.0 - TIE):
-        return PDRoute(None, f"mixed {best:.1f} ms < pd {pair.ready_ms:.1f} ms before the handover")
-    return PDRoute(_with_mixed(pair, best), f"pd {pair.ready_ms:.1f} ms before the handover <= mixed {best:.1f} ms")
+        return PDRoute(None, f"idle mixed {best:.1f} ms < pd {pair.ready_ms:.1f} ms before the handover")
+    return PDRoute(_with_mixed(pair, best), f"pd {pair.ready_ms:.1f} ms before the handover <= idle mixed "
+                                            f"{best:.1f} ms")
+
+
+def idle_replica(load: ReplicaLoad) -> bool:
+    """Nothing running, waiting or in flight from this router: a prompt sent there delays no
+    other request (no decode shares its steps, no prompt queues behind it)."""
+    return load.running < 1 and load.waiting < 1 and load.inflight == 0
 
 
 def pd_decide(req: RouteRequest, snapshot: Sequence[Candidate], topology: Topology | None, *, min_prompt_tokens: int,

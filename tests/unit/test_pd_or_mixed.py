@@ -44,7 +44,7 @@ def split(r: RouteRequest, snapshot: list[Candidate], has_mixed: bool = True) ->
 def test_an_idle_mixed_replica_takes_a_long_prompt_from_a_backed_up_pair() -> None:
     busy = PREFILL._replace(load=ReplicaLoad(running=1, waiting=3, inflight=4))
     route = pd_route(req(4000), [MIXED, busy, DECODE], TOPOLOGY, min_prompt_tokens=MIN, has_mixed=True)
-    assert route.decision is None and route.reason.startswith("mixed"), route.reason
+    assert route.decision is None and route.reason.startswith("idle mixed"), route.reason
     assert split(req(4000), [MIXED, PREFILL, DECODE])  # the same pair, idle, keeps it
 
 
@@ -57,6 +57,16 @@ def test_a_long_prompt_on_idle_replicas_still_goes_pd() -> None:
     # and a mixed replica busy decoding prefills slower still (its decodes share every chunk's step)
     decoding = MIXED._replace(load=ReplicaLoad(running=64, kv_usage=0.5, inflight=64))
     assert split(req(8000), [decoding, PREFILL, DECODE])
+
+
+def test_a_busy_mixed_replica_never_takes_a_prompt_from_the_pair() -> None:
+    """A mixed replica with anything running, waiting or in flight keeps its steps for what it
+    has: a long prefill there would stall its decodes (TPOT) and the short prompts queued behind
+    it (TTFT) — in the simulator that cost the chaos deployment 23 % of its capacity (172 -> 132
+    req/s) when any faster mixed replica could take the prompt."""
+    backed_up = PREFILL._replace(load=ReplicaLoad(running=1, waiting=3, inflight=4))
+    for load in (ReplicaLoad(running=1, inflight=1), ReplicaLoad(waiting=1), ReplicaLoad(inflight=1)):
+        assert split(req(4000), [MIXED._replace(load=load), backed_up, DECODE])
 
 
 def test_short_prompts_never_split_while_pd_only_deployments_split_every_prompt() -> None:
