@@ -40,6 +40,7 @@ from loadtest.summary import summarize
 from loadtest.workload import Workload, load_workload
 from router.appconfig import AppArgs, parse_app_args, resolve_topology
 from router.config import DEV_ADMIN_KEY, DEV_KEY
+from topology.configfile import load_yaml_file
 
 APP_IMPORT = "router.serve:build"
 
@@ -63,8 +64,10 @@ class LiveOptions:
 # the deployment's configuration
 def base_serve_config(path: Path) -> tuple[dict[str, Any], int, AppArgs]:
     """The Serve config, the index of isleserve's application in it, and its validated args."""
-    doc = yaml.safe_load(path.read_text())
-    apps = doc.get("applications") if isinstance(doc, dict) else None
+    doc = load_yaml_file(str(path), "Serve config")
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: a Serve config is a mapping with `applications`")
+    apps = doc.get("applications")
     for i, app in enumerate(apps or []):
         if isinstance(app, dict) and app.get("import_path") == APP_IMPORT:
             return doc, i, parse_app_args(app.get("args"), str(path))

@@ -32,11 +32,9 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 from pydantic import ValidationError
 
 from loadtest.live.client import Target, UsageError, loopback_target
@@ -49,7 +47,8 @@ from pools.config import SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, SLOClass
 from pools.wire.client import ClientError
 from pools.wire.sse import SseSplitter, json_events, output_text
-from topology.configfile import format_validation
+from topology.configfile import format_validation, load_yaml_file
+from topology.errors import ParseError
 
 DEFAULT_KEY = "isle-dev-key"
 CHAT_PATH = "/v1/chat/completions"
@@ -206,9 +205,9 @@ def load_classes(path: str | None) -> dict[str, SLOClass]:
     if path is None:
         return {c.name: c for c in DEFAULT_SLO_CLASSES}
     try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise UsageError(f"{path}: cannot read SLO classes ({err})") from None
+        raw = load_yaml_file(path, "SLO classes")
+    except ParseError as err:
+        raise UsageError(str(err)) from None
     if isinstance(raw, dict) and "slo_classes" not in raw:
         raw = next((a.get("args", {}) for a in raw.get("applications", []) if isinstance(a, dict)), raw)
     found = raw.get("slo_classes") if isinstance(raw, dict) else raw

@@ -1,6 +1,7 @@
 """Seeded simulation regression: PD or an idle mixed replica by predicted TTFT
-(router/plugins/pd.py) against splitting every long prompt, on test_sim.py's pools (one prefill, one decode, two mixed replicas
-of llama-3.1-8b at TP=2) — the simulator runs the router's own decision."""
+(router/plugins/pd.py) against splitting every long prompt, on test_sim.py's pools (one
+prefill, one decode, two mixed replicas of llama-3.1-8b at TP=2) — the simulator runs the
+router's own decision."""
 
 from __future__ import annotations
 
