@@ -12,29 +12,19 @@ import pytest
 import yaml
 
 from pools.model import DEFAULT_SLO_CLASSES
-from pools.routing import ReplicaEndpoint
 from router.admission import Admission
 from router.config import ProfileConfig, parse_router_config
-from router.decision import Candidate, Profile, ReplicaLoad, RouteRequest, decide, pd_decide, pd_route, usable
+from router.decision import Profile, ReplicaLoad, decide, pd_decide, pd_route, usable
 from router.metrics import RouterMetrics
 from router.plugins.registry import FILTER, PICKER, PLUGINS, SCORER
 from router.plugins.spec import PluginSpec
 from router.plugins.timing import PluginTimer
 from tests.conftest import ROOT
+from tests.unit.test_router_decision import cand, req
 from topology import ParseError
 
 pytestmark = pytest.mark.unit
 INTERACTIVE, STANDARD, BATCH = DEFAULT_SLO_CLASSES
-
-
-def cand(rid: str, role: str = "mixed", load: ReplicaLoad | None = None, **kw: object) -> Candidate:
-    ep = ReplicaEndpoint(replica_id=rid, url=f"http://127.0.0.1:1/{rid}", model="m", pool="p", role=role,  # type: ignore[arg-type]
-                         **kw)  # type: ignore[arg-type]
-    return Candidate(endpoint=ep, load=load or ReplicaLoad())
-
-
-def req(slo: object = STANDARD, tokens: int = 100, prefix: int = 0) -> RouteRequest:
-    return RouteRequest(model="m", slo_class=slo, prompt_tokens=tokens, prefix_hash=prefix)  # type: ignore[arg-type]
 
 
 SNAPSHOT = [cand(f"r{i}", load=ReplicaLoad(running=i % 3, waiting=i % 2, kv_usage=i / 10, inflight=i % 4,
