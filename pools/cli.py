@@ -3,6 +3,7 @@
     python -m pools plan --topology SOURCE --pools POOLS.yaml --policy NAME [--format json]
     python -m pools size --topology SOURCE --model M --workload W --slo CLASS[,CLASS]
     python -m pools bench [placement|engine] [--format json]
+    python -m pools cost prefill|decode|collective|kv ... --format json
 
 Exit code 2 with one line on stderr for bad input.
 """
@@ -183,6 +184,59 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args.format, args.policy)
 
 
+def cmd_cost(args: argparse.Namespace) -> int:
+    from pools import cost
+
+    if args.what == "prefill":
+        out = cost.prefill(args.model, args.gpu, args.tp, args.tokens, args.context, args.dtype, args.link)
+    elif args.what == "decode":
+        out = cost.decode(args.model, args.gpu, args.tp, args.batch, args.context, args.dtype, args.link)
+    elif args.what == "collective":
+        out = cost.collective(args.op, args.bytes, args.gpus, args.link, args.gpu, args.gbps)
+    else:
+        out = cost.kv(args.model, args.tokens, args.link, args.gbps)
+    if args.format == "json":
+        print(json.dumps(out))
+    else:
+        value = f"{out['us']:.2f} us" if "us" in out else f"{out['ms']:.3f} ms"
+        print(f"{args.what}: {value}  ({', '.join(f'{k}={v}' for k, v in out.items() if k not in ('ms', 'us'))})")
+    return 0
+
+
+def _cost_parser(sub: Any) -> None:
+    p = sub.add_parser("cost", help="what the cost model predicts (prefill, decode, collective, kv)")
+    kinds = p.add_subparsers(dest="what", required=True)
+    for what in ("prefill", "decode"):
+        q = kinds.add_parser(what, help=f"one {what} " + ("of N new tokens after C cached" if what == "prefill"
+                                                         else "step of B sequences with C tokens of context each"))
+        q.add_argument("--model", required=True)
+        q.add_argument("--gpu", required=True)
+        q.add_argument("--tp", type=int, required=True)
+        if what == "prefill":
+            q.add_argument("--tokens", type=int, required=True)
+            q.add_argument("--context", type=int, default=0)
+        else:
+            q.add_argument("--batch", type=int, required=True)
+            q.add_argument("--context", type=int, required=True)
+        q.add_argument("--dtype", choices=["bf16", "fp8"], default="bf16")
+        q.add_argument("--link", default="nvswitch", help="the TP group's link kind (default nvswitch)")
+    q = kinds.add_parser("collective", help="one NCCL collective; --bytes per GPU as nccl-tests counts it")
+    q.add_argument("--op", required=True, choices=["allreduce", "allgather", "reducescatter", "alltoall"])
+    q.add_argument("--bytes", type=int, required=True)
+    q.add_argument("--gpus", type=int, required=True)
+    q.add_argument("--link", required=True, choices=["nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "tcp"])
+    q.add_argument("--gpu")
+    q.add_argument("--gbps", type=float, help="per-GPU network rate in Gbit/s (rdma, tcp)")
+    q = kinds.add_parser("kv", help="moving the KV cache of N tokens between two replicas")
+    q.add_argument("--model", required=True)
+    q.add_argument("--tokens", type=int, required=True)
+    q.add_argument("--link", required=True, choices=["nvlink", "pcie", "rdma", "tcp"])
+    q.add_argument("--gbps", type=float, help="the NIC rate in Gbit/s (rdma, tcp)")
+    for q in (kinds.choices[name] for name in ("prefill", "decode", "collective", "kv")):
+        q.add_argument("--format", choices=["json", "text"], default="text")
+    p.set_defaults(func=cmd_cost)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pools", description="placement, sizing and its benchmark")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -237,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["json", "text"], default="text")
     p.add_argument("--policy", default="island-aligned", choices=sorted(POLICIES))
     p.set_defaults(func=cmd_bench)
+    _cost_parser(sub)
     return parser
 
 

@@ -94,9 +94,15 @@ def allreduce_ms(message_bytes: float, tp: int, link: LinkCost, eff: Efficiency 
 
 
 def prefill_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, tokens: int,
-               eff: Efficiency = DEFAULT) -> float:
+               eff: Efficiency = DEFAULT, context_tokens: int = 0) -> float:
+    """`tokens` new prompt tokens after `context_tokens` already in the cache (a later chunk of a
+    chunked prefill, or a prefix-cache hit): the weights' FLOPs for the new tokens, and attention
+    of each new token over the cached ones and the new ones before it (4 x layers x hidden FLOPs
+    per query-key pair: QK^T and AV, 2 FLOPs per multiply-add)."""
     n = max(tokens, 1)
-    flops = 2 * model.active_params_b * 1e9 * n + 2 * model.layers * n * n * model.hidden
+    c = max(context_tokens, 0)
+    pairs = n * n / 2 + n * c
+    flops = 2 * model.active_params_b * 1e9 * n + 4 * model.layers * pairs * model.hidden
     compute_s = flops / (tp * gpu.bf16_tflops * 1e12 * eff.prefill_mfu)
     comm_ms = model.layers * 2 * allreduce_ms(n * model.hidden * BF16, tp, link, eff)
     return compute_s * 1e3 + comm_ms

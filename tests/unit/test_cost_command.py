@@ -1,0 +1,95 @@
+"""`python -m pools cost ...`: what the cost model predicts, as the contract independent checks
+call it (one JSON object on stdout, the inputs echoed; exit 2 with one line for bad input)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from pools import catalog
+from pools.cli import main
+
+pytestmark = pytest.mark.unit
+MODELS = ("llama-2-7b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.3-70b", "llama-3.1-405b", "opt-13b",
+          "opt-66b", "qwen3-8b", "qwen3-32b", "qwen2.5-32b", "mixtral-8x7b", "deepseek-v3")
+
+
+def cost(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["cost", *args, "--format", "json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    answer: dict[str, Any] = json.loads(out[0])
+    return answer
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_listed_model_answers_prefill_decode_and_kv(capsys: pytest.CaptureFixture[str], model: str) -> None:
+    for gpu in ("h100-sxm", "a100-sxm4", "h200-sxm", "b200"):
+        pre = cost(capsys, "prefill", "--model", model, "--gpu", gpu, "--tp", "8", "--tokens", "1024")
+        assert pre["model"] == model and pre["gpu"] == gpu and pre["tp"] == 8 and pre["tokens"] == 1024
+        assert pre["context"] == 0 and pre["dtype"] == "bf16" and pre["ms"] > 0
+        dec = cost(capsys, "decode", "--model", model, "--gpu", gpu, "--tp", "8", "--batch", "16", "--context", "2048")
+        assert (dec["batch"], dec["context"]) == (16, 2048) and dec["ms"] > 0
+    kv = cost(capsys, "kv", "--model", model, "--tokens", "1000", "--link", "rdma")
+    assert kv["kv_bytes"] == catalog.model(model).kv_bytes_per_token() * 1000 and kv["ms"] > 0
+
+
+def test_prefill_grows_with_tokens_and_cached_context(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ("prefill", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "1")
+    short, long = (cost(capsys, *base, "--tokens", n)["ms"] for n in ("128", "4096"))
+    after = cost(capsys, *base, "--tokens", "4096", "--context", "16384")
+    assert short < long < after["ms"] and after["context"] == 16384
+
+
+def test_decode_reads_weights_and_context(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ("decode", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "4", "--batch", "8")
+    small, big = (cost(capsys, *base, "--context", c)["ms"] for c in ("128", "32768"))
+    fp8 = cost(capsys, *base, "--context", "128", "--dtype", "fp8")
+    assert small < big and fp8["ms"] < small and fp8["dtype"] == "fp8"  # half the weight bytes to read
+
+
+def test_collectives_by_op_size_group_and_link(capsys: pytest.CaptureFixture[str]) -> None:
+    def us(op: str, size: int, gpus: int, link: str, *extra: str) -> float:
+        answer = cost(capsys, "collective", "--op", op, "--bytes", str(size), "--gpus", str(gpus), "--link", link,
+                      *extra)
+        assert (answer["op"], answer["bytes"], answer["gpus"], answer["link"]["name"]) == (op, size, gpus, link)
+        return float(answer["us"])
+
+    for op in ("allreduce", "allgather", "reducescatter", "alltoall"):
+        assert 0 < us(op, 1 << 20, 8, "nvswitch") < us(op, 1 << 28, 8, "nvswitch") < us(op, 1 << 28, 8, "pcie")
+    assert us("allreduce", 1 << 28, 8, "nvswitch") > us("allgather", 1 << 28, 8, "nvswitch")  # twice the bytes
+    assert us("allreduce", 1 << 26, 16, "rdma", "--gbps", "400") < us("allreduce", 1 << 26, 16, "rdma", "--gbps", "100")
+
+
+def test_kv_over_each_link_and_nic_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    def ms(link: str, *extra: str) -> float:
+        return float(cost(capsys, "kv", "--model", "llama-3.1-70b", "--tokens", "8192", "--link", link, *extra)["ms"])
+
+    assert ms("nvlink") < ms("pcie") < ms("tcp")
+    assert ms("rdma", "--gbps", "400") < ms("rdma", "--gbps", "100")
+
+
+@pytest.mark.parametrize("args", [
+    ["prefill", "--model", "gpt-9", "--gpu", "h100-sxm", "--tp", "1", "--tokens", "8"],
+    ["prefill", "--model", "llama-3.1-8b", "--gpu", "h900", "--tp", "1", "--tokens", "8"],
+    ["prefill", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "0", "--tokens", "8"],
+    ["collective", "--op", "allreduce", "--bytes", "8", "--gpus", "8", "--link", "nvswitch", "--gbps", "400"],
+    ["kv", "--model", "llama-3.1-8b", "--tokens", "0", "--link", "rdma"],
+])
+def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    assert main(["cost", *args, "--format", "json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("error: ") and len(captured.err.splitlines()) == 1
+
+
+def test_the_command_line_contract() -> None:
+    done = subprocess.run([sys.executable, "-m", "pools", "cost", "decode", "--model", "qwen3-8b", "--gpu", "h100-sxm",
+                           "--tp", "1", "--batch", "1", "--context", "512", "--format", "json"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["model"] == "qwen3-8b" and answer["ms"] > 0
