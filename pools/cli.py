@@ -203,6 +203,22 @@ def cmd_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from pools import fidelity
+
+    found = fidelity.rows()
+    if args.format == "json":
+        print(json.dumps({"rows": [{**vars_of(r), "ratio": r.ratio} for r in found],
+                          "summary": fidelity.summary(found)}))
+    else:
+        print(fidelity.render(found))
+    return 0
+
+
+def vars_of(row: Any) -> dict[str, Any]:
+    return {k: getattr(row, k) for k in row.__slots__}
+
+
 def _cost_parser(sub: Any) -> None:
     p = sub.add_parser("cost", help="what the cost model predicts (prefill, decode, collective, kv)")
     kinds = p.add_subparsers(dest="what", required=True)
@@ -235,6 +251,9 @@ def _cost_parser(sub: Any) -> None:
     for q in (kinds.choices[name] for name in ("prefill", "decode", "collective", "kv")):
         q.add_argument("--format", choices=["json", "text"], default="text")
     p.set_defaults(func=cmd_cost)
+    p = sub.add_parser("fidelity", help="the cost model against published measurements (pools/data/calibration.yaml)")
+    p.add_argument("--format", choices=["json", "text"], default="text")
+    p.set_defaults(func=cmd_fidelity)
 
 
 def build_parser() -> argparse.ArgumentParser:
