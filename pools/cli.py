@@ -11,6 +11,7 @@ Exit code 2 with one line on stderr for bad input.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -208,15 +209,11 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
 
     found = fidelity.rows()
     if args.format == "json":
-        print(json.dumps({"rows": [{**vars_of(r), "ratio": r.ratio} for r in found],
+        print(json.dumps({"rows": [{**dataclasses.asdict(r), "ratio": r.ratio} for r in found],
                           "summary": fidelity.summary(found)}))
     else:
         print(fidelity.render(found))
     return 0
-
-
-def vars_of(row: Any) -> dict[str, Any]:
-    return {k: getattr(row, k) for k in row.__slots__}
 
 
 def _cost_parser(sub: Any) -> None:

@@ -94,9 +94,8 @@ def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str =
 
 def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | None = None,
                gbps: float | None = None) -> dict[str, Any]:
-    """One collective of `size_bytes` per GPU (as nccl-tests counts its size) over `gpus` GPUs,
-    ring-priced: all-reduce moves 2(k-1)/k of it per GPU, all-gather and reduce-scatter (k-1)/k,
-    all-to-all (k-1)/k; a hop latency per ring step and NCCL's fixed cost per call."""
+    """One collective of `size_bytes` per GPU (as nccl-tests counts its size) over `gpus` GPUs
+    (`costmodel.collective_ms`)."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPS)})")
     _positive(bytes=size_bytes, gpus=gpus)
@@ -105,15 +104,7 @@ def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | N
     if gpu is not None:
         catalog.gpu(gpu)  # a name the catalogue knows (the link prices the collective)
     cost = link(link_name, gbps)
-    if op == "allreduce":
-        ms = costmodel.allreduce_ms(size_bytes, gpus, cost)
-    elif gpus <= 1:
-        ms = 0.0
-    else:
-        steps = gpus - 1 if op != "alltoall" else 1
-        moved = (gpus - 1) / gpus * size_bytes
-        ms = (moved / (max(cost.bandwidth_gb_s, costmodel.MIN_GB_S) * 1e9)
-              + (steps * cost.latency_us + costmodel.DEFAULT.allreduce_fixed_us) * 1e-6) * 1e3
+    ms = costmodel.collective_ms(op, size_bytes, gpus, cost)
     return {"what": "collective", "op": op, "bytes": size_bytes, "gpus": gpus, "gpu": gpu, "gbps": gbps,
             "link": _link_view(link_name, cost), "us": ms * 1e3}
 

@@ -93,6 +93,19 @@ def allreduce_ms(message_bytes: float, tp: int, link: LinkCost, eff: Efficiency 
     return (transfer_s + latency_s) * 1e3
 
 
+def collective_ms(op: str, message_bytes: float, gpus: int, link: LinkCost, eff: Efficiency = DEFAULT) -> float:
+    """One collective of `message_bytes` per GPU (nccl-tests' size) over `gpus` ranks, as a ring:
+    all-reduce moves 2(k-1)/k of it per GPU over 2(k-1) hops, all-gather and reduce-scatter
+    (k-1)/k over k-1 hops, all-to-all (k-1)/k in one exchange; plus NCCL's fixed cost per call."""
+    if op == "allreduce":
+        return allreduce_ms(message_bytes, gpus, link, eff)
+    if gpus <= 1:
+        return 0.0
+    hops = 1 if op == "alltoall" else gpus - 1
+    transfer_s = (gpus - 1) / gpus * message_bytes / (max(link.bandwidth_gb_s, MIN_GB_S) * 1e9)
+    return (transfer_s + (hops * link.latency_us + eff.allreduce_fixed_us) * 1e-6) * 1e3
+
+
 def prefill_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, tokens: int,
                eff: Efficiency = DEFAULT, context_tokens: int = 0) -> float:
     """`tokens` new prompt tokens after `context_tokens` already in the cache (a later chunk of a

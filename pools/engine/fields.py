@@ -23,13 +23,13 @@ import math
 from typing import Any
 
 from pools.wire.errors import ApiError
+from pools.wire.openai import INT64
 
 VALIDATION = "Bad Request"
 """`type` of a pydantic validation error (HTTPStatus.BAD_REQUEST.phrase)."""
 BAD_REQUEST = "BadRequestError"
 """`type` of a VLLMValidationError."""
 MAX_REPORTED_ERRORS = 10
-INT64 = (-(2**63), 2**63 - 1)
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 

@@ -14,18 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pools.engine import toolcall
-from pools.engine.fields import INT64, VALIDATION, Body, Errors, vllm_error
+from pools.engine.fields import VALIDATION, Body, Errors, vllm_error
 from pools.wire.errors import ApiError
+from pools.wire.openai import INT64, MAX_LOGPROBS, MAX_STOP_STRINGS
 from pools.wire.prompt import Prompt, chat_prompt, completion_prompts
 
-MAX_STOP_STRINGS = 4
-"""VLLM_MAX_STOP_STRINGS (vllm/envs.py)."""
 MAX_N = 16384
 """VLLM_MAX_N_SEQUENCES."""
 MAX_COMPLETION_PROMPTS = 1024
 """VLLM_MAX_COMPLETION_PROMPTS."""
-MAX_LOGPROBS = 20
-"""ModelConfig.max_logprobs (vllm/config/model.py), the default of --max-logprobs."""
 JSON = dict[str, Any]
 
 

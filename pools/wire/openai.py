@@ -13,9 +13,16 @@ import orjson
 from pools.wire.errors import ApiError, error_body
 from pools.wire.prompt import chat_text
 
-__all__ = ["DONE", "ApiError", "chat_text", "error_body", "load_body", "models_body", "sse", "usage"]
+__all__ = ["DONE", "INT64", "MAX_LOGPROBS", "MAX_STOP_STRINGS", "ApiError", "chat_text", "error_body",
+           "load_body", "models_body", "sse", "usage"]
 
 JSON = dict[str, Any]
+MAX_STOP_STRINGS = 4
+"""VLLM_MAX_STOP_STRINGS (vllm/envs.py): the engine's limit, and the document's."""
+MAX_LOGPROBS = 20
+"""ModelConfig.max_logprobs (vllm/config/model.py), the default of --max-logprobs."""
+INT64 = (-(2**63), 2**63 - 1)
+"""The bounds of an integer field vLLM passes to torch (`seed`)."""
 
 
 def load_body(body_bytes: bytes) -> JSON:

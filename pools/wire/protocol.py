@@ -19,15 +19,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from pools.wire.openai import INT64, MAX_LOGPROBS, MAX_STOP_STRINGS
 from pools.wire.prompt import MAX_TOKEN_ID
 
 JSON = dict[str, Any]
-MAX_STOP_STRINGS = 4
-"""VLLM_MAX_STOP_STRINGS (the engine's `pools.engine.protocol` has the same; the document's
-test holds them equal: pools.wire imports no engine module but the text estimate)."""
-MAX_LOGPROBS = 20
-"""--max-logprobs' default (as the engine's)."""
-INT64 = (-(2**63), 2**63 - 1)
 MAX_N_DOCUMENTED = 16
 """The most choices per prompt the document lists (vLLM takes up to VLLM_MAX_N_SEQUENCES)."""
 MAX_PROMPTS_DOCUMENTED = 8

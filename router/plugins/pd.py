@@ -31,7 +31,7 @@ from pools import catalog, costmodel
 from router.plugins.filters import usable_of
 from router.plugins.model import Candidate, ReplicaLoad, RouteRequest
 from router.plugins.timing import PluginTimer
-from router.plugins.ttft import FALLBACK_MODEL, ahead, decode_step_ms, hardware, mixed_ttft_ms, prefill_ms
+from router.plugins.ttft import FALLBACK_MODEL, ahead, decode_step_ms, hardware, prefill_ms
 from topology import GpuRef, Topology, path, tier
 
 PD_PLUGIN = "pd-profile-handler"
@@ -83,7 +83,7 @@ def pd_route(req: RouteRequest, snapshot: Sequence[Candidate], topology: Topolog
     idle = [c for c in mixed if idle_replica(c.load)]
     if not idle:
         return PDRoute(pair, f"pd {pair.predicted_ttft_ms:.1f} ms, no idle mixed replica")
-    best = min(mixed_ttft_ms(c.endpoint, c.load, req.prompt_tokens, topology) for c in idle)
+    best = min(prefill_ms(hardware(c.endpoint, topology), req.prompt_tokens) for c in idle)  # nothing ahead of it
     if best < pair.ready_ms * (1.0 - TIE):
         return PDRoute(None, f"idle mixed {best:.1f} ms < pd {pair.ready_ms:.1f} ms before the handover")
     return PDRoute(_with_mixed(pair, best), f"pd {pair.ready_ms:.1f} ms before the handover <= idle mixed "
@@ -125,7 +125,7 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
     tiers: dict[tuple[str, str], str] = {}
     for p in prefills:
         pre = prefill_ms(hardware(p.endpoint, topology), tokens)
-        queue = ahead(p.load, prefill_only=True) * pre
+        queue = ahead(p.load) * pre
         for d in decodes:
             if d.endpoint.model != p.endpoint.model:
                 continue

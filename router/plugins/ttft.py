@@ -25,11 +25,6 @@ FALLBACK_GPU = "h100-sxm"
 """The cost model's reference when the routing table names no catalogue model or GPU for a
 replica: the demo deployment's (configs/local.yaml on configs/clusters/local-sim.yaml). A guess
 of the right order; every replica without names gets the same one, so they compare fairly."""
-CHUNK_TOKENS = 8192
-"""Prompt tokens per engine step (vLLM's `max_num_batched_tokens` with chunked prefill; the
-simulated engine's default, pools/engine/core.py EngineConfig)."""
-
-
 class Hardware(NamedTuple):
     model: ModelSpec
     gpu: GpuSpec
@@ -81,28 +76,8 @@ def decode_step_ms(hw: Hardware, running: float, kv_usage: float, extra_tokens: 
     return found[1].ms(int(kv_usage * hw.kv_capacity_tokens) + extra_tokens)
 
 
-def ahead(load: ReplicaLoad, prefill_only: bool) -> float:
-    """Prompts the replica will work on before this one. The engine's counts are as of the last
-    scrape and the router's in-flight count is live, so the larger of the two. On a prefill
-    replica everything open is prompt work; on a mixed one the running requests are decoding."""
-    if prefill_only:
-        return max(float(load.inflight), load.waiting + load.running)
-    return max(load.waiting, load.inflight - load.running, 0.0)
-
-
-def interference_ms(hw: Hardware, load: ReplicaLoad, tokens: int) -> float:
-    """What the running decodes of a mixed replica add to a prefill: every step of it carries at
-    most CHUNK_TOKENS of prompt and one token of each running sequence (chunked prefill), so each
-    chunk also pays a decode step of the running batch."""
-    if load.running < 1:
-        return 0.0
-    chunks = -(-max(tokens, 1) // CHUNK_TOKENS)
-    return chunks * decode_step_ms(hw, load.running, load.kv_usage)
-
-
-def mixed_ttft_ms(e: ReplicaEndpoint, load: ReplicaLoad, tokens: int, topology: Topology | None) -> float:
-    """The request served whole by a mixed replica: the prompts queued before it, then its own
-    prefill, each over the replica's own TP links and slowed by the decodes running there."""
-    hw = hardware(e, topology)
-    per_prompt = prefill_ms(hw, tokens) + interference_ms(hw, load, tokens)
-    return (ahead(load, prefill_only=False) + 1.0) * per_prompt
+def ahead(load: ReplicaLoad) -> float:
+    """Prompts a prefill replica will work on before this one (everything open there is prompt
+    work). The engine's counts are as of the last scrape and the router's in-flight count is
+    live, so the larger of the two."""
+    return max(float(load.inflight), load.waiting + load.running)

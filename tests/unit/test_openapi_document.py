@@ -16,13 +16,12 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
-from pools.engine import fields, protocol, responses, serving, tokenize
+from pools.engine import protocol, responses, serving, tokenize
 from pools.engine.toolcall import ToolSetup
 from pools.model import PlacementRequest, PoolSpec
 from pools.placement import get_policy
 from pools.routing import table_from_plan
 from pools.wire import openai as wire
-from pools.wire import protocol as protocol_models
 from pools.wire.errors import ApiError
 from router import routes
 from router.server import GENERATE_PATHS
@@ -185,8 +184,14 @@ def test_the_request_schema_takes_what_the_engine_takes(kind: str, body: dict[st
 
 
 def test_the_wire_models_bounds_are_the_engines() -> None:
-    assert (protocol_models.MAX_STOP_STRINGS, protocol_models.MAX_LOGPROBS, protocol_models.INT64) == (
-        protocol.MAX_STOP_STRINGS, protocol.MAX_LOGPROBS, fields.INT64)
+    """One definition of each limit (pools.wire.openai) serves the engine and the document: a
+    body at the engine's limits is valid, one past them is not."""
+    base: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert valid("ChatCompletionRequest", {**base, "stop": ["x"] * wire.MAX_STOP_STRINGS})
+    assert not valid("ChatCompletionRequest", {**base, "stop": ["x"] * (wire.MAX_STOP_STRINGS + 1)})
+    assert valid("ChatCompletionRequest", {**base, "logprobs": True, "top_logprobs": wire.MAX_LOGPROBS})
+    assert not valid("ChatCompletionRequest", {**base, "logprobs": True, "top_logprobs": wire.MAX_LOGPROBS + 1})
+    assert not valid("ChatCompletionRequest", {**base, "seed": wire.INT64[1] + 1})
 
 
 def test_an_engine_refused_temperature_is_outside_the_schema() -> None:
