@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from collections.abc import Iterator, Mapping
+import time
+import urllib.request
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,3 +72,21 @@ def running_router(config: Mapping[str, Any], directory: Path) -> Iterator[tuple
         yield proc, line.split("ready:")[1].strip()
     finally:
         proc.stop()
+
+
+def wait_until_idle(base: str, admin_key: str, replica_ids: Iterable[str], timeout_s: float = 15.0) -> None:
+    """Until the router's own view of these replicas (its `/admin/replicas`: the scraped running
+    and waiting, its requests in flight) is idle. The PD-or-mixed choice weighs that load, so a
+    test that expects a long prompt to split waits for the last request's load to clear first:
+    on a slow machine the router's last scrape can still show it."""
+    wanted, seen = set(replica_ids), ""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        req = urllib.request.Request(f"{base}/admin/replicas", headers={"authorization": f"Bearer {admin_key}"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            rows = [r for r in json.loads(resp.read())["replicas"] if r["replica_id"] in wanted]
+        seen = ", ".join(f"{r['replica_id']}: {r['running']}/{r['waiting']}/{r['inflight']}" for r in rows)
+        if len(rows) == len(wanted) and not any(r["running"] or r["waiting"] or r["inflight"] for r in rows):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"replicas not idle after {timeout_s} s (running/waiting/in flight): {seen}")

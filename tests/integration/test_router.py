@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
-from tests.engines import EngineProcess, running_router, start_engine, stop_engine
+from tests.engines import EngineProcess, running_router, start_engine, stop_engine, wait_until_idle
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-3.1-8b"
@@ -63,6 +63,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     finally:
         for e in engines.values():
             stop_engine(e)
+
+
+def pair_idle(cluster: dict[str, Any]) -> None:
+    """The PD pair idle in the router's view (`wait_until_idle`): a long prompt then splits."""
+    wait_until_idle(cluster["base"], DEV_ADMIN_KEY, ("p1", "d1", "d2"))
 
 
 def client(cluster: dict[str, Any], key: str = DEV_KEY) -> openai.OpenAI:
@@ -133,6 +138,7 @@ def test_keys_classes_and_admin(cluster: dict[str, Any]) -> None:
 
 def test_long_prompts_go_prefill_then_decode(cluster: dict[str, Any]) -> None:
     c = client(cluster)
+    pair_idle(cluster)
     raw = c.completions.with_raw_response.create(model=MODEL, prompt=LONG, max_tokens=6,
                                                  extra_headers={"x-slo-class": "interactive"})
     assert raw.headers["x-isle-prefill-replica"] == "p1" and raw.headers["x-isle-replica"] == "d1"
@@ -159,6 +165,7 @@ def test_a_long_chat_prompt_goes_pd_whether_string_or_parts(cluster: dict[str, A
     elif shape == "text and image parts":
         content = [{"type": "text", "text": LONG},
                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+    pair_idle(cluster)
     before = _decode_streams(cluster)
     stream = client(cluster).chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=3, stream=True,
@@ -172,6 +179,7 @@ def test_a_long_chat_prompt_goes_pd_whether_string_or_parts(cluster: dict[str, A
 def test_a_long_completion_prompt_goes_pd_in_every_shape(cluster: dict[str, Any], shape: str) -> None:
     """`prompt` as vLLM accepts it (a string, a list of strings, token ids): one reading, one route."""
     prompt: Any = {"string": LONG, "list of one string": [LONG], "token ids": [17] * 1500}[shape]
+    pair_idle(cluster)
     before = _decode_streams(cluster)
     stream = client(cluster).completions.with_raw_response.create(
         model=MODEL, prompt=prompt, max_tokens=3, stream=True, extra_headers={"x-slo-class": "interactive"})
@@ -213,6 +221,7 @@ def test_a_non_streamed_request_has_ttft_tpot_and_counts_once_as_ok(cluster: dic
                      'isle_router_requests_total{outcome="cancelled",slo_class="interactive"}')
     before = [_sum(cluster, k) for k in (ttft, tpot, ok, cancelled)]
     for _ in range(3):
+        pair_idle(cluster)
         with client(cluster) as c:
             raw = c.completions.with_raw_response.create(model=MODEL, prompt=LONG, max_tokens=4,
                                                          extra_headers={"x-slo-class": "interactive"})
@@ -355,6 +364,7 @@ def test_pd_falls_back_to_the_next_decode_and_the_tier_says_cross_node(cluster: 
     engines = cluster["engines"]
     fault(engines["d1"], {"fail_requests": 503})  # the same-island decode is failing
     try:
+        pair_idle(cluster)
         raw = client(cluster).completions.with_raw_response.create(
             model=MODEL, prompt=LONG + "again", max_tokens=3, extra_headers={"x-slo-class": "interactive"})
         assert raw.headers["x-isle-prefill-replica"] == "p1" and raw.headers["x-isle-replica"] == "d2"

@@ -17,6 +17,7 @@ from router.cli import table_from_config
 from router.config import RouterConfig, sha256
 from router.server import Router
 from tests.conftest import ROOT
+from tests.engines import wait_until_idle
 from tests.security.conftest import (
     ADMIN_KEY,
     BATCH_KEY,
@@ -109,6 +110,8 @@ def test_no_upstream_address_is_taken_from_the_client(deployment: Deployment, pa
               "remote_port": deployment.canary.port, "remote_request_id": "r", "remote_block_ids": [0]}
     headers = {"host": canary, "x-forwarded-host": canary, "x-forwarded-for": "127.0.0.1",
                "forwarded": f"for=127.0.0.1;host={canary}", "x-isle-replica": "evil"}
+    if prompt == LONG:
+        wait_until_idle(deployment.base, ADMIN_KEY, ("p1", "d1"))  # a long prompt splits on an idle pair
     status, answer, reply = call(deployment.base + path, body_for(path, prompt, kv_transfer_params=params),
                                  headers=headers)
     assert status == 200, reply[:300]
