@@ -16,6 +16,15 @@ class GpuSpec:
     hbm_gb_s: float
     memory_gb: float
     source: str
+    fp8_tflops: float | None = None
+    """Dense FP8 tensor throughput; None: no FP8 tensor cores (FP8 weights compute at the BF16 rate)."""
+    nvls: bool = False
+    """Its NVSwitch does NVLink SHARP (NCCL's NVLS all-reduce)."""
+    fp8_source: str = ""
+
+    def tflops(self, weight_bytes: int) -> float:
+        """The tensor rate a model stored in `weight_bytes` per parameter computes at."""
+        return self.fp8_tflops if weight_bytes == 1 and self.fp8_tflops else self.bf16_tflops
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -193,9 +193,10 @@ def cmd_cost(args: argparse.Namespace) -> int:
     elif args.what == "decode":
         out = cost.decode(args.model, args.gpu, args.tp, args.batch, args.context, args.dtype, args.link)
     elif args.what == "collective":
-        out = cost.collective(args.op, args.bytes, args.gpus, args.link, args.gpu, args.gbps)
+        out = cost.collective(args.op, args.bytes, args.gpus, args.link, args.gpu, args.gbps, args.gpus_per_node,
+                              nvls=not args.no_nvls)
     else:
-        out = cost.kv(args.model, args.tokens, args.link, args.gbps)
+        out = cost.kv(args.model, args.tokens, args.link, args.gbps, args.tp)
     if args.format == "json":
         print(json.dumps(out))
     else:
@@ -240,11 +241,14 @@ def _cost_parser(sub: Any) -> None:
     q.add_argument("--link", required=True, choices=["nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "tcp"])
     q.add_argument("--gpu")
     q.add_argument("--gbps", type=float, help="per-GPU network rate in Gbit/s (rdma, tcp)")
+    q.add_argument("--gpus-per-node", type=int, help="rdma/tcp: GPUs per node (default 8 when more than 8, else 1)")
+    q.add_argument("--no-nvls", action="store_true", help="as NCCL_NVLS_ENABLE=0: no NVLink SHARP all-reduce")
     q = kinds.add_parser("kv", help="moving the KV cache of N tokens between two replicas")
     q.add_argument("--model", required=True)
     q.add_argument("--tokens", type=int, required=True)
     q.add_argument("--link", required=True, choices=["nvlink", "pcie", "rdma", "tcp"])
     q.add_argument("--gbps", type=float, help="the NIC rate in Gbit/s (rdma, tcp)")
+    q.add_argument("--tp", type=int, default=1, help="rank pairs moving their shards at once, each over its own link")
     for q in (kinds.choices[name] for name in ("prefill", "decode", "collective", "kv")):
         q.add_argument("--format", choices=["json", "text"], default="text")
     p.set_defaults(func=cmd_cost)

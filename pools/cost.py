@@ -5,9 +5,8 @@ the inputs echoed and the link it assumed. Pure: each answer is a function of it
 Links are the topology defaults of each kind (`topology.kinds.DEFAULTS`: bandwidth per GPU and
 direction, latency, and their sources); `--gbps` replaces the bandwidth of a network link with
 a NIC rate in Gbit/s. A TP group's link defaults to NVSwitch (placement keeps TP inside an
-NVLink island). `--dtype fp8` stores the weights in one byte (the memory a step reads); the
-catalogue has no FP8 compute rates yet, so FP8 compute runs at the BF16 rate (`fp8_compute`
-says so in the answer).
+NVLink island). `--dtype fp8` stores the weights in one byte (the memory a step reads) and
+computes at the GPU's FP8 rate where it has one (`fp8_compute` says which rate).
 """
 
 from __future__ import annotations
@@ -15,10 +14,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pools import catalog, costmodel
+from pools import catalog, collectives, costmodel
 from pools.catalog import ModelSpec
+from pools.collectives import Hw
 from topology import LinkKind, Path
-from topology.kinds import DEFAULTS
+from topology.gpus import gpu_facts
+from topology.kinds import DEFAULTS, default_bandwidth_gb_s
 from topology.paths import Tier
 
 LINKS: dict[str, LinkKind] = {
@@ -43,6 +44,18 @@ def link(name: str, gbps: float | None = None) -> costmodel.LinkCost:
                               latency_us=d.latency_us)
 
 
+def tp_link_of(link_name: str, gpu: str, tp: int) -> costmodel.LinkCost:
+    """A TP group's link: over nvswitch/nvlink/xgmi the GPU's own fabric (`fabric`: H800's
+    NVLink is 8 lanes, not H100's 18), else the kind's default."""
+    base = link(link_name)
+    kind = LINKS[link_name]
+    if not kind.is_gpu_fabric:
+        return base
+    line, _ = fabric(link_name, gpu, tp)
+    return costmodel.LinkCost(bandwidth_gb_s=line, latency_us=base.latency_us, hw="nvlink",
+                              switched=kind is LinkKind.NVSWITCH)
+
+
 def _link_view(name: str, cost: costmodel.LinkCost) -> dict[str, Any]:
     return {"name": name, "bandwidth_gb_s": cost.bandwidth_gb_s, "latency_us": cost.latency_us}
 
@@ -52,6 +65,12 @@ def _model(name: str, dtype: str) -> ModelSpec:
         raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
     model = catalog.model(name)
     return replace(model, weight_bytes=1) if dtype == "fp8" else model
+
+
+def _fp8(gpu: str, dtype: str) -> str | None:
+    if dtype != "fp8":
+        return None
+    return "fp8 rate" if catalog.gpu(gpu).fp8_tflops else "bf16 rate (no FP8 tensor cores)"
 
 
 def _positive(**values: int) -> None:
@@ -72,11 +91,11 @@ def prefill(model: str, gpu: str, tp: int, tokens: int, context: int = 0, dtype:
     _positive(tp=tp, tokens=tokens)
     if context < 0:
         raise ValueError(f"--context must be 0 or more, got {context}")
-    spec, tp_link = _model(model, dtype), link(link_name)
+    spec, tp_link = _model(model, dtype), tp_link_of(link_name, gpu, tp)
     ms = costmodel.prefill_ms(spec, catalog.gpu(gpu), tp, tp_link, tokens, context_tokens=context)
     return {"what": "prefill", "model": model, "gpu": gpu, "tp": tp, "tokens": tokens, "context": context,
             "dtype": dtype, "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp),
-            "fp8_compute": "bf16 rate" if dtype == "fp8" else None, "ms": ms}
+            "fp8_compute": _fp8(gpu, dtype), "ms": ms}
 
 
 def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str = "bf16",
@@ -85,33 +104,78 @@ def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str =
     _positive(tp=tp, batch=batch)
     if context < 0:
         raise ValueError(f"--context must be 0 or more, got {context}")
-    spec, tp_link = _model(model, dtype), link(link_name)
+    spec, tp_link = _model(model, dtype), tp_link_of(link_name, gpu, tp)
     ms = costmodel.decode_step_ms(spec, catalog.gpu(gpu), tp, tp_link, batch, batch * context)
     return {"what": "decode", "model": model, "gpu": gpu, "tp": tp, "batch": batch, "context": context,
             "dtype": dtype, "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp),
-            "fp8_compute": "bf16 rate" if dtype == "fp8" else None, "ms": ms}
+            "fp8_compute": _fp8(gpu, dtype), "ms": ms}
+
+
+GPUS_PER_NODE = 8
+"""A network collective over more GPUs than this spans nodes of this many, one NIC per GPU (HGX)."""
+
+
+def fabric(link_name: str, gpu: str | None, gpus: int) -> tuple[float, str]:
+    """Each GPU's line rate (GB/s per direction) over `--link` inside a node: the GPU's own NVLink
+    (its lanes x the generation's rate, topology/data/gpus.yaml) for nvswitch/nvlink, one
+    Infinity Fabric link per peer for xgmi (a full mesh: a ring uses one, more GPUs more), or the
+    kind's default; and where it came from."""
+    default = DEFAULTS[LINKS[link_name]].bandwidth_gb_s
+    if gpu is None or link_name not in ("nvswitch", "nvlink", "xgmi"):
+        return default, "topology.kinds default"
+    facts = gpu_facts(gpu)
+    if link_name == "xgmi" or facts.fabric == "xgmi":
+        lanes = facts.nvlink_lanes or 1
+        return DEFAULTS[LinkKind.XGMI].bandwidth_gb_s * min(max(gpus - 1, 1), lanes), f"{gpu}: xGMI link per peer"
+    if not facts.nvlink_lanes:
+        return default, f"{gpu} has no NVLink: topology.kinds default"
+    rate = default_bandwidth_gb_s(LinkKind.NVLINK, facts.nvlink_lanes, facts.nvlink_generation)
+    return rate, f"{gpu}: {facts.nvlink_lanes} NVLink-{facts.nvlink_generation} lanes"
 
 
 def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | None = None,
-               gbps: float | None = None) -> dict[str, Any]:
+               gbps: float | None = None, gpus_per_node: int | None = None, nvls: bool = True) -> dict[str, Any]:
     """One collective of `size_bytes` per GPU (as nccl-tests counts its size) over `gpus` GPUs
-    (`costmodel.collective_ms`)."""
+    (`pools.collectives`: the algorithm and protocol NCCL would pick). Over rdma/tcp the GPUs sit
+    on `gpus_per_node`-GPU nodes (default: 8 when there are more than 8, else one per node), one
+    NIC of `--gbps` (default: the kind's) per GPU; inside each node, the GPU's NVLink. `nvls`
+    False: as with NCCL_NVLS_ENABLE=0."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPS)})")
     _positive(bytes=size_bytes, gpus=gpus)
     if gbps is not None and link_name not in NETWORK:
         raise ValueError(f"--gbps is a network rate: it goes with --link rdma or tcp, not {link_name}")
-    if gpu is not None:
-        catalog.gpu(gpu)  # a name the catalogue knows (the link prices the collective)
-    cost = link(link_name, gbps)
-    ms = costmodel.collective_ms(op, size_bytes, gpus, cost)
+    if link_name not in LINKS:
+        raise ValueError(f"unknown link {link_name!r} (known: {', '.join(LINKS)})")
+    spec = catalog.gpu(gpu) if gpu is not None else None
+    if link_name in NETWORK:
+        per_node = gpus_per_node or (GPUS_PER_NODE if gpus > GPUS_PER_NODE else 1)
+        _positive(gpus_per_node=per_node)
+        nodes = max(1, -(-gpus // per_node))
+        nic = link(link_name, gbps)
+        line, source = fabric("nvswitch", gpu, per_node) if spec is not None else (
+            DEFAULTS[LinkKind.NVSWITCH].bandwidth_gb_s, "topology.kinds default")
+        us = collectives.collective_us(op, size_bytes, gpus, line, "net", nodes=nodes,
+                                       node_gb_s=nic.bandwidth_gb_s * min(per_node, gpus),
+                                       net_latency_us=nic.latency_us)
+        view = {**_link_view(link_name, nic), "nodes": nodes, "gpus_per_node": per_node, "nic_gb_s": nic.bandwidth_gb_s,
+                "intra_node_gb_s": line, "intra_node_source": source}
+    else:
+        line, source = fabric(link_name, gpu, gpus)
+        kind = LINKS[link_name]
+        hw: Hw = "nvlink" if kind.is_gpu_fabric else "pci"
+        us = collectives.collective_us(op, size_bytes, gpus, line, hw,
+                                       nvls=nvls and kind is LinkKind.NVSWITCH and spec is not None and spec.nvls)
+        view = {"name": link_name, "bandwidth_gb_s": line, "latency_us": DEFAULTS[kind].latency_us, "source": source}
     return {"what": "collective", "op": op, "bytes": size_bytes, "gpus": gpus, "gpu": gpu, "gbps": gbps,
-            "link": _link_view(link_name, cost), "us": ms * 1e3}
+            "nvls": nvls, "link": view, "us": us}
 
 
-def kv(model: str, tokens: int, link_name: str, gbps: float | None = None) -> dict[str, Any]:
-    """Moving the KV cache of `tokens` tokens of `model` between two replicas over one link."""
-    _positive(tokens=tokens)
+def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: int = 1) -> dict[str, Any]:
+    """Moving the KV cache of `tokens` tokens of `model` between two replicas: each of `tp` rank
+    pairs moves its shard at once over its own link (`costmodel.kv_handover_ms`; on a network,
+    its own NIC of `--gbps`)."""
+    _positive(tokens=tokens, tp=tp)
     if link_name not in KV_LINKS:
         raise ValueError(f"--link for a KV transfer is nvlink, pcie, rdma or tcp, not {link_name!r}")
     if gbps is not None and link_name not in NETWORK:
@@ -119,8 +183,21 @@ def kv(model: str, tokens: int, link_name: str, gbps: float | None = None) -> di
     spec = catalog.model(model)
     kind = LinkKind.NVSWITCH if link_name == "nvlink" else LINKS[link_name]
     cost = link("nvswitch" if link_name == "nvlink" else link_name, gbps)
-    path = Path(kind=kind, tier=KV_LINKS[link_name], bandwidth_gb_s=cost.bandwidth_gb_s, latency_us=cost.latency_us,
-                via=f"one {link_name} link")
-    ms = costmodel.kv_transfer_ms(spec, tokens, path)
-    return {"what": "kv", "model": model, "tokens": tokens, "gbps": gbps, "kv_bytes": costmodel.kv_bytes(spec, tokens),
-            "link": _link_view(link_name, cost), "ms": ms}
+    paths = [Path(kind=kind, tier=KV_LINKS[link_name], bandwidth_gb_s=cost.bandwidth_gb_s, latency_us=cost.latency_us,
+                  via=f"{link_name} link {rank}") for rank in range(tp)]
+    ms = costmodel.kv_handover_ms(spec, tokens, paths)
+    return {"what": "kv", "model": model, "tokens": tokens, "tp": tp, "gbps": gbps,
+            "kv_bytes": costmodel.kv_bytes(spec, tokens), "link": _link_view(link_name, cost),
+            "achieved_gb_s": costmodel.kv_rate_gb_s(paths[0]) * tp, "setup_ms": costmodel.kv_setup_ms(paths[0]),
+            "ms": ms}
+
+
+def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails: int) -> float:
+    """The rate (GB/s) at which a payload of `size_bytes` moves between two hosts over `rails`
+    links of this kind at once (a transfer engine's own benchmark: one payload, every NIC)."""
+    cost = link(link_name, gbps)
+    kind = LinkKind.NVSWITCH if link_name == "nvlink" else LINKS[link_name]
+    paths = [Path(kind=kind, tier=KV_LINKS[link_name], bandwidth_gb_s=cost.bandwidth_gb_s, latency_us=cost.latency_us,
+                  via=f"{link_name} link {rank}") for rank in range(rails)]
+    ms_per_byte, setup_ms = costmodel.kv_handover_rate(paths)
+    return size_bytes / ((size_bytes * ms_per_byte + setup_ms) * 1e-3) / 1e9

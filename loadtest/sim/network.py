@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pools.costmodel import kv_rate_gb_s, kv_setup_ms
 from topology import GpuRef, Topology, path
 from topology.paths import Path
 
@@ -106,13 +107,15 @@ def resources(p: Path, a: GpuRef, b: GpuRef) -> tuple[str, ...]:
 
 def legs(topology: Topology, source: Sequence[GpuRef], target: Sequence[GpuRef], total_gb: float
          ) -> tuple[list[tuple[float, tuple[str, ...], float]], float]:
-    """One leg per GPU pair (each moves its shard of the KV); and the worst path latency (s)."""
+    """One leg per GPU pair (each moves its shard of the KV) at the rate a KV transfer reaches on
+    its path, and the worst path's latency plus setup (s): the cost model's KV physics
+    (`costmodel.kv_rate_gb_s`, `kv_setup_ms`), shared here under contention."""
     pairs = list(zip(source, target, strict=False)) or [(source[0], target[0])]
     out, latency = [], 0.0
     for a, b in pairs:
         p = path(topology, a, b)
         if p.tier == "local":
             continue
-        out.append((total_gb / len(pairs), resources(p, a, b), max(p.bandwidth_gb_s, 1e-3)))
-        latency = max(latency, p.latency_us / 1e6)
+        out.append((total_gb / len(pairs), resources(p, a, b), kv_rate_gb_s(p)))
+        latency = max(latency, kv_setup_ms(p) / 1e3)
     return out, latency

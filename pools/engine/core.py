@@ -11,6 +11,12 @@ Each `step()` schedules one engine iteration the way vLLM does and returns how l
    prefilled in chunks (chunked prefill);
 3. a request's first token comes out of the step that finishes its prefill.
 
+With `chunked_prefill=False` it schedules as vLLM v0 without chunked prefill did (v0.1.7,
+vllm/core/scheduler.py `_schedule`): a step that admits new prompts runs only them, each whole,
+first come first served while the token budget, the sequence limit and the KV cache (less a 1 %
+watermark) allow; running requests decode only in steps that admit nobody, so every new prompt
+stalls the decodes for the length of its prefill.
+
 The KV cache holds `kv_capacity_tokens` (from GPU memory, model size and TP) in blocks of
 `block_size` tokens. A request whose prompt was prefilled remotely (PD disaggregation) becomes
 ready only after its KV transfer time and skips prefill. A prefill-only request can keep its
@@ -40,6 +46,8 @@ class EngineConfig:
     kv_capacity_tokens: int | None = None
     """None: from the cost model (vLLM's gpu_memory_utilization=0.9 semantics)."""
     efficiency: Efficiency = costmodel.DEFAULT
+    chunked_prefill: bool = True
+    """False: vLLM v0's prefill-first steps (whole prompts, no decodes alongside; module docstring)."""
 
     def capacity(self) -> int:
         if self.kv_capacity_tokens is not None:
@@ -121,6 +129,9 @@ class EngineCore:
             remote_prefill: bool = False, hold_kv: bool = False) -> None:
         if rid in self.seqs or rid in self.held:
             raise ValueError(f"request {rid} already exists")
+        if not self.config.chunked_prefill and prompt_tokens > self.config.max_num_batched_tokens:
+            raise ValueError(f"prompt {prompt_tokens} tokens exceeds max_num_batched_tokens "
+                             f"{self.config.max_num_batched_tokens}, which a non-chunked engine cannot prefill")
         need = self._blocks_for(prompt_tokens + max_tokens)
         if need > self.total_blocks:
             raise ValueError(f"prompt {prompt_tokens} + max_tokens {max_tokens} tokens exceed the KV cache "
@@ -244,8 +255,8 @@ class EngineCore:
         for seq in sorted(self.waiting, key=Seq.key):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            if seq.ready_s > self.now:
-                continue
+            if seq.ready_s > self.now or (not self.config.chunked_prefill and not seq.decoding()):
+                continue  # not chunked: prompts are admitted only by `_admit_prompts`
             tokens = 1 if seq.decoding() else min(seq.need(), budget)
             if not self._grow(seq, seq.computed + max(tokens, 1)):
                 break  # no room: wait for running requests to finish
@@ -254,25 +265,45 @@ class EngineCore:
             plan.admitted.append(seq.rid)
             budget -= self._take(seq, plan, budget)
 
+    def _admit_prompts(self, plan: _Plan) -> None:
+        """vLLM v0 without chunked prefill: whole prompts, first come first served, stopping at
+        the first that does not fit the token budget, the sequence limit or the free KV blocks
+        less the block manager's watermark (1 % of them; vllm/core/block_manager.py can_allocate)."""
+        budget = self.config.max_num_batched_tokens
+        watermark = int(0.01 * self.total_blocks) if self.running else 0  # idle: nothing to wait for
+        for seq in sorted(self.waiting, key=Seq.key):
+            if seq.ready_s > self.now or seq.decoding():
+                continue  # a remote prefill's KV joins the decodes instead
+            tokens = seq.need()  # a recompute after preemption may exceed the budget: it then runs alone
+            if (tokens > budget and plan.chunks) or len(self.running) >= self.config.max_num_seqs:
+                break
+            if self.free_blocks - (self._blocks_for(seq.computed + tokens) - seq.blocks) < watermark \
+                    or not self._grow(seq, seq.computed + tokens):
+                break
+            self.waiting.remove(seq)
+            self.running.append(seq)
+            plan.admitted.append(seq.rid)
+            plan.chunks[seq.rid] = tokens
+            budget -= tokens
+
     def _duration_s(self, plan: _Plan) -> float:
-        cfg = self.config
-        prefill = sum(plan.chunks.values())
-        ms = 0.0
-        if prefill:
-            ms += costmodel.prefill_ms(cfg.model, cfg.gpu, cfg.tp, self.link, prefill, cfg.efficiency)
-        if plan.decodes:
-            ms += costmodel.decode_step_ms(cfg.model, cfg.gpu, cfg.tp, self.link, len(plan.decodes),
-                                           plan.decode_context, cfg.efficiency)
-        elif prefill:
-            ms += cfg.efficiency.step_overhead_ms
+        """One forward over every sequence in the step (`costmodel.forward_ms`): each prefill
+        chunk attends over its own earlier tokens, decodes read their contexts."""
+        cfg, seqs = self.config, self.seqs
+        chunks = [(n, seqs[rid].computed) for rid, n in plan.chunks.items()]
+        ms = costmodel.forward_ms(cfg.model, cfg.gpu, cfg.tp, self.link, chunks, len(plan.decodes),
+                                  plan.decode_context, cfg.efficiency)
         return ms * self.slowdown / 1000.0
 
     def step(self) -> StepResult | None:
         """One iteration at `self.now`; None when nothing is runnable now."""
         plan = _Plan()
-        budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
-        if not plan.preempted:  # as vLLM: a step that had to preempt admits nobody new
-            self._admit_waiting(plan, budget)
+        if not self.config.chunked_prefill:
+            self._admit_prompts(plan)  # vLLM v0: a step with new prompts runs only them
+        if not plan.chunks:
+            budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
+            if not plan.preempted:  # as vLLM: a step that had to preempt admits nobody new
+                self._admit_waiting(plan, budget)
         if not plan.chunks and not plan.decodes:
             return None
         start, duration = self.now, self._duration_s(plan)

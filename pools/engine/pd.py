@@ -74,13 +74,13 @@ def prefill_params(engine_id: str, rid: str, host: str, port: int, tp: int, bloc
 
 
 def transfer_ms(model: ModelSpec, tokens: int, topology: Topology | None, source: Placement | None,
-                target: Placement | None, fallback: costmodel.LinkCost) -> tuple[float, str]:
-    """KV transfer time over the path between the two replicas' GPUs; each GPU of the smaller
-    group moves its shard in parallel over its own path (rails), the slowest pair decides."""
+                target: Placement | None) -> tuple[float, str]:
+    """KV transfer time over the paths between the two replicas' GPUs, as the router prices it
+    (`costmodel.kv_handover_ms`: each rank pair moves its shard at once, pairs on one carrier
+    share it); without both placements in a topology, the same-node fallback path."""
     if topology is None or source is None or target is None:
-        ms = costmodel.kv_bytes(model, tokens) / (fallback.bandwidth_gb_s * 1e9) * 1e3 + fallback.latency_us / 1e3
-        return ms, "unknown path: the engine's own TP link assumed"
-    pairs = list(zip(source.refs(), target.refs(), strict=False))
-    worst = max((path(topology, a, b) for a, b in pairs), key=lambda p: costmodel.kv_transfer_ms(model, tokens, p))
-    shard_tokens = max(1, tokens // len(pairs))
-    return costmodel.kv_transfer_ms(model, shard_tokens, worst), f"{worst.tier} via {worst.via}"
+        fallback = costmodel.KV_SAME_NODE_FALLBACK
+        return costmodel.kv_handover_ms(model, tokens, [fallback]), f"unknown path: {fallback.via}"
+    paths = [path(topology, a, b) for a, b in zip(source.refs(), target.refs(), strict=False)]
+    worst = min(paths, key=costmodel.kv_rate_gb_s)
+    return costmodel.kv_handover_ms(model, tokens, paths), f"{worst.tier} via {worst.via}"

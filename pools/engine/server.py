@@ -341,8 +341,7 @@ class SimEngine:
         await claim_blocks(params)
         src = params.get("isle_placement")
         source = pd.Placement(node=src["node"], gpus=tuple(src["gpus"])) if isinstance(src, dict) else None
-        ms, via = pd.transfer_ms(self.config.model, prompt_tokens, self.id.topology, source, self.id.placement,
-                                 self.config.link)
+        ms, via = pd.transfer_ms(self.config.model, prompt_tokens, self.id.topology, source, self.id.placement)
         live.kv_ms = ms
         log.debug("KV of %d tokens from %s: %.2f ms over %s", prompt_tokens, params["remote_engine_id"], ms, via)
         return ms / 1000.0, True

@@ -1,0 +1,138 @@
+"""Collectives priced the way NCCL prices them when it picks an algorithm (NVIDIA/nccl
+src/graph/tuning.cc, `ncclTopoTuneModel` / `ncclTopoGetAlgoTime`): for each algorithm (ring,
+tree, NVLS) and protocol (LL, LL128, Simple), time = latency + bytes / algorithm bandwidth, and
+the cheapest wins, as NCCL's tuner chooses.
+
+    bus bandwidth     what the links carry: the per-GPU line rate x `BUS_EFFICIENCY` (nccl-tests'
+                      large-message busbw is 0.78-0.82 of the line on NVSwitch), across nodes the
+                      node's NICs together (one rail per GPU; NCCL's rings cross every node on
+                      each rail), never more than inside the node
+    protocol          LL carries 1/4 of it (half the payload is flags, and it is a poll loop),
+                      LL128 0.92 (120 of 128 bytes), Simple all of it (tuning.cc)
+    algorithm bw      ring: busbw x k / steps (all-reduce 2(k-1) steps, gather/scatter k-1);
+                      tree (all-reduce across nodes): 0.9 busbw / 2; NVLS (all-reduce in one
+                      NVSwitch domain with NVLink SHARP): the switch reduces, so each byte
+                      crosses a GPU's links once: `NVLS_EFFICIENCY` of the line
+    latency           NCCL's base latency per algorithm/protocol plus its per-step hardware
+                      latency (NVLink, PCI, network) for every step of the algorithm, plus the
+                      launch a measured call pays (`LAUNCH_US`)
+
+An all-to-all (expert parallelism's dispatch) is k-1 concurrent sends of m/k bytes: one step,
+(k-1)/k of the message over each GPU's links.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Literal
+
+Hw = Literal["nvlink", "pci", "net"]
+OPS = ("allreduce", "allgather", "reducescatter", "alltoall")
+
+BASE_LAT_US: dict[str, tuple[float, float, float]] = {"tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4)}
+"""NCCL's baseLat (tuning.cc), µs, per protocol (LL, LL128, Simple)."""
+HW_LAT_US: dict[Hw, dict[str, tuple[float, float, float]]] = {
+    "nvlink": {"tree": (0.52, 1.2, 28.0), "ring": (0.47, 1.9, 3.4)},
+    "pci": {"tree": (1.0, 1.9, 28.0), "ring": (1.0, 2.5, 5.7)},
+    "net": {"tree": (5.0, 8.5, 50.0), "ring": (2.7, 4.0, 9.6)},
+}
+"""NCCL's hwLat (tuning.cc), µs per step, per hardware, algorithm and protocol."""
+PROTOCOL_SHARE = (0.25, 0.92, 1.0)
+"""Share of the bus bandwidth each protocol carries (tuning.cc: ring LL x 1/4 for all-reduce,
+LL128 x 0.92 = 120/128, Simple x 1)."""
+BUS_EFFICIENCY: dict[Hw, float] = {"nvlink": 0.80, "pci": 0.80, "net": 0.90}
+"""Large-message bus bandwidth over the line rate. NVLink/NVSwitch: nccl-tests all_reduce busbw
+367.2 of 450 GB/s on 8x H200 with NVLS off and 234.9 of 300 on 8x A100 (stas00/ml-engineering
+network/README.md; calibration points mleng-h200-8gpu-allreduce-ring-16GiB-busbw and
+mleng-a100-8gpu-allreduce-16GiB-busbw). PCIe taken as NVLink (no published point here).
+Network: 364.9 GB/s busbw over p5en's 3200 Gb/s of EFA per node (same source, 4 x 8 H200)."""
+NVLS_EFFICIENCY = 0.61
+"""NVLS all-reduce's algorithm bandwidth over the per-GPU NVLink line: busbw 480 GB/s on 8x
+H200 (algbw 480 / (2 x 7/8) = 274 of 450; ml-engineering, NCCL_NVLS_ENABLE=1 row)."""
+NVLS_MIN_GPUS = 5
+"""NCCL ran ring, not NVLS, for 4 GPUs of an H200 node (the same busbw with NVLS on and off, ml-
+engineering's GPU-count sweep) and NVLS for 8."""
+TREE_DEEP_SHARE = 0.44
+"""A tree all-reduce's algorithm bandwidth over the node's NIC bandwidth. On two nodes every
+node sends each byte once (it is the root of one of NCCL's two trees and a leaf of the other):
+algbw = the NICs' rate (8x H100 over 8x 200 Gb/s, 8 GiB: algbw 180.7 GB/s, busbw 338.8; calibration
+point a3mega-h100-16rank-allreduce-8GiB-busbw). Deeper trees relay through interior nodes:
+nvlstree on 4 x 8 H200 over EFA reached busbw 310.07 = algbw 160 of the NICs' 360 (ml-engineering),
+where NCCL kept ring (364.9)."""
+RING_PLATEAU = 1.9
+"""tuning.cc: a multi-node ring Simple all-reduce's latency x 1.9 (its 'plateau effect')."""
+RDMA_LATENCY_US = 3.0
+"""The network latency NCCL's NET step latencies stand for (InfiniBand/RoCE verbs; topology.kinds
+RDMA)."""
+LAUNCH_US = 10.0
+"""What a measured call adds to NCCL's model: the kernel launch and nccl-tests' per-iteration
+synchronisation (~6-10 µs for a 1-byte all-reduce on one node; NCCL's model starts at its base
+latency)."""
+
+
+def collective_us(op: str, message_bytes: float, ranks: int, line_gb_s: float, hw: Hw, *, nodes: int = 1,
+                  nvls: bool = False, node_gb_s: float | None = None, net_latency_us: float = RDMA_LATENCY_US
+                  ) -> float:
+    """One collective of `message_bytes` per GPU (nccl-tests' size) over `ranks` GPUs on `nodes`
+    nodes. `line_gb_s`: each GPU's line rate inside its node (per direction); across nodes
+    `node_gb_s` is the node's NIC bandwidth in total (one rail per GPU: 8 x 400 Gb/s = 400 GB/s).
+    `nvls`: the node's NVSwitch does NVLink SHARP (H100 and later). `net_latency_us`: the
+    network's latency; NCCL's network step latencies are for RDMA verbs, a slower transport
+    (sockets) adds the difference to every step that crosses nodes."""
+    if op not in OPS:
+        raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPS)})")
+    if ranks <= 1 or message_bytes <= 0:
+        return 0.0
+    extra = max(0.0, float(net_latency_us) - RDMA_LATENCY_US)
+    return _collective_us(op, float(message_bytes), ranks, float(line_gb_s), hw, max(1, min(nodes, ranks)), nvls,
+                          None if node_gb_s is None else float(node_gb_s), extra)
+
+
+@functools.lru_cache(maxsize=65536)
+def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: int, nvls: bool,
+                   node_gb_s: float | None, extra_us: float) -> float:
+    per_node = max(1, ranks // nodes)
+    intra: Hw = "pci" if hw == "pci" else "nvlink"
+    bus = max(line, 0.01) * BUS_EFFICIENCY[intra] if per_node > 1 else math.inf
+    net = 0.0
+    if nodes > 1:
+        net = (node_gb_s if node_gb_s is not None else max(line, 0.01) * per_node) * BUS_EFFICIENCY["net"]
+    if op == "alltoall":
+        return _alltoall_us(size, ranks, per_node, bus, net, intra, nodes) + extra_us + LAUNCH_US
+    if nodes > 1:
+        bus = min(bus, net)  # one rail per GPU: the ring crosses every node on each rail
+    steps = 2 * (ranks - 1) if op == "allreduce" else ranks - 1
+    inter_steps = (2 if op == "allreduce" else 1) * (nodes - 1)
+    best = math.inf
+    for p in range(3):
+        if p == 1 and nodes > 1:
+            continue  # NCCL enables LL128 only when no step leaves the node (tuning.cc, typeInter <= PXB)
+        intra_lat = HW_LAT_US[intra]["ring"][p] * (1.8 if nodes > 1 and p == 0 else 1.0)  # tuning.cc: LL x 1.8
+        inter_lat = HW_LAT_US["net"]["ring"][p] + extra_us
+        lat = BASE_LAT_US["ring"][p] + (steps - inter_steps) * intra_lat + inter_steps * inter_lat
+        if op == "allreduce" and nodes > 1 and p == 2:
+            lat *= RING_PLATEAU
+        best = min(best, lat + size / (1e3 * bus * PROTOCOL_SHARE[p] * ranks / steps))
+        if op == "allreduce" and nodes > 1 and p == 2:  # tree (its LL carries 1/3.8: never the cheapest)
+            tree_bw = net * PROTOCOL_SHARE[p] * (1.0 if nodes == 2 else TREE_DEEP_SHARE)
+            tree_lat = BASE_LAT_US["tree"][p] + 2 * ((per_node - 1) * HW_LAT_US[intra]["tree"][p]
+                                                     + math.log2(nodes) * (HW_LAT_US["net"]["tree"][p] + extra_us))
+            best = min(best, tree_lat + size / (1e3 * tree_bw))
+    if op == "allreduce" and nvls and nodes == 1 and intra == "nvlink" and ranks >= NVLS_MIN_GPUS:
+        best = min(best, BASE_LAT_US["ring"][2] + size / (1e3 * line * NVLS_EFFICIENCY))
+    return best + LAUNCH_US
+
+
+def _alltoall_us(size: float, ranks: int, per_node: int, bus: float, net: float, intra: Hw, nodes: int) -> float:
+    """Every GPU sends m/k to each other GPU at once: (ppn-1)/k of m over its links in the node,
+    (k-ppn)/k over its share of the node's NICs, both at the same time; one step's latency."""
+    inside = size * (per_node - 1) / ranks / (1e3 * bus) if per_node > 1 else 0.0
+    across = size * (ranks - per_node) / ranks / (1e3 * net / per_node) if nodes > 1 else 0.0
+    lat = BASE_LAT_US["ring"][2] + HW_LAT_US["net" if nodes > 1 else intra]["ring"][2]
+    return lat + max(inside, across)
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    """nccl-tests' bus bandwidth = algorithm bandwidth x this (its doc/PERFORMANCE.md)."""
+    return 2 * (ranks - 1) / ranks if op == "allreduce" else (ranks - 1) / ranks
