@@ -100,10 +100,10 @@ KV_CROSS_NODE_FALLBACK = Path(kind=LinkKind.RDMA, tier="rdma", bandwidth_gb_s=DE
 TIER_QUALITY = {"local": 1.0, "nvlink": 1.0, "pcie": 0.45, "numa": 0.3, "rdma": 0.2, "tcp": 0.08, "rack": 0.05}
 """How good a TP group's tier is, in [0, 1] (the placement score and the router's
 link-tier-scorer). Inside a node it is this cost model's own ratio: a prefill of 8192 tokens of
-llama-3.1-8b at TP=2 on H100 runs 0.42x (NODE) to 0.51x (PIX) as fast over the PCIe default
-links as over NVSwitch, and 0.32x over the cross-socket (SYS) one (topology.kinds defaults;
+llama-3.1-8b at TP=2 on H100 runs 0.38x (NODE) to 0.47x (PIX) as fast over the PCIe default
+links as over NVSwitch, and 0.29x over the cross-socket (SYS) one (topology.kinds defaults;
 tests/unit/test_routing_costs.py checks it). Across nodes it is held below that ratio (by the
-same measure rdma 0.63, tcp 0.28): a TP group spread over nodes also shares their NICs with KV
+same measure rdma 0.62, tcp 0.27): a TP group spread over nodes also shares their NICs with KV
 transfers and other traffic, and is lost with either node."""
 
 

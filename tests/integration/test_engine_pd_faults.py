@@ -82,7 +82,9 @@ def test_faults_slow_stall_refuse_and_crash() -> None:
         fault(e.base, {"clear": True, "link_bandwidth_factor": 1.0})
         fault(e.base, {"link_bandwidth_factor": 0.1})
         degraded = timing(e.base)
-        assert degraded["tpot_ms"] > normal["tpot_ms"] * 1.05
+        # the TP link at a tenth of its bandwidth: the prefill's all-reduces (MBs) slow it; a batch-1
+        # decode step's (8 KB, latency-bound: NCCL's LL protocol) barely notice
+        assert degraded["ttft_ms"] > normal["ttft_ms"] * 1.05 and degraded["tpot_ms"] >= normal["tpot_ms"]
         fault(e.base, {"clear": True})
         fault(e.base, {"stall_s": 1.0})
         start = time.monotonic()

@@ -20,8 +20,8 @@ def _speed(kind: LinkKind) -> float:
     """Prefill throughput over `kind`'s default link relative to NVSwitch (the docstring's measure)."""
     def ms(k: LinkKind) -> float:
         d = DEFAULTS[k]
-        return costmodel.prefill_ms(MODEL, GPU, 2, LinkCost(bandwidth_gb_s=d.bandwidth_gb_s, latency_us=d.latency_us),
-                                    8192)
+        link = LinkCost.of(Path(kind=k, tier="pcie", bandwidth_gb_s=d.bandwidth_gb_s, latency_us=d.latency_us))
+        return costmodel.prefill_ms(MODEL, GPU, 2, link, 8192)
     return ms(LinkKind.NVSWITCH) / ms(kind)
 
 
