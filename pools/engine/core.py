@@ -21,17 +21,21 @@ The KV cache holds `kv_capacity_tokens` (from GPU memory, model size and TP) in 
 `block_size` tokens. A request whose prompt was prefilled remotely (PD disaggregation) becomes
 ready only after its KV transfer time and skips prefill. A prefill-only request can keep its
 blocks after finishing (`hold_kv`) until the decode side releases them.
+
+The offline simulator fast-forwards stretches of identical decode steps (`decode_plan`,
+`apply_decode`, `decode_run`; planned in `pools.engine.fastforward`), each exactly a `step()`.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from pools import costmodel
 from pools.catalog import GpuSpec, ModelSpec
 from pools.costmodel import Efficiency, LinkCost
+from pools.engine import fastforward
+from pools.engine.fastforward import DecodeRun as DecodeRun  # noqa: PLC0414 (re-exported: the simulator's)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -339,41 +343,12 @@ class EngineCore:
             self.free_blocks += seq.blocks
             seq.blocks = 0
 
-    # fast-forward (the offline simulator): many identical decode steps at once
+    # fast-forward (the offline simulator): many identical decode steps at once (`pools.engine.fastforward`)
     def decode_plan(self, until_s: float, max_steps: int = 1 << 30) -> DecodeRun | None:
-        """The back-to-back pure-decode steps that can run while nothing could change the batch:
-        every running request is decoding and has produced a token, nobody waiting is ready, no
-        request finishes (the step where one would is left to `step()`), and the KV cache has
-        room for every step's growth. Stops after the step in progress at `until_s`. Each step is
-        exactly what `step()` would do. Changes nothing: `apply_decode` commits a prefix of it."""
-        running = self.running
-        if not running or len(running) > self.config.max_num_batched_tokens \
-                or any(s.ready_s <= self.now for s in self.waiting):
-            return None
-        if self.waiting:
-            until_s = min(until_s, *(s.ready_s for s in self.waiting))
-        remaining = max_steps
-        context = 0
-        for seq in running:
-            if seq.output < 1 or seq.need() != 1:
-                return None
-            remaining = min(remaining, seq.max_tokens - seq.output - 1)
-            context += seq.computed
-        if remaining <= 0:
-            return None
-        steps = self._steps_with_room(remaining)
-        if steps <= 0:
-            return None
-        cfg, n = self.config, len(running)
-        cost = costmodel.DecodeStep.of(cfg.model, cfg.gpu, cfg.tp, self.link, n, cfg.efficiency)
-        now, ends, slowdown = self.now, [], self.slowdown
-        for _ in range(steps):
-            now += cost.ms(context) * slowdown / 1000.0
-            ends.append(now)
-            context += n
-            if now >= until_s:
-                break
-        return DecodeRun(start_s=self.now, ends_s=tuple(ends), rids=tuple(s.rid for s in running))
+        """The back-to-back pure-decode steps that can run now while nothing could change the batch,
+        up to the one in progress at `until_s` (`fastforward.decode_plan`). Changes nothing:
+        `apply_decode` commits a prefix of it."""
+        return fastforward.decode_plan(self, until_s, max_steps)
 
     def apply_decode(self, run: DecodeRun, steps: int) -> None:
         """Commit the first `steps` steps of a plan made at the current state."""
@@ -391,36 +366,3 @@ class EngineCore:
         if run is not None:
             self.apply_decode(run, len(run.ends_s))
         return run
-
-    def _steps_with_room(self, limit: int) -> int:
-        """The most decode steps (up to `limit`) whose KV growth fits the free blocks."""
-        def blocks_needed(k: int) -> int:
-            return sum(max(0, self._blocks_for(s.computed + k) - s.blocks) for s in self.running)
-
-        if blocks_needed(limit) <= self.free_blocks:
-            return limit
-        lo, hi = 0, limit  # blocks_needed(lo) fits, blocks_needed(hi) does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if blocks_needed(mid) <= self.free_blocks:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeRun:
-    start_s: float
-    ends_s: tuple[float, ...]
-    """When each step ends."""
-    rids: tuple[str, ...]
-    """The requests that produce one token at the end of every step."""
-
-    @property
-    def steps(self) -> int:
-        return len(self.ends_s)
-
-    def steps_by(self, t: float) -> int:
-        """Steps finished by `t`, counting the one in progress then (it completes)."""
-        return min(len(self.ends_s), bisect_left(self.ends_s, t) + 1)

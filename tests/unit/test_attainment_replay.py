@@ -111,7 +111,7 @@ def test_the_derived_step_costs_reproduce_the_rate_1_runs_light_load_medians() -
     measured, replayed = replay.alignment(1.0)
 
     def median_ms(r: replay.Replay, ids: tuple[int, ...], field: str) -> float:
-        return 1000 * statistics.median(getattr(r.outcomes[i], field) for i in ids)
+        return 1000 * float(statistics.median(getattr(r.outcomes[i], field) for i in ids))
 
     # decoding without a prefill in the way: TPOT; short prompts that did not queue: TTFT
     assert median_ms(replayed, derived.decode_requests, "tpot_s") == pytest.approx(
