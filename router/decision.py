@@ -78,7 +78,9 @@ def decide(req: RouteRequest, candidates: Sequence[Candidate], profile: Profile,
     plugins = profile.scorer_plugins
     if len(plugins) == 1:
         _, scorer, weight = plugins[0]
-        keyed = [(-weight * scorer.score(req, c), c.endpoint.replica_id, i) for i, c in enumerate(cands)]
+        scores = scorer.scores(req, cands)
+        keyed = [(-weight * score, endpoint.replica_id, i)
+                 for i, score, (endpoint, _) in zip(range(len(cands)), scores, cands, strict=True)]
     else:
         keyed = [(-sum(w * s.score(req, c) for _, s, w in plugins), c.endpoint.replica_id, i)
                  for i, c in enumerate(cands)]

@@ -33,7 +33,9 @@ from topology import GpuRef
 
 PREFIX_BLOCKS = 4
 PLAN_STEPS = 64
-"""Decode steps planned at once: arrivals usually cut a run short, so longer plans are waste."""
+"""Decode steps planned at once: arrivals usually cut a run short, so longer plans are waste. A
+plan also stops after the step in progress at the next scrape, which always commits the run so
+far (the steps planned past it would never be used)."""
 ARRIVAL, START, STEP_END, RUN_END, NET, KV_READY, SCRAPE, FAULT, DRAIN = range(9)
 
 
@@ -54,6 +56,14 @@ class Simulation:
         for r in self.replicas.values():
             self.by_model.setdefault(r.endpoint.model, []).append(r)
         self.cands: dict[str, Candidate] = {rid: r.candidate() for rid, r in self.replicas.items()}
+        self.snapshots: dict[str, list[Candidate]] = {
+            model: [self.cands[r.rid] for r in reps] for model, reps in self.by_model.items()}
+        """Each model's candidates in `by_model` order, kept current by `_refresh`."""
+        self.slots: dict[str, tuple[list[Candidate], int]] = {
+            r.rid: (self.snapshots[model], i) for model, reps in self.by_model.items() for i, r in enumerate(reps)}
+        """Where each replica's candidate sits in its model's snapshot."""
+        self.next_scrape_s = math.inf
+        """When the router's next scrape is due (every run in progress then is committed)."""
         self.workload = workload
         self.reqs: dict[str, _Req] = {}
         self.results: list[RequestResult] = []
@@ -80,22 +90,22 @@ class Simulation:
             self._at(fault.at_s, FAULT, fault)
         if self.replicas:
             self._at(0.0, SCRAPE)
+            self.next_scrape_s = 0.0
         now = 0.0
-        handlers: dict[int, Callable[[float, Any, int], None]] = {
-            ARRIVAL: self._arrival, START: self._start, STEP_END: self._step_end, RUN_END: self._run_end,
-            NET: self._net, KV_READY: self._kv_ready, SCRAPE: self._scrape, FAULT: self._fault, DRAIN: self._drain}
-        pending = len(self.workload)
-        while self.events:
-            t, _, kind, obj, version = heapq.heappop(self.events)
+        handlers: list[Callable[[float, Any, int], None]] = [  # indexed by the event kind
+            self._arrival, self._start, self._step_end, self._run_end, self._net, self._kv_ready, self._scrape,
+            self._fault, self._drain]
+        pending, events, pop = len(self.workload), self.events, heapq.heappop
+        while events:
+            t, _, kind, obj, version = pop(events)
             if t > until_s:
                 break
             now = t
             self.count += 1
-            handlers[kind](t, obj, version)
-            if kind == SCRAPE:
-                if len(self.results) >= pending or not self.events:
-                    break
-                self._at(t + self.config.scrape_interval_s, SCRAPE)
+            if kind != SCRAPE:
+                handlers[kind](t, obj, version)
+            elif not self._scrape_tick(t, pending):
+                break
         for req in list(self.reqs.values()):  # still open when the run stopped
             self._record(req, now, "timeout")
         self.reqs.clear()
@@ -104,10 +114,14 @@ class Simulation:
 
     # routing (the live router's decision functions, on the live router's kind of snapshot)
     def _candidates(self, model: str) -> list[Candidate]:
-        return [self.cands[r.rid] for r in self.by_model.get(model, ())]
+        """The router's snapshot of the model's replicas (a copy: later refreshes do not change it)."""
+        return self.snapshots[model][:] if model in self.snapshots else []
 
     def _refresh(self, r: SimReplica) -> None:
-        self.cands[r.rid] = r.candidate()
+        rid, cand = r.endpoint.replica_id, r.candidate()
+        self.cands[rid] = cand
+        snapshot, i = self.slots[rid]
+        snapshot[i] = cand
 
     def _arrival(self, t: float, tr: TraceRequest, _v: int) -> None:
         cls = self.config.classes.get(tr.slo_class)
@@ -193,11 +207,12 @@ class Simulation:
             return
         core = rep.core
         core.advance_to(t)
-        run = core.decode_plan(math.inf, PLAN_STEPS) if self.config.fast_forward else None
+        run = core.decode_plan(self.next_scrape_s, PLAN_STEPS) if self.config.fast_forward else None
         rep.version += 1
         if run is not None:
             rep.phase, rep.run = Phase.RUN, run
-            self._at(run.ends_s[-1], RUN_END, rep, rep.version)
+            if run.ends_s[-1] <= self.next_scrape_s:  # else the scrape commits it first: no RUN_END to wait for
+                self._at(run.ends_s[-1], RUN_END, rep, rep.version)
             return
         result = core.step()
         if result is not None:
@@ -314,7 +329,20 @@ class Simulation:
         self._assign(t, decode, req, req.trace.output_tokens, remote=True)
 
     # the router's view refreshes on its scrape interval
+    def _scrape_tick(self, t: float, pending: int) -> bool:
+        """The scrape due at `t`, then the next one scheduled; False when the run is over (every
+        request has its result, or nothing else is left to happen)."""
+        self.next_scrape_s = t + self.config.scrape_interval_s  # first: a plan made from here on stops there
+        self._scrape(t, None, 0)
+        if len(self.results) >= pending or not self.events:
+            return False
+        self._at(self.next_scrape_s, SCRAPE)
+        return True
+
     def _scrape(self, t: float, _obj: Any, _v: int) -> None:
+        """Every replica's load as the router scrapes it. Every run in progress is committed here,
+        which is why `_start` plans no further than the next scrape and, for a run that reaches
+        it, schedules no RUN_END (it could only come stale). Starts no plan itself."""
         for rep in self.replicas.values():
             if rep.phase is Phase.RUN:  # an engine's KV grows every step: commit the run so far
                 self._interrupt(t, rep)

@@ -26,9 +26,12 @@ def usable(c: Candidate, sheddable: bool) -> bool:
 
 
 def usable_of(req: RouteRequest, snapshot: Sequence[Candidate], role: Role) -> list[Candidate]:
-    """The replicas of the request's model in `role` that may take it."""
+    """The replicas of the request's model in `role` that may take it: `usable`, spelled out
+    (this runs for every replica on every request; test_routing_plugins checks they agree)."""
     model, sheddable = req.model, req.slo_class.sheddable
-    return [c for c in snapshot if c.endpoint.model == model and c.endpoint.role == role and usable(c, sheddable)]
+    return [c for c in snapshot
+            if (e := c.endpoint).model == model and e.role == role and e.healthy and not c.load.breaker_open
+            and (sheddable or not e.draining)]
 
 
 class HealthFilter(Filter):

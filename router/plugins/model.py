@@ -69,6 +69,10 @@ class Scorer:
     def score(self, req: RouteRequest, c: Candidate) -> float:
         raise NotImplementedError
 
+    def scores(self, req: RouteRequest, cands: Sequence[Candidate]) -> list[float]:
+        """`score` of each candidate, in order (a scorer may compute them all in one pass)."""
+        return [self.score(req, c) for c in cands]
+
 
 class Picker:
     """The winner among the filtered candidates; `keyed` holds them scored, best first."""

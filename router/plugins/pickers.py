@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 from collections.abc import Sequence
 
 from router.plugins.model import Candidate, Keyed, Picker
@@ -16,8 +17,7 @@ class MaxScorePicker(Picker):
     """The best total; a tie is broken at random (seeded), so equal replicas share the load."""
 
     def pick(self, cands: Sequence[Candidate], keyed: Sequence[Keyed], rng: random.Random, turn: int) -> Candidate:
-        top = keyed[0][0] + TIE
-        best = [k for k in keyed if k[0] <= top]
+        best = keyed[:bisect_right(keyed, keyed[0][0] + TIE, key=_total)]  # keyed is sorted: the ties lead
         return cands[(rng.choice(best) if len(best) > 1 else best[0])[2]]
 
 
@@ -31,6 +31,10 @@ class RoundRobinPicker(Picker):
 class RandomPicker(Picker):
     def pick(self, cands: Sequence[Candidate], keyed: Sequence[Keyed], rng: random.Random, turn: int) -> Candidate:
         return rng.choice(cands)
+
+
+def _total(k: Keyed) -> float:
+    return k[0]
 
 
 def _replica_id(c: Candidate) -> str:
