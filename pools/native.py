@@ -24,6 +24,13 @@ from types import ModuleType
 from typing import Any
 
 COMPILED = (
+    "loadtest.sim.cluster",
+    "loadtest.sim.network",
+    "loadtest.sim.replica",
+    "pools.collectives",
+    "pools.costmodel",
+    "pools.engine.core",
+    "pools.engine.fastforward",
     "pools.engine.fields",
     "pools.engine.guided",
     "pools.engine.metrics",
@@ -64,11 +71,14 @@ COMPILED = (
     "router.state",
     "router.timing",
 )
-"""The request path: HTTP server, upstream relay, auth, admission, decision, relay, metrics. One group
-(one shared library, `pools/_native__mypyc`), so calls between them are C calls."""
+"""The request path: HTTP server, upstream relay, auth, admission, decision, relay, metrics; and the
+offline simulator's hot loop (its event loop, the engine's scheduler, the cost model), which runs
+the same decision code. One group (one shared library, `pools/_native__mypyc`), so calls between
+them are C calls. Compiled, the simulator runs 1.9x as fast (simbench's sample: 17.8 -> 9.4 s of
+CPU, the same results)."""
 GROUP = "pools._native"
-PACKAGES = ("topology", "pools", "router")
-"""Where the compiled modules' types come from (router may import pools and topology): a change to
+PACKAGES = ("topology", "pools", "router", "loadtest")
+"""Where the compiled modules' types come from (each layer may import those below it): a change to
 any of their sources can change what the compiled code expects."""
 ALL_PACKAGES = ("topology", "pools", "router", "loadtest")
 MANIFEST = "_native.json"

@@ -28,7 +28,7 @@ from pools.costmodel import LinkCost
 from pools.engine.core import DecodeRun
 from pools.routing import table_from_plan
 from router.admission import Admission
-from router.decision import Candidate, PDDecision, Profile, RouteRequest, decide, pd_decide
+from router.decision import Candidate, PDDecision, Profile, RouteRequest, decide
 from topology import GpuRef
 
 PREFIX_BLOCKS = 4
@@ -165,8 +165,8 @@ class Simulation:
         if not self.config.pd_enabled:
             return None
         mixed = any(c.endpoint.role == "mixed" for c in snapshot)  # as the router: by the table, not health
-        return pd_decide(req.route, snapshot, self.topology, min_prompt_tokens=self.config.pd_min_prompt_tokens,
-                         has_mixed=mixed)
+        return self.config.pd_choice(req.route, snapshot, self.topology,
+                                     min_prompt_tokens=self.config.pd_min_prompt_tokens, has_mixed=mixed)
 
     # replicas
     def _assign(self, t: float, rep: SimReplica, req: _Req, max_tokens: int, hold: bool = False,

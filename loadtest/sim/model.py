@@ -3,13 +3,13 @@ timeline, the result of a run, and the state it keeps per request."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from loadtest.model import RequestResult, TraceRequest
 from pools.model import PlacementPlan, SLOClass
-from router.decision import PDDecision, Profile, RouteRequest
+from router.decision import Candidate, PDDecision, Profile, RouteRequest, pd_decide
 from topology import Topology
 
 
@@ -25,6 +25,15 @@ class Fault:
     """Bandwidth left on a degraded link (latency grows by the inverse)."""
 
 
+class PDChoice:
+    """How the simulated router chooses PD or a mixed replica: `router.decision.pd_decide`'s
+    signature (a baseline rule can stand in for it: tests compare against always splitting)."""
+
+    def __call__(self, req: RouteRequest, snapshot: Sequence[Candidate], topology: Topology | None, *,
+                 min_prompt_tokens: int, has_mixed: bool) -> PDDecision | None:
+        return pd_decide(req, snapshot, topology, min_prompt_tokens=min_prompt_tokens, has_mixed=has_mixed)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     topology: Topology
@@ -34,6 +43,8 @@ class SimConfig:
     """Routing profile per SLO class (the default profile for the others)."""
     pd_enabled: bool = True
     pd_min_prompt_tokens: int = 256
+    pd_choice: PDChoice = field(default_factory=PDChoice)
+    """The PD-or-mixed rule (the router's own unless a comparison replaces it)."""
     scrape_interval_s: float = 0.5
     detect_s: float = 2.0
     """How long the health loop takes to notice a degraded link and drain the replica."""
