@@ -20,13 +20,11 @@ from dataclasses import replace
 from typing import Any
 
 from loadtest.model import OK, RequestResult, TraceRequest
-from loadtest.sim.model import Fault, SimConfig, SimResult, _Req
+from loadtest.sim.model import Fault, SimConfig, SimResult, _Req, result_of
 from loadtest.sim.network import Network, legs
-from loadtest.sim.replica import Phase, SimReplica, build_replica
+from loadtest.sim.replica import Phase, SimReplica, build_replicas
 from pools import costmodel
-from pools.costmodel import LinkCost
 from pools.engine.core import DecodeRun
-from pools.routing import table_from_plan
 from router.admission import Admission
 from router.decision import Candidate, PDDecision, Profile, RouteRequest, decide
 from topology import GpuRef
@@ -43,15 +41,7 @@ class Simulation:
     def __init__(self, config: SimConfig, workload: Sequence[TraceRequest]) -> None:
         self.config = config
         self.topology = config.topology
-        plan = config.plan
-        served = {p.name: p.model or p.name for p in plan.pools}
-        urls = {p.replica_id: f"sim://{p.replica_id}" for p in plan.placements}
-        gpu_models = {p.replica_id: self.topology.node(p.node).gpu(p.gpus[0]).model for p in plan.placements}
-        table = table_from_plan(plan, urls, served, gpu_models=gpu_models)
-        by_id = {p.replica_id: p for p in plan.placements}
-        self.replicas = {e.replica_id: build_replica(self.topology, plan, by_id[e.replica_id], e,
-                                                     config.max_num_seqs, kv_capacity_tokens=config.kv_capacity_tokens)
-                         for e in table.replicas}
+        self.replicas = build_replicas(self.topology, config.plan, config.max_num_seqs, config.kv_capacity_tokens)
         self.by_model: dict[str, list[SimReplica]] = {}
         for r in self.replicas.values():
             self.by_model.setdefault(r.endpoint.model, []).append(r)
@@ -356,16 +346,12 @@ class Simulation:
             for rep in [r for r in self.replicas.values() if r.placement.node == fault.node]:
                 self._lose(t, rep)
             return
-        hit = [r for r in self.replicas.values() if r.placement.node == fault.node and len(r.placement.gpus) > 1
-               and (not fault.gpus or set(fault.gpus) <= set(r.placement.gpus))]
-        for rep in hit:
+        for rep in [r for r in self.replicas.values() if r.crossed_by(fault.node, fault.gpus)]:
             if fault.kind == "link_degrade":
-                rep.core.link = LinkCost(bandwidth_gb_s=rep.base_link.bandwidth_gb_s * fault.factor,
-                                         latency_us=rep.base_link.latency_us / max(fault.factor, 1e-6))
+                rep.degrade(fault.factor)
                 self._at(t + self.config.detect_s, DRAIN, (rep, fault.factor))
             elif fault.kind == "link_restore":
-                rep.core.link = rep.base_link
-                rep.endpoint = replace(rep.endpoint, health_score=1.0, draining=False)
+                rep.restore()
                 self._refresh(rep)
             else:
                 raise ValueError(f"unknown fault kind {fault.kind!r} (link_degrade, link_restore, node_loss)")
@@ -405,16 +391,7 @@ class Simulation:
             return
         req.phase = "done"
         self.reqs.pop(req.rid, None)
-        tr = req.trace
-        ok = outcome == OK
-        ttft = req.first_s - tr.arrival_s if ok and req.first_s is not None else None
-        out = tr.output_tokens if ok else 0
-        tpot = (t - req.first_s) / (out - 1) if ok and req.first_s is not None and out > 1 else None
-        self.results.append(RequestResult(
-            index=tr.index, slo_class=tr.slo_class, sent_s=tr.arrival_s, outcome=outcome,
-            prompt_tokens=tr.prompt_tokens, output_tokens=out, ttft_s=ttft, tpot_s=tpot,
-            itls_s=tuple(req.itls) if ok else (), e2e_s=t - tr.arrival_s if ok else None, tier=req.tier,
-            replica=req.replica, prefill_replica=req.prefill))
+        self.results.append(result_of(req, t, outcome))
 
 
 def simulate(config: SimConfig, workload: Sequence[TraceRequest], until_s: float = math.inf) -> SimResult:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadtest.model import RequestResult, TraceRequest
+from loadtest.model import OK, RequestResult, TraceRequest
 from pools.model import PlacementPlan, SLOClass
 from router.decision import Candidate, PDDecision, Profile, RouteRequest, pd_decide
 from topology import Topology
@@ -86,3 +86,17 @@ class SimResult:
     events: int
     log: list[dict[str, Any]]
     """Faults, drains and re-routes, with their virtual times."""
+
+
+def result_of(req: _Req, t: float, outcome: str) -> RequestResult:
+    """What the load client records for a request that ended at `t` with `outcome`."""
+    tr = req.trace
+    ok = outcome == OK
+    ttft = req.first_s - tr.arrival_s if ok and req.first_s is not None else None
+    out = tr.output_tokens if ok else 0
+    tpot = (t - req.first_s) / (out - 1) if ok and req.first_s is not None and out > 1 else None
+    return RequestResult(
+        index=tr.index, slo_class=tr.slo_class, sent_s=tr.arrival_s, outcome=outcome,
+        prompt_tokens=tr.prompt_tokens, output_tokens=out, ttft_s=ttft, tpot_s=tpot,
+        itls_s=tuple(req.itls) if ok else (), e2e_s=t - tr.arrival_s if ok else None, tier=req.tier,
+        replica=req.replica, prefill_replica=req.prefill)

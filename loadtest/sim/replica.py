@@ -4,13 +4,13 @@ with the router-side state the live router keeps about it (in flight, latency, l
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pools import catalog
 from pools.costmodel import LOCAL, LinkCost
 from pools.engine.core import DecodeRun, EngineConfig, EngineCore, StepResult
 from pools.model import PlacementPlan, ReplicaPlacement
-from pools.routing import ReplicaEndpoint
+from pools.routing import ReplicaEndpoint, table_from_plan
 from router.decision import Candidate, ReplicaLoad
 from topology import GpuRef, Topology, bottleneck
 
@@ -54,6 +54,21 @@ class SimReplica:
         running, waiting, kv = self.scraped
         return Candidate(self.endpoint, ReplicaLoad(running, waiting, kv, self.inflight, self.latency_ms, False))
 
+    def crossed_by(self, node: str, gpus: tuple[int, ...]) -> bool:
+        """A link fault on `node` among `gpus` (all its GPUs when empty) is inside this TP group."""
+        p = self.placement
+        return p.node == node and len(p.gpus) > 1 and (not gpus or set(gpus) <= set(p.gpus))
+
+    def degrade(self, factor: float) -> None:
+        """The TP group's link carries `factor` of its bandwidth, its latency grows by the inverse."""
+        self.core.link = LinkCost(bandwidth_gb_s=self.base_link.bandwidth_gb_s * factor,
+                                  latency_us=self.base_link.latency_us / max(factor, 1e-6), hw=self.base_link.hw,
+                                  switched=self.base_link.switched)
+
+    def restore(self) -> None:
+        self.core.link = self.base_link
+        self.endpoint = replace(self.endpoint, health_score=1.0, draining=False)
+
     def observe_latency(self, ms: float) -> None:
         self.latency_ms = ms if self.latency_ms == 0 else 0.8 * self.latency_ms + 0.2 * ms
 
@@ -77,3 +92,16 @@ def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, 
     if config.capacity() < config.block_size:
         raise ValueError(f"{p.replica_id}: {pool.model} at tp={pool.tp} leaves no room for KV cache on {gpu_name}")
     return SimReplica(endpoint=endpoint, placement=p, core=EngineCore(config), base_link=link)
+
+
+def build_replicas(topology: Topology, plan: PlacementPlan, max_num_seqs: int = 256,
+                   kv_capacity_tokens: int | None = None) -> dict[str, SimReplica]:
+    """Every placed replica of the plan, with the routing table's endpoint the live router would
+    have for it (`pools.routing.table_from_plan`)."""
+    served = {p.name: p.model or p.name for p in plan.pools}
+    urls = {p.replica_id: f"sim://{p.replica_id}" for p in plan.placements}
+    gpu_models = {p.replica_id: topology.node(p.node).gpu(p.gpus[0]).model for p in plan.placements}
+    table = table_from_plan(plan, urls, served, gpu_models=gpu_models)
+    by_id = {p.replica_id: p for p in plan.placements}
+    return {e.replica_id: build_replica(topology, plan, by_id[e.replica_id], e, max_num_seqs,
+                                        kv_capacity_tokens=kv_capacity_tokens) for e in table.replicas}
