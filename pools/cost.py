@@ -171,6 +171,14 @@ def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | N
             "nvls": nvls, "link": view, "us": us}
 
 
+def _kv_paths(link_name: str, gbps: float | None, n: int) -> tuple[costmodel.LinkCost, list[Path]]:
+    """`n` KV paths of kind `link_name`, each its own carrier (nvlink: the NVSwitch default)."""
+    kind = LinkKind.NVSWITCH if link_name == "nvlink" else LINKS[link_name]
+    cost = link("nvswitch" if link_name == "nvlink" else link_name, gbps)
+    return cost, [Path(kind=kind, tier=KV_LINKS[link_name], bandwidth_gb_s=cost.bandwidth_gb_s,
+                       latency_us=cost.latency_us, via=f"{link_name} link {rank}") for rank in range(n)]
+
+
 def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: int = 1) -> dict[str, Any]:
     """Moving the KV cache of `tokens` tokens of `model` between two replicas: each of `tp` rank
     pairs moves its shard at once over its own link (`costmodel.kv_handover_ms`; on a network,
@@ -181,10 +189,7 @@ def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: i
     if gbps is not None and link_name not in NETWORK:
         raise ValueError(f"--gbps is a network rate: it goes with --link rdma or tcp, not {link_name}")
     spec = catalog.model(model)
-    kind = LinkKind.NVSWITCH if link_name == "nvlink" else LINKS[link_name]
-    cost = link("nvswitch" if link_name == "nvlink" else link_name, gbps)
-    paths = [Path(kind=kind, tier=KV_LINKS[link_name], bandwidth_gb_s=cost.bandwidth_gb_s, latency_us=cost.latency_us,
-                  via=f"{link_name} link {rank}") for rank in range(tp)]
+    cost, paths = _kv_paths(link_name, gbps, tp)
     ms = costmodel.kv_handover_ms(spec, tokens, paths)
     return {"what": "kv", "model": model, "tokens": tokens, "tp": tp, "gbps": gbps,
             "kv_bytes": costmodel.kv_bytes(spec, tokens), "link": _link_view(link_name, cost),
@@ -195,9 +200,6 @@ def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: i
 def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails: int) -> float:
     """The rate (GB/s) at which a payload of `size_bytes` moves between two hosts over `rails`
     links of this kind at once (a transfer engine's own benchmark: one payload, every NIC)."""
-    cost = link(link_name, gbps)
-    kind = LinkKind.NVSWITCH if link_name == "nvlink" else LINKS[link_name]
-    paths = [Path(kind=kind, tier=KV_LINKS[link_name], bandwidth_gb_s=cost.bandwidth_gb_s, latency_us=cost.latency_us,
-                  via=f"{link_name} link {rank}") for rank in range(rails)]
+    _, paths = _kv_paths(link_name, gbps, rails)
     ms_per_byte, setup_ms = costmodel.kv_handover_rate(paths)
     return size_bytes / ((size_bytes * ms_per_byte + setup_ms) * 1e-3) / 1e9
