@@ -28,6 +28,32 @@ class GpuSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MoESpec:
+    """A mixture-of-experts model's expert layers (config.json: n_routed_experts / num_experts,
+    num_experts_per_tok, moe_intermediate_size, first_k_dense_replace, n_group / topk_group)."""
+
+    routed_experts: int
+    experts_per_token: int
+    expert_ffn: int
+    """Intermediate size of one expert (gate, up and down projections: 3 x hidden x this)."""
+    moe_layers: int
+    shared_experts: int = 0
+    """Experts every token goes through (DeepSeek's shared expert), each of `expert_ffn`."""
+    dense_ffn: int = 0
+    """Intermediate size of the dense layers' FFN (the layers that are not MoE); 0: none."""
+    groups: int = 1
+    """Expert groups for group-limited routing (DeepSeek-V3: 8 groups, a token's experts in 4)."""
+    groups_per_token: int = 1
+    expert_weight_bytes: float = 0.0
+    """Bytes per expert parameter when the experts are stored narrower than the rest (gpt-oss:
+    MXFP4, 4.25 bits); 0: the model's weight_bytes."""
+
+    def expert_params(self, hidden: int) -> float:
+        """Parameters of one expert in one layer."""
+        return 3.0 * hidden * self.expert_ffn
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     name: str
     params_b: float
@@ -42,10 +68,47 @@ class ModelSpec:
     kv_per_token_layer: int
     max_context: int
     source: str
+    attention: str = "gqa"
+    """gqa (grouped-query, MHA when kv_heads == heads) or mla (DeepSeek's latent attention: one
+    compressed KV shared by all heads, so tensor parallelism does not shard it)."""
+    moe: MoESpec | None = None
 
     @property
     def weights_gb(self) -> float:
-        return self.params_b * self.weight_bytes
+        """All weights (GB): the routed experts at their own width, the rest at weight_bytes."""
+        if self.moe is None:
+            return self.params_b * self.weight_bytes
+        return self.dense_params_b * self.weight_bytes + self.routed_params_b * self.expert_bytes
+
+    @property
+    def expert_bytes(self) -> float:
+        if self.moe is None:
+            return float(self.weight_bytes)
+        return self.moe.expert_weight_bytes or float(self.weight_bytes)
+
+    @property
+    def routed_params_b(self) -> float:
+        """Parameters (billions) of all routed experts of all layers (0 for a dense model)."""
+        if self.moe is None:
+            return 0.0
+        return self.moe.moe_layers * self.moe.routed_experts * self.moe.expert_params(self.hidden) / 1e9
+
+    @property
+    def dense_params_b(self) -> float:
+        """Everything but the routed experts: attention, embeddings, dense FFNs, shared experts
+        (every data-parallel rank holds these; expert parallelism splits only the routed ones)."""
+        return max(self.params_b - self.routed_params_b, 0.0)
+
+    @property
+    def routed_active_params_b(self) -> float:
+        """Routed-expert parameters one token goes through (experts_per_token per MoE layer)."""
+        if self.moe is None:
+            return 0.0
+        return self.moe.moe_layers * self.moe.experts_per_token * self.moe.expert_params(self.hidden) / 1e9
+
+    @property
+    def dense_active_params_b(self) -> float:
+        return max(self.active_params_b - self.routed_active_params_b, 0.0)
 
     def kv_bytes_per_token(self) -> float:
         return float(self.layers * self.kv_per_token_layer * self.kv_bytes)
@@ -64,7 +127,13 @@ def gpus() -> dict[str, GpuSpec]:
 
 @functools.cache
 def models() -> dict[str, ModelSpec]:
-    return {k: ModelSpec(name=k, **v) for k, v in _load("models.yaml").items()}  # type: ignore[arg-type]
+    out = {}
+    for k, v in _load("models.yaml").items():
+        fields = dict(v)
+        moe = fields.pop("moe", None)
+        spec = MoESpec(**moe) if isinstance(moe, dict) else None
+        out[k] = ModelSpec(name=k, moe=spec, **fields)  # type: ignore[arg-type]
+    return out
 
 
 def gpu(name: str) -> GpuSpec:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pools.config import PoolsConfig, load_pools
+from pools.placement.common import Layout, largest_domain
 from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest
 from pools.placement import POLICIES, get_policy
 from pools.placement.replan import replan
@@ -58,6 +59,7 @@ def _auto_counts(config: PoolsConfig, topology: Topology, args: argparse.Namespa
 def cmd_plan(args: argparse.Namespace) -> int:
     topology = read_source(args.topology, ReadOptions(gpu=args.gpu))
     config = load_pools(args.pools)
+    config.check_domains(largest_domain(Layout(topology), frozenset()))
     request = PlacementRequest(topology=topology, pools=config.pool_specs(_auto_counts(config, topology, args)),
                                slo_classes=config.classes(), seed=args.seed)
     plan = get_policy(args.policy).place(request)

@@ -46,7 +46,23 @@ class PoolConfig(_Strict):
     model: str | None = Field(default=None, description="catalogue model; without it no memory check")
     slo_classes: list[str] = Field(default_factory=list)
     require_island: bool = False
+    pp: int = Field(default=1, ge=1, le=64, description="pipeline stages")
+    dp: int = Field(default=1, ge=1, le=1024, description="data-parallel attention ranks (each tp GPUs)")
+    expert_parallel: bool = Field(default=False, description="MoE experts split over tp x dp GPUs (EP)")
+    require_domain: bool = Field(default=False, description="a gang no NVLink domain can hold stays unplaced")
     vllm: VllmPoolConfig | None = Field(default=None, description="this pool's vLLM server (engine vllm)")
+
+    @model_validator(mode="after")
+    def _gang(self) -> PoolConfig:
+        spec = catalog.models().get(self.model) if self.model else None
+        if self.expert_parallel:
+            if self.model is None:
+                raise ValueError("expert_parallel needs a catalogue MoE model (`model:`)")
+            if spec is not None and spec.moe is None:
+                raise ValueError(f"expert_parallel: {self.model} is a dense model (no experts to split)")
+        if spec is not None and self.pp > spec.layers:
+            raise ValueError(f"pp: {self.pp} stages for {self.model}, which has {spec.layers} layers")
+        return self
 
     @field_validator("model")
     @classmethod
@@ -111,8 +127,18 @@ class PoolsConfig(_Strict):
             else:
                 count = p.replicas
             specs.append(PoolSpec(name=p.name, role=p.role, tp=p.tp, replicas=count, model=p.model,
-                                  slo_classes=tuple(p.slo_classes), require_island=p.require_island))
+                                  slo_classes=tuple(p.slo_classes), require_island=p.require_island, pp=p.pp,
+                                  dp=p.dp, expert_parallel=p.expert_parallel, require_domain=p.require_domain))
         return tuple(specs)
+
+    def check_domains(self, largest_domain: int) -> None:
+        """A pool that requires one NVLink domain asks for no more GPUs than the largest has."""
+        for k, p in enumerate(self.pools):
+            size = p.tp * p.pp * p.dp
+            if p.require_domain and size > largest_domain:
+                raise ParseError(f"invalid pools file: pools[{k}].require_domain: pool {p.name} needs dp x tp x pp = "
+                                 f"{p.dp} x {p.tp} x {p.pp} = {size} GPUs in one NVLink domain; the largest here "
+                                 f"has {largest_domain}")
 
 
 def load_pools(path: str) -> PoolsConfig:

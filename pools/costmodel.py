@@ -263,8 +263,20 @@ def kv_handover_rate(paths: Sequence[Path]) -> tuple[float, float]:
     return slowest_s * 1e3, max(kv_setup_ms(p) for p in moving)
 
 
-def weights_per_gpu_gb(model: ModelSpec, tp: int) -> float:
-    return model.weights_gb / tp
+def weights_per_gpu_gb(model: ModelSpec, tp: int, pp: int = 1, ep: int = 1) -> float:
+    """One GPU's share of the weights: layers split over `pp` stages; inside a stage the routed
+    experts over max(tp, ep) GPUs (expert parallelism: tp x dp), everything else over tp (each
+    data-parallel rank holds its own copy)."""
+    if model.moe is None:
+        return model.weights_gb / (tp * pp)
+    experts = model.routed_params_b * model.expert_bytes
+    return (model.dense_params_b * model.weight_bytes / tp + experts / max(tp, ep)) / pp
+
+
+def kv_shards(model: ModelSpec, tp: int, pp: int = 1) -> int:
+    """GPUs one sequence's KV is split over: layers over stages, heads over TP, except MLA's one
+    latent KV, which every TP rank keeps whole (vLLM replicates it)."""
+    return (1 if model.attention == "mla" else tp) * pp
 
 
 def kv_capacity_tokens(model: ModelSpec, gpu: GpuSpec, tp: int, memory_utilization: float = 0.9,
@@ -277,7 +289,8 @@ def kv_capacity_tokens(model: ModelSpec, gpu: GpuSpec, tp: int, memory_utilizati
 
 
 def fits(model: ModelSpec, gpu_memory_gb: float, tp: int, memory_utilization: float = 0.9,
-         min_kv_tokens: int = 4096) -> bool:
+         min_kv_tokens: int = 4096, pp: int = 1, ep: int = 1) -> bool:
     """Weights fit with room for at least `min_kv_tokens` of cache (one long request)."""
-    free_gb = gpu_memory_gb * memory_utilization - weights_per_gpu_gb(model, tp) - 2.0
-    return free_gb * 1e9 * tp >= min_kv_tokens * model.kv_bytes_per_token()
+    free_gb = gpu_memory_gb * memory_utilization - weights_per_gpu_gb(model, tp, pp, ep) - 2.0
+    shards = tp * pp if model.moe is None else kv_shards(model, tp, pp)
+    return free_gb * 1e9 * shards >= min_kv_tokens * model.kv_bytes_per_token()

@@ -46,6 +46,9 @@ class ReplicaSpec:
     role: Role
     memory_gb: float | None = None
     """Per-GPU memory the replica needs (weights / tp + KV reserve); None when unknown."""
+    pp: int = 1
+    dp: int = 1
+    expert_parallel: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,9 +61,50 @@ class PoolSpec:
     slo_classes: tuple[str, ...] = ()
     require_island: bool = False
     """True: a replica that cannot sit inside one island stays unplaced (never crosses)."""
+    pp: int = 1
+    """Pipeline stages (each stage dp x tp GPUs)."""
+    dp: int = 1
+    """Data-parallel attention ranks (each tp GPUs), one engine per rank (vLLM --data-parallel-size)."""
+    expert_parallel: bool = False
+    """MoE experts split over the tp x dp GPUs of a stage (vLLM --enable-expert-parallel)."""
+    require_domain: bool = False
+    """True: a gang that no NVLink domain can hold stays unplaced (never spans domains)."""
+
+    @property
+    def gang_size(self) -> int:
+        """GPUs one replica takes: tp x pp x dp."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def is_gang(self) -> bool:
+        """More than one TP group per replica (data-parallel ranks or pipeline stages)."""
+        return self.pp > 1 or self.dp > 1
+
+    @property
+    def ep_size(self) -> int:
+        """Expert-parallel size: tp x dp with expert parallelism, else 1 (experts split by TP)."""
+        return self.tp * self.dp if self.expert_parallel else 1
 
     def replica(self, memory_gb: float | None = None) -> ReplicaSpec:
-        return ReplicaSpec(model=self.model, tp=self.tp, role=self.role, memory_gb=memory_gb)
+        return ReplicaSpec(model=self.model, tp=self.tp, role=self.role, memory_gb=memory_gb, pp=self.pp, dp=self.dp,
+                           expert_parallel=self.expert_parallel)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GangMember:
+    """The GPUs of one data-parallel rank in one pipeline stage on one node (a TP group, or its
+    share of a node when the TP group spans an NVLink domain's nodes)."""
+
+    node: str
+    gpus: tuple[int, ...]
+    dp_rank_start: int
+    pp_stage: int = 0
+    nic: str | None = None
+    """The NIC nearest these GPUs (the rank's rail), None when the node has no NIC."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "gpus": list(self.gpus), "dp_rank_start": self.dp_rank_start,
+                "pp_stage": self.pp_stage, "nic": self.nic}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,8 +121,16 @@ class ReplicaPlacement:
     reasons: tuple[str, ...] = ()
     extra_nodes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     """GPUs on further nodes when a group spans nodes (only topology-blind baselines do that)."""
+    members: tuple[GangMember, ...] = ()
+    """A gang's rank groups in rank order (stage by stage, DP ranks within a stage); `node` and
+    `gpus` are then its first member's, `extra_nodes` its GPUs on other nodes."""
+    in_domain: bool = True
+    """All the replica's GPUs are in one NVLink domain (island)."""
+    expert_parallel: bool = False
 
     def gpu_refs(self) -> list[tuple[str, int]]:
+        if self.members:
+            return [(m.node, g) for m in self.members for g in m.gpus]
         refs = [(self.node, g) for g in self.gpus]
         for node, gpus in self.extra_nodes:
             refs.extend((node, g) for g in gpus)
@@ -103,6 +155,12 @@ class PlacementPlan:
     pools: tuple[PoolSpec, ...] = field(default=(), compare=False)
     slo_classes: Mapping[str, SLOClass] = field(default_factory=dict, compare=False)
     """The classes the plan was made with (a re-plan orders and prefers by them again)."""
+    cross_domain_ep: int = 0
+    """EP gangs not inside one NVLink domain although a domain could have held them: one whose
+    healthy GPUs, less those other gangs hold inside it, are at least the gang's size (smaller
+    replicas there could have gone elsewhere). Counted when the plan is made."""
+    pp_boundaries: Mapping[str, int] = field(default_factory=dict)
+    """Pipeline stage boundaries per tier of the link that carries them."""
 
     def pool(self, name: str) -> PoolSpec:
         return next(p for p in self.pools if p.name == name)
@@ -115,6 +173,10 @@ class PlacementPlan:
     def cross_island_tp_groups(self) -> int:
         return sum(1 for p in self.placements if len(p.gpu_refs()) > 1 and not p.in_island)
 
+    @property
+    def cross_domain_ep_groups(self) -> int:
+        return self.cross_domain_ep
+
     def to_json(self) -> dict[str, Any]:
         return {
             "policy": self.policy,
@@ -123,11 +185,15 @@ class PlacementPlan:
                 {"replica_id": p.replica_id, "pool": p.pool, "role": p.role, "node": p.node, "gpus": list(p.gpus),
                  "island": p.island, "tier": p.tier, **({"extra_nodes": {n: list(g) for n, g in p.extra_nodes}}
                                                        if p.extra_nodes else {}),
+                 **({"members": [m.to_json() for m in p.members], "in_domain": p.in_domain,
+                     "expert_parallel": p.expert_parallel} if p.members else {}),
                  "reasons": list(p.reasons)}
                 for p in self.placements
             ],
             "unplaced": [{"pool": u.pool, "count": u.count, "reason": u.reason} for u in self.unplaced],
             "summary": {"gpus_used": self.gpus_used, "cross_island_tp_groups": self.cross_island_tp_groups,
+                        "cross_domain_ep_groups": self.cross_domain_ep_groups,
+                        "pp_boundaries": dict(sorted(self.pp_boundaries.items())),
                         "score": round(self.score, 4)},
             "reasons": list(self.reasons),
         }

@@ -10,6 +10,11 @@
 
 None of them sees links or their health; all skip GPUs that fell off the bus (a node would
 not report them) and replicas whose weights do not fit.
+
+Gangs (dp x pp TP groups): `ray-pack` takes the whole gang as one PACK placement group of
+tp x pp x dp bundles (Ray Serve LLM's one placement group per DP/PP engine group); the others
+place its TP groups one by one by their own rule. Ranks follow the order the GPUs were handed
+out.
 """
 
 from __future__ import annotations
@@ -44,16 +49,23 @@ class _Baseline:
         placements: list[ReplicaPlacement] = []
         missing: list[tuple[Work, str]] = []
         for k, work in enumerate(replicas_in_order(request, sort=False)):
-            refs = self.choose(work, free, k, rng, request)
+            groups = self.choose_gang(work, free, k, rng) if work.pool.is_gang else None
+            refs = [r for g in groups for r in g] if groups is not None else \
+                None if work.pool.is_gang else self.choose(work.pool.tp, free, k, rng)
             if refs is None:
-                missing.append((work, f"no node has {work.pool.tp} free GPUs"))
+                missing.append((work, f"no node has {work.pool.tp} free GPUs" if not work.pool.is_gang else
+                                f"not {work.pool.gang_size} free GPUs in TP groups of {work.pool.tp}"))
                 continue
-            placement = layout.placement(work, refs, [f"{self.name}: {self.describe()}"])
+            why = [f"{self.name}: {self.describe()}"]
+            placement = layout.gang_placement(work, groups, why) if groups is not None else \
+                layout.placement(work, refs, why)
             problem = None
             if not memory_fits(request.topology, work.pool, refs):
                 problem = f"{work.pool.model} does not fit in GPU memory at tp={work.pool.tp}"
             elif work.pool.require_island and not placement.in_island:
                 problem = f"the {self.name} group crosses islands and the pool requires one"
+            elif work.pool.require_domain and not placement.in_domain:
+                problem = f"the {self.name} gang spans NVLink domains and the pool requires one"
             if problem is not None:
                 for r in refs:
                     free[r.node].append(r.index)
@@ -61,14 +73,28 @@ class _Baseline:
                 missing.append((work, problem))
                 continue
             placements.append(placement)
-        return finish(self.name, request, placements, missing)
+        return finish(self.name, request, placements, missing, layout=layout)
 
     def describe(self) -> str:
         return ""
 
-    def choose(self, work: Work, free: dict[str, list[int]], k: int, rng: random.Random,
-               request: PlacementRequest) -> list[GpuRef] | None:
+    def choose(self, size: int, free: dict[str, list[int]], k: int, rng: random.Random) -> list[GpuRef] | None:
         raise NotImplementedError
+
+    def choose_gang(self, work: Work, free: dict[str, list[int]], k: int, rng: random.Random
+                    ) -> list[list[GpuRef]] | None:
+        """The gang's TP groups, each chosen by the policy's own rule; None (nothing taken) when
+        one does not fit."""
+        groups: list[list[GpuRef]] = []
+        for _ in range(work.pool.dp * work.pool.pp):
+            refs = self.choose(work.pool.tp, free, k, rng)
+            if refs is None:
+                for r in (r for g in groups for r in g):
+                    free[r.node].append(r.index)
+                    free[r.node].sort()
+                return None
+            groups.append(refs)
+        return groups
 
 
 class RayPack(_Baseline):
@@ -77,9 +103,16 @@ class RayPack(_Baseline):
     def describe(self) -> str:
         return "first node with room, GPUs in index order"
 
-    def choose(self, work: Work, free: dict[str, list[int]], k: int, rng: random.Random,
-               request: PlacementRequest) -> list[GpuRef] | None:
+    def choose_gang(self, work: Work, free: dict[str, list[int]], k: int, rng: random.Random
+                    ) -> list[list[GpuRef]] | None:
+        refs = self.choose(work.pool.gang_size, free, k, rng)
+        if refs is None:
+            return None
         t = work.pool.tp
+        return [refs[i:i + t] for i in range(0, len(refs), t)]
+
+    def choose(self, size: int, free: dict[str, list[int]], k: int, rng: random.Random) -> list[GpuRef] | None:
+        t = size
         for node, gpus in free.items():
             if len(gpus) >= t:
                 return _take(free, node, gpus[:t])
@@ -100,9 +133,8 @@ class Spread(_Baseline):
     def describe(self) -> str:
         return "bundles on different nodes, round robin"
 
-    def choose(self, work: Work, free: dict[str, list[int]], k: int, rng: random.Random,
-               request: PlacementRequest) -> list[GpuRef] | None:
-        t = work.pool.tp
+    def choose(self, size: int, free: dict[str, list[int]], k: int, rng: random.Random) -> list[GpuRef] | None:
+        t = size
         if sum(len(g) for g in free.values()) < t:
             return None
         nodes = list(free)
@@ -123,11 +155,10 @@ class FirstFit(_Baseline):
     def describe(self) -> str:
         return "first node with room, lowest indices"
 
-    def choose(self, work: Work, free: dict[str, list[int]], k: int, rng: random.Random,
-               request: PlacementRequest) -> list[GpuRef] | None:
+    def choose(self, size: int, free: dict[str, list[int]], k: int, rng: random.Random) -> list[GpuRef] | None:
         for node, gpus in free.items():
-            if len(gpus) >= work.pool.tp:
-                return _take(free, node, gpus[: work.pool.tp])
+            if len(gpus) >= size:
+                return _take(free, node, gpus[:size])
         return None
 
 
@@ -137,10 +168,9 @@ class RandomPolicy(_Baseline):
     def describe(self) -> str:
         return "random node with room, random GPUs (seeded)"
 
-    def choose(self, work: Work, free: dict[str, list[int]], k: int, rng: random.Random,
-               request: PlacementRequest) -> list[GpuRef] | None:
-        nodes = [n for n, g in free.items() if len(g) >= work.pool.tp]
+    def choose(self, size: int, free: dict[str, list[int]], k: int, rng: random.Random) -> list[GpuRef] | None:
+        nodes = [n for n, g in free.items() if len(g) >= size]
         if not nodes:
             return None
         node = rng.choice(nodes)
-        return _take(free, node, sorted(rng.sample(free[node], work.pool.tp)))
+        return _take(free, node, sorted(rng.sample(free[node], size)))

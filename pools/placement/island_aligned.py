@@ -19,6 +19,8 @@ exactly that on bridge machines). Instead:
 5. A replica that no island can hold crosses islands only if its pool allows it, on one node,
    on one NUMA node when possible, never over an unhealthy link; otherwise it is unplaced with
    the reason.
+6. Gangs (data-parallel ranks, expert parallelism, pipeline stages) go first, as units
+   (`pools.placement.gangs`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from pools.model import PlacementPlan, PlacementRequest, PoolSpec, ReplicaPlacement
 from pools.placement.common import Layout, Work, finish, gpu_memory_gb, memory_fits, replicas_in_order
 from pools.placement.fallback import cross_island_group
+from pools.placement.gangs import DomainSearch, carriers, describe, span
 from pools.placement.islandstate import IslandSlot, Positions, build_slots, carve_many
 from topology import GpuRef
 
@@ -42,9 +45,9 @@ class _Unit:
 def _pd_partners(pools: Sequence[PoolSpec]) -> dict[str, str]:
     """prefill pool -> decode pool of the same model sharing an SLO class (first match)."""
     out: dict[str, str] = {}
-    decodes = [p for p in pools if p.role == "decode"]
+    decodes = [p for p in pools if p.role == "decode" and not p.is_gang]
     for p in pools:
-        if p.role != "prefill":
+        if p.role != "prefill" or p.is_gang:
             continue
         for d in decodes:
             shares = not p.slo_classes or not d.slo_classes or set(p.slo_classes) & set(d.slo_classes)
@@ -55,7 +58,7 @@ def _pd_partners(pools: Sequence[PoolSpec]) -> dict[str, str]:
 
 
 def _units(request: PlacementRequest, pd_units: bool = True) -> list[_Unit]:
-    work = replicas_in_order(request, sort=True)
+    work = [w for w in replicas_in_order(request, sort=True) if not w.pool.is_gang]
     by_pool: dict[str, list[Work]] = {}
     for w in work:
         by_pool.setdefault(w.pool.name, []).append(w)
@@ -214,11 +217,65 @@ class _Run:
             self._take(k, frozenset({self.slots[k].members.index(r)}))
         self.placements.append(self.layout.placement(work, refs, [f"no island can hold tp={work.pool.tp}; {why}"]))
 
+    def _fits(self, pool: PoolSpec, refs: list[GpuRef]) -> bool:
+        return memory_fits(self.request.topology, pool, refs)
+
+    def _gang_key(self, k: int, leftover: int, work: Work) -> tuple[object, ...]:
+        slot = self.slots[k]
+        return (-self._preference(work.strictness) * slot.quality, leftover, k)
+
+    def _gang_sig(self, k: int, free: frozenset[int]) -> tuple[object, ...]:
+        slot = self.slots[k]
+        return (slot.shape, round(slot.quality, 3), free, gpu_memory_gb(self.request.topology, slot.members[0]))
+
+    def _place_gangs(self) -> None:
+        gangs = sorted((w for w in replicas_in_order(self.request, sort=True) if w.pool.is_gang),
+                       key=lambda w: (-w.pool.gang_size, -w.strictness))
+        if not gangs:
+            return
+        chosen = DomainSearch(self.slots, self._fits, self._gang_key, self._gang_sig).assign(gangs)
+        for work in gangs:
+            choice = chosen.get(work.replica_id)
+            if choice is None:
+                continue
+            groups = [self._take(choice.slot, g) for g in choice.groups]
+            refs = [r for g in groups for r in g]
+            text = self._reason(choice.slot, refs, f"{describe(work.pool)} in one NVLink domain")
+            self.placements.append(self.layout.gang_placement(work, groups, text))
+        for work in gangs:
+            if work.replica_id not in chosen:
+                self._span(work)
+
+    def _span(self, work: Work) -> None:
+        pool = work.pool
+        if pool.require_domain:
+            self.missing.append((work, f"no NVLink domain has room for the {describe(pool)} "
+                                       "(pool requires one domain)"))
+            return
+        found = span(self.request.topology, carriers(self.request.topology, self.slots, pool), pool, self._fits)
+        if found is None:
+            self.missing.append((work, f"not enough free GPUs for the {describe(pool)}: its TP groups of "
+                                       f"{pool.tp} must each sit inside an island"
+                                       + ("" if pool.require_island or pool.tp == 1 else " or on one node")))
+            return
+        groups, used = found
+        slot_of = {m: (k, p) for k, s in enumerate(self.slots) for p, m in enumerate(s.members)}
+        for r in (r for g in groups for r in g):
+            k, p = slot_of[r]
+            self._take(k, frozenset({p}))
+        nodes = sorted({r.node for g in groups for r in g})
+        racks = sorted({self.request.topology.node(n).rack or "-" for n in nodes})
+        why = (f"{describe(pool)}: no free NVLink domain holds it; across {len(used)} carriers on "
+               f"{len(nodes)} nodes ({', '.join(nodes[:4])}{'...' if len(nodes) > 4 else ''}) in rack(s) "
+               f"{', '.join(racks)}, ranks contiguous per node")
+        self.placements.append(self.layout.gang_placement(work, groups, [why]))
+
     def run(self) -> PlacementPlan:
+        self._place_gangs()
         for unit in _units(self.request, self.pd_units):
             self._place_unit(unit)
         for work in self.leftover:
             self._fallback(work)
         in_island = sum(1 for p in self.placements if p.in_island)
         return finish(IslandAligned.name, self.request, self.placements, self.missing,
-                      [f"{in_island} of {len(self.placements)} replicas inside one island"])
+                      [f"{in_island} of {len(self.placements)} replicas inside one island"], self.layout)

@@ -42,7 +42,8 @@ def test_plan_json_schema(source: str) -> None:
                                                                              "rdma", "tcp", "rack")
     for u in doc["unplaced"]:
         assert set(u) == {"pool", "count", "reason"}
-    assert set(doc["summary"]) == {"gpus_used", "cross_island_tp_groups", "score"}
+    assert set(doc["summary"]) == {"gpus_used", "cross_island_tp_groups", "cross_domain_ep_groups", "pp_boundaries",
+                                   "score"}
 
 
 def test_plan_table_and_isle_alias() -> None:
