@@ -3,7 +3,8 @@
     python -m pools plan --topology SOURCE --pools POOLS.yaml --policy NAME [--format json]
     python -m pools size --topology SOURCE --model M --workload W --slo CLASS[,CLASS]
     python -m pools bench [placement|engine] [--format json]
-    python -m pools cost prefill|decode|collective|kv ... --format json
+    python -m pools cost prefill|decode|collective|kv|moe|pp ... --format json
+    python -m pools launch --plan PLAN.json --pools POOLS.yaml --pool NAME [--replica ID] --format json
 
 Exit code 2 with one line on stderr for bad input.
 """
@@ -11,7 +12,6 @@ Exit code 2 with one line on stderr for bad input.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from pools.config import PoolsConfig, load_pools
-from pools.placement.common import Layout, largest_domain
+from pools.costcli import add_cost_parsers
 from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest
 from pools.placement import POLICIES, get_policy
+from pools.placement.common import Layout, largest_domain
 from pools.placement.replan import replan
 from topology import Topology, TopologyError
 from topology.readers import ReadOptions, read_source
@@ -187,76 +188,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args.format, args.policy)
 
 
-def cmd_cost(args: argparse.Namespace) -> int:
-    from pools import cost
-
-    if args.what == "prefill":
-        out = cost.prefill(args.model, args.gpu, args.tp, args.tokens, args.context, args.dtype, args.link)
-    elif args.what == "decode":
-        out = cost.decode(args.model, args.gpu, args.tp, args.batch, args.context, args.dtype, args.link)
-    elif args.what == "collective":
-        out = cost.collective(args.op, args.bytes, args.gpus, args.link, args.gpu, args.gbps, args.gpus_per_node,
-                              nvls=not args.no_nvls)
-    else:
-        out = cost.kv(args.model, args.tokens, args.link, args.gbps, args.tp)
-    if args.format == "json":
-        print(json.dumps(out))
-    else:
-        value = f"{out['us']:.2f} us" if "us" in out else f"{out['ms']:.3f} ms"
-        print(f"{args.what}: {value}  ({', '.join(f'{k}={v}' for k, v in out.items() if k not in ('ms', 'us'))})")
-    return 0
-
-
-def cmd_fidelity(args: argparse.Namespace) -> int:
-    from pools import fidelity
-
-    found = fidelity.rows()
-    if args.format == "json":
-        print(json.dumps({"rows": [{**dataclasses.asdict(r), "ratio": r.ratio} for r in found],
-                          "summary": fidelity.summary(found)}))
-    else:
-        print(fidelity.render(found))
-    return 0
-
-
-def _cost_parser(sub: Any) -> None:
-    p = sub.add_parser("cost", help="what the cost model predicts (prefill, decode, collective, kv)")
-    kinds = p.add_subparsers(dest="what", required=True)
-    for what in ("prefill", "decode"):
-        q = kinds.add_parser(what, help=f"one {what} " + ("of N new tokens after C cached" if what == "prefill"
-                                                         else "step of B sequences with C tokens of context each"))
-        q.add_argument("--model", required=True)
-        q.add_argument("--gpu", required=True)
-        q.add_argument("--tp", type=int, required=True)
-        if what == "prefill":
-            q.add_argument("--tokens", type=int, required=True)
-            q.add_argument("--context", type=int, default=0)
-        else:
-            q.add_argument("--batch", type=int, required=True)
-            q.add_argument("--context", type=int, required=True)
-        q.add_argument("--dtype", choices=["bf16", "fp8"], default="bf16")
-        q.add_argument("--link", default="nvswitch", help="the TP group's link kind (default nvswitch)")
-    q = kinds.add_parser("collective", help="one NCCL collective; --bytes per GPU as nccl-tests counts it")
-    q.add_argument("--op", required=True, choices=["allreduce", "allgather", "reducescatter", "alltoall"])
-    q.add_argument("--bytes", type=int, required=True)
-    q.add_argument("--gpus", type=int, required=True)
-    q.add_argument("--link", required=True, choices=["nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "tcp"])
-    q.add_argument("--gpu")
-    q.add_argument("--gbps", type=float, help="per-GPU network rate in Gbit/s (rdma, tcp)")
-    q.add_argument("--gpus-per-node", type=int, help="rdma/tcp: GPUs per node (default 8 when more than 8, else 1)")
-    q.add_argument("--no-nvls", action="store_true", help="as NCCL_NVLS_ENABLE=0: no NVLink SHARP all-reduce")
-    q = kinds.add_parser("kv", help="moving the KV cache of N tokens between two replicas")
-    q.add_argument("--model", required=True)
-    q.add_argument("--tokens", type=int, required=True)
-    q.add_argument("--link", required=True, choices=["nvlink", "pcie", "rdma", "tcp"])
-    q.add_argument("--gbps", type=float, help="the NIC rate in Gbit/s (rdma, tcp)")
-    q.add_argument("--tp", type=int, default=1, help="rank pairs moving their shards at once, each over its own link")
-    for q in (kinds.choices[name] for name in ("prefill", "decode", "collective", "kv")):
-        q.add_argument("--format", choices=["json", "text"], default="text")
-    p.set_defaults(func=cmd_cost)
-    p = sub.add_parser("fidelity", help="the cost model against published measurements (pools/data/calibration.yaml)")
-    p.add_argument("--format", choices=["json", "text"], default="text")
-    p.set_defaults(func=cmd_fidelity)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -313,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["json", "text"], default="text")
     p.add_argument("--policy", default="island-aligned", choices=sorted(POLICIES))
     p.set_defaults(func=cmd_bench)
-    _cost_parser(sub)
+    add_cost_parsers(sub)
     return parser
 
 

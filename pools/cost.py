@@ -1,4 +1,4 @@
-"""`python -m pools cost prefill|decode|collective|kv ... --format json`: what the cost model (the
+"""`python -m pools cost prefill|decode|collective|kv|moe|pp ... --format json`: what the cost model (the
 one the planner, the simulated engine and the simulator use) predicts, as one JSON object with
 the inputs echoed and the link it assumed. Pure: each answer is a function of its inputs.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pools import catalog, collectives, costmodel
+from pools import catalog, collectives, costmodel, moecost, pipeline
 from pools.catalog import ModelSpec
 from pools.collectives import Hw
 from topology import LinkKind, Path
@@ -203,3 +203,107 @@ def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails
     _, paths = _kv_paths(link_name, gbps, rails)
     ms_per_byte, setup_ms = costmodel.kv_handover_rate(paths)
     return size_bytes / ((size_bytes * ms_per_byte + setup_ms) * 1e-3) / 1e9
+
+
+GANG_LINKS = ("nvlink", "rdma", "cross-rail", "tcp")
+
+
+def _gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbps: float | None
+                ) -> moecost.GangLinks:
+    """Where an EP gang's all-to-all runs (`moecost.GangLinks`): nvlink, the whole gang in one
+    NVLink domain (the GPU's own NVLink); otherwise `domain_gpus` of it per domain (default 8,
+    an HGX node) joined by one NIC per GPU of `--gbps` (default the kind's)."""
+    if link_name not in GANG_LINKS:
+        raise ValueError(f"--link for a gang is one of {', '.join(GANG_LINKS)}, not {link_name!r}")
+    if gbps is not None and link_name == "nvlink":
+        raise ValueError("--gbps is a network rate: it goes with --link rdma, cross-rail or tcp, not nvlink")
+    if domain_gpus is not None:
+        _positive(domain_gpus=domain_gpus)
+    line, _ = fabric("nvswitch", gpu, gang)
+    nic = link("tcp" if link_name == "tcp" else "rdma", gbps)
+    d = gang if link_name == "nvlink" else min(domain_gpus or GPUS_PER_NODE, gang)
+    return moecost.GangLinks(carrier=link_name, domain_ranks=d, nvlink_gb_s=line,  # type: ignore[arg-type]
+                             nic_gb_s=nic.bandwidth_gb_s, nic_latency_us=nic.latency_us)
+
+
+def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, tokens: int = 0, prompts: int = 1,
+        batch: int = 0, context: int = 0, domain_gpus: int | None = None, gbps: float | None = None,
+        imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
+        dtype: str | None = None) -> dict[str, Any]:
+    """One step of an MoE gang of `dp` data-parallel ranks of TP=`tp` (`pools.moecost`)."""
+    _positive(tp=tp, dp=dp)
+    spec = _model(model, dtype) if dtype is not None else catalog.model(model)
+    if spec.moe is None:
+        raise ValueError(f"{model} is a dense model: `cost moe` prices expert layers (MoE models: "
+                         f"{', '.join(sorted(n for n, m in catalog.models().items() if m.moe))})")
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"--phase is prefill or decode, not {phase!r}")
+    if phase == "prefill":
+        _positive(tokens=tokens, prompts=prompts)
+    else:
+        _positive(batch=batch)
+    if context < 0:
+        raise ValueError(f"--context must be 0 or more, got {context}")
+    if imbalance is not None and imbalance < 1:
+        raise ValueError(f"--imbalance is max over mean GPU load, at least 1, got {imbalance}")
+    links = _gang_links(link_name, gpu, tp * dp, domain_gpus, gbps)
+    tp_line, _ = fabric("nvswitch", gpu, tp)
+    tp_link = costmodel.LinkCost(bandwidth_gb_s=tp_line, latency_us=DEFAULTS[LinkKind.NVSWITCH].latency_us,
+                                 switched=True)
+    step = moecost.moe_step(spec, catalog.gpu(gpu), tp, dp, links, prefill_tokens=tokens if phase == "prefill" else 0,
+                            prefill_context=context if phase == "prefill" else 0, prefill_sequences=prompts,
+                            decodes=batch if phase == "decode" else 0, decode_context=context, tp_link=tp_link,
+                            imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel)
+    per_rank = tokens if phase == "prefill" else batch
+    ep = tp * dp if expert_parallel else tp
+    return {"what": "moe", "model": model, "gpu": gpu, "tp": tp, "dp": dp, "ep": ep, "expert_parallel": expert_parallel,
+            "phase": phase, "tokens": tokens, "prompts": prompts, "batch": batch, "context": context,
+            "overlap": overlap, "link": {"name": link_name, "domain_gpus": links.domain_ranks,
+                                         "nvlink_gb_s": links.nvlink_gb_s, "nic_gb_s": links.nic_gb_s},
+            "fits": costmodel.fits(spec, catalog.gpu(gpu).memory_gb, tp, ep=ep),
+            "imbalance": step.imbalance, "dense_ms": step.dense_ms, "experts_ms": step.experts_ms,
+            "dispatch_ms": step.dispatch_ms, "combine_ms": step.combine_ms, "allreduce_ms": step.allreduce_ms,
+            "overhead_ms": step.overhead_ms, "a2a_share": step.a2a_share, "ms": step.total_ms,
+            "tokens_per_s_per_gpu": per_rank / tp / (step.total_ms / 1e3) if step.total_ms > 0 else 0.0}
+
+
+PP_LINKS = ("nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "tcp")
+
+
+def pp(model: str, gpu: str, tp: int, stages: int, phase: str, boundaries: list[str], *, tokens: int = 0,
+       batch: int = 0, context: int = 0, gbps: float | None = None, dtype: str = "bf16",
+       link_name: str = "nvswitch") -> dict[str, Any]:
+    """A prefill or a decode cycle over `stages` pipeline stages of TP=`tp` (`pools.pipeline`);
+    `boundaries`: one link kind for every boundary, or one per boundary (stages - 1)."""
+    _positive(tp=tp, pp=stages)
+    spec = _model(model, dtype)
+    if stages > spec.layers:
+        raise ValueError(f"--pp {stages} is more stages than {model}'s {spec.layers} layers")
+    kinds = boundaries * (stages - 1) if len(boundaries) == 1 else boundaries
+    if len(kinds) != stages - 1:
+        raise ValueError(f"--boundary: one link for all, or {stages - 1} (one per boundary), got {len(boundaries)}")
+    for k in kinds:
+        if k not in PP_LINKS:
+            raise ValueError(f"unknown boundary link {k!r} (known: {', '.join(PP_LINKS)})")
+    if gbps is not None and not any(k in NETWORK for k in kinds):
+        raise ValueError("--gbps is a network rate: it needs an rdma or tcp boundary")
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"--phase is prefill or decode, not {phase!r}")
+    if phase == "prefill":
+        _positive(tokens=tokens)
+    else:
+        _positive(batch=batch)
+    links = [replace(link(k, gbps), hw="net") if k in NETWORK else
+             tp_link_of(k, gpu, 2) if LINKS[k].is_gpu_fabric else replace(link(k), hw="pci") for k in kinds]
+    tp_link = tp_link_of(link_name, gpu, tp)
+    step = pipeline.pipeline_step(spec, catalog.gpu(gpu), tp, stages, tp_link, links,
+                                  prefill_tokens=tokens if phase == "prefill" else 0,
+                                  decodes=batch if phase == "decode" else 0, decode_context=context)
+    produced = tokens if phase == "prefill" else batch
+    return {"what": "pp", "model": model, "gpu": gpu, "tp": tp, "pp": stages, "phase": phase, "tokens": tokens,
+            "batch": batch, "context": context, "dtype": dtype, "gbps": gbps, "link": _link_view(link_name, tp_link),
+            "boundaries": [_link_view(k, c) for k, c in zip(kinds, links, strict=True)],
+            "fits": costmodel.fits(spec, catalog.gpu(gpu).memory_gb, tp, pp=stages),
+            "stage_ms": list(step.stage_ms), "boundary_ms": list(step.boundary_ms),
+            "micro_batches": step.micro_batches, "bubble": step.bubble, "ms": step.total_ms,
+            "tokens_per_s_per_gpu": produced / (tp * stages) / (step.total_ms / 1e3) if step.total_ms > 0 else 0.0}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ def nearest_nic(topology: Topology, node: str, gpus: Sequence[int], taken: set[s
     def key(name: str, level: int) -> tuple[int, bool, str]:
         return (-level, name in taken, name)
 
-    best = min((key(n.name, int(n.level_to(first) or 0)) for n in nics))
+    best = min(key(n.name, int(n.level_to(first) or 0)) for n in nics)
     return best[2]
 
 
@@ -214,7 +215,7 @@ def pp_boundaries(topology: Topology, placements: Sequence[ReplicaPlacement]) ->
     out: dict[str, int] = {}
     for pl in placements:
         stages = stage_groups(pl) if pl.members else []
-        for before, after in zip(stages, stages[1:], strict=False):
+        for before, after in itertools.pairwise(stages):
             t = boundary_tier(topology, before, after)
             out[t] = out.get(t, 0) + 1
     return out
