@@ -33,7 +33,9 @@ def plan_summary(plan: PlacementPlan) -> dict[str, Any]:
         tiers[p.tier] = tiers.get(p.tier, 0) + 1
     return {"policy": plan.policy, "placed": len(plan.placements), "unplaced": len(plan.unplaced),
             "in_island": sum(1 for p in plan.placements if p.in_island), "tp_tiers": tiers,
-            "crossing": sorted(p.replica_id for p in plan.placements if not p.in_island)}
+            "crossing": sorted(p.replica_id for p in plan.placements if not p.in_island),
+            "gpus_used": plan.gpus_used, "cross_domain_ep_groups": plan.cross_domain_ep_groups,
+            "pp_boundaries": dict(plan.pp_boundaries)}
 
 
 def workload_for(scenario: Scenario, rate: float) -> list[TraceRequest]:
@@ -63,6 +65,8 @@ def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[Tra
         "scenario": scenario.name, "mode": "sim", "policy": policy, "routing": "scenario",
         "rate_scale": rate, "rate_rps": round(len(workload) / span, 4) if span > 0 else math.nan,
         "goodput_rps": summary["goodput_rps"],
+        "output_tokens_per_gpu_s": round(summary["good_output_tok_s"] / max(plan.gpus_used, 1), 3),
+        "tpot_p99_ms": summary["tpot_ms"].get("p99", math.nan),
         "slo_attainment": {k: v["slo_attainment"] for k, v in summary["per_class"].items()},
         "summary": summary, "topology_fingerprint": scenario.topology.fingerprint(), "plan": plan_summary(plan),
         "events": result.log, "config": {"path": str(scenario.path), "seed": scenario.config.seed,

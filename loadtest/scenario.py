@@ -81,9 +81,7 @@ class Scenario:
         if auto:
             raise ValueError(f"{self.path}: pools {auto} say `replicas: auto`; a scenario compares policies on "
                              "fixed counts (size them first: python -m pools size)")
-        return tuple(PoolSpec(name=p.name, role=p.role, tp=p.tp, replicas=int(p.replicas), model=p.model,
-                              slo_classes=tuple(p.slo_classes), require_island=p.require_island)
-                     for p in self.config.pools)
+        return tuple(p.spec(int(p.replicas)) for p in self.config.pools)
 
     def classes(self) -> dict[str, SLOClass]:
         chosen = [c.to_slo() for c in self.config.slo_classes] or list(DEFAULT_SLO_CLASSES)

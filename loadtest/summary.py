@@ -73,6 +73,7 @@ def summarize(results: Sequence[RequestResult], classes: Mapping[str, SLOClass],
         "request_throughput_rps": round(len(ok) / duration_s, 4),
         "output_throughput_tok_s": round(sum(r.output_tokens for r in ok) / duration_s, 2),
         "goodput_rps": round(len(good) / duration_s, 4),
+        "good_output_tok_s": round(sum(r.output_tokens for r in good) / duration_s, 2),
         "slo_attainment": round(len(good) / len(results), 4) if results else math.nan,
         **latencies(results), "per_class": per_class, "per_tier": per_tier,
     }

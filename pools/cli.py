@@ -190,6 +190,56 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    """The vLLM processes that start one gang replica of a plan, node by node."""
+    from pools.vllm.gang import EplbSettings, GangSettings, gang_launches, placement_from_json
+
+    try:
+        with open(args.plan, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--plan {args.plan}: {err}") from None
+    pools = {p.name: p for p in load_pools(args.pools).pool_specs()}
+    if args.pool not in pools:
+        raise ValueError(f"--pool {args.pool}: not in {args.pools} ({', '.join(pools)})")
+    found = [p for p in doc.get("placements", []) if p.get("pool") == args.pool
+             and (args.replica is None or p.get("replica_id") == args.replica)]
+    if not found:
+        raise ValueError(f"{args.plan} places no replica {args.replica or ''} of pool {args.pool}".replace("  ", " "))
+    placement = placement_from_json(found[0])
+    eplb = None if args.eplb_redundant is None else EplbSettings(num_redundant_experts=args.eplb_redundant)
+    settings = GangSettings(model=args.model or pools[args.pool].model or args.pool, address=args.address,
+                            port=args.port, rpc_port=args.rpc_port, external_lb=args.external_lb, eplb=eplb)
+    launches = gang_launches(placement, pools[args.pool], settings)
+    if args.format == "json":
+        keys = ("node", "argv", "env", "dp_ranks", "headless")
+        print(json.dumps([{k: v for k, v in launch.to_json().items() if k in keys} for launch in launches], indent=2))
+    else:
+        import shlex
+
+        for launch in launches:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(launch.env.items()))
+            print(f"# {launch.node}: DP ranks {list(launch.dp_ranks)}{' (headless)' if launch.headless else ''}")
+            print(f"{env} {shlex.join(launch.argv)}")
+    return 0
+
+
+def _launch_parser(sub: Any) -> None:
+    p = sub.add_parser("launch", help="the vLLM command of each node of a planned gang replica")
+    p.add_argument("--plan", required=True, help="PLAN.json as `plan --format json` prints it")
+    p.add_argument("--pools", required=True, help="the POOLS.yaml the plan was made with (tp, dp, pp, ep)")
+    p.add_argument("--pool", required=True)
+    p.add_argument("--replica", help="replica id (default: the pool's first)")
+    p.add_argument("--model", help="model id or directory (default: the pool's model)")
+    p.add_argument("--address", default="127.0.0.1", help="the head node's address (--data-parallel-address)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--rpc-port", type=int, default=29550)
+    p.add_argument("--external-lb", action="store_true", help="one API server per DP rank")
+    p.add_argument("--eplb-redundant", type=int, metavar="R", help="enable EPLB with R redundant experts")
+    p.add_argument("--format", choices=["json", "text"], default="text")
+    p.set_defaults(func=cmd_launch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pools", description="placement, sizing and its benchmark")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -245,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="island-aligned", choices=sorted(POLICIES))
     p.set_defaults(func=cmd_bench)
     add_cost_parsers(sub)
+    _launch_parser(sub)
     return parser
 
 

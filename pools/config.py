@@ -52,6 +52,11 @@ class PoolConfig(_Strict):
     require_domain: bool = Field(default=False, description="a gang no NVLink domain can hold stays unplaced")
     vllm: VllmPoolConfig | None = Field(default=None, description="this pool's vLLM server (engine vllm)")
 
+    def spec(self, replicas: int) -> PoolSpec:
+        return PoolSpec(name=self.name, role=self.role, tp=self.tp, replicas=replicas, model=self.model,
+                        slo_classes=tuple(self.slo_classes), require_island=self.require_island, pp=self.pp,
+                        dp=self.dp, expert_parallel=self.expert_parallel, require_domain=self.require_domain)
+
     @model_validator(mode="after")
     def _gang(self) -> PoolConfig:
         spec = catalog.models().get(self.model) if self.model else None
@@ -126,9 +131,7 @@ class PoolsConfig(_Strict):
                 count = auto_counts[p.name]
             else:
                 count = p.replicas
-            specs.append(PoolSpec(name=p.name, role=p.role, tp=p.tp, replicas=count, model=p.model,
-                                  slo_classes=tuple(p.slo_classes), require_island=p.require_island, pp=p.pp,
-                                  dp=p.dp, expert_parallel=p.expert_parallel, require_domain=p.require_domain))
+            specs.append(p.spec(count))
         return tuple(specs)
 
     def check_domains(self, largest_domain: int) -> None:

@@ -307,3 +307,22 @@ def pp(model: str, gpu: str, tp: int, stages: int, phase: str, boundaries: list[
             "stage_ms": list(step.stage_ms), "boundary_ms": list(step.boundary_ms),
             "micro_batches": step.micro_batches, "bubble": step.bubble, "ms": step.total_ms,
             "tokens_per_s_per_gpu": produced / (tp * stages) / (step.total_ms / 1e3) if step.total_ms > 0 else 0.0}
+
+
+def a2a(gpu: str, ep: int, tokens: int, hidden: int, topk: int, dtype: str, mode: str, link_name: str = "rdma",
+        domain_gpus: int | None = None, gbps: float | None = None, groups_per_token: int = 0) -> dict[str, Any]:
+    """One expert-parallel dispatch or combine (`moecost.a2a_us`): `tokens` per rank, each to `topk`
+    of `ep` ranks, elements of `dtype` (fp8: with its scales); the bottleneck bandwidth as DeepEP
+    reports it (bytes that leave the node over the network, or over NVLink inside one)."""
+    _positive(ep=ep, tokens=tokens, hidden=hidden, topk=topk)
+    if mode not in ("high-throughput", "low-latency"):
+        raise ValueError(f"mode is high-throughput or low-latency, not {mode!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    links = _gang_links(link_name, gpu, ep, domain_gpus, gbps)
+    element = moecost.FP8_DISPATCH_BYTES if dtype == "fp8" else float(costmodel.BF16)
+    us = moecost.a2a_us(tokens, hidden, topk, element, ep, links, mode, groups_per_token)  # type: ignore[arg-type]
+    d = links.domain_ranks
+    every = tokens * topk * hidden * element
+    return {"what": "a2a", "gpu": gpu, "ep": ep, "tokens": tokens, "hidden": hidden, "topk": topk, "dtype": dtype,
+            "mode": mode, "domain_gpus": d, "us": us, "logical_gb_s": every / (us * 1e-6) / 1e9 if us else 0.0}

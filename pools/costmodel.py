@@ -280,17 +280,17 @@ def kv_shards(model: ModelSpec, tp: int, pp: int = 1) -> int:
 
 
 def kv_capacity_tokens(model: ModelSpec, gpu: GpuSpec, tp: int, memory_utilization: float = 0.9,
-                       activation_reserve_gb: float = 2.0) -> int:
-    """Tokens of KV cache the replica can hold (vLLM's gpu_memory_utilization semantics)."""
-    free_gb = gpu.memory_gb * memory_utilization - weights_per_gpu_gb(model, tp) - activation_reserve_gb
+                       activation_reserve_gb: float = 2.0, pp: int = 1, ep: int = 1) -> int:
+    """Tokens of KV cache the replica (one data-parallel rank of a gang) can hold (vLLM's
+    gpu_memory_utilization semantics)."""
+    free_gb = gpu.memory_gb * memory_utilization - weights_per_gpu_gb(model, tp, pp, ep) - activation_reserve_gb
     if free_gb <= 0:
         return 0
-    return int(free_gb * 1e9 * tp / model.kv_bytes_per_token())
+    return int(free_gb * 1e9 * kv_shards(model, tp, pp) / model.kv_bytes_per_token())
 
 
 def fits(model: ModelSpec, gpu_memory_gb: float, tp: int, memory_utilization: float = 0.9,
          min_kv_tokens: int = 4096, pp: int = 1, ep: int = 1) -> bool:
     """Weights fit with room for at least `min_kv_tokens` of cache (one long request)."""
     free_gb = gpu_memory_gb * memory_utilization - weights_per_gpu_gb(model, tp, pp, ep) - 2.0
-    shards = tp * pp if model.moe is None else kv_shards(model, tp, pp)
-    return free_gb * 1e9 * shards >= min_kv_tokens * model.kv_bytes_per_token()
+    return free_gb * 1e9 * kv_shards(model, tp, pp) >= min_kv_tokens * model.kv_bytes_per_token()

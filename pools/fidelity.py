@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from pools import catalog, cost, replay
+from pools import catalog, cost, moecost, replay
 
 GPU_ALIASES = {"a100-80gb": "a100-sxm4", "h800": "h800-sxm"}
 """Names the sources use for parts the catalogue lists under another name (LMDeploy's
@@ -125,11 +125,42 @@ def predict(p: dict[str, Any]) -> tuple[float | None, str]:
         return cost.kv(model, int(p["tokens"]), p["link"], p.get("gbps"), int(p.get("tp") or 1))["ms"], ""
     if kind == "kv" and unit == "GB/s" and p.get("bytes") and p.get("rails"):
         return cost.kv_payload_gb_s(float(p["bytes"]), p["link"], p.get("gbps"), int(p["rails"])), ""
+    if kind == "a2a" and gpu:
+        answer = cost.a2a(gpu, int(p["ep"]), int(p["tokens"]), int(p["hidden"]), int(p["topk"]), p["dtype"],
+                          p["mode"], p.get("link") or "rdma", int(p.get("gpus_per_node") or 8),
+                          p.get("gbps") if p.get("link") != "nvlink" else None,
+                          int(p.get("groups_per_token") or 0))
+        if unit == "us":
+            return answer["us"], ""
+        if unit == "GB/s-bottleneck":
+            return a2a_bottleneck_gb_s(p, answer["us"]), ""
+    if kind == "moe" and unit == "tokens/s-per-node" and model and gpu:
+        phase = p["phase"]
+        answer = cost.moe(model, gpu, int(p.get("tp") or 1), int(p["dp"]), phase, p.get("link") or "rdma",
+                          tokens=int(p.get("tokens") or 0), prompts=int(p.get("prompts") or 1),
+                          batch=int(p.get("batch") or 0), context=int(p.get("context") or 0),
+                          domain_gpus=int(p.get("gpus_per_node") or 8), gbps=p.get("gbps"),
+                          overlap=bool(p.get("overlap")))
+        return answer["tokens_per_s_per_gpu"] * int(p.get("gpus_per_node") or 8), ""
     if kind == "attainment" and unit == "fraction" and model and gpu:
         if not str(p.get("source", "")).startswith(replay.SOURCE) or "rate_rps" not in p:
             return None, "no replayable workload for this attainment point (pools.replay has DistServe's)"
         return replay.predicted_attainment(model, gpu, int(p.get("tp") or 1), float(p["rate_rps"])), ""
     return None, f"no prediction for a {kind} point in {unit}"
+
+
+def a2a_bottleneck_gb_s(p: dict[str, Any], us: float) -> float:
+    """DeepEP's normal-kernel bottleneck bandwidth as this model counts the bytes: inside a node
+    the share sent to NVLink peers; across nodes a token once per remote node it touches."""
+    ep, tokens, hidden, topk = int(p["ep"]), int(p["tokens"]), int(p["hidden"]), int(p["topk"])
+    element = moecost.FP8_DISPATCH_BYTES if p["dtype"] == "fp8" else 2.0
+    per_node = int(p.get("gpus_per_node") or 8)
+    if ep <= per_node:
+        moved = tokens * topk * hidden * element * (ep - 1) / ep
+    else:
+        moved = tokens * hidden * element * moecost.remote_domains(ep // per_node, topk,
+                                                                    int(p.get("groups_per_token") or 0))
+    return moved / (us * 1e-6) / 1e9
 
 
 VLLM_PD_PATH_MS = 35.0

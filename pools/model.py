@@ -157,7 +157,7 @@ class PlacementPlan:
     """The classes the plan was made with (a re-plan orders and prefers by them again)."""
     cross_domain_ep: int = 0
     """EP gangs not inside one NVLink domain although a domain could have held them: one whose
-    healthy GPUs, less those other gangs hold inside it, are at least the gang's size (smaller
+    healthy GPUs, less those other EP gangs hold inside it, are at least the gang's size (the
     replicas there could have gone elsewhere). Counted when the plan is made."""
     pp_boundaries: Mapping[str, int] = field(default_factory=dict)
     """Pipeline stage boundaries per tier of the link that carries them."""

@@ -12,7 +12,8 @@ dispatches each token to its experts, runs the expert GEMMs, and combines the re
     dispatch,  per MoE layer each: `a2a_us` over the gang's links (DeepEP's kernels: the
     combine    high-throughput ones at prefill, the low-latency ones at decode)
     step       dense + all-reduces + MoE layers x (dispatch + experts + combine) + per-step constant
-               (with two-batch overlap, `overlap`: compute and all-to-all hide each other)
+               (with two-batch overlap, `overlap`: `OVERLAP_EFFICIENCY` of the shorter of compute
+               and all-to-all hides under the other)
 
 The ranks run in lockstep (every MoE layer is a barrier), so the busiest GPU sets the pace: the
 expert load's `imbalance` (max over mean GPU load) is what an expert placement changes.
@@ -32,7 +33,9 @@ to 256 (77-194 us) and combine (114-360 us) within 10%.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -67,6 +70,11 @@ MLA_QK_DIM = 192
 MLA_V_DIM = 128
 """DeepSeek-V3 MLA per-head dims at prefill (qk_nope 128 + qk_rope 64; v 128); at decode the
 absorbed form attends over the 576-wide latent (kv_lora_rank 512 + rope 64) and returns 512."""
+OVERLAP_EFFICIENCY = 0.5
+"""Share of the shorter of compute and all-to-all that two-batch overlap hides (SGLang's TBO,
+vLLM's --enable-dbo): SGLang's ablation on 96 H100 (lmsys blog 2025-05-05) measured +25.5 % decode
+and +27-35 % prefill throughput from TBO; in this model's DeepSeek-V3 steps of those settings that
+is 0.43 and 0.54 of the shorter part (split halves run less efficiently; launches serialise)."""
 MLA_DECODE_MFU = 0.67
 """Share of peak BF16 an MLA decode kernel reaches when compute-bound: FlashMLA 660 TFLOPS on H800
 SXM5 (989 peak; deepseek-ai/FlashMLA README, 2025-04-22 update). 128 heads share one latent, so
@@ -109,7 +117,7 @@ class MoEStep:
         return (self.dispatch_ms + self.combine_ms) / self.total_ms if self.total_ms > 0 else 0.0
 
 
-def _remote_domains(domains: int, k: int, groups_per_token: int) -> float:
+def remote_domains(domains: int, k: int, groups_per_token: int) -> float:
     """Expected domains other than its own a token's `k` experts fall in (uniform routing,
     at most `groups_per_token` domains when routing is group-limited and groups map to domains)."""
     if domains <= 1:
@@ -138,7 +146,7 @@ def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, link
     elif mode == "low-latency":
         outside = tokens * k * token_bytes * (ep - d) / ep
     else:
-        outside = tokens * token_bytes * _remote_domains(ep // d, k, groups_per_token)
+        outside = tokens * token_bytes * remote_domains(ep // d, k, groups_per_token)
     net = links.nic_gb_s * A2A_NET_EFFICIENCY * (CROSS_RAIL_FACTOR if links.carrier == "cross-rail" else 1.0)
     latency = A2A_LATENCY_US + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
     seconds = max(inside / (links.nvlink_gb_s * A2A_NVLINK_EFFICIENCY * 1e9), outside / (net * 1e9))
@@ -164,47 +172,33 @@ def attention_flops(model: ModelSpec, pairs: float, decode: bool) -> float:
     return float(per) * pairs * model.layers
 
 
-def moe_step(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, *, prefill_tokens: int = 0,
-             prefill_context: int = 0, prefill_sequences: int = 1, decodes: int = 0, decode_context: int = 0,
-             tp_link: LinkCost = LOCAL,
-             imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
-             eff: Efficiency = DEFAULT) -> MoEStep:
-    """One step of every DP rank at once, each with `prefill_tokens` new prompt tokens (of
-    `prefill_sequences` prompts of equal length, each after `prefill_context` cached tokens) or
-    `decodes` sequences reading `decode_context` tokens each.
-    `expert_parallel` False: the experts are split by TP inside each rank (no all-to-all)."""
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """The parts of a step that do not depend on the context its sequences read."""
+
+    experts_ms: float
+    dispatch_ms: float
+    combine_ms: float
+    allreduce_ms: float
+    overhead_ms: float
+    imbalance: float
+
+
+def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, tokens: int, prefill: bool,
+           tp_link: LinkCost, imbalance: float | None, expert_parallel: bool, eff: Efficiency) -> _Fixed:
     moe = model.moe
-    if moe is None:
-        raise ValueError(f"{model.name} is a dense model: no expert layers to price")
-    prefill = prefill_tokens > 0
-    tokens = prefill_tokens if prefill else decodes
-    if tokens <= 0:
-        return MoEStep(dense_ms=0.0, experts_ms=0.0, dispatch_ms=0.0, combine_ms=0.0, allreduce_ms=0.0,
-                       overhead_ms=0.0, total_ms=0.0, imbalance=1.0, tokens_per_rank=0)
+    assert moe is not None
     rate = gpu.tflops(model.weight_bytes) * 1e12
     mfu = (eff.fp8_mfu if rate != gpu.bf16_tflops * 1e12 else eff.prefill_mfu) if prefill else eff.decode_mfu
-    seqs = max(1, min(prefill_sequences, prefill_tokens)) if prefill else 1
-    n = prefill_tokens / seqs
-    pairs_attn = seqs * (n * n / 2 + n * prefill_context) if prefill else decodes * decode_context
-    cached = seqs * prefill_context if prefill else decodes * decode_context
-    attn_mfu = eff.prefill_mfu if prefill else MLA_DECODE_MFU if model.attention == "mla" else mfu
-    compute_s = 2 * model.dense_active_params_b * 1e9 * tokens / (tp * rate * mfu) + attention_flops(
-        model, pairs_attn, not prefill) / (tp * gpu.bf16_tflops * 1e12 * attn_mfu)
     hbm = gpu.hbm_gb_s * 1e9 * eff.decode_mbu
-    memory_s = (model.dense_params_b * 1e9 * model.weight_bytes / tp
-                + model.kv_bytes_per_token() * cached / kv_shards(model, tp)) / hbm
-    dense_ms = max(compute_s, memory_s) * 1e3
-
     ep = tp * dp if expert_parallel else tp
     pairs = float(tokens * (dp if expert_parallel else 1) * moe.experts_per_token)
     load = imbalance if imbalance is not None else default_imbalance(pairs, ep)
     per_expert = moe.expert_params(model.hidden)
-    local_experts = moe.routed_experts / ep
-    touched = local_experts * (1.0 - math.exp(-pairs / moe.routed_experts))
+    touched = moe.routed_experts / ep * (1.0 - math.exp(-pairs / moe.routed_experts))
     expert_compute_s = 2 * per_expert * pairs / ep * load / (rate * mfu)
     expert_memory_s = touched * per_expert * model.expert_bytes / hbm
     experts_ms = moe.moe_layers * max(expert_compute_s, expert_memory_s) * 1e3
-
     dispatch_ms = combine_ms = 0.0
     if expert_parallel and ep > 1:
         mode: Mode = "high-throughput" if prefill else "low-latency"
@@ -217,9 +211,110 @@ def moe_step(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks,
     reduces = model.layers * 2 - (moe.moe_layers if expert_parallel else 0)
     ar_ms = reduces * allreduce_ms(tokens * model.hidden * BF16, tp, tp_link, gpu) if tp > 1 else 0.0
     overhead_ms = model.layers * eff.prefill_layer_overhead_ms if prefill else eff.step_overhead_ms
-    compute_ms = dense_ms + experts_ms + ar_ms
-    a2a_ms = dispatch_ms + combine_ms
-    total = (max(compute_ms, a2a_ms) if overlap else compute_ms + a2a_ms) + overhead_ms
-    return MoEStep(dense_ms=dense_ms, experts_ms=experts_ms, dispatch_ms=dispatch_ms, combine_ms=combine_ms,
-                   allreduce_ms=ar_ms, overhead_ms=overhead_ms, total_ms=total, imbalance=load,
+    return _Fixed(experts_ms=experts_ms, dispatch_ms=dispatch_ms, combine_ms=combine_ms, allreduce_ms=ar_ms,
+                  overhead_ms=overhead_ms, imbalance=load)
+
+
+def _assemble(dense_ms: float, f: _Fixed, tokens: int, overlap: bool) -> MoEStep:
+    compute_ms = dense_ms + f.experts_ms + f.allreduce_ms
+    a2a_ms = f.dispatch_ms + f.combine_ms
+    hidden = OVERLAP_EFFICIENCY * min(compute_ms, a2a_ms) if overlap else 0.0
+    return MoEStep(dense_ms=dense_ms, experts_ms=f.experts_ms, dispatch_ms=f.dispatch_ms, combine_ms=f.combine_ms,
+                   allreduce_ms=f.allreduce_ms, overhead_ms=f.overhead_ms,
+                   total_ms=compute_ms + a2a_ms - hidden + f.overhead_ms, imbalance=f.imbalance,
                    tokens_per_rank=tokens)
+
+
+def _attn_mfu(model: ModelSpec, eff: Efficiency, rate_mfu: float) -> float:
+    return MLA_DECODE_MFU if model.attention == "mla" else rate_mfu
+
+
+def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks,
+                chunks: Sequence[tuple[int, int]], decodes: int, decode_context: int, *, tp_link: LinkCost = LOCAL,
+                imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
+                eff: Efficiency = DEFAULT) -> MoEStep:
+    """One engine step of every DP rank at once, each with prefill `chunks` as (new tokens, cached
+    tokens before them) and `decodes` sequences reading `decode_context` tokens in all (the
+    `costmodel.forward_ms` contract). `expert_parallel` False: the experts are split by TP inside
+    each rank (no all-to-all). Every rank is taken to carry the same load (the router balances
+    them; ranks are in lockstep at every MoE layer)."""
+    if model.moe is None:
+        raise ValueError(f"{model.name} is a dense model: no expert layers to price")
+    if not chunks:
+        if decodes <= 0:
+            return _assemble(0.0, _Fixed(0.0, 0.0, 0.0, 0.0, 0.0, 1.0), 0, overlap)
+        return moe_decode(model, gpu, tp, dp, links, decodes, tp_link, imbalance, overlap, expert_parallel,
+                          eff).step(decode_context)
+    new = pairs = cached = 0.0
+    for n, c in chunks:
+        new += n
+        pairs += n * n / 2 + n * c
+        cached += c
+    tokens = int(new) + decodes
+    rate = gpu.tflops(model.weight_bytes) * 1e12
+    mfu = eff.fp8_mfu if rate != gpu.bf16_tflops * 1e12 else eff.prefill_mfu
+    bf16 = tp * gpu.bf16_tflops * 1e12
+    compute_s = (2 * model.dense_active_params_b * 1e9 * tokens / (tp * rate * mfu)
+                 + attention_flops(model, pairs, False) / (bf16 * eff.prefill_mfu)
+                 + attention_flops(model, float(decode_context), True) / (bf16 * _attn_mfu(model, eff, eff.decode_mfu)))
+    memory_s = (model.dense_params_b * 1e9 * model.weight_bytes / tp
+                + model.kv_bytes_per_token() * (cached + decode_context) / kv_shards(model, tp)) / (
+        gpu.hbm_gb_s * 1e9 * eff.decode_mbu)
+    fixed = _fixed(model, gpu, tp, dp, links, tokens, True, tp_link, imbalance, expert_parallel, eff)
+    return _assemble(max(compute_s, memory_s) * 1e3, fixed, tokens, overlap)
+
+
+@dataclass(frozen=True, slots=True)
+class MoEDecode:
+    """A decode-only step of a fixed batch as a function of the context it reads (what the
+    simulator's fast-forward evaluates step after step): `moe_forward` without chunks."""
+
+    compute_s: float
+    attn_s_per_token: float
+    weights_s: float
+    kv_s_per_token: float
+    fixed: _Fixed
+    batch: int
+    overlap: bool
+
+    def step(self, context_tokens: int) -> MoEStep:
+        dense_s = max(self.compute_s + self.attn_s_per_token * context_tokens,
+                      self.weights_s + self.kv_s_per_token * context_tokens)
+        return _assemble(dense_s * 1e3, self.fixed, self.batch, self.overlap)
+
+    def ms(self, context_tokens: int) -> float:
+        return self.step(context_tokens).total_ms
+
+
+@functools.lru_cache(maxsize=16384)
+def moe_decode(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, batch: int, tp_link: LinkCost,
+               imbalance: float | None, overlap: bool, expert_parallel: bool, eff: Efficiency) -> MoEDecode:
+    if model.moe is None:
+        raise ValueError(f"{model.name} is a dense model: no expert layers to price")
+    b = max(batch, 1)
+    rate = gpu.tflops(model.weight_bytes) * 1e12
+    hbm = gpu.hbm_gb_s * 1e9 * eff.decode_mbu
+    per_pair = attention_flops(model, 1.0, True) / (tp * gpu.bf16_tflops * 1e12 * _attn_mfu(model, eff,
+                                                                                              eff.decode_mfu))
+    return MoEDecode(compute_s=2 * model.dense_active_params_b * 1e9 * b / (tp * rate * eff.decode_mfu),
+                     attn_s_per_token=per_pair, weights_s=model.dense_params_b * 1e9 * model.weight_bytes / tp / hbm,
+                     kv_s_per_token=model.kv_bytes_per_token() / kv_shards(model, tp) / hbm,
+                     fixed=_fixed(model, gpu, tp, dp, links, b, False, tp_link, imbalance, expert_parallel, eff),
+                     batch=b, overlap=overlap)
+
+
+def moe_step(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, *, prefill_tokens: int = 0,
+             prefill_context: int = 0, prefill_sequences: int = 1, decodes: int = 0, decode_context: int = 0,
+             tp_link: LinkCost = LOCAL, imbalance: float | None = None, overlap: bool = False,
+             expert_parallel: bool = True, eff: Efficiency = DEFAULT) -> MoEStep:
+    """`moe_forward` for the cost command: `prefill_tokens` new prompt tokens per rank (of
+    `prefill_sequences` prompts of equal length, each after `prefill_context` cached tokens), or
+    `decodes` sequences reading `decode_context` tokens each."""
+    if prefill_tokens > 0:
+        seqs = max(1, min(prefill_sequences, prefill_tokens))
+        base, extra = divmod(prefill_tokens, seqs)
+        chunks = [(base + (1 if k < extra else 0), prefill_context) for k in range(seqs)]
+        return moe_forward(model, gpu, tp, dp, links, chunks, 0, 0, tp_link=tp_link, imbalance=imbalance,
+                           overlap=overlap, expert_parallel=expert_parallel, eff=eff)
+    return moe_forward(model, gpu, tp, dp, links, (), decodes, decodes * decode_context, tp_link=tp_link,
+                       imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel, eff=eff)

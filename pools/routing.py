@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pools.model import PlacementPlan, Role
+from pools.model import GangMember, PlacementPlan, ReplicaPlacement, Role
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +29,10 @@ class ReplicaEndpoint:
     """Worst link health inside the replica's TP group (1.0 healthy)."""
     draining: bool = False
     """Still serving what it has, but takes no new interactive traffic."""
+    gang: str = ""
+    """The gang this endpoint is one data-parallel rank of (external load balancing: the router
+    balances the ranks itself); empty for an ordinary replica."""
+    dp_rank: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,16 +49,36 @@ class RoutingTable:
         return replace(self, version=self.version + 1, replicas=(*others, replica))
 
 
+def rank_id(replica_id: str, rank: int) -> str:
+    """The endpoint id of data-parallel rank `rank` of gang `replica_id`."""
+    return f"{replica_id}-dp{rank}"
+
+
+def dp_ranks(p: ReplicaPlacement) -> list[tuple[int, GangMember]]:
+    """A gang's data-parallel ranks with the member each is reached on (stage 0, its first node)."""
+    seen: dict[int, GangMember] = {}
+    for m in p.members:
+        if m.pp_stage == 0:
+            seen.setdefault(m.dp_rank_start, m)
+    return sorted(seen.items())
+
+
 def table_from_plan(plan: PlacementPlan, urls: dict[str, str], served_model: dict[str, str],
                     version: int = 1, gpu_models: dict[str, str | None] | None = None) -> RoutingTable:
-    """Endpoints for the placed replicas that have a URL (pool -> served model name)."""
-    out = []
+    """Endpoints for the placed replicas that have a URL (pool -> served model name). A gang whose
+    ranks have URLs of their own (`rank_id`) is one endpoint per data-parallel rank (vLLM's
+    external load balancing), each with its rank's GPUs and the gang's tier; otherwise one."""
+    out: list[ReplicaEndpoint] = []
     for p in plan.placements:
-        if p.replica_id not in urls:
-            continue
         pool = plan.pool(p.pool)
-        out.append(ReplicaEndpoint(replica_id=p.replica_id, url=urls[p.replica_id],
-                                   model=served_model.get(p.pool, pool.model or p.pool), pool=p.pool, role=p.role,
-                                   node=p.node, gpus=p.gpus, island=p.island, tier=p.tier, tp=pool.tp,
-                                   catalog_model=pool.model, gpu_model=(gpu_models or {}).get(p.replica_id)))
+        base = ReplicaEndpoint(replica_id=p.replica_id, url=urls.get(p.replica_id, ""),
+                               model=served_model.get(p.pool, pool.model or p.pool), pool=p.pool, role=p.role,
+                               node=p.node, gpus=p.gpus, island=p.island, tier=p.tier, tp=pool.tp,
+                               catalog_model=pool.model, gpu_model=(gpu_models or {}).get(p.replica_id))
+        ranks = dp_ranks(p) if p.members and pool.dp > 1 else []
+        if ranks and all(rank_id(p.replica_id, k) in urls for k, _ in ranks):
+            out.extend(replace(base, replica_id=rank_id(p.replica_id, k), url=urls[rank_id(p.replica_id, k)],
+                               node=m.node, gpus=m.gpus, gang=p.replica_id, dp_rank=k) for k, m in ranks)
+        elif p.replica_id in urls:
+            out.append(base)
     return RoutingTable(version=version, replicas=tuple(out), topology_fingerprint=plan.topology_fingerprint)

@@ -343,7 +343,7 @@ class Simulation:
     def _fault(self, t: float, fault: Fault, _v: int) -> None:
         self.log.append({"t": round(t, 3), "event": fault.kind, "node": fault.node, "gpus": list(fault.gpus)})
         if fault.kind == "node_loss":
-            for rep in [r for r in self.replicas.values() if r.placement.node == fault.node]:
+            for rep in [r for r in self.replicas.values() if r.placement.node == fault.node or fault.node in r.nodes]:
                 self._lose(t, rep)
             return
         for rep in [r for r in self.replicas.values() if r.crossed_by(fault.node, fault.gpus)]:

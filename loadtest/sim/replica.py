@@ -9,8 +9,9 @@ from dataclasses import dataclass, field, replace
 from pools import catalog
 from pools.costmodel import LOCAL, LinkCost
 from pools.engine.core import DecodeRun, EngineConfig, EngineCore, StepResult
+from pools.gangcost import gang_cost
 from pools.model import PlacementPlan, ReplicaPlacement
-from pools.routing import ReplicaEndpoint, table_from_plan
+from pools.routing import ReplicaEndpoint, dp_ranks, rank_id, table_from_plan
 from router.decision import Candidate, ReplicaLoad
 from topology import GpuRef, Topology, bottleneck
 
@@ -42,6 +43,8 @@ class SimReplica:
     scraped: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """running, waiting, KV usage as of the router's last scrape."""
     requests: set[str] = field(default_factory=set)
+    nodes: frozenset[str] = frozenset()
+    """Every node the replica's gang uses (losing any loses every rank)."""
 
     @property
     def rid(self) -> str:
@@ -73,10 +76,25 @@ class SimReplica:
         self.latency_ms = ms if self.latency_ms == 0 else 0.8 * self.latency_ms + 0.2 * ms
 
 
+def rank_view(p: ReplicaPlacement, endpoint: ReplicaEndpoint) -> ReplicaPlacement:
+    """One data-parallel rank of a gang as a placement of its own (its TP group's GPUs)."""
+    if not endpoint.gang:
+        return p
+    gpus = [(m.node, m.gpus) for m in p.members if m.dp_rank_start == endpoint.dp_rank and m.pp_stage == 0]
+    first, rest = gpus[0], gpus[1:]
+    return replace(p, replica_id=endpoint.replica_id, node=first[0], gpus=first[1], members=(),
+                   extra_nodes=tuple(rest), in_domain=True)
+
+
 def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, endpoint: ReplicaEndpoint,
                   max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                   kv_capacity_tokens: int | None = None) -> SimReplica:
+    """The engine for `endpoint`: the replica `p`, or one data-parallel rank of the gang `p` (its
+    steps priced as the gang's, `pools.gangcost`)."""
     pool = plan.pool(p.pool)
+    gang = gang_cost(topology, plan, p)
+    nodes = frozenset(n for n, _ in p.gpu_refs())
+    p = rank_view(p, endpoint)
     gpu_name = topology.node(p.node).gpu(p.gpus[0]).model
     if pool.model is None or pool.model not in catalog.models():
         raise ValueError(f"pool {pool.name}: the simulator needs a catalogue model (got {pool.model!r}; known: "
@@ -88,10 +106,10 @@ def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, 
     link = LinkCost.of(bottleneck(topology, refs)) if len(refs) > 1 else LOCAL
     config = EngineConfig(model=catalog.model(pool.model), gpu=catalog.gpu(gpu_name), tp=pool.tp, link=link,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                          kv_capacity_tokens=kv_capacity_tokens)
+                          kv_capacity_tokens=kv_capacity_tokens, gang=gang)
     if config.capacity() < config.block_size:
         raise ValueError(f"{p.replica_id}: {pool.model} at tp={pool.tp} leaves no room for KV cache on {gpu_name}")
-    return SimReplica(endpoint=endpoint, placement=p, core=EngineCore(config), base_link=link)
+    return SimReplica(endpoint=endpoint, placement=p, core=EngineCore(config), base_link=link, nodes=nodes)
 
 
 def build_replicas(topology: Topology, plan: PlacementPlan, max_num_seqs: int = 256,
@@ -100,8 +118,10 @@ def build_replicas(topology: Topology, plan: PlacementPlan, max_num_seqs: int = 
     have for it (`pools.routing.table_from_plan`)."""
     served = {p.name: p.model or p.name for p in plan.pools}
     urls = {p.replica_id: f"sim://{p.replica_id}" for p in plan.placements}
+    urls.update({rank_id(p.replica_id, k): f"sim://{rank_id(p.replica_id, k)}" for p in plan.placements
+                 if p.members and plan.pool(p.pool).dp > 1 for k, _ in dp_ranks(p)})
     gpu_models = {p.replica_id: topology.node(p.node).gpu(p.gpus[0]).model for p in plan.placements}
     table = table_from_plan(plan, urls, served, gpu_models=gpu_models)
     by_id = {p.replica_id: p for p in plan.placements}
-    return {e.replica_id: build_replica(topology, plan, by_id[e.replica_id], e, max_num_seqs,
+    return {e.replica_id: build_replica(topology, plan, by_id[e.gang or e.replica_id], e, max_num_seqs,
                                         kv_capacity_tokens=kv_capacity_tokens) for e in table.replicas}

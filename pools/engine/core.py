@@ -31,11 +31,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from pools import costmodel
+from pools import costmodel, gangcost
 from pools.catalog import GpuSpec, ModelSpec
 from pools.costmodel import Efficiency, LinkCost
 from pools.engine import fastforward
 from pools.engine.fastforward import DecodeRun as DecodeRun  # noqa: PLC0414 (re-exported: the simulator's)
+from pools.gangcost import GangCost
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,11 +53,18 @@ class EngineConfig:
     efficiency: Efficiency = costmodel.DEFAULT
     chunked_prefill: bool = True
     """False: vLLM v0's prefill-first steps (whole prompts, no decodes alongside; module docstring)."""
+    gang: GangCost | None = None
+    """This engine is one data-parallel rank (or the pipeline) of a gang: steps cost as the gang's
+    (`pools.gangcost`: MoE all-to-all over its links, pipeline stages)."""
 
     def capacity(self) -> int:
         if self.kv_capacity_tokens is not None:
             return self.kv_capacity_tokens
-        return costmodel.kv_capacity_tokens(self.model, self.gpu, self.tp)
+        gang = self.gang
+        if gang is None:
+            return costmodel.kv_capacity_tokens(self.model, self.gpu, self.tp)
+        ep = self.tp * gang.dp if gang.expert_parallel else 1
+        return costmodel.kv_capacity_tokens(self.model, self.gpu, self.tp, pp=gang.pp, ep=ep)
 
 
 @dataclass(slots=True, eq=False)  # identity: the scheduler tests membership a lot
@@ -295,8 +303,12 @@ class EngineCore:
         chunk attends over its own earlier tokens, decodes read their contexts."""
         cfg, seqs = self.config, self.seqs
         chunks = [(n, seqs[rid].computed) for rid, n in plan.chunks.items()]
-        ms = costmodel.forward_ms(cfg.model, cfg.gpu, cfg.tp, self.link, chunks, len(plan.decodes),
-                                  plan.decode_context, cfg.efficiency)
+        if cfg.gang is not None:
+            ms = gangcost.gang_forward_ms(cfg.model, cfg.gpu, cfg.tp, self.link, cfg.gang, chunks,
+                                          len(plan.decodes), plan.decode_context, cfg.efficiency)
+        else:
+            ms = costmodel.forward_ms(cfg.model, cfg.gpu, cfg.tp, self.link, chunks, len(plan.decodes),
+                                      plan.decode_context, cfg.efficiency)
         return ms * self.slowdown / 1000.0
 
     def step(self) -> StepResult | None:

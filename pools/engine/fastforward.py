@@ -19,6 +19,7 @@ from typing import Protocol
 from pools import costmodel
 from pools.catalog import GpuSpec, ModelSpec
 from pools.costmodel import Efficiency, LinkCost
+from pools.gangcost import GangCost, GangDecode
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,8 @@ class _Config(Protocol):
     def max_num_batched_tokens(self) -> int: ...
     @property
     def efficiency(self) -> Efficiency: ...
+    @property
+    def gang(self) -> GangCost | None: ...
 
 
 class _Engine(Protocol):
@@ -116,7 +119,9 @@ def decode_plan(core: _Engine, until_s: float, max_steps: int = 1 << 30) -> Deco
     if steps <= 0:
         return None
     cfg, n = core.config, len(running)
-    cost = costmodel.DecodeStep.of(cfg.model, cfg.gpu, cfg.tp, core.link, n, cfg.efficiency)
+    cost: costmodel.DecodeStep | GangDecode = costmodel.DecodeStep.of(
+        cfg.model, cfg.gpu, cfg.tp, core.link, n, cfg.efficiency) if cfg.gang is None else \
+        GangDecode(cfg.model, cfg.gpu, cfg.tp, core.link, cfg.gang, n, cfg.efficiency)
     now, ends, slowdown = core.now, [], core.slowdown
     for _ in range(steps):
         now += cost.ms(context) * slowdown / 1000.0

@@ -177,7 +177,8 @@ def largest_domain(layout: Layout, occupied: frozenset[GpuRef]) -> int:
 
 def cross_domain_ep(layout: Layout, occupied: frozenset[GpuRef], placements: Sequence[ReplicaPlacement]) -> int:
     """`PlacementPlan.cross_domain_ep`: EP gangs across domains that some domain could have held
-    (its healthy GPUs not held before the plan, less those of gangs placed inside it)."""
+    (its healthy GPUs not held before the plan, less those of EP gangs placed inside it: every
+    other replica there could have gone elsewhere)."""
     spanning = [p for p in placements if p.expert_parallel and not p.in_domain]
     if not spanning:
         return 0
@@ -185,7 +186,7 @@ def cross_domain_ep(layout: Layout, occupied: frozenset[GpuRef], placements: Seq
     room = {isl.id: sum(1 for g in isl.gpus if topology.gpu(g).healthy and g not in occupied)
             for isl in layout.islands}
     for p in placements:
-        if p.members and p.in_domain:
+        if p.members and p.in_domain and p.expert_parallel:
             isl = layout.of[GpuRef(p.node, p.gpus[0])]
             room[isl.id] -= len(p.gpu_refs())
     best = max(room.values(), default=0)

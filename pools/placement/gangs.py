@@ -1,11 +1,14 @@
 """Gangs for `island-aligned`: a replica of dp x pp TP groups placed as a unit.
 
-1. Gangs go before every other replica, largest first, so that no small replica splits the
-   NVLink domain a gang needed (a TP=1 decode on an NVL72 rack would otherwise leave it 71).
+1. Expert-parallel gangs go before every other replica, largest first, so that no small replica
+   splits the NVLink domain an EP gang needed (a TP=1 decode on an NVL72 rack would otherwise
+   leave it 71). Other gangs (dense data-parallel ranks, pipelines) need a clique per TP group,
+   not a domain: the policy tries them first and after the ordinary replicas, and keeps the
+   better plan (`island_aligned`).
 2. Which gang goes into which domain is searched exactly (depth first, best fit first, with a
-   budget): a gang is never put across domains while some assignment holds every gang that can
-   be held inside one. Inside the domain its TP groups are carved as any TP group is
-   (cliques, NUMA, NICs), in GPU order, so consecutive ranks and stages are neighbours.
+   budget): the most EP gangs inside domains, then the most gangs. Inside the domain its TP
+   groups are carved as any TP group is (cliques, NUMA, NICs), in GPU order, so consecutive
+   ranks and stages are neighbours.
 3. A gang no free domain can hold spans the fewest carriers: one node's islands (or, where the
    pool allows TP groups across islands, the node's PCIe groups), or a multi-node NVLink
    domain; first from the rack with room, then from nodes whose GPUs each have a close NIC
@@ -89,33 +92,43 @@ class DomainSearch:
         return [c for _, c in found]
 
     def assign(self, gangs: Sequence[Work]) -> dict[str, DomainChoice]:
+        """The assignment holding the most EP gangs inside domains, then the most gangs (EP gangs
+        need a domain for their all-to-all; other gangs only want one)."""
         free = [s.free for s in self.slots]
         best: dict[str, DomainChoice] = {}
+        best_score = (0, 0)
         chosen: dict[str, DomainChoice] = {}
+        ep_left = [0] * (len(gangs) + 1)
+        for i in range(len(gangs) - 1, -1, -1):
+            ep_left[i] = ep_left[i + 1] + (1 if gangs[i].pool.expert_parallel else 0)
+        goal = (ep_left[0], len(gangs))
         self.steps = 0
 
-        def walk(i: int) -> bool:
-            nonlocal best
+        def walk(i: int, ep_in: int) -> bool:
+            nonlocal best, best_score
             self.steps += 1
-            if len(chosen) > len(best):
-                best = dict(chosen)
-            if len(best) == len(gangs):
+            score = (ep_in, len(chosen))
+            if score > best_score:
+                best, best_score = dict(chosen), score
+            if best_score == goal:
                 return True
-            if i == len(gangs) or len(chosen) + len(gangs) - i <= len(best) or self.steps > SEARCH_BUDGET:
+            bound = (ep_in + ep_left[i], len(chosen) + len(gangs) - i)
+            if i == len(gangs) or bound <= best_score or self.steps > SEARCH_BUDGET:
                 return False
             work = gangs[i]
+            ep = 1 if work.pool.expert_parallel else 0
             for choice in self._options(free, work):
                 taken = frozenset().union(*choice.groups)
                 free[choice.slot] = free[choice.slot] - taken
                 chosen[work.replica_id] = choice
-                done = walk(i + 1)
+                done = walk(i + 1, ep_in + ep)
                 del chosen[work.replica_id]
                 free[choice.slot] = free[choice.slot] | taken
                 if done:
                     return True
-            return walk(i + 1)  # this gang outside any domain
+            return walk(i + 1, ep_in)  # this gang outside any domain
 
-        walk(0)
+        walk(0, 0)
         return best
 
 

@@ -88,18 +88,31 @@ class IslandAligned:
             # then plain first-fit decreasing may place more, inside islands.
             alone = _Run(request, pd_units=False).run()
             if _quality(alone) > _quality(plan):
-                return alone
+                plan = alone
+        if (plan.unplaced or plan.cross_island_tp_groups) and any(
+                p.is_gang and not p.expert_parallel for p in request.pools):
+            # A dense gang placed first may take the island an ordinary TP group needed: its TP
+            # groups only need cliques, so placing it after the ordinary replicas may do better.
+            later = _Run(request, pd_units=True, dense_gangs_first=False).run()
+            if _quality(later) > _quality(plan):
+                plan = later
         return plan
 
 
-def _quality(plan: PlacementPlan) -> tuple[int, int, float]:
-    return (-sum(u.count for u in plan.unplaced), -plan.cross_island_tp_groups, plan.score)
+def _quality(plan: PlacementPlan) -> tuple[int, int, int, int, float]:
+    """Better plans leave fewer GPUs' worth of replicas unplaced (a 16-GPU gang weighs 16; of
+    those, fewer in gangs: a gang is all or nothing), then fewer EP gangs across domains, fewer
+    TP groups across islands, then score."""
+    unplaced = sum(u.count * plan.pool(u.pool).gang_size for u in plan.unplaced)
+    gangs = sum(u.count * plan.pool(u.pool).gang_size for u in plan.unplaced if plan.pool(u.pool).is_gang)
+    return (-unplaced, -gangs, -plan.cross_domain_ep_groups, -plan.cross_island_tp_groups, plan.score)
 
 
 class _Run:
-    def __init__(self, request: PlacementRequest, pd_units: bool = True) -> None:
+    def __init__(self, request: PlacementRequest, pd_units: bool = True, dense_gangs_first: bool = True) -> None:
         self.request = request
         self.pd_units = pd_units
+        self.dense_gangs_first = dense_gangs_first
         self.layout = Layout(request.topology)
         self.slots = build_slots(request.topology, self.layout.islands, request.occupied)
         self.by_sig: dict[tuple[object, ...], set[int]] = {}
@@ -228,9 +241,11 @@ class _Run:
         slot = self.slots[k]
         return (slot.shape, round(slot.quality, 3), free, gpu_memory_gb(self.request.topology, slot.members[0]))
 
-    def _place_gangs(self) -> None:
-        gangs = sorted((w for w in replicas_in_order(self.request, sort=True) if w.pool.is_gang),
-                       key=lambda w: (-w.pool.gang_size, -w.strictness))
+    def _place_gangs(self, expert_parallel: bool | None = None) -> None:
+        """Gangs (all, or only the EP or only the other ones): EP first, then largest."""
+        gangs = sorted((w for w in replicas_in_order(self.request, sort=True) if w.pool.is_gang
+                        and (expert_parallel is None or w.pool.expert_parallel == expert_parallel)),
+                       key=lambda w: (not w.pool.expert_parallel, -w.pool.gang_size, -w.strictness))
         if not gangs:
             return
         chosen = DomainSearch(self.slots, self._fits, self._gang_key, self._gang_sig).assign(gangs)
@@ -271,9 +286,11 @@ class _Run:
         self.placements.append(self.layout.gang_placement(work, groups, [why]))
 
     def run(self) -> PlacementPlan:
-        self._place_gangs()
+        self._place_gangs(None if self.dense_gangs_first else True)
         for unit in _units(self.request, self.pd_units):
             self._place_unit(unit)
+        if not self.dense_gangs_first:
+            self._place_gangs(False)
         for work in self.leftover:
             self._fallback(work)
         in_island = sum(1 for p in self.placements if p.in_island)

@@ -1,0 +1,149 @@
+"""A gang's step cost as an engine sees it, and the links a placed gang's traffic takes.
+
+`GangCost` rides in the simulated engine's config: with it, a step of a data-parallel rank is
+an MoE step of the whole gang (`pools.moecost`) and a pipeline's step runs through its stages
+(`pools.pipeline`). `gang_cost(topology, plan, placement)` reads the links from the placement:
+
+    all-to-all   inside one NVLink domain: nvlink at the domain's bottleneck; across domains:
+                 rdma when every rank has a NIC and every node the same rails (NIC names),
+                 cross-rail otherwise or when the gang spans racks (the spine carries it), tcp
+                 on a TCP fabric; each rank's NIC at its stated speed (or the fabric's)
+    boundaries   each stage boundary's path, rank 0 of one stage to rank 0 of the next
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pools import costmodel, moecost, pipeline
+from pools.catalog import GpuSpec, ModelSpec
+from pools.costmodel import DEFAULT, LOCAL, Efficiency, LinkCost
+from pools.model import PlacementPlan, ReplicaPlacement
+from pools.moecost import Carrier, GangLinks
+from topology import GpuRef, LinkKind, Topology, islands, path
+from topology.islands import island_of
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GangCost:
+    dp: int = 1
+    pp: int = 1
+    expert_parallel: bool = False
+    links: GangLinks | None = None
+    """The all-to-all's links (expert-parallel gangs)."""
+    boundaries: tuple[LinkCost, ...] = ()
+    """One per pipeline stage boundary."""
+    overlap: bool = False
+    imbalance: float | None = None
+
+
+def gang_forward_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, gang: GangCost,
+               chunks: Sequence[tuple[int, int]], decodes: int, decode_context: int,
+               eff: Efficiency = DEFAULT) -> float:
+    """One engine step of a rank of the gang (`costmodel.forward_ms`'s contract)."""
+    if gang.pp > 1:
+        return _pipeline_ms(model, gpu, tp, link, gang, chunks, decodes, decode_context, eff)
+    if model.moe is not None and gang.links is not None:
+        return moecost.moe_forward(model, gpu, tp, gang.dp, gang.links, chunks, decodes, decode_context,
+                                   tp_link=link, imbalance=gang.imbalance, overlap=gang.overlap,
+                                   expert_parallel=gang.expert_parallel, eff=eff).total_ms
+    return _forward(model, gpu, tp, link, chunks, decodes, decode_context, eff)
+
+
+def _forward(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, chunks: Sequence[tuple[int, int]],
+             decodes: int, decode_context: int, eff: Efficiency) -> float:
+    return costmodel.forward_ms(model, gpu, tp, link, chunks, decodes, decode_context, eff)
+
+
+def _pipeline_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, gang: GangCost,
+                 chunks: Sequence[tuple[int, int]], decodes: int, decode_context: int, eff: Efficiency) -> float:
+    """A step through every stage (`pools.pipeline`): a pure decode step as the pipeline's
+    cycle with its micro-batches; a step with prefill chunks passes the stages in turn."""
+    stages = [pipeline.stage_model(model, gang.pp, s) for s in range(gang.pp)]
+    tokens = sum(n for n, _ in chunks) + decodes
+    hops = sum(pipeline.boundary_ms(tokens, model.hidden, b) for b in gang.boundaries)
+    if chunks or decodes <= 1:
+        return sum(_forward(m, gpu, tp, link, chunks, decodes, decode_context, eff) for m in stages) + hops
+    m = min(gang.pp, decodes)
+    per = -(-decodes // m)
+    times = [_forward(s, gpu, tp, link, (), per, decode_context * per // decodes, eff) for s in stages]
+    hops = sum(pipeline.boundary_ms(per, model.hidden, b) for b in gang.boundaries)
+    return max(m * max(times), sum(times) + hops)
+
+
+class GangDecode:
+    """A pure decode step of a fixed batch as a function of the context (the fast-forward's view)."""
+
+    __slots__ = ("_args", "_moe")
+
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, gang: GangCost, batch: int,
+                 eff: Efficiency) -> None:
+        self._args = (model, gpu, tp, link, gang, batch, eff)
+        self._moe = moecost.moe_decode(model, gpu, tp, gang.dp, gang.links, batch, link, gang.imbalance,
+                                       gang.overlap, gang.expert_parallel, eff) \
+            if model.moe is not None and gang.links is not None and gang.pp == 1 else None
+
+    def ms(self, context_tokens: int) -> float:
+        if self._moe is not None:
+            return self._moe.ms(context_tokens)
+        model, gpu, tp, link, gang, batch, eff = self._args
+        return gang_forward_ms(model, gpu, tp, link, gang, (), batch, context_tokens, eff)
+
+
+def gang_links(topology: Topology, p: ReplicaPlacement) -> GangLinks:
+    """Where this gang's all-to-all runs (module docstring)."""
+    refs = [GpuRef(n, g) for n, g in p.gpu_refs()]
+    where = island_of(islands(topology))
+    first = where[refs[0]]
+    per_domain: dict[str, int] = {}
+    for r in refs:
+        per_domain[where[r].id] = per_domain.get(where[r].id, 0) + 1
+    nvlink = first.bottleneck_gb_s if first.size > 1 else 0.0
+    if len(per_domain) == 1:
+        return GangLinks(carrier="nvlink", domain_ranks=len(refs), nvlink_gb_s=max(nvlink, 1.0))
+    fabric = topology.fabric
+    nics = [_nic_gb_s(topology, m.node, m.nic) for m in p.members]
+    nic = min((n for n in nics if n is not None), default=fabric.nic_bandwidth_gb_s)
+    racks = {topology.node(m.node).rack for m in p.members}
+    rails = {tuple(sorted(n.name for n in topology.node(m.node).nics)) for m in p.members}
+    carrier: Carrier
+    if fabric.kind is LinkKind.TCP:
+        carrier = "tcp"
+    elif any(m.nic is None for m in p.members) or len(rails) > 1 or len(racks) > 1:
+        carrier = "cross-rail"
+    else:
+        carrier = "rdma"
+    return GangLinks(carrier=carrier, domain_ranks=min(per_domain.values()), nvlink_gb_s=max(nvlink, 1.0),
+                     nic_gb_s=nic, nic_latency_us=fabric.latency_us)
+
+
+def _nic_gb_s(topology: Topology, node: str, name: str | None) -> float | None:
+    if name is None:
+        return None
+    nic = next((n for n in topology.node(node).nics if n.name == name), None)
+    return nic.speed_gbit_s / 8 if nic is not None and nic.speed_gbit_s else None
+
+
+def boundary_links(topology: Topology, p: ReplicaPlacement) -> tuple[LinkCost, ...]:
+    """Each stage boundary's link: the path from stage s's first GPU to stage s+1's."""
+    firsts: dict[int, GpuRef] = {}
+    for m in p.members:
+        firsts.setdefault(m.pp_stage, GpuRef(m.node, m.gpus[0]))
+    stages = [firsts[s] for s in sorted(firsts)]
+    out = []
+    for a, b in itertools.pairwise(stages):
+        hop = path(topology, a, b)
+        out.append(LOCAL if hop.tier == "local" else LinkCost.of(hop))
+    return tuple(out)
+
+
+def gang_cost(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, overlap: bool = False) -> GangCost | None:
+    """The engine-side cost of a placed gang; None for an ordinary replica."""
+    pool = plan.pool(p.pool)
+    if not pool.is_gang or not p.members:
+        return None
+    links = gang_links(topology, p) if pool.expert_parallel else None
+    return GangCost(dp=pool.dp, pp=pool.pp, expert_parallel=pool.expert_parallel, links=links,
+                    boundaries=boundary_links(topology, p) if pool.pp > 1 else (), overlap=overlap)
