@@ -22,12 +22,36 @@ from loadtest.scenario import Scenario, load_scenario
 from loadtest.sim.cluster import simulate
 from loadtest.sim.model import SimConfig
 from loadtest.summary import summarize
+from pools import catalog
+from pools.gangcost import gang_links
 from pools.model import PlacementPlan, PlacementRequest
+from pools.moecost import moe_step
 from pools.placement import get_policy
-from topology import TopologyError
+from topology import GpuRef, Topology, TopologyError
+
+GANG_BATCH, GANG_CONTEXT = 64, 1024
+"""The reference decode step the report prices each gang's all-to-all share at."""
 
 
-def plan_summary(plan: PlacementPlan) -> dict[str, Any]:
+def gang_rows(topology: Topology, plan: PlacementPlan) -> list[dict[str, Any]]:
+    """Each expert-parallel gang: its links' carrier, nodes and all-to-all share at the reference step."""
+    out = []
+    for p in plan.placements:
+        pool = plan.pool(p.pool)
+        if not p.members or not pool.expert_parallel or pool.model is None:
+            continue
+        links = gang_links(topology, p)
+        first = topology.gpu(GpuRef(p.node, p.gpus[0])).model
+        step = moe_step(catalog.model(pool.model), catalog.gpu(first or "h100-sxm"), pool.tp, pool.dp, links,
+                        decodes=GANG_BATCH, decode_context=GANG_CONTEXT) if first in catalog.gpus() else None
+        out.append({"replica": p.replica_id, "shape": f"TP={pool.tp} DP={pool.dp} EP{pool.ep_size}",
+                    "carrier": links.carrier, "nodes": len({m.node for m in p.members}),
+                    "a2a_share": round(step.a2a_share, 4) if step else None,
+                    "step_ms": round(step.total_ms, 3) if step else None})
+    return out
+
+
+def plan_summary(plan: PlacementPlan, topology: Topology | None = None) -> dict[str, Any]:
     tiers: dict[str, int] = {}
     for p in plan.placements:
         tiers[p.tier] = tiers.get(p.tier, 0) + 1
@@ -35,7 +59,8 @@ def plan_summary(plan: PlacementPlan) -> dict[str, Any]:
             "in_island": sum(1 for p in plan.placements if p.in_island), "tp_tiers": tiers,
             "crossing": sorted(p.replica_id for p in plan.placements if not p.in_island),
             "gpus_used": plan.gpus_used, "cross_domain_ep_groups": plan.cross_domain_ep_groups,
-            "pp_boundaries": dict(plan.pp_boundaries)}
+            "pp_boundaries": dict(plan.pp_boundaries),
+            "gangs": gang_rows(topology, plan) if topology is not None else []}
 
 
 def workload_for(scenario: Scenario, rate: float) -> list[TraceRequest]:
@@ -68,7 +93,8 @@ def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[Tra
         "output_tokens_per_gpu_s": round(summary["good_output_tok_s"] / max(plan.gpus_used, 1), 3),
         "tpot_p99_ms": summary["tpot_ms"].get("p99", math.nan),
         "slo_attainment": {k: v["slo_attainment"] for k, v in summary["per_class"].items()},
-        "summary": summary, "topology_fingerprint": scenario.topology.fingerprint(), "plan": plan_summary(plan),
+        "summary": summary, "topology_fingerprint": scenario.topology.fingerprint(),
+        "plan": plan_summary(plan, scenario.topology),
         "events": result.log, "config": {"path": str(scenario.path), "seed": scenario.config.seed,
                                          "workload": scenario.config.workload},
         "sim": {"events": result.events, "cpu_s": round(cpu_s, 3),

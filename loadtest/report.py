@@ -60,6 +60,33 @@ def _tier_mix(row: Mapping[str, Any]) -> str:
                      f"{_f(t['tpot_ms']['median'])} ms)" for name, t in parts[:3]) or "no completed requests"
 
 
+def _shape(tp: int, dp: int, pp: int, ep: bool) -> str:
+    return f"TP={tp}" + (f" DP={dp}" if dp > 1 else "") + (f" PP={pp}" if pp > 1 else "") + (
+        f" EP{tp * dp}" if ep else "")
+
+
+def _gang_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each policy's gangs: where their all-to-all runs and its share of a decode step."""
+    seen: set[str] = set()
+    lines: list[str] = []
+    for r in rows:
+        gangs = r["plan"].get("gangs") or []
+        if r["policy"] in seen or not gangs:
+            continue
+        seen.add(r["policy"])
+        lines += [f"| {r['policy']} | {g['replica']} | {g['shape']} | {g['carrier']} | {g['nodes']} | "
+                  f"{_f(g['a2a_share'] * 100 if g['a2a_share'] is not None else math.nan)} % | "
+                  f"{_f(g['step_ms'])} |" for g in gangs]
+    if not lines:
+        return []
+    return ["", "## Gangs", "",
+            "Where each gang's all-to-all runs (`nvlink`: inside one NVLink domain; `rdma`: across nodes "
+            "on the same rails; `cross-rail`: across racks or rails, through the spine) and, from the cost "
+            "model, its share of a decode step of 64 sequences per rank with 1,024 tokens of context each.", "",
+            "| policy | gang | shape | all-to-all over | nodes | all-to-all share | decode step ms |",
+            "|---|---|---|---|---:|---:|---:|", *lines]
+
+
 def write_report(scenario: Scenario, rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     topo = scenario.topology
     gpus = sum(len(n.gpus) for n in topo.nodes)
@@ -72,8 +99,8 @@ def write_report(scenario: Scenario, rows: Sequence[Mapping[str, Any]], path: Pa
             "a virtual clock; engine timings from the cost model, KV transfers sharing links and NICs).",
             f"- **Topology:** `{scenario.config.topology}` — {len(topo.nodes)} nodes, {gpus} GPUs, fingerprint "
             f"`{topo.fingerprint()}`.",
-            "- **Pools:** " + "; ".join(f"{p.name} ({p.role}, TP={p.tp}, {p.replicas} replicas, {p.model})"
-                                        for p in scenario.config.pools) + ".",
+            "- **Pools:** " + "; ".join(f"{p.name} ({p.role}, {_shape(p.tp, p.dp, p.pp, p.expert_parallel)}, "
+                                        f"{p.replicas} replicas, {p.model})" for p in scenario.config.pools) + ".",
             f"- **Workload:** `{scenario.config.workload}`"
             + (f", {first['summary']['requests']} requests per run" if first else "") + ".",
             "- **SLO classes:** " + "; ".join(f"{c.name} (TTFT ≤ {c.ttft_ms:g} ms, TPOT ≤ {c.tpot_ms:g} ms)"
@@ -87,16 +114,18 @@ def write_report(scenario: Scenario, rows: Sequence[Mapping[str, Any]], path: Pa
         out += ["- **Faults:** " + "; ".join(f"{f.kind} on {f.node} {f.gpus or ''} at {f.at_s:g} s"
                                              for f in scenario.config.faults) + ".", ""]
     out += ["## Verdict", "", *verdict(rows), "", "## Results", "",
-            "| rate | policy | offered req/s | goodput req/s | " + " | ".join(f"{c} SLO met" for c in classes)
-            + " | TTFT p50 / p99 ms | TPOT p50 / p99 ms | completed |",
-            "|---|---|---:|---:|" + "---:|" * len(classes) + "---:|---:|---:|"]
+            "| rate | policy | offered req/s | goodput req/s | output tok/s per GPU at SLO | "
+            + " | ".join(f"{c} SLO met" for c in classes) + " | TTFT p50 / p99 ms | TPOT p50 / p99 ms | completed |",
+            "|---|---|---:|---:|---:|" + "---:|" * len(classes) + "---:|---:|---:|"]
     for r in rows:
         s = r["summary"]
         att = [(_f(r["slo_attainment"].get(c, math.nan) * 100, 1) + " %") if c in r["slo_attainment"] else "–"
                for c in classes]
         out.append(f"| x{r['rate_scale']:g} | {r['policy']} | {_f(r['rate_rps'], 2)} | {_f(r['goodput_rps'], 2)} | "
+                   f"{_f(r.get('output_tokens_per_gpu_s', math.nan))} | "
                    + " | ".join(att) + f" | {_f(s['ttft_ms']['median'])} / {_f(s['ttft_ms']['p99'])} | "
                    f"{_f(s['tpot_ms']['median'])} / {_f(s['tpot_ms']['p99'])} | {s['completed']}/{s['requests']} |")
+    out += _gang_table(rows)
     out += ["", "## Latency by topology tier", "",
             "The tier is the worst link a request's work crossed: a replica's tensor-parallel group, or for a "
             "prefill/decode pair the KV path. From best to worst: `local` (one GPU, or a KV cache that stays "

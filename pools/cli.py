@@ -50,7 +50,8 @@ def _auto_counts(config: PoolsConfig, topology: Topology, args: argparse.Namespa
     classes = config.classes()
     for prefill, decode in config.auto_pairs():
         slos = [classes[c] for c in {*prefill.slo_classes, *decode.slo_classes}] or list(classes.values())
-        proposal = size(topology, str(prefill.model), args.workload, slos, args.gpu, prefill.tp, decode.tp)
+        proposal = size(topology, str(prefill.model), args.workload, slos, args.gpu, prefill.tp, decode.tp,
+                        prefill.dp if prefill.dp > 1 else None, decode.dp if decode.dp > 1 else None)
         counts[prefill.name], counts[decode.name] = proposal.prefill_replicas, proposal.decode_replicas
         print(f"auto: {prefill.name} x {proposal.prefill_replicas}, {decode.name} x {proposal.decode_replicas} "
               f"({proposal.explanation[-1]})", file=sys.stderr)
@@ -86,7 +87,7 @@ def cmd_size(args: argparse.Namespace) -> int:
         argv = ["--topology", args.topology, "--model", args.model, "--workload", args.workload, "--slo", args.slo,
                 "--format", args.format, "--refine", *(["--gpu", args.gpu] if args.gpu else [])]
         return subprocess.run([sys.executable, "-m", "loadtest", "size", *argv], check=False).returncode
-    from pools.sizing import size
+    from pools.sizing import PhaseOption, size
 
     topology = read_source(args.topology, ReadOptions(gpu=args.gpu))
     known = {c.name: c for c in DEFAULT_SLO_CLASSES}
@@ -96,15 +97,20 @@ def cmd_size(args: argparse.Namespace) -> int:
         raise ValueError(f"--slo: unknown classes {unknown} (known: {', '.join(known)})")
     proposal = size(topology, args.model, args.workload, [known[n] for n in names], args.gpu)
     doc = {
-        "prefill": {"tp": proposal.prefill.tp, "replicas": proposal.prefill_replicas},
-        "decode": {"tp": proposal.decode.tp, "replicas": proposal.decode_replicas},
+        "prefill": {"tp": proposal.prefill.tp, "dp": proposal.prefill.dp,
+                    "expert_parallel": proposal.prefill.expert_parallel, "replicas": proposal.prefill_replicas},
+        "decode": {"tp": proposal.decode.tp, "dp": proposal.decode.dp,
+                   "expert_parallel": proposal.decode.expert_parallel, "replicas": proposal.decode_replicas},
         "gpus": proposal.gpus, "goodput_rps": round(proposal.goodput_rps, 3),
         "goodput_per_gpu": round(proposal.goodput_per_gpu, 4), "explanation": list(proposal.explanation),
     }
     if args.format == "json":
         print(json.dumps(doc, indent=2))
     else:
-        print(f"prefill: tp={proposal.prefill.tp} x {proposal.prefill_replicas}; decode: tp={proposal.decode.tp} x "
+        def shape(o: PhaseOption) -> str:
+            return f"tp={o.tp}" + (f" dp={o.dp} (EP{o.gpus})" if o.expert_parallel else "")
+
+        print(f"prefill: {shape(proposal.prefill)} x {proposal.prefill_replicas}; decode: {shape(proposal.decode)} x "
               f"{proposal.decode_replicas}; {proposal.goodput_rps:.2f} req/s on {proposal.gpus} GPUs "
               f"({proposal.goodput_per_gpu:.3f} req/s per GPU)")
         for line in proposal.explanation:

@@ -10,15 +10,21 @@ size each phase separately against its own SLO, then match their rates.
   b / (output tokens x step time).
 - The split uses the island's bottleneck link for each TP size (from the topology), so a box
   without NVLink prices TP>1 at PCIe speed and the search prefers smaller TP there.
+- An MoE model is also sized as expert-parallel gangs of `EP_SIZES` data-parallel ranks
+  (`pools.moecost`): every rank prefills its own prompts and decodes its own batch, in lockstep
+  with the gang; the all-to-all runs over NVLink when the largest domain holds the gang, else
+  over rail-aligned RDMA between nodes. Prefill and decode are sized separately, so each phase
+  gets its own EP size (DeepSeek's deployment: EP32 prefill, EP144 decode).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pools import catalog, costmodel
+from pools import catalog, costmodel, moecost
 from pools.catalog import GpuSpec, ModelSpec
 from pools.model import SLOClass
+from pools.moecost import GangLinks
 from topology import Topology, bottleneck, cliques, islands
 
 WORKLOADS: dict[str, tuple[int, int, str]] = {
@@ -27,6 +33,8 @@ WORKLOADS: dict[str, tuple[int, int, str]] = {
     "azure-code": (2048, 28, "Azure LLM inference trace 2023, code (8,819 requests; means)"),
 }
 TP_SIZES = (1, 2, 4, 8)
+EP_SIZES = (2, 4, 8, 16, 32, 64, 72, 128, 144, 256)
+"""Data-parallel ranks (one GPU each) of the expert-parallel gangs the search tries."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +44,12 @@ class PhaseOption:
     goodput_rps: float
     """Requests per second one replica sustains within the SLO."""
     detail: str
+    dp: int = 1
+    expert_parallel: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,14 +126,77 @@ def decode_option(model: ModelSpec, gpu: GpuSpec, tp: int, link: costmodel.LinkC
 
 
 def size(topology: Topology, model_name: str, workload: str, slos: list[SLOClass],
-         gpu_name: str | None = None, prefill_tp: int | None = None, decode_tp: int | None = None) -> SizingProposal:
-    """`prefill_tp` / `decode_tp` fix a phase's TP size (a pools file says it); else it is searched."""
-    return candidates(topology, model_name, workload, slos, gpu_name, prefill_tp, decode_tp, every=False)[0]
+         gpu_name: str | None = None, prefill_tp: int | None = None, decode_tp: int | None = None,
+         prefill_dp: int | None = None, decode_dp: int | None = None) -> SizingProposal:
+    """`prefill_tp` / `decode_tp` fix a phase's TP size (a pools file says it), `prefill_dp` /
+    `decode_dp` its expert-parallel gang's ranks; else they are searched."""
+    return candidates(topology, model_name, workload, slos, gpu_name, prefill_tp, decode_tp, every=False,
+                      prefill_dp=prefill_dp, decode_dp=decode_dp)[0]
+
+
+def gang_links(topology: Topology, ranks: int) -> GangLinks:
+    """Where a gang of `ranks` GPUs runs its all-to-all at best: inside the largest NVLink domain
+    when it holds them, else across nodes of that domain's size over rail-aligned RDMA."""
+    domains = sorted(islands(topology), key=lambda i: (-i.size, -i.bottleneck_gb_s))
+    top = domains[0]
+    nvlink = max(top.bottleneck_gb_s, 1.0)
+    if top.size >= ranks:
+        return GangLinks(carrier="nvlink", domain_ranks=ranks, nvlink_gb_s=nvlink)
+    return GangLinks(carrier="rdma", domain_ranks=max(top.size, 1), nvlink_gb_s=nvlink,
+                     nic_gb_s=topology.fabric.nic_bandwidth_gb_s, nic_latency_us=topology.fabric.latency_us)
+
+
+def gang_options(topology: Topology, model: ModelSpec, gpu: GpuSpec, prompt: int, output: int, ttft_ms: float,
+                 tpot_ms: float, total: int, prefill_dp: int | None, decode_dp: int | None
+                 ) -> tuple[list[PhaseOption], list[PhaseOption]]:
+    """Expert-parallel gangs (tp=1 ranks) of each size in `EP_SIZES` whose experts fit (module docstring)."""
+    prefills: list[PhaseOption] = []
+    decodes: list[PhaseOption] = []
+    for dp in sorted(set(EP_SIZES) | {d for d in (prefill_dp, decode_dp) if d}):
+        if dp > total or not costmodel.fits(model, gpu.memory_gb, 1, ep=dp):
+            continue
+        links = gang_links(topology, dp)
+        if prefill_dp in (None, dp):
+            t = moecost.moe_step(model, gpu, 1, dp, links, prefill_tokens=prompt).total_ms
+            if t < ttft_ms:
+                rho = min(0.95, 2 * (ttft_ms - t) / (2 * ttft_ms - t))
+                prefills.append(PhaseOption(role="prefill", tp=1, dp=dp, expert_parallel=True,
+                                            goodput_rps=dp * rho / (t / 1000.0),
+                                            detail=f"EP{dp} prefill of {prompt} tokens per rank in {t:.1f} ms over "
+                                                   f"{links.carrier}; load {rho:.2f} keeps TTFT <= {ttft_ms:g} ms"))
+        if decode_dp in (None, dp):
+            d = _gang_decode(model, gpu, dp, links, prompt, output, tpot_ms)
+            if d is not None:
+                decodes.append(d)
+    return prefills, decodes
+
+
+def _gang_decode(model: ModelSpec, gpu: GpuSpec, dp: int, links: GangLinks, prompt: int, output: int,
+                 tpot_ms: float) -> PhaseOption | None:
+    capacity = costmodel.kv_capacity_tokens(model, gpu, 1, ep=dp)
+    per_request = prompt + output // 2
+    best: tuple[float, int, float] | None = None
+    batch = 1
+    while batch <= 1024 and batch * per_request <= capacity:
+        step = moecost.moe_step(model, gpu, 1, dp, links, decodes=batch, decode_context=per_request).total_ms
+        if step > tpot_ms:
+            break
+        rate = dp * batch / (output * step / 1000.0)
+        if best is None or rate > best[0]:
+            best = (rate, batch, step)
+        batch *= 2
+    if best is None:
+        return None
+    rate, batch, step = best
+    return PhaseOption(role="decode", tp=1, dp=dp, expert_parallel=True, goodput_rps=rate,
+                       detail=f"EP{dp} decode batch {batch} per rank at {step:.1f} ms/token over {links.carrier} "
+                              f"(TPOT <= {tpot_ms:g} ms, cache {capacity} tokens per rank)")
 
 
 def candidates(topology: Topology, model_name: str, workload: str, slos: list[SLOClass],
                gpu_name: str | None = None, prefill_tp: int | None = None, decode_tp: int | None = None,
-               every: bool = True) -> list[SizingProposal]:
+               every: bool = True, prefill_dp: int | None = None, decode_dp: int | None = None
+               ) -> list[SizingProposal]:
     """Every TP combination's best split, best goodput per GPU first (the simulator can check
     them: `python -m loadtest size --refine`)."""
     model = catalog.model(model_name)
@@ -138,10 +215,16 @@ def candidates(topology: Topology, model_name: str, workload: str, slos: list[SL
         link = _link(topology, tp)
         if link is None or not costmodel.fits(model, gpu.memory_gb, tp):
             continue
-        if prefill_tp in (None, tp) and (p := prefill_option(model, gpu, tp, link, prompt, ttft, kv_ms)) is not None:
+        if prefill_dp is None and prefill_tp in (None, tp) and (
+                p := prefill_option(model, gpu, tp, link, prompt, ttft, kv_ms)) is not None:
             prefills.append(p)
-        if decode_tp in (None, tp) and (d := decode_option(model, gpu, tp, link, prompt, output, tpot)) is not None:
+        if decode_dp is None and decode_tp in (None, tp) and (
+                d := decode_option(model, gpu, tp, link, prompt, output, tpot)) is not None:
             decodes.append(d)
+    if model.moe is not None:
+        gp, gd = gang_options(topology, model, gpu, prompt, output, ttft, tpot, total, prefill_dp, decode_dp)
+        prefills += [] if prefill_tp not in (None, 1) and prefill_dp is None else gp
+        decodes += [] if decode_tp not in (None, 1) and decode_dp is None else gd
     if not prefills or not decodes:
         raise ValueError(f"no TP size of {model_name} on {gpu_name} meets TTFT {ttft:g} ms and TPOT {tpot:g} ms "
                          f"for {prompt}:{output} tokens")
@@ -154,13 +237,13 @@ def candidates(topology: Topology, model_name: str, workload: str, slos: list[SL
 
 def _split(p: PhaseOption, d: PhaseOption, total_gpus: int) -> SizingProposal | None:
     best: SizingProposal | None = None
-    for n_p in range(1, total_gpus // p.tp + 1):
-        left = total_gpus - n_p * p.tp
-        n_d = min(left // d.tp, max(1, round(n_p * p.goodput_rps / d.goodput_rps + 0.4999)))
+    for n_p in range(1, total_gpus // p.gpus + 1):
+        left = total_gpus - n_p * p.gpus
+        n_d = min(left // d.gpus, max(1, round(n_p * p.goodput_rps / d.goodput_rps + 0.4999)))
         if n_d < 1:
             break
         rate = min(n_p * p.goodput_rps, n_d * d.goodput_rps)
-        gpus = n_p * p.tp + n_d * d.tp
+        gpus = n_p * p.gpus + n_d * d.gpus
         if best is None or rate > best.goodput_rps or (rate == best.goodput_rps and gpus < best.gpus):
             why = (p.detail, d.detail,
                    f"{n_p} prefill x {p.goodput_rps:.2f} req/s vs {n_d} decode x {d.goodput_rps:.2f} req/s: "

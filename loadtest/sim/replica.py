@@ -86,6 +86,16 @@ def rank_view(p: ReplicaPlacement, endpoint: ReplicaEndpoint) -> ReplicaPlacemen
                    extra_nodes=tuple(rest), in_domain=True)
 
 
+def _slowest_gpu(topology: Topology, p: ReplicaPlacement) -> str | None:
+    """A gang's ranks step in lockstep (every MoE layer is a barrier): each runs at its slowest
+    GPU's pace."""
+    names = {topology.node(n).gpu(g).model for n, g in p.gpu_refs()}
+    known = [catalog.gpu(n) for n in names if n is not None and n in catalog.gpus()]
+    if len(known) != len(names):
+        return None
+    return min(known, key=lambda g: (g.hbm_gb_s, g.bf16_tflops, g.name)).name
+
+
 def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, endpoint: ReplicaEndpoint,
                   max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                   kv_capacity_tokens: int | None = None) -> SimReplica:
@@ -94,8 +104,9 @@ def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, 
     pool = plan.pool(p.pool)
     gang = gang_cost(topology, plan, p)
     nodes = frozenset(n for n, _ in p.gpu_refs())
+    slowest = _slowest_gpu(topology, p) if gang is not None else None
     p = rank_view(p, endpoint)
-    gpu_name = topology.node(p.node).gpu(p.gpus[0]).model
+    gpu_name = slowest or topology.node(p.node).gpu(p.gpus[0]).model
     if pool.model is None or pool.model not in catalog.models():
         raise ValueError(f"pool {pool.name}: the simulator needs a catalogue model (got {pool.model!r}; known: "
                          f"{', '.join(sorted(catalog.models()))})")

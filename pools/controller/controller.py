@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from pools.controller import health, launching, nodecheck, state
+from pools.controller import gang, health, launching, nodecheck, state
 from pools.controller.backend import Backend
 from pools.controller.benching import BenchKeeper
 from pools.controller.events import EventLog
@@ -56,6 +56,10 @@ class ControllerCore:
         missing = [p.name for p in spec.pools if spec.engine == "vllm" and p.name not in spec.vllm]
         if missing:
             raise ValueError(f"engine vllm: no vLLM settings for pools {missing}")
+        gangs = [p.name for p in spec.pools if spec.engine == "vllm" and p.is_gang]
+        if gangs:
+            raise ValueError(f"engine vllm: pools {gangs} are gangs, which the controller starts on the simulated "
+                             "engine only")
         self.spec, self.backend, self.clock = spec, backend, clock
         self.events = EventLog(spec.state_dir)
         self.bench = BenchKeeper(spec.bench, spec.state_dir, self._record, clock)
@@ -150,6 +154,9 @@ class ControllerCore:
             for x in launches:
                 self.ports.end(x.actor_name)
         failed = [r for r in results if isinstance(r, Exception)]
+        for x, r in zip(launches, results, strict=True):
+            if isinstance(r, gang.GangFailed):
+                self._record("gang_failed", {**r.to_json(), "start": "deploy", "generation": x.generation})
         for p, r in zip(placements, results, strict=True):
             if isinstance(r, launching.Started):
                 self.running[p.replica_id] = self.fleet.started(p, r)
@@ -194,7 +201,7 @@ class ControllerCore:
         reattached, started = [], []
         for rid, r in saved.replicas.items():
             launch = self._launch(r.placement, r.generation, r.ports)
-            replica = self.backend.attach(launch)
+            replica = gang.attach(self.backend, launch)
             if replica is None:  # installed by a later pass once it is up
                 launch = self._launch(r.placement, self.fleet.generation(rid), r.ports)
                 self.fleet.starts.resume(launch, r.placement, r.draining)
@@ -205,7 +212,7 @@ class ControllerCore:
                                         draining=r.draining, retire_by=0.0)
             reattached.append(rid)
         for r in saved.retiring:
-            old = self.backend.attach(self._launch(r.placement, r.generation, r.ports))
+            old = gang.attach(self.backend, self._launch(r.placement, r.generation, r.ports))
             if old is not None:
                 self.fleet.stop(old)
         self._record("resumed", {"reattached": reattached, "restarted": started, "table_version": saved.table_version})
@@ -220,10 +227,14 @@ class ControllerCore:
         assert self.plan is not None
         return replace(self.plan, placements=tuple(r.placement for r in self.running.values()))
 
+    def _urls(self) -> dict[str, str]:
+        """Each running replica's URL, and each gang rank's (`pools.routing.rank_id`)."""
+        return {k: url for rid, r in self.running.items() for k, url in gang.urls_of(rid, r.replica, r.url).items()}
+
     def _publish(self) -> RoutingTable:
         assert self.plan is not None and self.topology is not None
         serving = self._serving()
-        urls = {rid: r.url for rid, r in self.running.items()}
+        urls = self._urls()
         draining = {rid for rid, r in self.running.items() if r.draining}
         served = {pool: s.served_model_name for pool, s in self.spec.vllm.items()}
         self.table = build_table(serving, self.topology, urls, draining, self.table.version + 1, served)
@@ -334,7 +345,7 @@ class ControllerCore:
         scores = {r.replica_id: (r.healthy, r.health_score) for r in self.table.replicas}
         if not self._topology_changed("link counters changed", self._discover()):
             assert self.plan is not None and self.topology is not None
-            fresh = build_table(self._serving(), self.topology, {rid: r.url for rid, r in self.running.items()}, (), 0)
+            fresh = build_table(self._serving(), self.topology, self._urls(), (), 0)
             if {r.replica_id: (r.healthy, r.health_score) for r in fresh.replicas} != scores:
                 self._publish()  # a link's score moved without changing the plan
 

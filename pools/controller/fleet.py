@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pools.controller import gang
 from pools.controller.backend import Backend, Replica
 from pools.controller.launching import Started
 from pools.controller.portbook import PortBook
@@ -60,7 +61,9 @@ class Fleet:
                                         "node": p.node, "gpus": list(p.gpus), "ray_node": launch.pin.ray_node_id,
                                         "resources": dict(launch.pin.resources), "env": dict(launch.pin.env),
                                         "engine": self.engine, "notes": list(launch.pin.notes),
-                                        "ports": launch.vllm.ports.to_json() if launch.vllm else None})
+                                        "ports": launch.vllm.ports.to_json() if launch.vllm else None,
+                                        **({"ranks": gang.urls_of(p.replica_id, done.replica, done.url)}
+                                           if launch.ranks else {})})
         return Running(replica=done.replica, launch=launch, placement=p, url=done.url)
 
     @staticmethod
@@ -72,11 +75,12 @@ class Fleet:
 
     def restart_dead(self, lost: set[str], launch: Launch) -> bool:
         """Submit a restart for each replica that does not answer (not one on a lost node, nor
-        one already being started); `launch` builds the new actor's launch, should it need one.
-        True when any was submitted."""
+        one already being started); `launch` builds the new actor's launch, should it need one
+        (a gang: always, it restarts whole). True when any was submitted."""
         submitted = False
         for rid, r in list(self.running.items()):
-            if r.placement.node in lost or rid in self.starts.flight or self.healthy(r.replica):
+            on_lost = any(n in lost for n, _ in r.placement.gpu_refs())  # a gang: any of its nodes
+            if on_lost or rid in self.starts.flight or self.healthy(r.replica):
                 continue
             ports = r.launch.vllm.ports if r.launch.vllm else None  # the ones it had (others if still held)
             self.starts.restart(r.replica, launch(r.placement, self.generation(rid), ports), r.placement)
@@ -97,6 +101,8 @@ class Fleet:
     def _install(self, i: Intent, out: Outcome) -> bool:
         rid, running = i.replica_id, self.running.get(i.replica_id)
         if isinstance(out, Exception):
+            if isinstance(out, gang.GangFailed):
+                self.record("gang_failed", {**out.to_json(), "start": i.kind, "generation": i.launch.generation})
             if i.change is not None:
                 self.record("move", {**i.change.to_json(), "result": f"replacement failed to start: {out}"})
             else:  # a restart is tried again by the next pass (the dead replica is still listed)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from pools.controller import gang
 from pools.controller.backend import Backend, Replica
 from pools.controller.nodecheck import RayNode
 from pools.controller.pinning import pin_for
@@ -37,8 +38,18 @@ class Started:
 def build_launch(plan: PlacementPlan, topology: Topology, bindings: Mapping[str, RayNode], p: ReplicaPlacement,
                  generation: int, *, topology_source: str, time_scale: float,
                  vllm: VllmSettings | None = None, ports: EnginePorts | None = None) -> EngineLaunch:
-    """`vllm`: the pool's settings for a real vLLM server (`ports` then required), else a simulated engine."""
+    """`vllm`: the pool's settings for a real vLLM server (`ports` then required), else a simulated
+    engine. A gang: one simulated engine per data-parallel rank (`EngineLaunch.ranks`)."""
     pool = plan.pool(p.pool)
+    if pool.is_gang and p.members:
+        if vllm is not None:
+            raise ValueError(f"{p.replica_id}: the controller starts gangs on the simulated engine only "
+                             "(pools.vllm.gang builds their vLLM commands)")
+        ranks = tuple(dataclasses.replace(
+            build_launch(plan, topology, bindings, gang.rank_placement(p, k), generation,
+                         topology_source=topology_source, time_scale=time_scale), gang=gang.gang_arg(pool, p, k))
+            for k in gang.ranks_of(p))
+        return dataclasses.replace(ranks[0], replica_id=p.replica_id, gang="", ranks=ranks)
     node = topology.node(p.node)
     gpu = node.gpu(p.gpus[0]).model
     if vllm is None and (pool.model is None or gpu is None):
@@ -81,7 +92,7 @@ def start_one(backend: Backend, launch: EngineLaunch, reallocate: Callable[[Engi
     as soon as it exists (before its start ends: whoever must abort the start stops it); what it
     raises aborts the start, as a failed start."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        replica = backend.create(launch)
+        replica = gang.create(backend, launch)
         try:
             if created is not None:
                 created(replica)

@@ -68,6 +68,11 @@ class EngineLaunch:
     """Bumped each time the replica is started somewhere new (a re-placement)."""
     vllm: VllmLaunch | None = None
     """A real vLLM server instead of the simulated engine."""
+    gang: str = ""
+    """One data-parallel rank of a gang: its `sim-engine --gang` JSON (pools.controller.gang)."""
+    ranks: tuple[EngineLaunch, ...] = ()
+    """A gang: one launch per data-parallel rank (each its own engine and actor), started,
+    restarted and stopped as a unit; `node` and `gpus` are then its first member's."""
 
     @property
     def actor_name(self) -> str:
@@ -82,7 +87,8 @@ class EngineLaunch:
         placement = json.dumps({"node": self.node, "gpus": list(self.gpus)})
         return ["-m", "pools", "sim-engine", "--model", self.model, "--gpu", self.gpu, "--tp", str(self.tp),
                 "--role", self.role, "--port", "0", "--time-scale", str(self.time_scale), "--topology",
-                self.topology_source, "--placement", placement, "--engine-id", self.replica_id]
+                self.topology_source, "--placement", placement, "--engine-id", self.replica_id,
+                *(("--gang", self.gang) if self.gang else ())]
 
     def environment(self) -> dict[str, str]:
         """What a GPU engine gets from the plan (the simulated one ignores it, but carries it)."""

@@ -91,14 +91,16 @@ class Starts:
 
     # submitting (the controller's side) --------------------------------------------------
     def restart(self, replica: Replica, fresh: EngineLaunch, placement: ReplicaPlacement) -> Intent:
-        """`replica.ensure()`; if its actor died, it is stopped and `fresh` started on its GPUs."""
+        """`replica.ensure()`; if its actor died (or a rank of a gang is down), it is stopped and
+        `fresh` started on its GPUs."""
         intent = Intent(kind="restart", token=next(self._tokens), launch=fresh, placement=placement)
 
         def job() -> Outcome:
             try:
                 return Restarted(url=replica.ensure())
             except Exception as err:  # the actor itself died: a new one on the same GPUs
-                self.record("restart", {"replica_id": intent.replica_id, "error": str(err), "result": "new actor"})
+                result = "the whole gang, new generation" if intent.launch.ranks else "new actor"
+                self.record("restart", {"replica_id": intent.replica_id, "error": str(err), "result": result})
                 stop_quietly(replica)
                 return self._start(intent)
 

@@ -3,8 +3,8 @@
 
 It holds the Ray session (a state from an earlier cluster is not resumed), a digest of the
 controller's spec (a state made for other settings is not resumed), the plan, every running
-replica (where it runs, its generation, hence its actor's name, its URL, whether it drains,
-the engine ports it holds on its node), the old replicas still being retired, the routing
+replica (where it runs, a gang's members too, its generation, hence its actor's name, its URL,
+whether it drains, the engine ports it holds on its node), the old replicas still being retired, the routing
 table's version, the health marks and lost nodes that the topology on disk does not show, and
 what the topology bench last measured (each subject's fingerprint and Ray nodes, and its record
 file under `<state_dir>/bench/`, where the first record of each fingerprint is kept as its
@@ -23,7 +23,7 @@ from typing import Any
 
 from pools.controller.health import LinkMark
 from pools.controller.ports import EnginePorts
-from pools.model import PlacementPlan, PoolSpec, ReplicaPlacement, SLOClass, Unplaced
+from pools.model import GangMember, PlacementPlan, PoolSpec, ReplicaPlacement, SLOClass, Unplaced
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,13 +64,21 @@ def digest(spec: object) -> str:
 def _placement(p: ReplicaPlacement) -> dict[str, Any]:
     return {"replica_id": p.replica_id, "pool": p.pool, "role": p.role, "node": p.node, "gpus": list(p.gpus),
             "island": p.island, "tier": p.tier, "in_island": p.in_island, "reasons": list(p.reasons),
-            "extra_nodes": [[n, list(g)] for n, g in p.extra_nodes]}
+            "extra_nodes": [[n, list(g)] for n, g in p.extra_nodes], "members": [m.to_json() for m in p.members],
+            "in_domain": p.in_domain, "expert_parallel": p.expert_parallel}
 
 
 def _placement_from(x: dict[str, Any]) -> ReplicaPlacement:
     return ReplicaPlacement(replica_id=x["replica_id"], pool=x["pool"], role=x["role"], node=x["node"],
                             gpus=tuple(x["gpus"]), island=x["island"], tier=x["tier"], in_island=x["in_island"],
-                            reasons=tuple(x["reasons"]), extra_nodes=tuple((n, tuple(g)) for n, g in x["extra_nodes"]))
+                            reasons=tuple(x["reasons"]), extra_nodes=tuple((n, tuple(g)) for n, g in x["extra_nodes"]),
+                            members=tuple(_member_from(m) for m in x.get("members", [])),
+                            in_domain=bool(x.get("in_domain", True)), expert_parallel=bool(x.get("expert_parallel")))
+
+
+def _member_from(x: dict[str, Any]) -> GangMember:
+    return GangMember(node=x["node"], gpus=tuple(x["gpus"]), dp_rank_start=int(x["dp_rank_start"]),
+                      pp_stage=int(x["pp_stage"]), nic=x["nic"])
 
 
 def _saved(r: SavedReplica) -> dict[str, Any]:

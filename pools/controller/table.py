@@ -15,9 +15,11 @@ from topology import Topology
 def group_health(topology: Topology, p: ReplicaPlacement) -> tuple[bool, float]:
     """(healthy, worst link score) of the placement's GPUs. Only a lost node or GPU makes it
     unhealthy (the router then sends it nothing); a bad link lowers the score, and the
-    controller drains and moves the replica, so batch traffic may still use it meanwhile."""
+    controller drains and moves the replica, so batch traffic may still use it meanwhile. A gang:
+    every member (a lost GPU anywhere stops the whole gang), links inside each TP group."""
     score = 1.0
-    for node_name, gpus in ((p.node, p.gpus), *p.extra_nodes):
+    groups = [(m.node, m.gpus) for m in p.members] if p.members else [(p.node, p.gpus), *p.extra_nodes]
+    for node_name, gpus in groups:
         if not topology.has_node(node_name):
             return False, 0.0
         node = topology.node(node_name)
@@ -44,7 +46,7 @@ def build_table(plan: PlacementPlan, topology: Topology, urls: Mapping[str, str]
     by_id = {p.replica_id: p for p in plan.placements}
     endpoints = []
     for r in table.replicas:
-        healthy, score = group_health(topology, by_id[r.replica_id])
-        endpoints.append(replace(r, healthy=healthy, health_score=round(score, 4),
-                                 draining=r.replica_id in draining))
+        rid = r.gang or r.replica_id  # a gang's rank: the gang's placement and state
+        healthy, score = group_health(topology, by_id[rid])
+        endpoints.append(replace(r, healthy=healthy, health_score=round(score, 4), draining=rid in draining))
     return replace(table, replicas=tuple(endpoints), topology_fingerprint=topology.fingerprint())

@@ -145,11 +145,25 @@ class Carrier:
     groups: list[list[GpuRef]]
 
 
-def carriers(topology: Topology, slots: Sequence[IslandSlot], pool: PoolSpec) -> list[Carrier]:
+def detached_gpus(topology: Topology, slots: Sequence[IslandSlot]) -> frozenset[GpuRef]:
+    """GPUs that unhealthy links cut off from their NVLink island (alone now, though they have
+    NVLink/XGMI links): a gang spanning domains leaves them out when it can (its all-to-all
+    would run over the sick links' fallback)."""
+    out = set()
+    for slot in slots:
+        if slot.island.size == 1:
+            ref = slot.island.gpus[0]
+            if any(link.kind.is_gpu_fabric and ref.index in (link.a, link.b) for link in topology.node(ref.node).links):
+                out.add(ref)
+    return frozenset(out)
+
+
+def carriers(topology: Topology, slots: Sequence[IslandSlot], pool: PoolSpec,
+             avoid: frozenset[GpuRef] = frozenset()) -> list[Carrier]:
     out: list[Carrier] = []
     left: dict[str, set[GpuRef]] = {}
     for k, slot in enumerate(slots):
-        free = slot.free
+        free = frozenset(p for p in slot.free if slot.members[p] not in avoid) if avoid else slot.free
         groups: list[Positions] = []
         while len(free) >= pool.tp:
             g = carve(slot.shape, free, pool.tp)

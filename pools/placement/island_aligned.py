@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pools.model import PlacementPlan, PlacementRequest, PoolSpec, ReplicaPlacement
 from pools.placement.common import Layout, Work, finish, gpu_memory_gb, memory_fits, replicas_in_order
 from pools.placement.fallback import cross_island_group
-from pools.placement.gangs import DomainSearch, carriers, describe, span
+from pools.placement.gangs import DomainSearch, carriers, describe, detached_gpus, span
 from pools.placement.islandstate import IslandSlot, Positions, build_slots, carve_many
 from topology import GpuRef
 
@@ -267,7 +267,10 @@ class _Run:
             self.missing.append((work, f"no NVLink domain has room for the {describe(pool)} "
                                        "(pool requires one domain)"))
             return
-        found = span(self.request.topology, carriers(self.request.topology, self.slots, pool), pool, self._fits)
+        topology = self.request.topology
+        sick = detached_gpus(topology, self.slots)
+        found = span(topology, carriers(topology, self.slots, pool, sick), pool, self._fits) if sick else None
+        found = found or span(topology, carriers(topology, self.slots, pool), pool, self._fits)
         if found is None:
             self.missing.append((work, f"not enough free GPUs for the {describe(pool)}: its TP groups of "
                                        f"{pool.tp} must each sit inside an island"

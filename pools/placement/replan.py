@@ -14,8 +14,9 @@ from dataclasses import dataclass, replace
 from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest, ReplicaPlacement
 from pools.placement import get_policy
 from pools.placement.common import Layout, Work, finish
-from pools.placement.validate import group_problems
-from topology import GpuRef, Topology, is_clique
+from pools.placement.validate import group_problems, tp_groups
+from topology import GpuRef, Island, Topology, is_clique, islands
+from topology.islands import island_of
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,17 +42,29 @@ def _where(p: ReplicaPlacement | None) -> str:
 
 
 def _why_invalid(old: PlacementPlan, topology: Topology, p: ReplicaPlacement, island_aware: bool) -> str | None:
+    """Why a placement must move (a gang moves as a unit: any rank's problem moves it all)."""
     refs = [GpuRef(n, g) for n, g in p.gpu_refs()]
-    problems = group_problems(topology, old.pool(p.pool), refs, island_aware)
+    groups = tp_groups(p) if p.members else None
+    problems = group_problems(topology, old.pool(p.pool), refs, island_aware, groups)
     if problems:
         return problems[0]
-    if island_aware and p.in_island and len(refs) > 1 and not is_clique(topology, refs):
+    if island_aware and p.in_island and any(len(g) > 1 and not is_clique(topology, g) for g in (groups or [refs])):
         return "its GPUs are no longer joined by healthy NVLink/XGMI (the island split)"
+    if island_aware and p.members and p.expert_parallel and p.in_domain and len(
+            {island.id for island in islands_of(topology, refs)}) > 1:
+        return "its NVLink domain split (a link inside it went unhealthy): the all-to-all would cross the network"
     return None
+
+
+def islands_of(topology: Topology, refs: list[GpuRef]) -> list[Island]:
+    where = island_of(islands(topology))
+    return [where[r] for r in refs]
 
 
 def _refresh(layout: Layout, p: ReplicaPlacement, old: PlacementPlan) -> ReplicaPlacement:
     work = Work(replica_id=p.replica_id, pool=old.pool(p.pool), strictness=0.0)
+    if p.members:
+        return layout.gang_placement(work, tp_groups(p), p.reasons)
     return layout.placement(work, [GpuRef(n, g) for n, g in p.gpu_refs()], p.reasons)
 
 
