@@ -22,7 +22,7 @@ from pools.catalog import GpuSpec, ModelSpec
 from pools.costmodel import DEFAULT, LOCAL, Efficiency, LinkCost
 from pools.model import PlacementPlan, ReplicaPlacement
 from pools.moecost import Carrier, GangLinks
-from topology import GpuRef, LinkKind, Topology, islands, path
+from topology import GpuRef, LinkKind, Topology, bottleneck, islands, path
 from topology.islands import island_of
 
 
@@ -35,6 +35,8 @@ class GangCost:
     """The all-to-all's links (expert-parallel gangs)."""
     boundaries: tuple[LinkCost, ...] = ()
     """One per pipeline stage boundary."""
+    stage_links: tuple[LinkCost, ...] = ()
+    """Each pipeline stage's TP group link (its bottleneck); empty: the engine's own link for all."""
     overlap: bool = False
     imbalance: float | None = None
 
@@ -59,18 +61,25 @@ def _forward(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, chunks: Se
 
 def _pipeline_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, gang: GangCost,
                  chunks: Sequence[tuple[int, int]], decodes: int, decode_context: int, eff: Efficiency) -> float:
-    """A step through every stage (`pools.pipeline`): a pure decode step as the pipeline's
-    cycle with its micro-batches; a step with prefill chunks passes the stages in turn."""
+    """One step of every sequence through the pipeline (`pools.pipeline`): the step's sequences
+    go as m = min(pp, sequences) micro-batches, each stage reading its weights once per
+    micro-batch and sharing the rest of its work among them; a sequence's next token waits for
+    its micro-batch to pass every stage, and each stage serves every micro-batch per cycle:
+        cycle = max(m x slowest micro-batch stage, sum of micro-batch stages + boundaries)
+    (one prompt alone, m = 1: it passes the stages in turn)."""
     stages = [pipeline.stage_model(model, gang.pp, s) for s in range(gang.pp)]
+    links = gang.stage_links if len(gang.stage_links) == gang.pp else (link,) * gang.pp
+    sequences = len(chunks) + decodes
+    m = max(1, min(gang.pp, sequences))
     tokens = sum(n for n, _ in chunks) + decodes
-    hops = sum(pipeline.boundary_ms(tokens, model.hidden, b) for b in gang.boundaries)
-    if chunks or decodes <= 1:
-        return sum(_forward(m, gpu, tp, link, chunks, decodes, decode_context, eff) for m in stages) + hops
-    m = min(gang.pp, decodes)
-    per = -(-decodes // m)
-    times = [_forward(s, gpu, tp, link, (), per, decode_context * per // decodes, eff) for s in stages]
-    hops = sum(pipeline.boundary_ms(per, model.hidden, b) for b in gang.boundaries)
-    return max(m * max(times), sum(times) + hops)
+    hbm = gpu.hbm_gb_s * 1e9 * eff.decode_mbu
+    per_stage = []
+    for stage, lk in zip(stages, links, strict=True):
+        full = _forward(stage, gpu, tp, lk, chunks, decodes, decode_context, eff)
+        weights = stage.weights_gb * 1e9 / tp / hbm * 1e3
+        per_stage.append(min(full, weights) + max(full - weights, 0.0) / m)
+    hops = sum(pipeline.boundary_ms(-(-tokens // m), model.hidden, b) for b in gang.boundaries)
+    return max(m * max(per_stage), sum(per_stage) + hops)
 
 
 class GangDecode:
@@ -126,6 +135,16 @@ def _nic_gb_s(topology: Topology, node: str, name: str | None) -> float | None:
     return nic.speed_gbit_s / 8 if nic is not None and nic.speed_gbit_s else None
 
 
+def stage_links(topology: Topology, p: ReplicaPlacement, tp: int) -> tuple[LinkCost, ...]:
+    """Each stage's TP group bottleneck (DP rank 0 of the stage)."""
+    groups: dict[int, list[GpuRef]] = {}
+    for m in p.members:
+        if m.dp_rank_start == 0:
+            groups.setdefault(m.pp_stage, []).extend(GpuRef(m.node, g) for g in m.gpus)
+    return tuple(LOCAL if tp <= 1 or len(groups[s]) <= 1 else LinkCost.of(bottleneck(topology, groups[s]))
+                 for s in sorted(groups))
+
+
 def boundary_links(topology: Topology, p: ReplicaPlacement) -> tuple[LinkCost, ...]:
     """Each stage boundary's link: the path from stage s's first GPU to stage s+1's."""
     firsts: dict[int, GpuRef] = {}
@@ -146,4 +165,5 @@ def gang_cost(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, over
         return None
     links = gang_links(topology, p) if pool.expert_parallel else None
     return GangCost(dp=pool.dp, pp=pool.pp, expert_parallel=pool.expert_parallel, links=links,
-                    boundaries=boundary_links(topology, p) if pool.pp > 1 else (), overlap=overlap)
+                    boundaries=boundary_links(topology, p) if pool.pp > 1 else (),
+                    stage_links=stage_links(topology, p, pool.tp) if pool.pp > 1 else (), overlap=overlap)

@@ -6,7 +6,9 @@ counters (a fresh discovery every `counters_interval_s`) and `mark_link` change 
 either way the replicas whose TP group is hurt are drained (the table says so at once, so
 routers stop sending them interactive traffic), re-placed by `replan()` (only what must move),
 started before the old ones stop where their GPUs allow it, and published. Engines that die are
-restarted in place. Those starts (a restart, a move's replacement, a resumed replica whose
+restarted in place. A gang (pools.controller.gang: one engine per data-parallel rank, each
+its own endpoint) is one replica to all of this: started, restarted and moved whole.
+Those starts (a restart, a move's replacement, a resumed replica whose
 actor is gone) run on worker threads (pools.controller.starts, pools.controller.fleet): a pass
 submits one and goes on; what it started is installed and published once it is up (`settle`,
 or the next pass), so a vLLM server loading for minutes holds up no other restart, node loss

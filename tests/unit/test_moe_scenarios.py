@@ -1,0 +1,36 @@
+"""The shipped gang scenarios, shortened: island-aligned against ray-pack in output tokens per
+second per GPU at the SLOs (the README's table comes from the full runs)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from loadtest.compare import run_one, workload_for
+from loadtest.scenario import load_scenario
+
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "configs" / "scenarios"
+
+
+@pytest.mark.parametrize("name, rate, at_least", [("moe-nvl72", 10.0, 1.3), ("moe-rdma", 10.0, 1.3),
+                                                  ("pp-pairs", 1.0, 1.05)])
+def test_island_aligned_serves_more_output_per_gpu_than_ray_pack(name: str, rate: float, at_least: float) -> None:
+    scenario = load_scenario(SCENARIOS / f"{name}.yaml")
+    short = {**scenario.config.workload, "duration_s": 20 if name != "pp-pairs" else 60}
+    scenario = replace(scenario, config=scenario.config.model_copy(update={"workload": short}))
+    workload = workload_for(scenario, rate)
+    rows = {policy: run_one(scenario, policy, rate, workload) for policy in ("island-aligned", "ray-pack")}
+    ours, theirs = rows["island-aligned"], rows["ray-pack"]
+    assert ours["plan"]["gpus_used"] == theirs["plan"]["gpus_used"]
+    assert ours["output_tokens_per_gpu_s"] >= at_least * theirs["output_tokens_per_gpu_s"] > 0
+    assert ours["plan"]["cross_domain_ep_groups"] == 0
+    if name.startswith("moe"):
+        gangs = {g["replica"]: g for g in ours["plan"]["gangs"]}
+        assert gangs["decode-0"]["carrier"] in ("nvlink", "rdma")
+        assert {g["carrier"] for g in theirs["plan"]["gangs"]} & {"cross-rail", "rdma"}
+    else:
+        assert ours["plan"]["pp_boundaries"].get("rdma") == 1 and ours["plan"]["crossing"] == []
