@@ -4,6 +4,7 @@
     python -m pools size --topology SOURCE --model M --workload W --slo CLASS[,CLASS]
     python -m pools bench [placement|engine] [--format json]
     python -m pools cost prefill|decode|collective|kv|moe|pp ... --format json
+    python -m pools experts --model M --plan PLAN.json --pool NAME --load LOAD.json [--policy P] --format json
     python -m pools launch --plan PLAN.json --pools POOLS.yaml --pool NAME [--replica ID] --format json
 
 Exit code 2 with one line on stderr for bad input.
@@ -20,6 +21,7 @@ from typing import Any
 
 from pools.config import PoolsConfig, load_pools
 from pools.costcli import add_cost_parsers
+from pools.experts.cli import add_experts_parser
 from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest
 from pools.placement import POLICIES, get_policy
 from pools.placement.common import Layout, largest_domain
@@ -301,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="island-aligned", choices=sorted(POLICIES))
     p.set_defaults(func=cmd_bench)
     add_cost_parsers(sub)
+    add_experts_parser(sub)
     _launch_parser(sub)
     return parser
 

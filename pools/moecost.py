@@ -95,6 +95,9 @@ class GangLinks:
     nic_gb_s: float = 50.0
     """The rank's NIC line, per direction (400 Gb/s)."""
     nic_latency_us: float = 3.0
+    outside_share: float | None = None
+    """Share of the (token, expert) pairs that leave the rank's domain, when an expert map says
+    it (`pools.experts`); None: experts spread uniformly over the ranks."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,6 +140,17 @@ def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, link
     token_bytes = hidden * element_bytes
     d = max(1, min(links.domain_ranks, ep))
     inside = tokens * k * token_bytes * (d - 1) / ep
+    if links.outside_share is not None and links.carrier not in ("nvlink", "tcp"):
+        share = min(max(links.outside_share, 0.0), 1.0)
+        inside = tokens * k * token_bytes * max(0.0, 1.0 - share - 1.0 / ep)
+        if mode == "low-latency":
+            outside = tokens * k * token_bytes * share
+        else:
+            outside = tokens * token_bytes * remote_domains(ep // d, k, groups_per_token) * share / max(
+                (ep - d) / ep, 1e-9)
+        net = links.nic_gb_s * A2A_NET_EFFICIENCY * (CROSS_RAIL_FACTOR if links.carrier == "cross-rail" else 1.0)
+        latency = A2A_LATENCY_US + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
+        return latency + max(inside / (links.nvlink_gb_s * A2A_NVLINK_EFFICIENCY * 1e9), outside / (net * 1e9)) * 1e6
     if links.carrier == "tcp":
         nodes = max(1, ep // d)
         return collective_us("alltoall", tokens * k * token_bytes, ep, links.nvlink_gb_s, "net", nodes=nodes,

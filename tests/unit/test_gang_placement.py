@@ -76,7 +76,7 @@ def feasible(topology: Topology, items: list[tuple[PoolSpec, tuple[int, ...]]]) 
         if full[k]:  # any GPUs of a fully connected island will do
             need = sum(sizes)
             return [frozenset(sorted(free)[:need])] if len(free) >= need else []
-        out = []
+        out: list[frozenset[GpuRef]] = []
         for g in combinations(sorted(free), sizes[0]):
             if is_clique(topology, list(g)):
                 out.extend(frozenset(g) | rest for rest in carvings(k, free - set(g), sizes[1:]))

@@ -1,0 +1,106 @@
+"""Expert load: tokens per logical expert in every MoE layer.
+
+`read_load` takes `{"layers": [[tokens per expert], ...]}` (what vLLM's EPLB statistics or a
+trace-derived histogram give). `synthetic` draws a load: each layer's expert popularity is Zipf
+with exponent `skew` over a seeded random order of the experts; with `groups` > 1 a token first
+picks `groups_per_token` groups in proportion to their popularity (DeepSeek-V3's group-limited
+routing: 8 groups, 4 per token), then its experts inside them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertLoad:
+    layers: tuple[tuple[float, ...], ...]
+
+    @property
+    def experts(self) -> int:
+        return len(self.layers[0]) if self.layers else 0
+
+    def shares(self, layer: int) -> list[float]:
+        """Each expert's share of the layer's (token, expert) pairs (sums to 1)."""
+        row = self.layers[layer]
+        total = sum(row)
+        return [x / total for x in row] if total > 0 else [1.0 / len(row)] * len(row)
+
+
+def validate(rows: Sequence[Sequence[float]], experts: int | None = None) -> ExpertLoad:
+    if not rows:
+        raise ValueError("load: `layers` is empty")
+    width = len(rows[0])
+    problems = []
+    for k, row in enumerate(rows):
+        if len(row) != width:
+            problems.append(f"layers[{k}] has {len(row)} experts, layers[0] has {width}")
+        if any(not isinstance(x, (int, float)) or x < 0 for x in row):
+            problems.append(f"layers[{k}]: loads are numbers >= 0")
+    if experts is not None and width != experts:
+        problems.append(f"{width} experts per layer, the model has {experts}")
+    if problems:
+        raise ValueError("load: " + "; ".join(problems[:5]))
+    return ExpertLoad(layers=tuple(tuple(float(x) for x in row) for row in rows))
+
+
+def read_load(path: str, experts: int | None = None) -> ExpertLoad:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ValueError(f"cannot read load file {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"load file {path} is not JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list):
+        raise ValueError(f"load file {path}: want {{\"layers\": [[tokens per expert], ...]}}")
+    return validate(doc["layers"], experts)
+
+
+def synthetic(experts: int, layers: int, *, skew: float, seed: int = 0, tokens: int = 65536, topk: int = 8,
+              groups: int = 1, groups_per_token: int = 1) -> ExpertLoad:
+    """Expected (token, expert) pairs per expert for `tokens` tokens choosing `topk` experts each
+    (module docstring). Deterministic for a seed."""
+    if experts < 1 or layers < 1 or topk < 1 or topk > experts:
+        raise ValueError(f"synthetic load: need 1 <= topk ({topk}) <= experts ({experts}) and layers >= 1")
+    if groups < 1 or experts % groups or not 1 <= groups_per_token <= groups:
+        raise ValueError(f"synthetic load: {experts} experts in {groups} groups, {groups_per_token} per token")
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(layers):
+        order = list(range(experts))
+        rng.shuffle(order)
+        weight = [0.0] * experts
+        for rank, e in enumerate(order):
+            weight[e] = 1.0 / (rank + 1) ** skew
+        if groups > 1:
+            size = experts // groups
+            group_w = [sum(weight[g * size:(g + 1) * size]) for g in range(groups)]
+            total = sum(group_w)
+            # a group is chosen with probability ~ its share, at most once: scale into [0, 1]
+            picked = [min(1.0, groups_per_token * w / total) for w in group_w]
+            weight = [weight[e] * picked[e // size] / group_w[e // size] * size for e in range(experts)]
+        share = _capped(weight, 1.0 / topk)
+        rows.append(tuple(tokens * topk * x for x in share))
+    return ExpertLoad(layers=tuple(rows))
+
+
+def _capped(weight: Sequence[float], cap: float) -> list[float]:
+    """Shares proportional to `weight`, none above `cap` (a token picks an expert at most once,
+    so one expert holds at most 1/topk of the pairs): water-filling."""
+    fixed: dict[int, float] = {}
+    while True:
+        free = [i for i in range(len(weight)) if i not in fixed]
+        room = 1.0 - sum(fixed.values())
+        total = sum(weight[i] for i in free)
+        over = [i for i in free if total > 0 and weight[i] / total * room > cap]
+        if not over:
+            out = [fixed.get(i, 0.0) for i in range(len(weight))]
+            for i in free:
+                out[i] = weight[i] / total * room if total > 0 else 0.0
+            return out
+        for i in over:
+            fixed[i] = cap

@@ -1,0 +1,101 @@
+"""What an expert map does to a gang: routed load per GPU, balancedness, bytes crossing domains.
+
+Tokens arrive at every rank alike (the router balances the ranks), so a domain sends its share
+of the tokens (its GPUs over the gang's). A token goes to a replica of each of its experts
+inside its own domain when there is one (split evenly over them), else to any replica (split
+evenly). Per (token, expert) pair that leaves the domain, the dispatch carries the hidden vector
+out and the combine brings it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pools.model import ReplicaPlacement
+from topology import GpuRef, Topology, islands
+from topology.islands import island_of
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """The GPUs of an EP gang in EP-rank order, with the NVLink domain and host of each."""
+
+    gpus: tuple[GpuRef, ...]
+    domain: tuple[str, ...]
+    host: tuple[str, ...]
+
+    @classmethod
+    def of(cls, topology: Topology, placement: ReplicaPlacement) -> Gang:
+        refs = tuple(GpuRef(n, g) for n, g in placement.gpu_refs())
+        where = island_of(islands(topology))
+        return cls(gpus=refs, domain=tuple(where[r].id for r in refs), host=tuple(r.node for r in refs))
+
+    @classmethod
+    def uniform(cls, domains: int, gpus_per_domain: int, hosts_per_domain: int = 1) -> Gang:
+        """A made-up gang (tests, the cost command): `domains` domains of `gpus_per_domain` GPUs."""
+        per_host = max(1, gpus_per_domain // hosts_per_domain)
+        refs = tuple(GpuRef(f"d{d}-h{k // per_host}", k) for d in range(domains) for k in range(gpus_per_domain))
+        return cls(gpus=refs, domain=tuple(f"d{d}" for d in range(domains) for _ in range(gpus_per_domain)),
+                   host=tuple(r.node for r in refs))
+
+    @property
+    def size(self) -> int:
+        return len(self.gpus)
+
+    def weights(self) -> dict[str, float]:
+        """Each domain's share of the tokens."""
+        out: dict[str, float] = {}
+        for d in self.domain:
+            out[d] = out.get(d, 0.0) + 1.0 / len(self.domain)
+        return out
+
+
+LayerMap = tuple[tuple[int, ...], ...]
+"""One layer's map: the logical experts each GPU holds (physical slots), by EP rank."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerStats:
+    gpu_load: tuple[float, ...]
+    """Share of the layer's (token, expert) pairs each GPU serves."""
+    cross_share: float
+    """Share of the pairs whose expert is served outside the token's domain."""
+
+    @property
+    def balancedness(self) -> float:
+        top = max(self.gpu_load, default=0.0)
+        return sum(self.gpu_load) / len(self.gpu_load) / top if top > 0 else 1.0
+
+
+def replicas(layer: LayerMap, experts: int) -> list[list[int]]:
+    """GPU indices holding each logical expert."""
+    out: list[list[int]] = [[] for _ in range(experts)]
+    for gpu, held in enumerate(layer):
+        for e in held:
+            out[e].append(gpu)
+    return out
+
+
+def route(shares: Sequence[float], layer: LayerMap, gang: Gang) -> LayerStats:
+    """The routed load and cross-domain share of one layer (module docstring)."""
+    weights = gang.weights()
+    load = [0.0] * gang.size
+    cross = 0.0
+    for e, where in enumerate(replicas(layer, len(shares))):
+        p = shares[e]
+        if p <= 0:
+            continue
+        if not where:
+            raise ValueError(f"expert {e} has no replica in the map")
+        local: dict[str, list[int]] = {}
+        for g in where:
+            local.setdefault(gang.domain[g], []).append(g)
+        miss = sum(w for d, w in weights.items() if d not in local)
+        for d, gs in local.items():
+            for g in gs:
+                load[g] += p * weights[d] / len(gs)
+        for g in where:
+            load[g] += p * miss / len(where)
+        cross += p * miss
+    return LayerStats(gpu_load=tuple(load), cross_share=cross)

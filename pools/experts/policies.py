@@ -1,0 +1,199 @@
+"""Expert placement policies: `linear`, `eplb` and `topology`, each `(shares, gang, physical,
+groups) -> LayerMap` for one layer (`shares`: each logical expert's share of the pairs;
+`physical`: slots in all, a multiple of the gang's size; `groups`: the model's expert groups).
+
+- `linear`: vLLM's default (`--expert-placement-strategy linear`): physical slot j holds expert
+  j mod E, GPU i the slots i*s .. i*s+s-1; redundant slots repeat the first experts.
+- `eplb`: DeepSeek's EPLB as its published description states it (deepseek-ai/EPLB README, as
+  vLLM ports it): when the expert groups divide among the nodes (hosts), hierarchical: pack
+  groups onto nodes balancing their load, replicate the hottest experts inside each node (each
+  redundant slot to the expert with the most load per replica), pack the replicas onto the
+  node's GPUs balancing load; otherwise the same with one node (global). Its "node" is a host.
+- `topology`: NVLink domains instead of hosts as the hierarchy: every expert once, heaviest
+  first, to the domain with the least load per GPU; redundant slots first where a domain lacks
+  a hot expert (a replica there keeps that domain's pairs for it local), the rest to relieve the
+  busiest replica; replicas packed onto each domain's GPUs by the load routing gives them. Of
+  the maps that spend more or fewer slots on coverage, the one with the most coverage whose
+  balancedness is within `BALANCE_SLACK` of the better of EPLB's map and a pure balancer's
+  (EPLB's global policy) on the same load, as this routing serves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pools.experts.metrics import Gang, LayerMap, route
+
+Policy = Callable[[Sequence[float], Gang, int, int], LayerMap]
+
+
+def _slots_per_gpu(physical: int, gang: Gang, experts: int) -> int:
+    if physical < experts or physical % gang.size:
+        raise ValueError(f"{physical} physical experts for {experts} logical on {gang.size} GPUs: need at least "
+                         f"one slot per expert and the same number on every GPU (redundant experts R with "
+                         f"(E + R) % EP == 0)")
+    return physical // gang.size
+
+
+def linear(shares: Sequence[float], gang: Gang, physical: int, groups: int = 1) -> LayerMap:
+    experts = len(shares)
+    per = _slots_per_gpu(physical, gang, experts)
+    return tuple(tuple(j % experts for j in range(i * per, (i + 1) * per)) for i in range(gang.size))
+
+
+def balanced_packing(weights: Sequence[float], packs: int) -> list[list[int]]:
+    """Items (heaviest first) into `packs` packs of equal count, each to the lightest pack with
+    room (EPLB's balanced_packing)."""
+    if len(weights) % packs:
+        raise ValueError(f"{len(weights)} items do not split into {packs} equal packs")
+    per = len(weights) // packs
+    load = [0.0] * packs
+    out: list[list[int]] = [[] for _ in range(packs)]
+    for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+        k = min((k for k in range(packs) if len(out[k]) < per), key=lambda k: (load[k], k))
+        out[k].append(i)
+        load[k] += weights[i]
+    return out
+
+
+def replicate(weights: Sequence[float], slots: int) -> list[int]:
+    """Replica counts: one each, then every extra slot to the expert with the most load per
+    replica (EPLB's replicate_experts)."""
+    count = [1] * len(weights)
+    for _ in range(slots - len(weights)):
+        i = max(range(len(weights)), key=lambda i: (weights[i] / count[i], -i))
+        count[i] += 1
+    return count
+
+
+def _pack_units(shares: Sequence[float], units: list[list[int]], unit_gpus: list[list[int]], per: int,
+                groups: int, gang: Gang) -> LayerMap:
+    """EPLB's hierarchy over `units` (hosts or domains; `unit_gpus`: their GPUs): groups onto
+    units, replication inside each unit, replicas onto the unit's GPUs."""
+    experts = len(shares)
+    size = experts // groups
+    group_load = [sum(shares[g * size:(g + 1) * size]) for g in range(groups)]
+    placed = balanced_packing(group_load, len(units))
+    held: list[list[int]] = [[] for _ in range(gang.size)]
+    for unit, group_ids in enumerate(placed):
+        logical = [e for g in group_ids for e in range(g * size, (g + 1) * size)]
+        gpus = unit_gpus[unit]
+        count = replicate([shares[e] for e in logical], len(gpus) * per)
+        phys = [e for e, c in zip(logical, count, strict=True) for _ in range(c)]
+        phys_load = [shares[e] / count[logical.index(e)] for e in phys]
+        for k, pack in enumerate(balanced_packing(phys_load, len(gpus))):
+            held[gpus[k]] = sorted(phys[i] for i in pack)
+    return tuple(tuple(h) for h in held)
+
+
+def _by(keys: Sequence[str]) -> list[list[int]]:
+    order: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        order.setdefault(k, []).append(i)
+    return list(order.values())
+
+
+def eplb(shares: Sequence[float], gang: Gang, physical: int, groups: int = 1) -> LayerMap:
+    per = _slots_per_gpu(physical, gang, len(shares))
+    hosts = _by(gang.host)
+    even = len({len(h) for h in hosts}) == 1
+    if groups > 1 and even and groups % len(hosts) == 0 and len(shares) % groups == 0:
+        return _pack_units(shares, [[k] for k in range(len(hosts))], hosts, per, groups, gang)
+    return _pack_units(shares, [[0]], [list(range(gang.size))], per, 1, gang)
+
+
+COVERAGE_STEPS = (1.0, 0.75, 0.5, 0.25, 0.0)
+"""Shares of the redundant slots `topology` tries spending on domains that lack an expert (the
+rest relieve the busiest replicas), most first."""
+BALANCE_SLACK = 0.01
+"""How much balancedness `topology` gives up, at most, against a pure balancer on the same load."""
+
+
+def topology(shares: Sequence[float], gang: Gang, physical: int, groups: int = 1) -> LayerMap:
+    """The map with the fewest pairs crossing domains among those about as balanced as EPLB makes
+    this load: replicas spent on coverage first, fewer of them while balance suffers (module
+    docstring)."""
+    per = _slots_per_gpu(physical, gang, len(shares))
+    target = max(route(shares, _pack_units(shares, [[0]], [list(range(gang.size))], per, 1, gang), gang).balancedness,
+                 route(shares, eplb(shares, gang, physical, groups), gang).balancedness)
+    best: tuple[float, LayerMap] | None = None
+    for coverage in COVERAGE_STEPS:
+        layer = _topology_map(shares, gang, physical, round(coverage * (physical - len(shares))))
+        balance = route(shares, layer, gang).balancedness
+        if balance >= target - BALANCE_SLACK:
+            return layer
+        if best is None or balance > best[0]:
+            best = (balance, layer)
+    assert best is not None
+    return best[1]
+
+
+def _topology_map(shares: Sequence[float], gang: Gang, physical: int, coverage: int) -> LayerMap:
+    experts = len(shares)
+    per = _slots_per_gpu(physical, gang, experts)
+    domains = _by(gang.domain)
+    names = [gang.domain[d[0]] for d in domains]
+    weight = gang.weights()
+    slots = [len(d) * per for d in domains]
+    count: list[dict[int, int]] = [dict() for _ in domains]
+    # one replica of every expert, heaviest first, to the domain with the least load per GPU
+    load = [0.0] * len(domains)
+    for e in sorted(range(experts), key=lambda e: (-shares[e], e)):
+        k = min((k for k in range(len(domains)) if sum(count[k].values()) < slots[k]),
+                key=lambda k: (load[k] / len(domains[k]), k))
+        count[k][e] = 1
+        load[k] += shares[e]
+
+    def room(k: int) -> bool:
+        return sum(count[k].values()) < slots[k]
+
+    # coverage: a replica where a domain lacks a hot expert keeps that domain's pairs local
+    for _ in range(coverage):
+        options = [(shares[e] * weight[names[k]], k, e) for k in range(len(domains)) if room(k)
+                   for e in range(experts) if not count[k].get(e)]
+        if not options:
+            break
+        _, k, e = max(options)
+        count[k][e] = 1
+    # balance: every other slot relieves the busiest replica, in a domain that lacks its expert
+    # when one has room (which also keeps that domain's pairs local), else beside it
+    for _ in range(physical - sum(sum(c.values()) for c in count)):
+        busiest: tuple[float, int] | None = None
+        for e in range(experts):
+            total = sum(c.get(e, 0) for c in count)
+            miss = sum(weight[names[k]] for k in range(len(domains)) if not count[k].get(e))
+            top = max(shares[e] * (weight[names[k]] / count[k][e] + miss / total)
+                      for k in range(len(domains)) if count[k].get(e))
+            if any(room(k) for k in range(len(domains))) and (busiest is None or top > busiest[0]):
+                busiest = (top, e)
+        if busiest is None:
+            break
+        e = busiest[1]
+        open_ = [k for k in range(len(domains)) if room(k)]
+        lacking = [k for k in open_ if not count[k].get(e)]
+        k = max(lacking or open_, key=lambda k: (weight[names[k]] / max(count[k].get(e, 0), 1), -k))
+        count[k][e] = count[k].get(e, 0) + 1
+    return _pack_domains(shares, gang, domains, count, per)
+
+
+def _pack_domains(shares: Sequence[float], gang: Gang, domains: list[list[int]], count: list[dict[int, int]],
+                  per: int) -> LayerMap:
+    """Each domain's replicas onto its GPUs, balanced by the load routing sends each replica:
+    its domain's tokens for the expert split over the replicas there, plus its share of the
+    tokens from domains without one (`metrics.route`)."""
+    weight = gang.weights()
+    names = [gang.domain[d[0]] for d in domains]
+    total = [sum(count[k].get(e, 0) for k in range(len(domains))) for e in range(len(shares))]
+    miss = [sum(weight[names[k]] for k in range(len(domains)) if not count[k].get(e)) for e in range(len(shares))]
+    held: list[list[int]] = [[] for _ in range(gang.size)]
+    for k, gpus in enumerate(domains):
+        reps = [e for e, c in sorted(count[k].items()) for _ in range(c)]
+        loads = [shares[e] * (weight[names[k]] / count[k][e] + miss[e] / total[e]) for e in reps]
+        for j, pack in enumerate(balanced_packing(loads, len(gpus))):
+            held[gpus[j]] = sorted(reps[i] for i in pack)
+        if any(len(held[g]) != per for g in gpus):
+            raise ValueError("internal: a domain's replicas do not fill its GPUs")
+    return tuple(tuple(h) for h in held)
+
+
+POLICIES: dict[str, Policy] = {"linear": linear, "eplb": eplb, "topology": topology}
