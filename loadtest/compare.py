@@ -23,6 +23,7 @@ from loadtest.sim.cluster import simulate
 from loadtest.sim.model import SimConfig
 from loadtest.summary import summarize
 from pools import catalog
+from pools.experts.effect import ExpertChoice
 from pools.gangcost import gang_links
 from pools.model import PlacementPlan, PlacementRequest
 from pools.moecost import moe_step
@@ -71,7 +72,10 @@ def workload_for(scenario: Scenario, rate: float) -> list[TraceRequest]:
     return list(load_workload(spec, base_dir=scenario.path.resolve().parent).requests)
 
 
-def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[TraceRequest]) -> dict[str, Any]:
+def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[TraceRequest],
+            expert_policy: str | None = None) -> dict[str, Any]:
+    """One placement policy (and expert policy, for EP gangs) at one rate. With an expert policy
+    the row's `policy` is `PLACEMENT+EXPERTS` and `placement_policy`/`expert_policy` say each."""
     classes = scenario.classes()
     request = PlacementRequest(topology=scenario.topology, pools=scenario.pools(), slo_classes=classes,
                                seed=scenario.config.seed, occupied=scenario.held())
@@ -80,14 +84,19 @@ def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[Tra
     config = SimConfig(topology=scenario.topology, plan=plan, classes=classes, profiles=scenario.profiles(),
                        pd_enabled=routing.pd.enabled, pd_min_prompt_tokens=routing.pd.min_prompt_tokens,
                        scrape_interval_s=routing.scrape_interval_s, faults=scenario.faults(),
-                       seed=scenario.config.seed, model=scenario.model(), detect_s=scenario.config.detect_s)
+                       seed=scenario.config.seed, model=scenario.model(), detect_s=scenario.config.detect_s,
+                       experts=None if expert_policy is None else ExpertChoice(
+                           policy=expert_policy, load=scenario.config.expert_load,
+                           redundant=scenario.config.redundant_experts))
     t0 = time.process_time()
     result = simulate(config, workload)
     cpu_s = time.process_time() - t0
     span = max((r.arrival_s for r in workload), default=0.0)
     summary = summarize(result.results, classes, max(result.duration_s, span, 1e-9))
     return {
-        "scenario": scenario.name, "mode": "sim", "policy": policy, "routing": "scenario",
+        "scenario": scenario.name, "mode": "sim", "routing": "scenario",
+        "policy": policy if expert_policy is None else f"{policy}+{expert_policy}",
+        **({"placement_policy": policy, "expert_policy": expert_policy} if expert_policy is not None else {}),
         "rate_scale": rate, "rate_rps": round(len(workload) / span, 4) if span > 0 else math.nan,
         "goodput_rps": summary["goodput_rps"],
         "output_tokens_per_gpu_s": round(summary["good_output_tok_s"] / max(plan.gpus_used, 1), 3),
@@ -108,13 +117,14 @@ def compare(scenario: Scenario, out: Path, progress: bool = True) -> list[dict[s
     with (out / "results.jsonl").open("w") as f:
         for rate in scenario.config.rates:
             workload = workload_for(scenario, rate)
-            for policy in scenario.config.policies:
-                row = run_one(scenario, policy, rate, workload)
+            for policy, experts in ((p, e) for p in scenario.config.policies
+                                    for e in scenario.config.expert_policies()):
+                row = run_one(scenario, policy, rate, workload, experts)
                 rows.append(row)
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 if progress:
-                    print(f"{scenario.name}: {policy} at x{rate:g} ({row['rate_rps']:.2f} req/s): goodput "
+                    print(f"{scenario.name}: {row['policy']} at x{rate:g} ({row['rate_rps']:.2f} req/s): goodput "
                           f"{row['goodput_rps']:.2f} req/s, simulated {len(workload)} requests in "
                           f"{row['sim']['cpu_s']:.1f} s CPU", file=sys.stderr)
     write_report(scenario, rows, out / "report.md")

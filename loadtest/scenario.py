@@ -63,6 +63,15 @@ class ScenarioConfig(_Strict):
     held: list[HeldConfig] = Field(default_factory=list, description="GPUs other work holds (replica churn)")
     seed: int = 0
     detect_s: float = Field(default=2.0, gt=0, description="health loop: link fault to drain")
+    expert_policy: str | list[str] | None = Field(
+        default=None, description="EP gangs' expert placement: topology, eplb or linear (a list: compare them)")
+    expert_load: str = Field(default="zipf:1.3", description="expert load: a load file or zipf:SKEW[:SEED]")
+    redundant_experts: int = Field(default=0, ge=0, description="redundant experts per EP gang ((E + R) % EP == 0)")
+
+    def expert_policies(self) -> list[str | None]:
+        if self.expert_policy is None:
+            return [None]
+        return [self.expert_policy] if isinstance(self.expert_policy, str) else list(self.expert_policy)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,6 +149,11 @@ def load_scenario(path: str | Path, policies: Sequence[str] | None = None) -> Sc
 
     for name in config.policies:
         get_policy(name)  # unknown names fail here, with the known ones listed
+    from pools.experts.policies import POLICIES as EXPERT_POLICIES
+
+    for expert in config.expert_policies():
+        if expert is not None and expert not in EXPERT_POLICIES:
+            raise ValueError(f"{where}: unknown expert_policy {expert!r} (known: {', '.join(EXPERT_POLICIES)})")
     scenario = Scenario(config=config, path=Path(where), topology=topology, topology_source=source)
     scenario.profiles()
     return scenario

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from pools import costmodel, moecost, pipeline
 from pools.catalog import GpuSpec, ModelSpec
@@ -24,6 +25,9 @@ from pools.model import PlacementPlan, ReplicaPlacement
 from pools.moecost import Carrier, GangLinks
 from topology import GpuRef, LinkKind, Topology, bottleneck, islands, path
 from topology.islands import island_of
+
+if TYPE_CHECKING:
+    from pools.experts.effect import ExpertChoice
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,12 +162,22 @@ def boundary_links(topology: Topology, p: ReplicaPlacement) -> tuple[LinkCost, .
     return tuple(out)
 
 
-def gang_cost(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, overlap: bool = False) -> GangCost | None:
-    """The engine-side cost of a placed gang; None for an ordinary replica."""
+def gang_cost(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, overlap: bool = False,
+              experts: ExpertChoice | None = None) -> GangCost | None:
+    """The engine-side cost of a placed gang; None for an ordinary replica. With `experts`, an EP
+    gang's expert map sets its load imbalance and the share of its all-to-all that leaves each
+    domain (`pools.experts`); without, experts spread uniformly."""
     pool = plan.pool(p.pool)
     if not pool.is_gang or not p.members:
         return None
     links = gang_links(topology, p) if pool.expert_parallel else None
-    return GangCost(dp=pool.dp, pp=pool.pp, expert_parallel=pool.expert_parallel, links=links,
+    imbalance = None
+    if experts is not None and links is not None and pool.model is not None:
+        from pools.experts.effect import effect
+
+        imbalance, cross = effect(topology, p, pool.model, experts)
+        if links.carrier != "nvlink":
+            links = replace(links, outside_share=cross)
+    return GangCost(dp=pool.dp, pp=pool.pp, expert_parallel=pool.expert_parallel, links=links, imbalance=imbalance,
                     boundaries=boundary_links(topology, p) if pool.pp > 1 else (),
                     stage_links=stage_links(topology, p, pool.tp) if pool.pp > 1 else (), overlap=overlap)

@@ -41,7 +41,8 @@ class Simulation:
     def __init__(self, config: SimConfig, workload: Sequence[TraceRequest]) -> None:
         self.config = config
         self.topology = config.topology
-        self.replicas = build_replicas(self.topology, config.plan, config.max_num_seqs, config.kv_capacity_tokens)
+        self.replicas = build_replicas(self.topology, config.plan, config.max_num_seqs, config.kv_capacity_tokens,
+                                       config.experts)
         self.by_model: dict[str, list[SimReplica]] = {}
         for r in self.replicas.values():
             self.by_model.setdefault(r.endpoint.model, []).append(r)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadtest.model import OK, RequestResult, TraceRequest
+from pools.experts.effect import ExpertChoice
 from pools.model import PlacementPlan, SLOClass
 from router.decision import Candidate, PDDecision, Profile, RouteRequest, pd_decide
 from topology import Topology
@@ -58,6 +59,8 @@ class SimConfig:
     fast_forward: bool = True
     model: str | None = None
     """The served model every request asks for (default: the first, by name)."""
+    experts: ExpertChoice | None = None
+    """How EP gangs map their experts (None: spread uniformly; `pools.experts`)."""
 
 
 @dataclass(slots=True, eq=False)

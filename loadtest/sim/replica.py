@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, replace
 from pools import catalog
 from pools.costmodel import LOCAL, LinkCost
 from pools.engine.core import DecodeRun, EngineConfig, EngineCore, StepResult
-from pools.gangcost import gang_cost
+from pools.experts.effect import ExpertChoice
+from pools.gangcost import GangCost, gang_cost
 from pools.model import PlacementPlan, ReplicaPlacement
 from pools.routing import ReplicaEndpoint, dp_ranks, rank_id, table_from_plan
 from router.decision import Candidate, ReplicaLoad
@@ -98,11 +99,11 @@ def _slowest_gpu(topology: Topology, p: ReplicaPlacement) -> str | None:
 
 def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, endpoint: ReplicaEndpoint,
                   max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                  kv_capacity_tokens: int | None = None) -> SimReplica:
+                  kv_capacity_tokens: int | None = None, gang: GangCost | None = None) -> SimReplica:
     """The engine for `endpoint`: the replica `p`, or one data-parallel rank of the gang `p` (its
-    steps priced as the gang's, `pools.gangcost`)."""
+    steps priced as the gang's, `gang` or `pools.gangcost.gang_cost`)."""
     pool = plan.pool(p.pool)
-    gang = gang_cost(topology, plan, p)
+    gang = gang or gang_cost(topology, plan, p)
     nodes = frozenset(n for n, _ in p.gpu_refs())
     slowest = _slowest_gpu(topology, p) if gang is not None else None
     p = rank_view(p, endpoint)
@@ -124,9 +125,12 @@ def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, 
 
 
 def build_replicas(topology: Topology, plan: PlacementPlan, max_num_seqs: int = 256,
-                   kv_capacity_tokens: int | None = None) -> dict[str, SimReplica]:
+                   kv_capacity_tokens: int | None = None, experts: ExpertChoice | None = None
+                   ) -> dict[str, SimReplica]:
     """Every placed replica of the plan, with the routing table's endpoint the live router would
-    have for it (`pools.routing.table_from_plan`)."""
+    have for it (`pools.routing.table_from_plan`); each gang's cost once (with `experts`, its
+    expert map's load imbalance and cross-domain share)."""
+    gangs = {p.replica_id: gang_cost(topology, plan, p, experts=experts) for p in plan.placements if p.members}
     served = {p.name: p.model or p.name for p in plan.pools}
     urls = {p.replica_id: f"sim://{p.replica_id}" for p in plan.placements}
     urls.update({rank_id(p.replica_id, k): f"sim://{rank_id(p.replica_id, k)}" for p in plan.placements
@@ -135,4 +139,5 @@ def build_replicas(topology: Topology, plan: PlacementPlan, max_num_seqs: int = 
     table = table_from_plan(plan, urls, served, gpu_models=gpu_models)
     by_id = {p.replica_id: p for p in plan.placements}
     return {e.replica_id: build_replica(topology, plan, by_id[e.gang or e.replica_id], e, max_num_seqs,
-                                        kv_capacity_tokens=kv_capacity_tokens) for e in table.replicas}
+                                        kv_capacity_tokens=kv_capacity_tokens, gang=gangs.get(e.gang or e.replica_id))
+            for e in table.replicas}

@@ -7,34 +7,9 @@ import argparse
 import json
 from typing import Any
 
-from pools import catalog
 from pools.experts.command import expert_map, placement_of, read_plan
-from pools.experts.load import ExpertLoad, read_load, synthetic
+from pools.experts.load import load_of
 from pools.experts.policies import POLICIES
-
-SYNTHETIC_LAYERS = 4
-"""Layers a `zipf:` load draws (each its own seeded order of the experts)."""
-
-
-def load_of(spec: str, model_name: str) -> ExpertLoad:
-    """A load file, or `zipf:SKEW[:SEED]`: a synthetic one for the model (its experts, experts per
-    token and expert groups)."""
-    model = catalog.model(model_name)
-    if model.moe is None:
-        raise ValueError(f"{model_name} is a dense model: no experts to place")
-    if not spec.startswith("zipf:"):
-        return read_load(spec, model.moe.routed_experts)
-    parts = spec.split(":")[1:]
-    try:
-        skew = float(parts[0])
-        seed = int(parts[1]) if len(parts) > 1 else 0
-    except (ValueError, IndexError):
-        raise ValueError(f"--load {spec!r}: a file, or zipf:SKEW[:SEED] (e.g. zipf:1.3:7)") from None
-    if skew < 0 or len(parts) > 2:
-        raise ValueError(f"--load {spec!r}: zipf:SKEW[:SEED] with SKEW >= 0")
-    moe = model.moe
-    return synthetic(moe.routed_experts, SYNTHETIC_LAYERS, skew=skew, seed=seed, topk=moe.experts_per_token,
-                     groups=moe.groups, groups_per_token=moe.groups_per_token)
 
 
 def cmd_experts(args: argparse.Namespace) -> int:

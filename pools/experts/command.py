@@ -125,3 +125,4 @@ def read_plan(path: str) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"--plan {path}: {err}") from None
     return doc
+

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pools import catalog
+
 
 @dataclass(frozen=True, slots=True)
 class ExpertLoad:
@@ -104,3 +106,28 @@ def _capped(weight: Sequence[float], cap: float) -> list[float]:
             return out
         for i in over:
             fixed[i] = cap
+
+
+SYNTHETIC_LAYERS = 4
+"""Layers a `zipf:` load draws (each its own seeded order of the experts)."""
+
+
+def load_of(spec: str, model_name: str) -> ExpertLoad:
+    """A load file, or `zipf:SKEW[:SEED]`: a synthetic one for the model (its experts, experts per
+    token and expert groups)."""
+    model = catalog.model(model_name)
+    if model.moe is None:
+        raise ValueError(f"{model_name} is a dense model: no experts to place")
+    if not spec.startswith("zipf:"):
+        return read_load(spec, model.moe.routed_experts)
+    parts = spec.split(":")[1:]
+    try:
+        skew = float(parts[0])
+        seed = int(parts[1]) if len(parts) > 1 else 0
+    except (ValueError, IndexError):
+        raise ValueError(f"--load {spec!r}: a file, or zipf:SKEW[:SEED] (e.g. zipf:1.3:7)") from None
+    if skew < 0 or len(parts) > 2:
+        raise ValueError(f"--load {spec!r}: zipf:SKEW[:SEED] with SKEW >= 0")
+    moe = model.moe
+    return synthetic(moe.routed_experts, SYNTHETIC_LAYERS, skew=skew, seed=seed, topk=moe.experts_per_token,
+                     groups=moe.groups, groups_per_token=moe.groups_per_token)

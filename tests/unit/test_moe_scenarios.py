@@ -34,3 +34,18 @@ def test_island_aligned_serves_more_output_per_gpu_than_ray_pack(name: str, rate
         assert {g["carrier"] for g in theirs["plan"]["gangs"]} & {"cross-rail", "rdma"}
     else:
         assert ours["plan"]["pp_boundaries"].get("rdma") == 1 and ours["plan"]["crossing"] == []
+
+
+def test_expert_maps_compared_in_the_simulator() -> None:
+    """moe-experts, shortened: the same plan with the topology-aware, EPLB and linear expert maps;
+    rows say which map they ran with."""
+    scenario = load_scenario(SCENARIOS / "moe-experts.yaml")
+    short = {**scenario.config.workload, "duration_s": 15}
+    scenario = replace(scenario, config=scenario.config.model_copy(update={"workload": short}))
+    workload = workload_for(scenario, 10.0)
+    rows = {e: run_one(scenario, "island-aligned", 10.0, workload, e) for e in ("topology", "eplb", "linear")}
+    assert {r["expert_policy"] for r in rows.values()} == {"topology", "eplb", "linear"}
+    assert all(r["placement_policy"] == "island-aligned" for r in rows.values())
+    median = {e: r["summary"]["tpot_ms"]["median"] for e, r in rows.items()}
+    assert median["topology"] < median["eplb"] < median["linear"]
+    assert rows["topology"]["output_tokens_per_gpu_s"] >= rows["eplb"]["output_tokens_per_gpu_s"]
