@@ -19,6 +19,7 @@ size each phase separately against its own SLO, then match their rates.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pools import catalog, costmodel, moecost
@@ -103,20 +104,29 @@ def prefill_option(model: ModelSpec, gpu: GpuSpec, tp: int, link: costmodel.Link
                               f"<= {ttft_ms:g} ms")
 
 
-def decode_option(model: ModelSpec, gpu: GpuSpec, tp: int, link: costmodel.LinkCost, prompt: int, output: int,
-                  tpot_ms: float) -> PhaseOption | None:
-    capacity = costmodel.kv_capacity_tokens(model, gpu, tp)
-    per_request = prompt + output // 2
+def best_batch(step_ms: Callable[[int], float], capacity: int, per_request: int, output: int, tpot_ms: float
+               ) -> tuple[float, int, float] | None:
+    """The batch (doubling from 1, while its cache fits) whose step keeps within the TPOT target
+    and serves the most requests per second: (requests/s, batch, step ms)."""
     best: tuple[float, int, float] | None = None
     batch = 1
     while batch <= 1024 and batch * per_request <= capacity:
-        step = costmodel.decode_step_ms(model, gpu, tp, link, batch, batch * per_request)
+        step = step_ms(batch)
         if step > tpot_ms:
             break
         rate = batch / (output * step / 1000.0)
         if best is None or rate > best[0]:
             best = (rate, batch, step)
         batch *= 2
+    return best
+
+
+def decode_option(model: ModelSpec, gpu: GpuSpec, tp: int, link: costmodel.LinkCost, prompt: int, output: int,
+                  tpot_ms: float) -> PhaseOption | None:
+    capacity = costmodel.kv_capacity_tokens(model, gpu, tp)
+    per_request = prompt + output // 2
+    best = best_batch(lambda b: costmodel.decode_step_ms(model, gpu, tp, link, b, b * per_request), capacity,
+                      per_request, output, tpot_ms)
     if best is None:
         return None
     rate, batch, step = best
@@ -175,19 +185,12 @@ def _gang_decode(model: ModelSpec, gpu: GpuSpec, dp: int, links: GangLinks, prom
                  tpot_ms: float) -> PhaseOption | None:
     capacity = costmodel.kv_capacity_tokens(model, gpu, 1, ep=dp)
     per_request = prompt + output // 2
-    best: tuple[float, int, float] | None = None
-    batch = 1
-    while batch <= 1024 and batch * per_request <= capacity:
-        step = moecost.moe_step(model, gpu, 1, dp, links, decodes=batch, decode_context=per_request).total_ms
-        if step > tpot_ms:
-            break
-        rate = dp * batch / (output * step / 1000.0)
-        if best is None or rate > best[0]:
-            best = (rate, batch, step)
-        batch *= 2
+    best = best_batch(lambda b: moecost.moe_step(model, gpu, 1, dp, links, decodes=b, decode_context=per_request)
+                      .total_ms, capacity, per_request, output, tpot_ms)
     if best is None:
         return None
     rate, batch, step = best
+    rate *= dp
     return PhaseOption(role="decode", tp=1, dp=dp, expert_parallel=True, goodput_rps=rate,
                        detail=f"EP{dp} decode batch {batch} per rank at {step:.1f} ms/token over {links.carrier} "
                               f"(TPOT <= {tpot_ms:g} ms, cache {capacity} tokens per rank)")
