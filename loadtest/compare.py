@@ -23,9 +23,8 @@ from loadtest.sim.cluster import simulate
 from loadtest.sim.model import SimConfig
 from loadtest.summary import summarize
 from pools import catalog
-from pools.experts.effect import ExpertChoice
 from pools.gangcost import gang_links
-from pools.model import PlacementPlan, PlacementRequest
+from pools.model import ExpertChoice, PlacementPlan, PlacementRequest
 from pools.moecost import moe_step
 from pools.placement import get_policy
 from topology import GpuRef, Topology, TopologyError

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pools import catalog
-from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
+from pools.model import DEFAULT_SLO_CLASSES, ExpertChoice, PoolSpec, SLOClass
 from pools.vllm.config import VllmPoolConfig
 from topology.configfile import load_yaml_file, validate_mapping
 from topology.errors import ParseError
@@ -38,6 +38,12 @@ class SLOClassConfig(_Strict):
         return SLOClass(**self.model_dump())
 
 
+class ExpertsConfig(_Strict):
+    policy: Literal["topology", "eplb", "linear"] = Field(default="topology", description="expert placement policy")
+    load: str = Field(default="zipf:1.3", description="expert load: a load file or zipf:SKEW[:SEED]")
+    redundant: int = Field(default=0, ge=0, description="redundant experts ((E + R) % EP == 0)")
+
+
 class PoolConfig(_Strict):
     name: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9-]*$")
     role: Literal["prefill", "decode", "mixed"]
@@ -50,12 +56,15 @@ class PoolConfig(_Strict):
     dp: int = Field(default=1, ge=1, le=1024, description="data-parallel attention ranks (each tp GPUs)")
     expert_parallel: bool = Field(default=False, description="MoE experts split over tp x dp GPUs (EP)")
     require_domain: bool = Field(default=False, description="a gang no NVLink domain can hold stays unplaced")
+    experts: ExpertsConfig | None = Field(default=None, description="EP gangs: compute the expert map with the plan")
     vllm: VllmPoolConfig | None = Field(default=None, description="this pool's vLLM server (engine vllm)")
 
     def spec(self, replicas: int) -> PoolSpec:
         return PoolSpec(name=self.name, role=self.role, tp=self.tp, replicas=replicas, model=self.model,
                         slo_classes=tuple(self.slo_classes), require_island=self.require_island, pp=self.pp,
-                        dp=self.dp, expert_parallel=self.expert_parallel, require_domain=self.require_domain)
+                        dp=self.dp, expert_parallel=self.expert_parallel, require_domain=self.require_domain,
+                        experts=None if self.experts is None else ExpertChoice(
+                            policy=self.experts.policy, load=self.experts.load, redundant=self.experts.redundant))
 
     @model_validator(mode="after")
     def _gang(self) -> PoolConfig:
@@ -67,6 +76,14 @@ class PoolConfig(_Strict):
                 raise ValueError(f"expert_parallel: {self.model} is a dense model (no experts to split)")
         if spec is not None and self.pp > spec.layers:
             raise ValueError(f"pp: {self.pp} stages for {self.model}, which has {spec.layers} layers")
+        if self.experts is not None:
+            if not self.expert_parallel:
+                raise ValueError("experts: an expert map needs expert_parallel: true")
+            routed = spec.moe.routed_experts if spec is not None and spec.moe is not None else 0
+            ep = self.tp * self.dp
+            if (routed + self.experts.redundant) % ep:
+                raise ValueError(f"experts.redundant: {routed} experts + {self.experts.redundant} redundant do not "
+                                 f"split evenly over EP{ep} (need (E + R) % EP == 0)")
         return self
 
     @field_validator("model")

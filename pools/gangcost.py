@@ -27,7 +27,7 @@ from topology import GpuRef, LinkKind, Topology, bottleneck, islands, path
 from topology.islands import island_of
 
 if TYPE_CHECKING:
-    from pools.experts.effect import ExpertChoice
+    from pools.model import ExpertChoice
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -39,6 +39,30 @@ DEFAULT_SLO_CLASSES: tuple[SLOClass, ...] = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ExpertChoice:
+    """How an EP gang maps its experts (`pools.experts`): a policy, a load (a file or
+    `zipf:SKEW[:SEED]`), redundant experts."""
+
+    policy: str
+    load: str = "zipf:1.3"
+    redundant: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpertFigures:
+    """What a placed EP gang's expert map does (`isle status`, `/admin/plan`)."""
+
+    policy: str
+    redundant: int
+    balancedness: float
+    cross_domain_share: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"policy": self.policy, "redundant": self.redundant, "balancedness": round(self.balancedness, 4),
+                "cross_domain_share": round(self.cross_domain_share, 4)}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplicaSpec:
     model: str | None
@@ -69,6 +93,8 @@ class PoolSpec:
     """MoE experts split over the tp x dp GPUs of a stage (vLLM --enable-expert-parallel)."""
     require_domain: bool = False
     """True: a gang that no NVLink domain can hold stays unplaced (never spans domains)."""
+    experts: ExpertChoice | None = None
+    """An EP gang's expert map, computed with the plan (None: not computed)."""
 
     @property
     def gang_size(self) -> int:
@@ -127,6 +153,8 @@ class ReplicaPlacement:
     in_domain: bool = True
     """All the replica's GPUs are in one NVLink domain (island)."""
     expert_parallel: bool = False
+    experts: ExpertFigures | None = None
+    """Its expert map's figures, when its pool asks for one."""
 
     def gpu_refs(self) -> list[tuple[str, int]]:
         if self.members:
@@ -187,6 +215,7 @@ class PlacementPlan:
                                                        if p.extra_nodes else {}),
                  **({"members": [m.to_json() for m in p.members], "in_domain": p.in_domain,
                      "expert_parallel": p.expert_parallel} if p.members else {}),
+                 **({"experts": p.experts.to_json()} if p.experts is not None else {}),
                  "reasons": list(p.reasons)}
                 for p in self.placements
             ],

@@ -64,6 +64,15 @@ def render(state: dict[str, Any]) -> str:
         pools = Counter(p["pool"] for p in plan["placements"])
         unplaced = f", {len(plan['unplaced'])} unplaced" if plan["unplaced"] else ""
         lines.append("pools: " + ", ".join(f"{name} x{count}" for name, count in pools.items()) + unplaced)
+        for p in plan["placements"]:
+            if p.get("members"):
+                domains = "one NVLink domain" if p.get("in_domain") else f"across {p['island'].count('+') + 1} domains"
+                line = f"  gang {p['replica_id']}: {len(p['members'])} rank groups, {domains} ({p['tier']})"
+                if p.get("experts"):
+                    e = p["experts"]
+                    line += (f"; experts {e['policy']} (+{e['redundant']} redundant): balancedness "
+                             f"{e['balancedness']:.2f}, {e['cross_domain_share']:.0%} of pairs cross domains")
+                lines.append(line)
     lines.extend(_controller_lines(plan.get("controller") if plan else None))
     lines.append("replicas:")
     for r in table["replicas"]:

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadtest.model import OK, RequestResult, TraceRequest
-from pools.experts.effect import ExpertChoice
-from pools.model import PlacementPlan, SLOClass
+from pools.model import ExpertChoice, PlacementPlan, SLOClass
 from router.decision import Candidate, PDDecision, Profile, RouteRequest, pd_decide
 from topology import Topology
 

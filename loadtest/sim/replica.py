@@ -9,9 +9,8 @@ from dataclasses import dataclass, field, replace
 from pools import catalog
 from pools.costmodel import LOCAL, LinkCost
 from pools.engine.core import DecodeRun, EngineConfig, EngineCore, StepResult
-from pools.experts.effect import ExpertChoice
 from pools.gangcost import GangCost, gang_cost
-from pools.model import PlacementPlan, ReplicaPlacement
+from pools.model import ExpertChoice, PlacementPlan, ReplicaPlacement
 from pools.routing import ReplicaEndpoint, dp_ranks, rank_id, table_from_plan
 from router.decision import Candidate, ReplicaLoad
 from topology import GpuRef, Topology, bottleneck

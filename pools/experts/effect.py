@@ -1,24 +1,16 @@
-"""What an expert map does to a placed gang's steps (the simulator's view, `pools.gangcost`)."""
+"""What an expert map does to a placed gang (the simulator's view, `pools.gangcost`; the plan's
+figures, `pools.placement.common.finish`)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from pools import catalog
 from pools.experts.load import load_of
 from pools.experts.metrics import Gang, route
 from pools.experts.policies import POLICIES
-from pools.model import ReplicaPlacement
+from pools.model import ExpertChoice, ExpertFigures, ReplicaPlacement
 from topology import Topology
 
-
-@dataclass(frozen=True, slots=True)
-class ExpertChoice:
-    """How a simulation maps experts: a policy, a load (`load.load_of`), redundant experts."""
-
-    policy: str
-    load: str = "zipf:1.3"
-    redundant: int = 0
+__all__ = ["ExpertChoice", "effect", "figures"]
 
 
 def effect(topology: Topology, placement: ReplicaPlacement, model_name: str, choice: ExpertChoice
@@ -37,3 +29,9 @@ def effect(topology: Topology, placement: ReplicaPlacement, model_name: str, cho
              for k in range(len(load.layers))]
     imbalance = sum(1.0 / max(s.balancedness, 1e-6) for s in stats) / len(stats)
     return imbalance, sum(s.cross_share for s in stats) / len(stats)
+
+
+def figures(topology: Topology, placement: ReplicaPlacement, model_name: str, choice: ExpertChoice) -> ExpertFigures:
+    imbalance, cross = effect(topology, placement, model_name, choice)
+    return ExpertFigures(policy=choice.policy, redundant=choice.redundant, balancedness=1.0 / imbalance,
+                         cross_domain_share=cross)

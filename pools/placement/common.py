@@ -222,6 +222,25 @@ def pp_boundaries(topology: Topology, placements: Sequence[ReplicaPlacement]) ->
     return out
 
 
+def with_expert_maps(topology: Topology, request: PlacementRequest,
+                     placements: list[ReplicaPlacement]) -> list[ReplicaPlacement]:
+    """EP gangs whose pool asks for an expert map get its figures (`pools.experts`)."""
+    pools = {p.name: p for p in request.pools}
+    if not any(p.experts is not None for p in pools.values()):
+        return placements
+    from dataclasses import replace
+
+    from pools.experts.effect import figures
+
+    out = []
+    for pl in placements:
+        pool = pools.get(pl.pool)
+        wanted = pool is not None and pool.experts is not None and pl.members and pool.model is not None
+        out.append(replace(pl, experts=figures(topology, pl, str(pool.model), pool.experts))
+                   if wanted and pool is not None and pool.experts is not None else pl)
+    return out
+
+
 def finish(name: str, request: PlacementRequest, placements: list[ReplicaPlacement],
            missing: Sequence[tuple[Work, str]], reasons: Sequence[str] = (),
            layout: Layout | None = None) -> PlacementPlan:
@@ -229,6 +248,7 @@ def finish(name: str, request: PlacementRequest, placements: list[ReplicaPlaceme
     order.update({rid: len(order) + k for k, rid in enumerate(
         r for p in request.pools for r in request.replica_ids(p) if r not in order)})
     placements.sort(key=lambda p: order[p.replica_id])
+    placements = with_expert_maps(request.topology, request, placements)
     return PlacementPlan(
         policy=name, topology_fingerprint=request.topology.fingerprint(), placements=tuple(placements),
         unplaced=unplaced_summary(missing), score=score(request.topology, request, placements),

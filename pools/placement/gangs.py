@@ -30,7 +30,10 @@ from topology import GpuRef, LinkKind, Topology
 
 SEARCH_BUDGET = 20000
 """Search steps before the domain assignment settles for the best found (small clusters are
-solved exactly; a thousand-node cluster has few distinct domain shapes, so few steps)."""
+solved exactly)."""
+SEARCH_WORK = 2_000_000
+"""...and at most this many slot visits in all (each step looks at every island once), so a
+thousand-node cluster stops after ~2,000 steps: the first, best-fit path is always tried whole."""
 
 
 def tps(pool: PoolSpec) -> tuple[int, ...]:
@@ -103,6 +106,7 @@ class DomainSearch:
             ep_left[i] = ep_left[i + 1] + (1 if gangs[i].pool.expert_parallel else 0)
         goal = (ep_left[0], len(gangs))
         self.steps = 0
+        budget = max(len(gangs) + 1, min(SEARCH_BUDGET, SEARCH_WORK // max(1, len(self.slots))))
 
         def walk(i: int, ep_in: int) -> bool:
             nonlocal best, best_score
@@ -113,7 +117,7 @@ class DomainSearch:
             if best_score == goal:
                 return True
             bound = (ep_in + ep_left[i], len(chosen) + len(gangs) - i)
-            if i == len(gangs) or bound <= best_score or self.steps > SEARCH_BUDGET:
+            if i == len(gangs) or bound <= best_score or self.steps > budget:
                 return False
             work = gangs[i]
             ep = 1 if work.pool.expert_parallel else 0

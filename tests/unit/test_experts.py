@@ -125,3 +125,28 @@ def test_experts_command_compares_the_three_policies(tmp_path: Path, capsys: pyt
     assert "zipf:SKEW" in capsys.readouterr().err
     assert main(["experts", *base[:-2], "--redundant", "3", "--load", "zipf:1", "--format", "json"]) == 2
     assert "(E + R) % EP == 0" in capsys.readouterr().err
+
+
+def test_a_pool_can_ask_for_its_expert_map_with_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`experts:` in a pool: the plan JSON carries each EP gang's map figures, `isle status`
+    shows them, and a redundancy that does not split over the gang is a config error."""
+    from router.status import render
+
+    cluster = Path(__file__).resolve().parents[2] / "configs" / "clusters" / "moe-rdma.yaml"
+    pools = tmp_path / "pools.yaml"
+    line = ("pools:\n  - {name: decode, role: decode, tp: 1, dp: 32, expert_parallel: true, replicas: 1, "
+            "model: deepseek-v3, experts: {policy: POLICY, redundant: R}}\n")
+    got = {}
+    for policy in ("topology", "eplb"):
+        pools.write_text(line.replace("POLICY", policy).replace("R", "32"))
+        assert main(["plan", "--topology", str(cluster), "--pools", str(pools), "--format", "json"]) == 0
+        got[policy] = json.loads(capsys.readouterr().out)
+    figures = {p: d["placements"][0]["experts"] for p, d in got.items()}
+    assert figures["topology"]["cross_domain_share"] <= 0.8 * figures["eplb"]["cross_domain_share"]
+    assert figures["topology"]["redundant"] == 32 and figures["topology"]["policy"] == "topology"
+    text = render({"url": "http://x", "plan": got["topology"], "replicas": {"version": 1, "replicas": []},
+                   "topology": None})
+    assert "gang decode-0: 32 rank groups, across 4 domains" in text and "experts topology (+32 redundant)" in text
+    pools.write_text(line.replace("POLICY", "topology").replace("R", "30"))
+    assert main(["plan", "--topology", str(cluster), "--pools", str(pools), "--format", "json"]) == 2
+    assert "experts.redundant" in capsys.readouterr().err
