@@ -57,13 +57,15 @@ def balanced_packing(weights: Sequence[float], packs: int) -> list[list[int]]:
 
 
 def replicate(weights: Sequence[float], slots: int) -> list[int]:
-    """Replica counts: one each, then every extra slot to the expert with the most load per
-    replica (EPLB's replicate_experts)."""
+    """Physical experts as indices into `weights`: each once, then every extra slot to the one
+    with the most load per replica, in the order chosen (EPLB's replicate_experts)."""
     count = [1] * len(weights)
+    phys = list(range(len(weights)))
     for _ in range(slots - len(weights)):
         i = max(range(len(weights)), key=lambda i: (weights[i] / count[i], -i))
         count[i] += 1
-    return count
+        phys.append(i)
+    return phys
 
 
 def _pack_units(shares: Sequence[float], units: list[list[int]], unit_gpus: list[list[int]], per: int,
@@ -78,9 +80,10 @@ def _pack_units(shares: Sequence[float], units: list[list[int]], unit_gpus: list
     for unit, group_ids in enumerate(placed):
         logical = [e for g in group_ids for e in range(g * size, (g + 1) * size)]
         gpus = unit_gpus[unit]
-        count = replicate([shares[e] for e in logical], len(gpus) * per)
-        phys = [e for e, c in zip(logical, count, strict=True) for _ in range(c)]
-        phys_load = [shares[e] / count[logical.index(e)] for e in phys]
+        chosen = replicate([shares[e] for e in logical], len(gpus) * per)
+        count = [chosen.count(i) for i in range(len(logical))]
+        phys = [logical[i] for i in chosen]
+        phys_load = [shares[logical[i]] / count[i] for i in chosen]
         for k, pack in enumerate(balanced_packing(phys_load, len(gpus))):
             held[gpus[k]] = sorted(phys[i] for i in pack)
     return tuple(tuple(h) for h in held)

@@ -150,3 +150,19 @@ def test_a_pool_can_ask_for_its_expert_map_with_the_plan(tmp_path: Path, capsys:
     pools.write_text(line.replace("POLICY", "topology").replace("R", "30"))
     assert main(["plan", "--topology", str(cluster), "--pools", str(pools), "--format", "json"]) == 2
     assert "experts.redundant" in capsys.readouterr().err
+
+
+def test_eplb_reproduces_deepseeks_published_example() -> None:
+    """deepseek-ai/EPLB README (and vLLM's test_basic_rebalance): 12 experts in 4 groups, 16
+    replicas on 2 nodes of 4 GPUs; the experts each GPU holds match its printed phy2log."""
+    from topology import GpuRef
+
+    weight = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+              [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]]
+    phy2log = [[5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
+               [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1]]
+    hosts = tuple(f"h{k // 4}" for k in range(8))
+    gang = Gang(gpus=tuple(GpuRef(h, k % 4) for k, h in enumerate(hosts)), domain=hosts, host=hosts)
+    for row, want in zip(weight, phy2log, strict=True):
+        layer = eplb([w / sum(row) for w in row], gang, 16, 4)
+        assert [sorted(held) for held in layer] == [sorted(want[2 * g:2 * g + 2]) for g in range(8)]
