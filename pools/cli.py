@@ -215,7 +215,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if not found:
         raise ValueError(f"{args.plan} places no replica {args.replica or ''} of pool {args.pool}".replace("  ", " "))
     placement = placement_from_json(found[0])
-    eplb = None if args.eplb_redundant is None else EplbSettings(num_redundant_experts=args.eplb_redundant)
+    # vLLM takes no static expert map: a pool's redundant experts go to its own EPLB
+    wanted = pools[args.pool].experts
+    redundant = args.eplb_redundant if args.eplb_redundant is not None else (
+        wanted.redundant if wanted is not None and wanted.redundant else None)
+    eplb = None if redundant is None else EplbSettings(num_redundant_experts=redundant)
     settings = GangSettings(model=args.model or pools[args.pool].model or args.pool, address=args.address,
                             port=args.port, rpc_port=args.rpc_port, external_lb=args.external_lb, eplb=eplb)
     launches = gang_launches(placement, pools[args.pool], settings)

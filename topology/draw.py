@@ -165,22 +165,49 @@ def _draw_gpus_and_nics(ax: Any, p: _Panel, patches: Any) -> None:
         ax.text(x + 0.25, y + 0.05, nic.level.name, fontsize=4, color="#57606a")
 
 
+def _plan_groups(placement: Mapping[str, Any]) -> dict[str, list[int]]:
+    """A placement's GPUs per node: its group, a gang's members (one box per node), or a group
+    a baseline spread over nodes (`extra_nodes`)."""
+    out: dict[str, list[int]] = {}
+    members = placement.get("members") or [{"node": placement.get("node"), "gpus": placement.get("gpus", [])}]
+    for m in members:
+        out.setdefault(str(m.get("node")), []).extend(int(g) for g in m.get("gpus", []))
+    for node, gpus in (placement.get("extra_nodes") or {}).items():
+        if not placement.get("members"):
+            out.setdefault(str(node), []).extend(int(g) for g in gpus)
+    return out
+
+
+def _plan_label(placement: Mapping[str, Any]) -> str:
+    label = str(placement.get("replica_id", ""))
+    experts = placement.get("experts")
+    if placement.get("members"):
+        label += f" ({len(placement['members'])} ranks{'' if placement.get('in_domain') else ', spans domains'})"
+    if experts:
+        label += (f"; experts {experts.get('policy')}: balance {float(experts.get('balancedness', 0)):.2f}, "
+                  f"{float(experts.get('cross_domain_share', 0)):.0%} cross")
+    return label
+
+
 def _draw_plan(ax: Any, panels: Mapping[str, _Panel], plan: Mapping[str, Any], patches: Any) -> None:
     for k, placement in enumerate(plan.get("placements", [])):
-        panel = panels.get(str(placement.get("node")))
-        if panel is None:
-            continue
-        pts = [panel.pos[g] for g in placement.get("gpus", []) if g in panel.pos]
-        if not pts:
-            continue
-        xs, ys = [q[0] for q in pts], [q[1] for q in pts]
         colour = ROLE_COLOURS.get(str(placement.get("role")), "#8250df")
         pad = 0.48 + 0.04 * (k % 3)
-        ax.add_patch(patches.FancyBboxPatch((min(xs) - pad, min(ys) - pad), max(xs) - min(xs) + 2 * pad,
-                                            max(ys) - min(ys) + 2 * pad, boxstyle="round,pad=0.02", fc="none",
-                                            ec=colour, lw=2.0, zorder=6))
-        ax.text(min(xs) - pad, min(ys) - pad - 0.12, str(placement.get("replica_id", "")), fontsize=5,
-                color=colour, va="top", zorder=6)
+        labelled = False
+        for node, gpus in _plan_groups(placement).items():
+            panel = panels.get(node)
+            if panel is None:
+                continue
+            pts = [panel.pos[g] for g in gpus if g in panel.pos]
+            if not pts:
+                continue
+            xs, ys = [q[0] for q in pts], [q[1] for q in pts]
+            ax.add_patch(patches.FancyBboxPatch((min(xs) - pad, min(ys) - pad), max(xs) - min(xs) + 2 * pad,
+                                                max(ys) - min(ys) + 2 * pad, boxstyle="round,pad=0.02", fc="none",
+                                                ec=colour, lw=2.0, zorder=6))
+            text = _plan_label(placement) if not labelled else str(placement.get("replica_id", ""))
+            ax.text(min(xs) - pad, min(ys) - pad - 0.12, text, fontsize=5, color=colour, va="top", zorder=6)
+            labelled = True
 
 
 def _legend(ax: Any, with_plan: bool) -> None:

@@ -166,3 +166,20 @@ def test_eplb_reproduces_deepseeks_published_example() -> None:
     for row, want in zip(weight, phy2log, strict=True):
         layer = eplb([w / sum(row) for w in row], gang, 16, 4)
         assert [sorted(held) for held in layer] == [sorted(want[2 * g:2 * g + 2]) for g in range(8)]
+
+
+def test_launch_hands_the_pools_redundant_experts_to_vllms_eplb(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = Path(__file__).resolve().parents[2] / "configs" / "clusters" / "moe-rdma.yaml"
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n  - {name: decode, role: decode, tp: 1, dp: 32, expert_parallel: true, replicas: 1, "
+                     "model: deepseek-v3, experts: {policy: topology, redundant: 32}}\n")
+    assert main(["plan", "--topology", str(cluster), "--pools", str(pools), "--format", "json"]) == 0
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(capsys.readouterr().out)
+    assert main(["launch", "--plan", str(plan_path), "--pools", str(pools), "--pool", "decode",
+                 "--format", "json"]) == 0
+    launches = json.loads(capsys.readouterr().out)
+    argv = launches[0]["argv"]
+    assert "--enable-eplb" in argv
+    assert json.loads(argv[argv.index("--eplb-config") + 1])["num_redundant_experts"] == 32
