@@ -57,10 +57,13 @@ class ExpertFigures:
     redundant: int
     balancedness: float
     cross_domain_share: float
+    domain_load: tuple[tuple[str, float], ...] = ()
+    """Each NVLink domain's share of the gang's expert load."""
 
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "redundant": self.redundant, "balancedness": round(self.balancedness, 4),
-                "cross_domain_share": round(self.cross_domain_share, 4)}
+                "cross_domain_share": round(self.cross_domain_share, 4),
+                "domain_load": {d: round(x, 4) for d, x in self.domain_load}}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -189,6 +189,13 @@ def _plan_label(placement: Mapping[str, Any]) -> str:
     return label
 
 
+def _domain_share(placement: Mapping[str, Any], node: str) -> float | None:
+    """The expert-load share of the domain a gang's node belongs to (`<node>/islandN`)."""
+    loads = (placement.get("experts") or {}).get("domain_load") or {}
+    mine = [float(x) for d, x in loads.items() if str(d).startswith(f"{node}/")]
+    return mine[0] if len(mine) == 1 else None
+
+
 def _draw_plan(ax: Any, panels: Mapping[str, _Panel], plan: Mapping[str, Any], patches: Any) -> None:
     for k, placement in enumerate(plan.get("placements", [])):
         colour = ROLE_COLOURS.get(str(placement.get("role")), "#8250df")
@@ -206,6 +213,9 @@ def _draw_plan(ax: Any, panels: Mapping[str, _Panel], plan: Mapping[str, Any], p
                                                 max(ys) - min(ys) + 2 * pad, boxstyle="round,pad=0.02", fc="none",
                                                 ec=colour, lw=2.0, zorder=6))
             text = _plan_label(placement) if not labelled else str(placement.get("replica_id", ""))
+            share = _domain_share(placement, node)
+            if share is not None:
+                text += f"; {share:.0%} of its expert load in this node's domain"
             ax.text(min(xs) - pad, min(ys) - pad - 0.12, text, fontsize=5, color=colour, va="top", zorder=6)
             labelled = True
 

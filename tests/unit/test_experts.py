@@ -144,6 +144,8 @@ def test_a_pool_can_ask_for_its_expert_map_with_the_plan(tmp_path: Path, capsys:
     figures = {p: d["placements"][0]["experts"] for p, d in got.items()}
     assert figures["topology"]["cross_domain_share"] <= 0.8 * figures["eplb"]["cross_domain_share"]
     assert figures["topology"]["redundant"] == 32 and figures["topology"]["policy"] == "topology"
+    assert sum(figures["topology"]["domain_load"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert len(figures["topology"]["domain_load"]) == 4
     text = render({"url": "http://x", "plan": got["topology"], "replicas": {"version": 1, "replicas": []},
                    "topology": None})
     assert "gang decode-0: 32 rank groups, across 4 domains" in text and "experts topology (+32 redundant)" in text
