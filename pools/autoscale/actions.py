@@ -1,0 +1,73 @@
+"""Acting on a decision with the topology in mind (pure: plans in, plans out).
+
+    scale out   new replicas are placed by a placement policy on the GPUs no replica holds
+                (`island-aligned`: TP groups inside islands, gangs as units, best fit first, so
+                a new replica fills the islands its pool's peers already use before opening
+                another; the topology-blind autoscaler passes `first-fit`)
+    scale in    the replica whose removal costs least goes first: one already draining, then
+                the worst tier (its TP group or gang on the slowest links), the least healthy
+                links, the fewest requests in flight; it drains (no stream is cut) and its
+                GPUs return to the plan when it is empty
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from pools.model import PlacementPlan, PlacementRequest, ReplicaPlacement
+from pools.placement import get_policy
+from topology import GpuRef, Topology
+from topology.paths import TIERS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Removable:
+    replica_id: str
+    tier: str
+    health_score: float = 1.0
+    inflight: int = 0
+    draining: bool = False
+
+
+def removal_order(candidates: Sequence[Removable]) -> list[str]:
+    """Which replica of a pool to take away first (module docstring)."""
+    def key(c: Removable) -> tuple[bool, int, float, int, str]:
+        rank = TIERS.index(c.tier) if c.tier in TIERS else len(TIERS)
+        return (not c.draining, -rank, c.health_score, c.inflight, c.replica_id)
+
+    return [c.replica_id for c in sorted(candidates, key=key)]
+
+
+def next_ids(plan: PlacementPlan, pool: str, count: int) -> tuple[str, ...]:
+    """Ids for `count` new replicas of `pool`: the lowest `<pool>-<k>` not in the plan."""
+    used = {p.replica_id for p in plan.placements}
+    out: list[str] = []
+    k = 0
+    while len(out) < count:
+        rid = f"{pool}-{k}"
+        if rid not in used:
+            out.append(rid)
+        k += 1
+    return tuple(out)
+
+
+def scale_out(plan: PlacementPlan, topology: Topology, pool: str, count: int, policy: str,
+              held: frozenset[GpuRef] = frozenset()) -> tuple[list[ReplicaPlacement], int]:
+    """Placements for `count` more replicas of `pool` on the free GPUs (and how many could not be
+    placed), by `policy`; the plan's other replicas stay where they are."""
+    spec = plan.pool(pool)
+    occupied = frozenset(GpuRef(n, g) for p in plan.placements for n, g in p.gpu_refs()) | held
+    ids = next_ids(plan, pool, count)
+    request = PlacementRequest(topology=topology, pools=(replace(spec, replicas=count),),
+                               slo_classes=plan.slo_classes, occupied=occupied, ids={pool: ids})
+    fresh = get_policy(policy).place(request)
+    placed = [p for p in fresh.placements if p.pool == pool]
+    return placed, count - len(placed)
+
+
+def removable(plan: PlacementPlan, pool: str, inflight: Mapping[str, int], health: Mapping[str, float],
+              draining: frozenset[str] = frozenset()) -> list[Removable]:
+    return [Removable(replica_id=p.replica_id, tier=p.tier, health_score=health.get(p.replica_id, 1.0),
+                      inflight=inflight.get(p.replica_id, 0), draining=p.replica_id in draining)
+            for p in plan.placements if p.pool == pool]
