@@ -11,6 +11,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,12 @@ from loadtest.model import TraceRequest
 from loadtest.report import write_plots, write_report
 from loadtest.scenario import Scenario, load_scenario
 from loadtest.sim.cluster import simulate
-from loadtest.sim.model import SimConfig
+from loadtest.sim.model import AutoscaleSettings, SimConfig
 from loadtest.summary import summarize
 from pools import catalog
+from pools.autoscale.policy import AutoscalingConfig
 from pools.gangcost import gang_links
-from pools.model import ExpertChoice, PlacementPlan, PlacementRequest
+from pools.model import ExpertChoice, PlacementPlan, PlacementRequest, PoolSpec
 from pools.moecost import moe_step
 from pools.placement import get_policy
 from topology import GpuRef, Topology, TopologyError
@@ -71,12 +73,31 @@ def workload_for(scenario: Scenario, rate: float) -> list[TraceRequest]:
     return list(load_workload(spec, base_dir=scenario.path.resolve().parent).requests)
 
 
+def autoscale_settings(scenario: Scenario, autoscaler: str) -> tuple[tuple[PoolSpec, ...], AutoscaleSettings | None]:
+    """The pools an autoscaled run starts with (its pools at `initial_replicas`) and its settings;
+    `static`: the scenario's counts throughout."""
+    auto = scenario.config.autoscaling
+    pools = scenario.pools()
+    if auto is None or autoscaler == "static":
+        return pools, None
+    start = {name: c.initial_replicas if c.initial_replicas is not None else c.min_replicas
+             for name, c in auto.pools.items()}
+    configs = {name: AutoscalingConfig(**c.model_dump(exclude={"initial_replicas"})) for name, c in auto.pools.items()}
+    return (tuple(replace(p, replicas=start.get(p.name, p.replicas)) for p in pools),
+            AutoscaleSettings(kind=autoscaler, configs=configs, interval_s=auto.interval_s, startup_s=auto.startup_s,
+                              window_s=auto.window_s))
+
+
 def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[TraceRequest],
-            expert_policy: str | None = None) -> dict[str, Any]:
-    """One placement policy (and expert policy, for EP gangs) at one rate. With an expert policy
-    the row's `policy` is `PLACEMENT+EXPERTS` and `placement_policy`/`expert_policy` say each."""
+            expert_policy: str | None = None, autoscaler: str | None = None) -> dict[str, Any]:
+    """One placement policy (and expert policy, for EP gangs; or autoscaler) at one rate. With an
+    expert policy the row's `policy` is `PLACEMENT+EXPERTS` and `placement_policy`/`expert_policy`
+    say each; with an autoscaler, `autoscaler` names it (`blind` places with first-fit)."""
     classes = scenario.classes()
-    request = PlacementRequest(topology=scenario.topology, pools=scenario.pools(), slo_classes=classes,
+    pools, autoscale = autoscale_settings(scenario, autoscaler) if autoscaler else (scenario.pools(), None)
+    if autoscaler == "blind":
+        policy = "first-fit"
+    request = PlacementRequest(topology=scenario.topology, pools=pools, slo_classes=classes,
                                seed=scenario.config.seed, occupied=scenario.held())
     plan = get_policy(policy).place(request)
     routing = scenario.config.routing
@@ -86,7 +107,7 @@ def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[Tra
                        seed=scenario.config.seed, model=scenario.model(), detect_s=scenario.config.detect_s,
                        experts=None if expert_policy is None else ExpertChoice(
                            policy=expert_policy, load=scenario.config.expert_load,
-                           redundant=scenario.config.redundant_experts))
+                           redundant=scenario.config.redundant_experts), autoscale=autoscale)
     t0 = time.process_time()
     result = simulate(config, workload)
     cpu_s = time.process_time() - t0
@@ -94,11 +115,15 @@ def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[Tra
     summary = summarize(result.results, classes, max(result.duration_s, span, 1e-9))
     return {
         "scenario": scenario.name, "mode": "sim", "routing": "scenario",
-        "policy": policy if expert_policy is None else f"{policy}+{expert_policy}",
+        "policy": policy if expert_policy is None and autoscaler is None else f"{policy}+{expert_policy}"
+        if autoscaler is None else f"{policy}+autoscale:{autoscaler}",
         **({"placement_policy": policy, "expert_policy": expert_policy} if expert_policy is not None else {}),
         "rate_scale": rate, "rate_rps": round(len(workload) / span, 4) if span > 0 else math.nan,
         "goodput_rps": summary["goodput_rps"],
         "output_tokens_per_gpu_s": round(summary["good_output_tok_s"] / max(plan.gpus_used, 1), 3),
+        **({"autoscaler": autoscaler, "attainment": {k: v["slo_attainment"] for k, v in summary["per_class"].items()},
+            "gpu_hours": round(result.gpu_hours, 4),
+            "scale_events": sum(1 for e in result.log if e.get("event") == "scale")} if autoscaler else {}),
         "tpot_p99_ms": summary["tpot_ms"].get("p99", math.nan),
         "slo_attainment": {k: v["slo_attainment"] for k, v in summary["per_class"].items()},
         "summary": summary, "topology_fingerprint": scenario.topology.fingerprint(),
@@ -110,15 +135,21 @@ def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[Tra
     }
 
 
-def compare(scenario: Scenario, out: Path, progress: bool = True) -> list[dict[str, Any]]:
+def compare(scenario: Scenario, out: Path, progress: bool = True, autoscalers: Sequence[str] = ()
+            ) -> list[dict[str, Any]]:
+    """Every policy (x expert policy) at every rate; with `autoscalers`, every autoscaler
+    instead, with the scenario's first policy (`blind`: first-fit)."""
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+    runs: list[tuple[str, str | None, str | None]] = [
+        (p, e, None) for p in scenario.config.policies for e in scenario.config.expert_policies()]
+    if autoscalers:
+        runs = [(scenario.config.policies[0], None, a) for a in autoscalers]
     with (out / "results.jsonl").open("w") as f:
         for rate in scenario.config.rates:
             workload = workload_for(scenario, rate)
-            for policy, experts in ((p, e) for p in scenario.config.policies
-                                    for e in scenario.config.expert_policies()):
-                row = run_one(scenario, policy, rate, workload, experts)
+            for policy, experts, autoscaler in runs:
+                row = run_one(scenario, policy, rate, workload, experts, autoscaler)
                 rows.append(row)
                 f.write(json.dumps(row) + "\n")
                 f.flush()
@@ -138,6 +169,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--mode", choices=["sim", "live"], default="sim")
     parser.add_argument("--out", required=True, help="directory for results.jsonl, report.md and plots")
     parser.add_argument("--policies", help="comma-separated policy names (overrides the scenario's list)")
+    parser.add_argument("--autoscalers", help="comma-separated: static, blind, topology (the scenario needs an "
+                                              "`autoscaling:` block); compares them instead of the policies")
     parser.add_argument("--quiet", action="store_true")
     livecompare.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -146,7 +179,13 @@ def main(argv: Sequence[str]) -> int:
         if args.mode == "live":
             livecompare.compare_live(scenario, Path(args.out), livecompare.options_from(args), progress=not args.quiet)
         else:
-            compare(scenario, Path(args.out), progress=not args.quiet)
+            autoscalers = [a for a in (args.autoscalers or "").split(",") if a]
+            if autoscalers and scenario.config.autoscaling is None:
+                raise ValueError(f"{args.scenario}: --autoscalers needs an `autoscaling:` block in the scenario")
+            bad = sorted(set(autoscalers) - {"static", "blind", "topology"})
+            if bad:
+                raise ValueError(f"--autoscalers: unknown {bad} (static, blind, topology)")
+            compare(scenario, Path(args.out), progress=not args.quiet, autoscalers=autoscalers)
     except (TopologyError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -46,6 +46,30 @@ class RoutingConfig(_Strict):
     scrape_interval_s: float = Field(default=0.5, gt=0)
 
 
+class AutoscalePoolConfig(_Strict):
+    """Ray Serve's autoscaling_config fields, plus the SLO thresholds (`pools.autoscale.policy`)."""
+
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=8, ge=1)
+    initial_replicas: int | None = Field(default=None, ge=0, description="default: min_replicas")
+    target_ongoing_requests: float = Field(default=32.0, gt=0)
+    upscale_delay_s: float = Field(default=10.0, ge=0)
+    downscale_delay_s: float = Field(default=60.0, ge=0)
+    cooldown_s: float = Field(default=10.0, ge=0)
+    upscaling_factor: float = Field(default=1.0, gt=0)
+    downscaling_factor: float = Field(default=1.0, gt=0)
+    slo_headroom: float = Field(default=0.9, gt=0)
+    slo_slack: float = Field(default=0.75, gt=0)
+
+
+class AutoscaleScenarioConfig(_Strict):
+    pools: dict[str, AutoscalePoolConfig] = Field(min_length=1)
+    interval_s: float = Field(default=5.0, gt=0)
+    startup_s: float = Field(default=30.0, ge=0, description="decision to serving (weights load, engine start)")
+    window_s: float = Field(default=30.0, gt=0)
+    autoscalers: list[str] = Field(default_factory=lambda: ["static", "blind", "topology"])
+
+
 class ScenarioConfig(_Strict):
     name: str
     description: str = ""
@@ -67,6 +91,7 @@ class ScenarioConfig(_Strict):
         default=None, description="EP gangs' expert placement: topology, eplb or linear (a list: compare them)")
     expert_load: str = Field(default="zipf:1.3", description="expert load: a load file or zipf:SKEW[:SEED]")
     redundant_experts: int = Field(default=0, ge=0, description="redundant experts per EP gang ((E + R) % EP == 0)")
+    autoscaling: AutoscaleScenarioConfig | None = None
 
     def expert_policies(self) -> list[str | None]:
         if self.expert_policy is None:
@@ -151,6 +176,14 @@ def load_scenario(path: str | Path, policies: Sequence[str] | None = None) -> Sc
         get_policy(name)  # unknown names fail here, with the known ones listed
     from pools.experts.policies import POLICIES as EXPERT_POLICIES
 
+    if config.autoscaling is not None:
+        names = {p.name for p in config.pools}
+        unknown = sorted(set(config.autoscaling.pools) - names)
+        bad = sorted(set(config.autoscaling.autoscalers) - {"static", "blind", "topology"})
+        if unknown or bad:
+            raise ValueError(f"{where}: autoscaling: " + "; ".join(
+                ([f"pools {unknown} are not in the scenario"] if unknown else [])
+                + ([f"autoscalers {bad}: static, blind or topology"] if bad else [])))
     for expert in config.expert_policies():
         if expert is not None and expert not in EXPERT_POLICIES:
             raise ValueError(f"{where}: unknown expert_policy {expert!r} (known: {', '.join(EXPERT_POLICIES)})")

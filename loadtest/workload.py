@@ -86,6 +86,8 @@ class WorkloadConfig(_Strict):
     rate: float | None = Field(default=None, gt=0, description="req/s for a trace without timestamps")
     time_scale: float = Field(default=1.0, gt=0, description="the same requests in 1/k of the time")
     rate_scale: float = Field(default=1.0, gt=0, description="k times the arrival rate over the same span")
+    rate_steps: list[tuple[float, float]] | None = Field(
+        default=None, description="a load step: [[start_s, factor], ...] of the (scaled) rate from each start on")
     duration_s: float | None = Field(default=None, gt=0, description="keep arrivals before this")
     max_requests: int | None = Field(default=None, ge=1, description="keep the first N")
     class_mix: dict[str, float] | None = Field(default=None, description="SLO class -> weight")
@@ -229,6 +231,8 @@ def load_workload(spec: str | Mapping[str, Any], overrides: Mapping[str, Any] | 
         requests = transforms.scale_rate(transforms.compress_time(_read(config, path, fmt), config.time_scale),
                                          config.rate_scale)
         source, name = str(path), config.trace or config.path or str(path)
+    if config.rate_steps:
+        requests = transforms.step_rate(requests, config.rate_steps, config.seed)
     requests = transforms.truncate(requests, config.duration_s, config.max_requests)
     if config.class_mix is not None:
         requests = transforms.assign_classes(requests, config.class_mix, config.seed)

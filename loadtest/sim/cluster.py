@@ -16,11 +16,27 @@ import math
 import random
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from loadtest.model import OK, RequestResult, TraceRequest
-from loadtest.sim.model import Fault, SimConfig, SimResult, _Req, result_of
+from loadtest.sim import faults
+from loadtest.sim.autoscale import Autoscaler
+from loadtest.sim.model import (
+    ARRIVAL,
+    AUTOSCALE,
+    FAULT,
+    KV_READY,
+    NET,
+    RUN_END,
+    SCRAPE,
+    START,
+    STEP_END,
+    Fault,
+    SimConfig,
+    SimResult,
+    _Req,
+    result_of,
+)
 from loadtest.sim.network import Network, legs
 from loadtest.sim.replica import Phase, SimReplica, build_replicas
 from pools import costmodel
@@ -34,7 +50,6 @@ PLAN_STEPS = 64
 """Decode steps planned at once: arrivals usually cut a run short, so longer plans are waste. A
 plan also stops after the step in progress at the next scrape, which always commits the run so
 far (the steps planned past it would never be used)."""
-ARRIVAL, START, STEP_END, RUN_END, NET, KV_READY, SCRAPE, FAULT, DRAIN = range(9)
 
 
 class Simulation:
@@ -68,6 +83,7 @@ class Simulation:
         self.transfers: dict[int, _Req] = {}
         self.log: list[dict[str, Any]] = []
         self.count = 0
+        self.autoscaler = Autoscaler(self, config.autoscale) if config.autoscale is not None else None
 
     # events
     def _at(self, t: float, kind: int, obj: Any = None, version: int = 0) -> None:
@@ -79,13 +95,15 @@ class Simulation:
             self._at(tr.arrival_s, ARRIVAL, tr)
         for fault in self.config.faults:
             self._at(fault.at_s, FAULT, fault)
+        if self.autoscaler is not None:
+            self._at(self.autoscaler.settings.interval_s, AUTOSCALE)
         if self.replicas:
             self._at(0.0, SCRAPE)
             self.next_scrape_s = 0.0
         now = 0.0
         handlers: list[Callable[[float, Any, int], None]] = [  # indexed by the event kind
             self._arrival, self._start, self._step_end, self._run_end, self._net, self._kv_ready, self._scrape,
-            self._fault, self._drain]
+            self._fault, self._drain, self._autoscale, self._ready]
         pending, events, pop = len(self.workload), self.events, heapq.heappop
         while events:
             t, _, kind, obj, version = pop(events)
@@ -100,8 +118,10 @@ class Simulation:
         for req in list(self.reqs.values()):  # still open when the run stopped
             self._record(req, now, "timeout")
         self.reqs.clear()
+        gpu_hours = self.autoscaler.gpu_hours(now) if self.autoscaler is not None else \
+            self.config.plan.gpus_used * now / 3600.0
         return SimResult(results=sorted(self.results, key=lambda r: r.index), duration_s=now, events=self.count,
-                         log=self.log)
+                         log=self.log, gpu_hours=gpu_hours)
 
     # routing (the live router's decision functions, on the live router's kind of snapshot)
     def _candidates(self, model: str) -> list[Candidate]:
@@ -340,51 +360,20 @@ class Simulation:
             rep.scrape()
             self._refresh(rep)
 
-    # faults and the health loop
+    # faults and the health loop (`loadtest.sim.faults`), autoscaling (`loadtest.sim.autoscale`)
     def _fault(self, t: float, fault: Fault, _v: int) -> None:
-        self.log.append({"t": round(t, 3), "event": fault.kind, "node": fault.node, "gpus": list(fault.gpus)})
-        if fault.kind == "node_loss":
-            for rep in [r for r in self.replicas.values() if r.placement.node == fault.node or fault.node in r.nodes]:
-                self._lose(t, rep)
-            return
-        for rep in [r for r in self.replicas.values() if r.crossed_by(fault.node, fault.gpus)]:
-            if fault.kind == "link_degrade":
-                rep.degrade(fault.factor)
-                self._at(t + self.config.detect_s, DRAIN, (rep, fault.factor))
-            elif fault.kind == "link_restore":
-                rep.restore()
-                self._refresh(rep)
-            else:
-                raise ValueError(f"unknown fault kind {fault.kind!r} (link_degrade, link_restore, node_loss)")
+        faults.on_fault(self, t, fault)
 
     def _drain(self, t: float, obj: tuple[SimReplica, float], _v: int) -> None:
-        rep, factor = obj
-        if rep.core.link == rep.base_link:
-            return  # restored meanwhile
-        rep.endpoint = replace(rep.endpoint, health_score=factor, draining=True)
-        self._refresh(rep)
-        self.log.append({"t": round(t, 3), "event": "drain", "replica": rep.rid})
+        faults.on_drain(self, t, obj)
 
-    def _lose(self, t: float, rep: SimReplica) -> None:
-        rep.alive = False
-        rep.version += 1
-        rep.endpoint = replace(rep.endpoint, healthy=False)
-        self._refresh(rep)
-        self.log.append({"t": round(t, 3), "event": "replica_lost", "replica": rep.rid,
-                         "requests": len(rep.requests)})
-        for rid in sorted(rep.requests):
-            req = self.reqs.get(rid)
-            if req is None:
-                continue
-            if req.first_s is not None:
-                self._record(req, t, "error:502 replica lost mid-stream")
-            elif req.retries < self.config.retries:
-                req.retries += 1
-                req.first_s, req.itls = None, []
-                self._route(t, req)
-            else:
-                self._record(req, t, "error:502 retries exhausted")
-        rep.requests.clear()
+    def _autoscale(self, t: float, _obj: Any, _v: int) -> None:
+        if self.autoscaler is not None and self.autoscaler.tick(t):
+            self._at(t + self.autoscaler.settings.interval_s, AUTOSCALE)
+
+    def _ready(self, t: float, rep: SimReplica, _v: int) -> None:
+        if self.autoscaler is not None:
+            self.autoscaler.ready(t, rep)
 
     # results
     def _record(self, req: _Req, t: float, outcome: str) -> None:

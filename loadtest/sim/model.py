@@ -8,9 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadtest.model import OK, RequestResult, TraceRequest
+from pools.autoscale.policy import AutoscalingConfig
 from pools.model import ExpertChoice, PlacementPlan, SLOClass
 from router.decision import Candidate, PDDecision, Profile, RouteRequest, pd_decide
 from topology import Topology
+
+ARRIVAL, START, STEP_END, RUN_END, NET, KV_READY, SCRAPE, FAULT, DRAIN, AUTOSCALE, READY = range(11)
+"""The simulator's event kinds (`loadtest.sim.cluster` indexes its handlers by them)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +36,27 @@ class PDChoice:
     def __call__(self, req: RouteRequest, snapshot: Sequence[Candidate], topology: Topology | None, *,
                  min_prompt_tokens: int, has_mixed: bool) -> PDDecision | None:
         return pd_decide(req, snapshot, topology, min_prompt_tokens=min_prompt_tokens, has_mixed=has_mixed)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AutoscaleSettings:
+    """An autoscaler in the simulator: the policy (`pools.autoscale.policy`) per pool, and where
+    new replicas go: `topology` places them with island-aligned and removes the costliest first,
+    `blind` places with first-fit and removes the newest first (the same policy, no topology)."""
+
+    kind: str
+    configs: Mapping[str, AutoscalingConfig]
+    interval_s: float = 5.0
+    startup_s: float = 30.0
+    """From a scale-out decision to the replica serving (weights load, engine start)."""
+    window_s: float = 30.0
+    """The latency percentiles the policy sees cover requests that ended this recently."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("topology", "blind"):
+            raise ValueError(f"autoscaler {self.kind!r}: topology or blind")
+        if self.interval_s <= 0 or self.startup_s < 0 or self.window_s <= 0:
+            raise ValueError("autoscaler: interval_s and window_s > 0, startup_s >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +85,8 @@ class SimConfig:
     """The served model every request asks for (default: the first, by name)."""
     experts: ExpertChoice | None = None
     """How EP gangs map their experts (None: spread uniformly; `pools.experts`)."""
+    autoscale: AutoscaleSettings | None = None
+    """Pools that follow the load (`loadtest.sim.autoscale`); None: the plan's counts throughout."""
 
 
 @dataclass(slots=True, eq=False)
@@ -87,7 +114,9 @@ class SimResult:
     duration_s: float
     events: int
     log: list[dict[str, Any]]
-    """Faults, drains and re-routes, with their virtual times."""
+    """Faults, drains, re-routes and scale events, with their virtual times."""
+    gpu_hours: float = 0.0
+    """GPUs held (placed, starting or draining) integrated over the run."""
 
 
 def result_of(req: _Req, t: float, outcome: str) -> RequestResult:

@@ -13,6 +13,7 @@ Two ways to make a trace heavier, because they answer different questions:
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -65,6 +66,27 @@ def scale_rate(requests: Sequence[TraceRequest], k: float) -> list[TraceRequest]
             slo_class=r.slo_class, block_tokens=r.block_tokens,
             prefix_blocks=tuple(h + shift for h in r.prefix_blocks) if shift else r.prefix_blocks)
             for r in requests if (at := offset + (r.arrival_s - first) / k) < span)
+    return out
+
+
+def step_rate(requests: Sequence[TraceRequest], steps: Sequence[tuple[float, float]], seed: int = 0
+              ) -> list[TraceRequest]:
+    """A load step: from each `(start_s, factor)` on, `factor` times the workload's rate (the
+    trace copied to the largest factor, as `scale_rate` does, then thinned per segment with a
+    seeded draw, so every segment keeps the trace's mix and burstiness)."""
+    if not steps:
+        return list(requests)
+    if any(f <= 0 for _, f in steps) or any(b[0] <= a[0] for a, b in itertools.pairwise(steps)):
+        raise WorkloadError("workload spec: rate_steps: [[start_s, factor], ...] with factors > 0 and starts "
+                            "increasing")
+    top = max(f for _, f in steps)
+    dense = scale_rate(requests, top)
+    rng = random.Random(seed)
+    out = []
+    for r in sorted(dense, key=lambda r: r.arrival_s):
+        factor = next((f for start, f in reversed(steps) if r.arrival_s >= start), steps[0][1])
+        if rng.random() < factor / top:
+            out.append(r)
     return out
 
 

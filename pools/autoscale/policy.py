@@ -7,9 +7,10 @@ Ray Serve's `autoscaling_config` vocabulary where it fits (`min_replicas`, `max_
 
     load        desired = ceil(ongoing requests / target_ongoing_requests) (Ray Serve's rule),
                 scaled by the factors, within [min_replicas, max_replicas]
-    SLOs        a prefill pool whose TTFT p99, or a decode pool whose TPOT/ITL p99, is over
-                `slo_headroom` of the strictest class's target wants at least one more replica;
-                a pool well inside its targets (`slo_slack`) with a queue of nothing may lose one
+    SLOs        a loaded prefill pool whose TTFT p99, or decode pool whose TPOT p99, is over
+                `slo_headroom` of a class's target (each class against its own) wants at least
+                one more replica; a pool within `slo_slack` of its targets with no queue may
+                lose one
     sizing      the sizing model's prediction for the observed rate is a floor while the pool
                 is over its SLO (it says how many, not only "more")
     delays      a change is made only after it has been wanted for `upscale_delay_s` (up) or
@@ -26,6 +27,10 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Role = Literal["prefill", "decode", "mixed"]
+QUEUE_SHARE = 0.5
+"""A late p99 counts only while the pool is loaded (a queue, or more than this share of its
+target in flight): a latency that more replicas cannot improve (the longest prompt's prefill,
+one decode step's floor) must not grow the pool forever."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,7 +46,7 @@ class AutoscalingConfig:
     downscaling_factor: float = 1.0
     slo_headroom: float = 0.9
     """Over this share of a target: the pool is short."""
-    slo_slack: float = 0.5
+    slo_slack: float = 0.75
     """Under this share of every target, with no queue: the pool may shrink."""
 
     def __post_init__(self) -> None:
@@ -62,6 +67,16 @@ class AutoscalingConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClassLatency:
+    """One SLO class's tail latency on the pool over the window, next to its targets."""
+
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    ttft_target_ms: float | None = None
+    tpot_target_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PoolObservation:
     """One pool as the router's metrics show it over the last window."""
 
@@ -75,8 +90,10 @@ class PoolObservation:
     ttft_p99_ms: float | None = None
     tpot_p99_ms: float | None = None
     ttft_target_ms: float | None = None
-    """The strictest target of the classes the pool serves."""
+    """With `ttft_p99_ms`: one latency for the whole pool against one target (the strictest)."""
     tpot_target_ms: float | None = None
+    classes: Mapping[str, ClassLatency] = field(default_factory=dict)
+    """Per SLO class: each class's p99 is judged against its own targets (preferred)."""
     predicted_replicas: int | None = None
     """What the sizing model says the observed rate needs (None: no prediction)."""
 
@@ -119,7 +136,8 @@ def desired(obs: PoolObservation, cfg: AutoscalingConfig) -> tuple[int, str]:
     reasons = [f"{obs.ongoing:g} requests in flight for {n} replicas (target {cfg.target_ongoing_requests:g} each)"]
     want = by_load
     late = _slo_ratio(obs)
-    if late is not None and late > cfg.slo_headroom:
+    queued = obs.waiting > 0 or obs.ongoing > QUEUE_SHARE * cfg.target_ongoing_requests * n
+    if late is not None and late > cfg.slo_headroom and queued:
         floor = max(obs.replicas + 1, obs.predicted_replicas or 0)
         want = max(want, floor)
         reasons.append(f"{_slo_text(obs)} is {late:.0%} of its target (over {cfg.slo_headroom:.0%})"
@@ -137,12 +155,17 @@ def desired(obs: PoolObservation, cfg: AutoscalingConfig) -> tuple[int, str]:
 
 
 def _slo_ratio(obs: PoolObservation) -> float | None:
-    """The worst observed latency over its target for this pool's phase."""
+    """The worst observed latency over its target for this pool's phase (per class when the
+    observation has classes)."""
+    latencies = list(obs.classes.values()) or [ClassLatency(
+        ttft_p99_ms=obs.ttft_p99_ms, tpot_p99_ms=obs.tpot_p99_ms, ttft_target_ms=obs.ttft_target_ms,
+        tpot_target_ms=obs.tpot_target_ms)]
     pairs = []
-    if obs.role in ("prefill", "mixed") and obs.ttft_p99_ms is not None and obs.ttft_target_ms:
-        pairs.append(obs.ttft_p99_ms / obs.ttft_target_ms)
-    if obs.role in ("decode", "mixed") and obs.tpot_p99_ms is not None and obs.tpot_target_ms:
-        pairs.append(obs.tpot_p99_ms / obs.tpot_target_ms)
+    for c in latencies:
+        if obs.role in ("prefill", "mixed") and c.ttft_p99_ms is not None and c.ttft_target_ms:
+            pairs.append(c.ttft_p99_ms / c.ttft_target_ms)
+        if obs.role in ("decode", "mixed") and c.tpot_p99_ms is not None and c.tpot_target_ms:
+            pairs.append(c.tpot_p99_ms / c.tpot_target_ms)
     return max(pairs) if pairs else None
 
 
