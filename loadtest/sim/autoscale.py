@@ -17,19 +17,17 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from loadtest.model import RequestResult
 from loadtest.sim.model import READY, AutoscaleSettings
 from loadtest.sim.replica import SimReplica, build_replica
+from loadtest.sim.state import SimState
 from pools.autoscale.actions import removable, removal_order, scale_out
 from pools.autoscale.policy import AutoscalerState, ClassLatency, PoolObservation, on_tick
 from pools.model import PlacementPlan, ReplicaPlacement
 from pools.routing import dp_ranks, rank_id, table_from_plan
 from topology import GpuRef
 
-if TYPE_CHECKING:
-    from loadtest.sim.cluster import Simulation
 
 def _p99(values: list[float]) -> float | None:
     if not values:
@@ -39,7 +37,7 @@ def _p99(values: list[float]) -> float | None:
 
 
 class Autoscaler:
-    def __init__(self, sim: Simulation, settings: AutoscaleSettings) -> None:
+    def __init__(self, sim: SimState, settings: AutoscaleSettings) -> None:
         self.sim = sim
         self.settings = settings
         self.plan: PlacementPlan = sim.config.plan

@@ -5,15 +5,13 @@ gang's every rank) and retries the requests that had no token yet."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from loadtest.sim.model import DRAIN, Fault
 from loadtest.sim.replica import SimReplica
+from loadtest.sim.state import SimState
 
-if TYPE_CHECKING:
-    from loadtest.sim.cluster import Simulation
 
-def on_fault(sim: Simulation, t: float, fault: Fault) -> None:
+def on_fault(sim: SimState, t: float, fault: Fault) -> None:
     sim.log.append({"t": round(t, 3), "event": fault.kind, "node": fault.node, "gpus": list(fault.gpus)})
     if fault.kind == "node_loss":
         for rep in [r for r in sim.replicas.values() if r.placement.node == fault.node or fault.node in r.nodes]:
@@ -30,7 +28,7 @@ def on_fault(sim: Simulation, t: float, fault: Fault) -> None:
             raise ValueError(f"unknown fault kind {fault.kind!r} (link_degrade, link_restore, node_loss)")
 
 
-def on_drain(sim: Simulation, t: float, obj: tuple[SimReplica, float]) -> None:
+def on_drain(sim: SimState, t: float, obj: tuple[SimReplica, float]) -> None:
     rep, factor = obj
     if rep.core.link == rep.base_link:
         return  # restored meanwhile
@@ -39,7 +37,7 @@ def on_drain(sim: Simulation, t: float, obj: tuple[SimReplica, float]) -> None:
     sim.log.append({"t": round(t, 3), "event": "drain", "replica": rep.rid})
 
 
-def lose(sim: Simulation, t: float, rep: SimReplica) -> None:
+def lose(sim: SimState, t: float, rep: SimReplica) -> None:
     rep.alive = False
     rep.version += 1
     rep.endpoint = replace(rep.endpoint, healthy=False)

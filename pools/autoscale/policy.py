@@ -136,16 +136,17 @@ def desired(obs: PoolObservation, cfg: AutoscalingConfig) -> tuple[int, str]:
     reasons = [f"{obs.ongoing:g} requests in flight for {n} replicas (target {cfg.target_ongoing_requests:g} each)"]
     want = by_load
     late = _slo_ratio(obs)
-    queued = obs.waiting > 0 or obs.ongoing > QUEUE_SHARE * cfg.target_ongoing_requests * n
+    queued = obs.waiting > QUEUE_SHARE * cfg.target_ongoing_requests or \
+        obs.ongoing > QUEUE_SHARE * cfg.target_ongoing_requests * n
     if late is not None and late > cfg.slo_headroom and queued:
         floor = max(obs.replicas + 1, obs.predicted_replicas or 0)
         want = max(want, floor)
         reasons.append(f"{_slo_text(obs)} is {late:.0%} of its target (over {cfg.slo_headroom:.0%})"
                        + (f"; sizing predicts {obs.predicted_replicas}" if obs.predicted_replicas else ""))
-    elif want < obs.replicas and late is not None and late > cfg.slo_slack:
+    elif want < obs.replicas and late is not None and late > cfg.slo_slack and queued:
         want = obs.replicas
         reasons.append(f"{_slo_text(obs)} at {late:.0%} of its target: not idle enough to shrink")
-    elif want < obs.replicas and obs.waiting > 0:
+    elif want < obs.replicas and obs.waiting > QUEUE_SHARE * cfg.target_ongoing_requests:
         want = obs.replicas
         reasons.append(f"{obs.waiting:g} waiting: not shrinking under a queue")
     want = min(max(want, cfg.min_replicas), cfg.max_replicas)

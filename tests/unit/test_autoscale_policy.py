@@ -36,13 +36,15 @@ def test_slo_pressure_adds_a_replica_while_loaded_and_sizing_says_how_many() -> 
     assert want == 3 and "TPOT p99" in why
     assert desired(obs(2, 20, tpot=60.0, predicted=5), CFG)[0] == 5
     assert desired(obs(2, 20, role="prefill", ttft=480.0), CFG)[0] == 3
-    # a late p99 on an idle pool (one long prompt's prefill) is not something replicas fix
-    assert desired(obs(2, 4, role="prefill", ttft=900.0), CFG)[0] == 2
+    # a late p99 on an idle pool (one long prompt's prefill) is not something replicas fix: it does
+    # not grow the pool (the load alone says one replica will do)
+    assert desired(obs(2, 4, role="prefill", ttft=900.0), CFG)[0] == 1
 
 
 def test_no_shrinking_under_a_queue_or_near_the_targets() -> None:
-    assert desired(obs(4, 5, waiting=3), CFG)[0] == 4
-    assert desired(obs(4, 5, tpot=40.0), CFG)[0] == 4
+    assert desired(obs(4, 5, waiting=10), CFG)[0] == 4
+    assert desired(obs(4, 40, tpot=40.0), CFG)[0] == 4  # loaded and near its target
+    assert desired(obs(4, 5, tpot=40.0), CFG)[0] == 1  # idle: that latency is not the load's
     assert desired(obs(4, 5, tpot=10.0), CFG)[0] == 1
 
 
