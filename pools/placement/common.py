@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pools import catalog, costmodel
+from pools.costmodel import TIER_QUALITY
 from pools.model import (
     GangMember,
     PlacementPlan,
@@ -20,9 +21,6 @@ from pools.model import (
 from topology import GpuRef, Island, Topology, is_clique, islands, tier
 from topology.islands import island_of
 from topology.paths import TIERS
-
-TIER_QUALITY = costmodel.TIER_QUALITY
-"""How good a TP group's tier is for the plan score (defined, with its sources, in the cost model)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
