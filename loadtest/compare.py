@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from loadtest import scaling_report
 from loadtest.live import compare as livecompare
 from loadtest.live.deploy import DeployError
 from loadtest.model import TraceRequest
@@ -85,7 +86,7 @@ def autoscale_settings(scenario: Scenario, autoscaler: str) -> tuple[tuple[PoolS
     configs = {name: AutoscalingConfig(**c.model_dump(exclude={"initial_replicas"})) for name, c in auto.pools.items()}
     return (tuple(replace(p, replicas=start.get(p.name, p.replicas)) for p in pools),
             AutoscaleSettings(kind=autoscaler, configs=configs, interval_s=auto.interval_s, startup_s=auto.startup_s,
-                              window_s=auto.window_s))
+                              window_s=auto.window_s, look_back_s=auto.look_back_s))
 
 
 def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[TraceRequest],
@@ -123,7 +124,9 @@ def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[Tra
         "output_tokens_per_gpu_s": round(summary["good_output_tok_s"] / max(plan.gpus_used, 1), 3),
         **({"autoscaler": autoscaler, "attainment": {k: v["slo_attainment"] for k, v in summary["per_class"].items()},
             "gpu_hours": round(result.gpu_hours, 4),
-            "scale_events": sum(1 for e in result.log if e.get("event") == "scale")} if autoscaler else {}),
+            "scale_events": sum(1 for e in result.log if e.get("event") == "scale"),
+            **scaling_report.row_figures(result.results, classes, scenario.config.workload, result.timeline, plan,
+                                         result.duration_s)} if autoscaler else {}),
         "tpot_p99_ms": summary["tpot_ms"].get("p99", math.nan),
         "slo_attainment": {k: v["slo_attainment"] for k, v in summary["per_class"].items()},
         "summary": summary, "topology_fingerprint": scenario.topology.fingerprint(),
@@ -159,6 +162,7 @@ def compare(scenario: Scenario, out: Path, progress: bool = True, autoscalers: S
                           f"{row['sim']['cpu_s']:.1f} s CPU", file=sys.stderr)
     write_report(scenario, rows, out / "report.md")
     write_plots(rows, out)
+    scaling_report.write_plots(rows, out)
     return rows
 
 

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loadtest.scaling_report import section
+
 if TYPE_CHECKING:
     from loadtest.scenario import Scenario
 
@@ -113,7 +115,7 @@ def write_report(scenario: Scenario, rows: Sequence[Mapping[str, Any]], path: Pa
     if scenario.config.faults:
         out += ["- **Faults:** " + "; ".join(f"{f.kind} on {f.node} {f.gpus or ''} at {f.at_s:g} s"
                                              for f in scenario.config.faults) + ".", ""]
-    out += ["## Verdict", "", *verdict(rows), "", "## Results", "",
+    out += ["## Verdict", "", *verdict(rows), "", *section(rows, list(classes)), "## Results", "",
             "| rate | policy | offered req/s | goodput req/s | output tok/s per GPU at SLO | "
             + " | ".join(f"{c} SLO met" for c in classes) + " | TTFT p50 / p99 ms | TPOT p50 / p99 ms | completed |",
             "|---|---|---:|---:|---:|" + "---:|" * len(classes) + "---:|---:|---:|"]

@@ -58,8 +58,11 @@ class AutoscalePoolConfig(_Strict):
     cooldown_s: float = Field(default=10.0, ge=0)
     upscaling_factor: float = Field(default=1.0, gt=0)
     downscaling_factor: float = Field(default=1.0, gt=0)
+    slo_percentile: float = Field(default=95.0, ge=50, lt=100, description="tail latency judged against the targets")
     slo_headroom: float = Field(default=0.9, gt=0)
     slo_slack: float = Field(default=0.75, gt=0)
+    sizing_slo_share: float | None = Field(default=0.8, gt=0, description="capacity per replica from the sizing "
+                                           "model at this share of the targets (null: no prediction)")
 
 
 class AutoscaleScenarioConfig(_Strict):
@@ -67,6 +70,7 @@ class AutoscaleScenarioConfig(_Strict):
     interval_s: float = Field(default=5.0, gt=0)
     startup_s: float = Field(default=30.0, ge=0, description="decision to serving (weights load, engine start)")
     window_s: float = Field(default=30.0, gt=0)
+    look_back_s: float = Field(default=30.0, gt=0, description="load and rate averaged over this long")
     autoscalers: list[str] = Field(default_factory=lambda: ["static", "blind", "topology"])
 
 

@@ -5,7 +5,7 @@ Shared vocabulary: the router imports `SLOClass` and plans from here (DESIGN.md)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -195,6 +195,18 @@ class PlacementPlan:
 
     def pool(self, name: str) -> PoolSpec:
         return next(p for p in self.pools if p.name == name)
+
+    def new_ids(self, pool: str, count: int, taken: Iterable[str] = ()) -> tuple[str, ...]:
+        """Ids for `count` more replicas of `pool`: the lowest `<pool>-<k>` that neither the plan
+        nor `taken` (replicas still draining, say) uses."""
+        used = {p.replica_id for p in self.placements} | set(taken)
+        out: list[str] = []
+        k = 0
+        while len(out) < count:
+            if (rid := f"{pool}-{k}") not in used:
+                out.append(rid)
+            k += 1
+        return tuple(out)
 
     @property
     def gpus_used(self) -> int:

@@ -19,6 +19,7 @@ size each phase separately against its own SLO, then match their rates.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -74,7 +75,7 @@ def parse_workload(text: str) -> tuple[int, int]:
     raise ValueError(f"workload {text!r}: give a preset ({', '.join(WORKLOADS)}) or PROMPT:OUTPUT tokens")
 
 
-def _link(topology: Topology, tp: int) -> costmodel.LinkCost | None:
+def best_link(topology: Topology, tp: int) -> costmodel.LinkCost | None:
     """The best TP group of this size the cluster offers: the fastest island that holds it."""
     best: costmodel.LinkCost | None = None
     groups = [list(i.gpus) for i in islands(topology) if i.fully_connected] + cliques(topology)
@@ -133,6 +134,46 @@ def decode_option(model: ModelSpec, gpu: GpuSpec, tp: int, link: costmodel.LinkC
     return PhaseOption(role="decode", tp=tp, goodput_rps=rate,
                        detail=f"decode batch {batch} at {step:.1f} ms/token (TPOT <= {tpot_ms:g} ms, cache "
                               f"{capacity} tokens) at tp={tp}")
+
+
+def mixed_option(model: ModelSpec, gpu: GpuSpec, tp: int, link: costmodel.LinkCost, prompt: int, output: int,
+                 ttft_ms: float, tpot_ms: float) -> PhaseOption | None:
+    """A mixed replica (chunked prefill: prompts and decodes share its steps) at `rate` requests
+    per second spends rho = rate x t_p of its time prefilling; its decodes advance in the rest, so
+    a request's TPOT is step(b) / (1 - rho) with b = rate x output x TPOT sequences decoding
+    (Little's law), and its TTFT is the prefill's M/D/1 sojourn stretched the same way. The
+    largest rate that keeps both within the targets and the batch within the cache."""
+    t_p = costmodel.prefill_ms(model, gpu, tp, link, prompt) / 1000.0
+    capacity = costmodel.kv_capacity_tokens(model, gpu, tp)
+    per_request = prompt + output // 2
+
+    def latencies(rate: float) -> tuple[float, float] | None:
+        rho = rate * t_p
+        if rho >= 0.95:
+            return None
+        tpot = 0.0
+        for _ in range(30):  # the batch and the step time settle together
+            batch = max(1, math.ceil(rate * output * tpot))
+            if batch * per_request > capacity:
+                return None
+            tpot = costmodel.decode_step_ms(model, gpu, tp, link, batch, batch * per_request) / 1000.0 / (1 - rho)
+        ttft = (t_p + rho * t_p / (2 * (1 - rho))) / (1 - rho) + tpot
+        return ttft * 1000.0, tpot * 1000.0
+
+    def fits(rate: float) -> bool:
+        got = latencies(rate)
+        return got is not None and got[0] <= ttft_ms and got[1] <= tpot_ms
+
+    if not fits(1e-6):
+        return None
+    low, high = 0.0, 0.95 / t_p
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    ttft, tpot = latencies(low) or (0.0, 0.0)
+    return PhaseOption(role="mixed", tp=tp, goodput_rps=low,
+                       detail=f"mixed at {low:.2f} req/s: prefill {t_p * 1000:.1f} ms a prompt ({low * t_p:.0%} of "
+                              f"the time), TPOT {tpot:.1f} ms, TTFT {ttft:.0f} ms at tp={tp}")
 
 
 def size(topology: Topology, model_name: str, workload: str, slos: list[SLOClass],
@@ -215,7 +256,7 @@ def candidates(topology: Topology, model_name: str, workload: str, slos: list[SL
     kv_ms = prompt * model.kv_bytes_per_token() / 450e9 * 1e3  # NVLink pair in one island
     prefills, decodes = [], []
     for tp in sorted(set(TP_SIZES) | {t for t in (prefill_tp, decode_tp) if t}):
-        link = _link(topology, tp)
+        link = best_link(topology, tp)
         if link is None or not costmodel.fits(model, gpu.memory_gb, tp):
             continue
         if prefill_dp is None and prefill_tp in (None, tp) and (

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import replace
+from typing import Any
 
 from loadtest.model import RequestResult
 from loadtest.sim.model import READY, AutoscaleSettings
@@ -24,16 +25,17 @@ from loadtest.sim.replica import SimReplica, build_replica
 from loadtest.sim.state import SimState
 from pools.autoscale.actions import removable, removal_order, scale_out
 from pools.autoscale.policy import AutoscalerState, ClassLatency, PoolObservation, on_tick
+from pools.autoscale.predict import replica_capacity
 from pools.model import PlacementPlan, ReplicaPlacement
 from pools.routing import dp_ranks, rank_id, table_from_plan
 from topology import GpuRef
 
 
-def _p99(values: list[float]) -> float | None:
+def _percentile(values: list[float], percentile: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(percentile / 100 * len(ordered)) - 1))]
 
 
 class Autoscaler:
@@ -47,6 +49,12 @@ class Autoscaler:
         self.last_s = 0.0
         self.seen = 0
         self.recent: deque[tuple[float, RequestResult]] = deque()
+        self.timeline: list[dict[str, Any]] = []
+        self.samples: dict[str, deque[tuple[float, float, float, int]]] = {
+            name: deque([(0.0, 0.0, 0.0, 0)]) for name in settings.configs}
+        """Per pool: (t, running, waiting, requests admitted so far) at each tick of the look-back."""
+        self.admitted_before: dict[str, int] = {}
+        """Per pool: what replicas whose ids were given to new ones had admitted."""
 
     # GPU-hours
     def _gpus(self) -> int:
@@ -71,7 +79,10 @@ class Autoscaler:
         self.seen = len(results)
         while self.recent and self.recent[0][0] < t - self.settings.window_s:
             self.recent.popleft()
-        observations = {name: self._observe(name) for name in self.settings.configs}
+        observations = {name: self._observe(t, name) for name in self.settings.configs}
+        gpus = self._gpus()
+        self.timeline += [{"t": round(t, 3), "pool": name, "replicas": o.replicas, "serving": o.serving,
+                           "gpus": gpus} for name, o in observations.items()]
         actions, self.state = on_tick(t, observations, self.settings.configs, self.state)
         for action in actions:
             self.sim.log.append({"t": round(t, 3), "event": "scale", "pool": action.pool, "delta": action.delta,
@@ -80,30 +91,50 @@ class Autoscaler:
                 self._grow(t, action.pool, action.delta)
             else:
                 self._shrink(t, action.pool, -action.delta)
-        return bool(self.sim.events) or bool(self.sim.reqs)
+        # open requests that no replica holds could never end (a bug, not a load): the run stops
+        return bool(self.sim.events) or (bool(self.sim.reqs) and any(r.requests for r in self.sim.replicas.values()))
 
-    def _observe(self, pool: str) -> PoolObservation:
+    def _observe(self, t: float, pool: str) -> PoolObservation:
         spec = self.plan.pool(pool)
         placed = {p.replica_id for p in self.plan.placements if p.pool == pool}
         reps = [r for r in self.sim.replicas.values() if r.alive and (r.endpoint.gang or r.rid) in placed]
         classes = [self.sim.config.classes[c] for c in spec.slo_classes if c in self.sim.config.classes] or \
             list(self.sim.config.classes.values())
+        ids = {rep.rid for rep in reps}
         mine = [r for _, r in self.recent if r.ok and (r.prefill_replica if spec.role == "prefill" else r.replica)
-                in {rep.rid for rep in reps}]
+                in ids]
+        cfg = self.settings.configs[pool]
+        q = cfg.slo_percentile
         latency = {c.name: ClassLatency(
-            ttft_p99_ms=_ms(_p99([r.ttft_s for r in mine if r.slo_class == c.name and r.ttft_s is not None])),
-            tpot_p99_ms=_ms(_p99([r.tpot_s for r in mine if r.slo_class == c.name and r.tpot_s is not None])),
+            ttft_ms=_ms(_percentile([r.ttft_s for r in mine if r.slo_class == c.name and r.ttft_s is not None], q)),
+            tpot_ms=_ms(_percentile([r.tpot_s for r in mine if r.slo_class == c.name and r.tpot_s is not None], q)),
             ttft_target_ms=c.ttft_ms, tpot_target_ms=c.tpot_ms) for c in classes}
+        samples = self.samples[pool]
+        admitted = self.admitted_before.get(pool, 0) + sum(
+            r.admitted for r in self.sim.replicas.values() if r.endpoint.pool == pool)
+        samples.append((t, float(sum(r.core.num_running for r in reps)), float(sum(r.core.num_waiting for r in reps)),
+                        admitted))
+        while len(samples) > 2 and samples[1][0] <= t - self.settings.look_back_s:
+            samples.popleft()
+        held = list(samples)[1:] or [samples[-1]]
+        span = t - samples[0][0]
+        capacity = None
+        if cfg.sizing_slo_share is not None and mine:
+            capacity = replica_capacity(spec, self.sim.topology, classes,
+                                        sum(r.prompt_tokens for r in mine) / len(mine),
+                                        sum(r.output_tokens for r in mine) / len(mine), cfg.sizing_slo_share)
         return PoolObservation(
             pool=pool, role=spec.role, replicas=len(placed),
-            running=float(sum(r.core.num_running for r in reps)), waiting=float(sum(r.core.num_waiting for r in reps)),
+            serving=len({r.endpoint.gang or r.rid for r in reps if r.endpoint.healthy}),
+            running=sum(x[1] for x in held) / len(held), waiting=sum(x[2] for x in held) / len(held),
+            request_rate=(admitted - samples[0][3]) / span if span > 0 else 0.0, capacity_rps=capacity,
             classes=latency)
 
     # acting
     def _grow(self, t: float, pool: str, count: int) -> None:
         policy = "island-aligned" if self.settings.kind == "topology" else "first-fit"
         held = frozenset(GpuRef(n, g) for p in self.retiring.values() for n, g in p.gpu_refs())
-        placed, missing = scale_out(self.plan, self.sim.topology, pool, count, policy, held)
+        placed, missing = scale_out(self.plan, self.sim.topology, pool, count, policy, held, frozenset(self.retiring))
         if missing:
             self.sim.log.append({"t": round(t, 3), "event": "scale_out_short", "pool": pool, "missing": missing})
         self.plan = replace(self.plan, placements=(*self.plan.placements, *placed))
@@ -126,6 +157,9 @@ class Autoscaler:
 
     def _register(self, rep: SimReplica) -> None:
         sim = self.sim
+        old = sim.replicas.get(rep.rid)
+        if old is not None:  # a released replica's id comes back: what it admitted still counts
+            self.admitted_before[old.endpoint.pool] = self.admitted_before.get(old.endpoint.pool, 0) + old.admitted
         sim.replicas[rep.rid] = rep
         model = rep.endpoint.model
         sim.by_model.setdefault(model, []).append(rep)

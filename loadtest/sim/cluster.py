@@ -121,7 +121,8 @@ class Simulation:
         gpu_hours = self.autoscaler.gpu_hours(now) if self.autoscaler is not None else \
             self.config.plan.gpus_used * now / 3600.0
         return SimResult(results=sorted(self.results, key=lambda r: r.index), duration_s=now, events=self.count,
-                         log=self.log, gpu_hours=gpu_hours)
+                         log=self.log, gpu_hours=gpu_hours,
+                         timeline=self.autoscaler.timeline if self.autoscaler is not None else [])
 
     # routing (the live router's decision functions, on the live router's kind of snapshot)
     def _candidates(self, model: str) -> list[Candidate]:
@@ -192,6 +193,7 @@ class Simulation:
         core.add(req.rid, prompt, max_tokens, priority=req.cls.priority, hold_kv=hold, remote_prefill=remote)
         rep.requests.add(req.rid)
         rep.inflight += 1
+        rep.admitted += 1
         self._refresh(rep)
         if rep.phase is Phase.IDLE:
             self._start(t, rep, rep.version)

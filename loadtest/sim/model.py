@@ -51,12 +51,14 @@ class AutoscaleSettings:
     """From a scale-out decision to the replica serving (weights load, engine start)."""
     window_s: float = 30.0
     """The latency percentiles the policy sees cover requests that ended this recently."""
+    look_back_s: float = 30.0
+    """Load and arrival rate are averaged over this long (Ray Serve's `look_back_period_s`)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("topology", "blind"):
             raise ValueError(f"autoscaler {self.kind!r}: topology or blind")
-        if self.interval_s <= 0 or self.startup_s < 0 or self.window_s <= 0:
-            raise ValueError("autoscaler: interval_s and window_s > 0, startup_s >= 0")
+        if self.interval_s <= 0 or self.startup_s < 0 or self.window_s <= 0 or self.look_back_s <= 0:
+            raise ValueError("autoscaler: interval_s, window_s and look_back_s > 0, startup_s >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +119,9 @@ class SimResult:
     """Faults, drains, re-routes and scale events, with their virtual times."""
     gpu_hours: float = 0.0
     """GPUs held (placed, starting or draining) integrated over the run."""
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    """With an autoscaler: at each of its ticks, per pool, replicas in the plan and serving, and
+    GPUs held (`{"t", "pool", "replicas", "serving", "gpus"}`)."""
 
 
 def result_of(req: _Req, t: float, outcome: str) -> RequestResult:

@@ -39,6 +39,8 @@ class SimReplica:
     pending: StepResult | None = None
     run: DecodeRun | None = None
     inflight: int = 0
+    admitted: int = 0
+    """Requests (or PD legs) sent to it so far: its pool's arrival rate (`loadtest.sim.autoscale`)."""
     latency_ms: float = 0.0
     scraped: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """running, waiting, KV usage as of the router's last scrape."""

@@ -39,26 +39,15 @@ def removal_order(candidates: Sequence[Removable]) -> list[str]:
     return [c.replica_id for c in sorted(candidates, key=key)]
 
 
-def next_ids(plan: PlacementPlan, pool: str, count: int) -> tuple[str, ...]:
-    """Ids for `count` new replicas of `pool`: the lowest `<pool>-<k>` not in the plan."""
-    used = {p.replica_id for p in plan.placements}
-    out: list[str] = []
-    k = 0
-    while len(out) < count:
-        rid = f"{pool}-{k}"
-        if rid not in used:
-            out.append(rid)
-        k += 1
-    return tuple(out)
-
-
 def scale_out(plan: PlacementPlan, topology: Topology, pool: str, count: int, policy: str,
-              held: frozenset[GpuRef] = frozenset()) -> tuple[list[ReplicaPlacement], int]:
+              held: frozenset[GpuRef] = frozenset(), taken: frozenset[str] = frozenset()
+              ) -> tuple[list[ReplicaPlacement], int]:
     """Placements for `count` more replicas of `pool` on the free GPUs (and how many could not be
-    placed), by `policy`; the plan's other replicas stay where they are."""
+    placed), by `policy`; the plan's other replicas stay where they are. `held`: GPUs of replicas
+    that left the plan but still drain; `taken`: their ids (a new replica never reuses one)."""
     spec = plan.pool(pool)
     occupied = frozenset(GpuRef(n, g) for p in plan.placements for n, g in p.gpu_refs()) | held
-    ids = next_ids(plan, pool, count)
+    ids = plan.new_ids(pool, count, taken)
     request = PlacementRequest(topology=topology, pools=(replace(spec, replicas=count),),
                                slo_classes=plan.slo_classes, occupied=occupied, ids={pool: ids})
     fresh = get_policy(policy).place(request)

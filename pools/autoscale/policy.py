@@ -5,16 +5,28 @@ Ray Serve's `autoscaling_config` vocabulary where it fits (`min_replicas`, `max_
 `target_ongoing_requests`, `upscale_delay_s`, `downscale_delay_s`, `upscaling_factor`,
 `downscaling_factor`), plus the SLO signals Dynamo's planner scales on:
 
-    load        desired = ceil(ongoing requests / target_ongoing_requests) (Ray Serve's rule),
-                scaled by the factors, within [min_replicas, max_replicas]
-    SLOs        a loaded prefill pool whose TTFT p99, or decode pool whose TPOT p99, is over
-                `slo_headroom` of a class's target (each class against its own) wants at least
-                one more replica; a pool within `slo_slack` of its targets with no queue may
-                lose one
-    sizing      the sizing model's prediction for the observed rate is a floor while the pool
-                is over its SLO (it says how many, not only "more")
+    load        desired = ceil(ongoing requests / target_ongoing_requests) (Ray Serve's rule; the
+                adapter averages the load over its look-back period, as Ray Serve does)
+    prediction  desired >= ceil(request rate / one replica's capacity at the SLO targets), the
+                capacity coming from the sizing model (`pools.autoscale.predict`): Dynamo's SLA
+                planner sizes each phase this way. It reacts to a load step as soon as the
+                rate shows it, before a queue forms, and keeps a pool from shrinking below what
+                its rate needs
+    learning    the sizing model prices the mean request; the pool's own p99 says what one
+                replica really carries. When a loaded pool misses its targets, the rate per
+                serving replica it was carrying becomes a bound on the capacity (as Dynamo's
+                planner corrects its model by observed latency); a loaded pool that is well
+                within its targets at a higher rate per replica lifts the bound again
+    SLOs        a loaded prefill pool whose TTFT, or decode pool whose TPOT, at `slo_percentile`
+                (p95: what 95 % of requests meet) is over `slo_headroom` of a class's target
+                (each class against its own) wants at least one more replica; a loaded pool
+                over `slo_slack` of its targets may not shrink
+    factors     a change moves `upscaling_factor` / `downscaling_factor` of the way to the
+                target (at least one replica), within [min_replicas, max_replicas]
     delays      a change is made only after it has been wanted for `upscale_delay_s` (up) or
-                `downscale_delay_s` (down) and not within `cooldown_s` of the pool's last one
+                `downscale_delay_s` (down) and not within `cooldown_s` of the pool's last one;
+                scale-in goes to the most replicas any tick of its delay wanted (Kubernetes
+                HPA's scale-down stabilization window: a lull in the delay does not decide)
 
 Each decision says why, in words an operator reads in `isle status`.
 """
@@ -31,6 +43,8 @@ QUEUE_SHARE = 0.5
 """A late p99 counts only while the pool is loaded (a queue, or more than this share of its
 target in flight): a latency that more replicas cannot improve (the longest prompt's prefill,
 one decode step's floor) must not grow the pool forever."""
+BOUND_DOUBLING_S = 300.0
+"""The learned capacity bound doubles back towards the sizing model's figure this often."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,10 +58,16 @@ class AutoscalingConfig:
     cooldown_s: float = 10.0
     upscaling_factor: float = 1.0
     downscaling_factor: float = 1.0
+    slo_percentile: float = 95.0
+    """The tail latency judged against the targets: the share of requests that should meet them
+    (p95: 95 % of a class's requests within its TTFT or TPOT target)."""
     slo_headroom: float = 0.9
     """Over this share of a target: the pool is short."""
     slo_slack: float = 0.75
     """Under this share of every target, with no queue: the pool may shrink."""
+    sizing_slo_share: float | None = 0.8
+    """The sizing model's capacity per replica is taken at this share of the targets (its mean
+    request within it leaves the p99 the rest); None: no prediction (`pools.autoscale.predict`)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -60,18 +80,23 @@ class AutoscalingConfig:
             problems.append("delays and cooldown are seconds >= 0")
         if self.upscaling_factor <= 0 or self.downscaling_factor <= 0:
             problems.append("scaling factors must be positive")
+        if not 50 <= self.slo_percentile < 100:
+            problems.append("slo_percentile must be in [50, 100)")
         if not 0 < self.slo_slack < self.slo_headroom <= 1.5:
             problems.append("need 0 < slo_slack < slo_headroom <= 1.5")
+        if self.sizing_slo_share is not None and not 0 < self.sizing_slo_share <= 1.5:
+            problems.append("sizing_slo_share must be in (0, 1.5] (or null: no prediction)")
         if problems:
             raise ValueError("autoscaling: " + "; ".join(problems))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClassLatency:
-    """One SLO class's tail latency on the pool over the window, next to its targets."""
+    """One SLO class's tail latency on the pool over the window (at the config's
+    `slo_percentile`), next to its targets."""
 
-    ttft_p99_ms: float | None = None
-    tpot_p99_ms: float | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
     ttft_target_ms: float | None = None
     tpot_target_ms: float | None = None
 
@@ -83,23 +108,28 @@ class PoolObservation:
     pool: str
     role: Role
     replicas: int
-    """Serving now (starting ones count: they were decided already)."""
+    """In the plan (starting ones count: they were decided already)."""
+    serving: int | None = None
+    """Of those, taking traffic now (None: all of them)."""
     running: float = 0.0
     waiting: float = 0.0
     request_rate: float = 0.0
-    ttft_p99_ms: float | None = None
-    tpot_p99_ms: float | None = None
-    ttft_target_ms: float | None = None
-    """With `ttft_p99_ms`: one latency for the whole pool against one target (the strictest)."""
-    tpot_target_ms: float | None = None
+    """Requests per second sent to the pool over the look-back period."""
     classes: Mapping[str, ClassLatency] = field(default_factory=dict)
-    """Per SLO class: each class's p99 is judged against its own targets (preferred)."""
-    predicted_replicas: int | None = None
-    """What the sizing model says the observed rate needs (None: no prediction)."""
+    """Per SLO class: each class's tail latency is judged against its own targets."""
+    capacity_rps: float | None = None
+    """Requests per second one replica serves within the SLO targets (the sizing model's; None:
+    no prediction, the load and SLO rules alone)."""
 
     @property
     def ongoing(self) -> float:
         return self.running + self.waiting
+
+    @property
+    def per_replica_rps(self) -> float | None:
+        """The rate each serving replica carries (None: some are still starting, or none serve)."""
+        serving = self.replicas if self.serving is None else self.serving
+        return self.request_rate / serving if serving == self.replicas and serving > 0 else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +148,9 @@ class PoolState:
     since_s: float = 0.0
     """When it started wanting it."""
     last_change_s: float = -math.inf
+    capacity_bound_rps: float | None = None
+    """What the pool's own latencies say one replica carries at most (module docstring)."""
+    learned_at_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,53 +158,81 @@ class AutoscalerState:
     pools: Mapping[str, PoolState] = field(default_factory=dict)
 
 
-def desired(obs: PoolObservation, cfg: AutoscalingConfig) -> tuple[int, str]:
+def desired(obs: PoolObservation, cfg: AutoscalingConfig, capacity_bound_rps: float | None = None
+            ) -> tuple[int, str]:
     """The replica count the pool should have now, and why."""
-    n = max(obs.replicas, 1)
-    by_load = math.ceil(obs.ongoing / cfg.target_ongoing_requests) if obs.ongoing > 0 else cfg.min_replicas
-    if by_load > obs.replicas:
-        by_load = obs.replicas + math.ceil((by_load - obs.replicas) * cfg.upscaling_factor)
-    elif by_load < obs.replicas:
-        by_load = obs.replicas - math.floor((obs.replicas - by_load) * cfg.downscaling_factor)
-    reasons = [f"{obs.ongoing:g} requests in flight for {n} replicas (target {cfg.target_ongoing_requests:g} each)"]
-    want = by_load
+    n = obs.replicas
+    want = math.ceil(obs.ongoing / cfg.target_ongoing_requests - 1e-9) if obs.ongoing > 0 else cfg.min_replicas
+    reasons = [f"{obs.ongoing:.3g} requests in flight for {n} replicas (target {cfg.target_ongoing_requests:g} each)"]
+    capacity = _capacity(obs.capacity_rps, capacity_bound_rps)
+    if capacity is not None:
+        predicted = math.ceil(obs.request_rate / capacity - 1e-9)
+        learned = capacity_bound_rps is not None and capacity == capacity_bound_rps
+        reasons.append(f"{obs.request_rate:.3g} req/s needs {predicted} at {capacity:.3g} req/s each"
+                       + (" (as the pool's latency showed)" if learned else ""))
+        want = max(want, predicted)
     late = _slo_ratio(obs)
-    queued = obs.waiting > QUEUE_SHARE * cfg.target_ongoing_requests or \
-        obs.ongoing > QUEUE_SHARE * cfg.target_ongoing_requests * n
-    if late is not None and late > cfg.slo_headroom and queued:
-        floor = max(obs.replicas + 1, obs.predicted_replicas or 0)
-        want = max(want, floor)
-        reasons.append(f"{_slo_text(obs)} is {late:.0%} of its target (over {cfg.slo_headroom:.0%})"
-                       + (f"; sizing predicts {obs.predicted_replicas}" if obs.predicted_replicas else ""))
-    elif want < obs.replicas and late is not None and late > cfg.slo_slack and queued:
-        want = obs.replicas
-        reasons.append(f"{_slo_text(obs)} at {late:.0%} of its target: not idle enough to shrink")
-    elif want < obs.replicas and obs.waiting > QUEUE_SHARE * cfg.target_ongoing_requests:
-        want = obs.replicas
-        reasons.append(f"{obs.waiting:g} waiting: not shrinking under a queue")
-    want = min(max(want, cfg.min_replicas), cfg.max_replicas)
-    if want == cfg.max_replicas and by_load > cfg.max_replicas:
+    if late is not None and late > cfg.slo_headroom and _loaded(obs, cfg):
+        want = max(want, n + 1)
+        reasons.append(f"{_slo_text(obs, cfg)} is {late:.0%} of its target (over {cfg.slo_headroom:.0%})")
+    elif want < n and late is not None and late > cfg.slo_slack and _loaded(obs, cfg, want):
+        want = n
+        reasons.append(f"{_slo_text(obs, cfg)} at {late:.0%} of its target: not idle enough to shrink")
+    elif want < n and obs.waiting > QUEUE_SHARE * cfg.target_ongoing_requests:
+        want = n
+        reasons.append(f"{obs.waiting:.3g} waiting: not shrinking under a queue")
+    if want > n:
+        want = n + max(1, math.ceil((want - n) * cfg.upscaling_factor - 1e-9))
+    elif want < n:
+        want = n - max(1, math.floor((n - want) * cfg.downscaling_factor + 1e-9))
+    capped = min(max(want, cfg.min_replicas), cfg.max_replicas)
+    if capped < want:
         reasons.append(f"capped at max_replicas {cfg.max_replicas}")
-    return want, "; ".join(reasons)
+    return capped, "; ".join(reasons)
+
+
+def _capacity(model_rps: float | None, bound_rps: float | None) -> float | None:
+    found = [c for c in (model_rps, bound_rps) if c is not None and c > 0]
+    return min(found) if found else None
+
+
+def _loaded(obs: PoolObservation, cfg: AutoscalingConfig, replicas: int | None = None) -> bool:
+    """A queue, or more than QUEUE_SHARE of the target in flight per replica (of `replicas`: the
+    count it would have after shrinking)."""
+    count = max(obs.replicas if replicas is None else replicas, 1)
+    return obs.waiting > QUEUE_SHARE * cfg.target_ongoing_requests or \
+        obs.ongoing > QUEUE_SHARE * cfg.target_ongoing_requests * count
+
+
+def learn(obs: PoolObservation, cfg: AutoscalingConfig, bound_rps: float | None, elapsed_s: float
+          ) -> float | None:
+    """The capacity bound after this observation (module docstring: learning), `elapsed_s` after
+    the last one: lowered to the rate per replica at which a loaded pool missed its targets, and
+    otherwise relaxed towards the sizing model (doubling every BOUND_DOUBLING_S), so one bad
+    window does not keep the pool large for good."""
+    rate, late = obs.per_replica_rps, _slo_ratio(obs)
+    if rate is not None and rate > 0 and late is not None and late > cfg.slo_headroom and _loaded(obs, cfg):
+        return rate if bound_rps is None else min(bound_rps, rate)
+    if bound_rps is None:
+        return None
+    relaxed = bound_rps * 2.0 ** (max(elapsed_s, 0.0) / BOUND_DOUBLING_S)
+    return None if obs.capacity_rps is not None and relaxed >= obs.capacity_rps else relaxed
 
 
 def _slo_ratio(obs: PoolObservation) -> float | None:
-    """The worst observed latency over its target for this pool's phase (per class when the
-    observation has classes)."""
-    latencies = list(obs.classes.values()) or [ClassLatency(
-        ttft_p99_ms=obs.ttft_p99_ms, tpot_p99_ms=obs.tpot_p99_ms, ttft_target_ms=obs.ttft_target_ms,
-        tpot_target_ms=obs.tpot_target_ms)]
+    """The worst observed tail latency over its target for this pool's phase, over the classes."""
     pairs = []
-    for c in latencies:
-        if obs.role in ("prefill", "mixed") and c.ttft_p99_ms is not None and c.ttft_target_ms:
-            pairs.append(c.ttft_p99_ms / c.ttft_target_ms)
-        if obs.role in ("decode", "mixed") and c.tpot_p99_ms is not None and c.tpot_target_ms:
-            pairs.append(c.tpot_p99_ms / c.tpot_target_ms)
+    for c in obs.classes.values():
+        if obs.role in ("prefill", "mixed") and c.ttft_ms is not None and c.ttft_target_ms:
+            pairs.append(c.ttft_ms / c.ttft_target_ms)
+        if obs.role in ("decode", "mixed") and c.tpot_ms is not None and c.tpot_target_ms:
+            pairs.append(c.tpot_ms / c.tpot_target_ms)
     return max(pairs) if pairs else None
 
 
-def _slo_text(obs: PoolObservation) -> str:
-    return "TTFT p99" if obs.role == "prefill" else "TPOT p99" if obs.role == "decode" else "latency p99"
+def _slo_text(obs: PoolObservation, cfg: AutoscalingConfig) -> str:
+    what = "TTFT" if obs.role == "prefill" else "TPOT" if obs.role == "decode" else "latency"
+    return f"{what} p{cfg.slo_percentile:g}"
 
 
 def on_tick(now_s: float, observations: Mapping[str, PoolObservation], configs: Mapping[str, AutoscalingConfig],
@@ -185,17 +246,23 @@ def on_tick(now_s: float, observations: Mapping[str, PoolObservation], configs: 
         if cfg is None:
             continue
         mine = pools.get(name, PoolState())
-        want, why = desired(obs, cfg)
+        if cfg.sizing_slo_share is not None:
+            bound = learn(obs, cfg, mine.capacity_bound_rps, now_s - mine.learned_at_s)
+            mine = replace(mine, capacity_bound_rps=bound, learned_at_s=now_s)
+        want, why = desired(obs, cfg, mine.capacity_bound_rps)
         if want == obs.replicas:
             pools[name] = replace(mine, wanted=0)
             continue
-        since = mine.since_s if mine.wanted and (mine.wanted > obs.replicas) == (want > obs.replicas) else now_s
+        up = want > obs.replicas
+        same = mine.wanted and (mine.wanted > obs.replicas) == up
+        since = mine.since_s if same else now_s
+        if same and not up:  # scale in to the most any tick of the delay wanted (HPA's stabilization window)
+            want = max(want, mine.wanted)
         pools[name] = replace(mine, wanted=want, since_s=since)
-        delay = cfg.upscale_delay_s if want > obs.replicas else cfg.downscale_delay_s
+        delay = cfg.upscale_delay_s if up else cfg.downscale_delay_s
         if now_s - since < delay or now_s - mine.last_change_s < cfg.cooldown_s:
             continue
         actions.append(Action(pool=name, delta=want - obs.replicas, target=want,
-                              reason=f"{'scale out' if want > obs.replicas else 'scale in'} {obs.replicas} -> "
-                                     f"{want}: {why}"))
-        pools[name] = PoolState(wanted=0, since_s=now_s, last_change_s=now_s)
+                              reason=f"{'scale out' if up else 'scale in'} {obs.replicas} -> {want}: {why}"))
+        pools[name] = replace(mine, wanted=0, since_s=now_s, last_change_s=now_s)
     return actions, AutoscalerState(pools=pools)

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from pools.autoscale.actions import Removable, removal_order, scale_out
-from pools.autoscale.policy import AutoscalerState, AutoscalingConfig, PoolObservation, desired, on_tick
+from pools.autoscale.policy import (
+    AutoscalerState,
+    AutoscalingConfig,
+    ClassLatency,
+    PoolObservation,
+    desired,
+    learn,
+    on_tick,
+)
 from pools.model import PlacementRequest, PoolSpec
 from pools.placement import place
 from topology.readers.spec import parse_spec
@@ -18,10 +26,12 @@ CFG = AutoscalingConfig(min_replicas=1, max_replicas=6, target_ongoing_requests=
 
 
 def obs(replicas: int, running: float, waiting: float = 0.0, role: str = "decode", tpot: float | None = None,
-        ttft: float | None = None, predicted: int | None = None) -> PoolObservation:
+        ttft: float | None = None, rate: float = 0.0, capacity: float | None = None,
+        serving: int | None = None) -> PoolObservation:
+    latency = ClassLatency(tpot_ms=tpot, tpot_target_ms=50.0, ttft_ms=ttft, ttft_target_ms=500.0)
     return PoolObservation(pool="decode", role=role, replicas=replicas, running=running, waiting=waiting,  # type: ignore[arg-type]
-                           tpot_p99_ms=tpot, tpot_target_ms=50.0, ttft_p99_ms=ttft, ttft_target_ms=500.0,
-                           predicted_replicas=predicted)
+                           classes={"interactive": latency}, request_rate=rate, capacity_rps=capacity,
+                           serving=serving)
 
 
 def test_load_sets_the_count_as_ray_serve_does_within_bounds() -> None:
@@ -33,8 +43,8 @@ def test_load_sets_the_count_as_ray_serve_does_within_bounds() -> None:
 
 def test_slo_pressure_adds_a_replica_while_loaded_and_sizing_says_how_many() -> None:
     want, why = desired(obs(2, 20, tpot=49.0), CFG)
-    assert want == 3 and "TPOT p99" in why
-    assert desired(obs(2, 20, tpot=60.0, predicted=5), CFG)[0] == 5
+    assert want == 3 and "TPOT p95" in why
+    assert desired(obs(2, 20, tpot=60.0, rate=10.0, capacity=2.0), CFG)[0] == 5
     assert desired(obs(2, 20, role="prefill", ttft=480.0), CFG)[0] == 3
     # a late p99 on an idle pool (one long prompt's prefill) is not something replicas fix: it does
     # not grow the pool (the load alone says one replica will do)
@@ -92,3 +102,36 @@ def test_scale_out_places_new_replicas_on_free_gpus_inside_islands() -> None:
     assert not taken & {(n, g) for p in ours for n, g in p.gpu_refs()}
     _, none_left = scale_out(plan, topo, "decode", 9, "island-aligned")
     assert none_left == 7
+
+
+def test_the_sizing_prediction_leads_the_load_rule_and_holds_the_floor() -> None:
+    """A step in the arrival rate shows before a queue: the prediction scales out at once; and a
+    pool whose in-flight count looks small keeps what its rate needs."""
+    want, why = desired(obs(2, 10, rate=9.0, capacity=1.5), CFG)
+    assert want == 6 and "9 req/s needs 6 at 1.5 req/s each" in why
+    assert desired(obs(5, 10, rate=6.0, capacity=1.5), CFG)[0] == 4  # load alone would say 1
+    assert desired(obs(5, 10, rate=6.0), CFG)[0] == 1  # no capacity: no prediction
+
+
+def test_a_missed_target_bounds_the_capacity_and_the_bound_relaxes() -> None:
+    """A loaded pool late at 1.2 req/s per replica: one replica carries no more than that; the
+    bound relaxes back towards the model (doubling every 300 s); not learnt while a replica starts."""
+    late = obs(3, 40, tpot=48.0, rate=3.6, capacity=2.0)
+    assert learn(late, CFG, None, 5.0) == pytest.approx(1.2)
+    assert learn(late, CFG, 1.0, 5.0) == pytest.approx(1.0)
+    calm = obs(3, 40, tpot=30.0, rate=3.6, capacity=2.0)
+    assert learn(calm, CFG, 1.0, 300.0) is None  # back at the model's 2.0: no bound
+    assert learn(calm, CFG, 0.5, 300.0) == pytest.approx(1.0)
+    assert learn(obs(3, 40, tpot=48.0, rate=3.6, capacity=2.0, serving=2), CFG, None, 5.0) is None
+    _, state = on_tick(0.0, {"decode": late}, {"decode": CFG}, AutoscalerState())
+    assert state.pools["decode"].capacity_bound_rps == pytest.approx(1.2)
+    want, why = desired(obs(3, 20, rate=3.6, capacity=2.0), CFG, state.pools["decode"].capacity_bound_rps)
+    assert want == 3 and "as the pool's latency showed" in why
+
+
+def test_scale_in_takes_the_most_any_tick_of_the_delay_wanted() -> None:
+    """Kubernetes HPA's stabilization window: a lull at the end of the delay does not decide."""
+    state = AutoscalerState()
+    for t, running in ((0.0, 48.0), (10.0, 64.0), (20.0, 16.0), (30.0, 16.0)):
+        actions, state = on_tick(t, {"decode": obs(6, running)}, {"decode": CFG}, state)
+    assert [(a.delta, a.target) for a in actions] == [(-2, 4)]

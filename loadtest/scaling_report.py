@@ -1,0 +1,161 @@
+"""Autoscalers compared (`python -m loadtest compare SCENARIO --autoscalers static,blind,topology`):
+the figures each row carries beyond the placement comparison's (attainment over the whole run and
+at the peak of the load step, GPU-hours, the replica timeline), the report's section with the
+verdict against static sizing, and its plots."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from loadtest.model import RequestResult
+from loadtest.summary import met_slo
+from pools.model import PlacementPlan, SLOClass
+
+GPU_HOURS_BAR = 0.70
+ATTAINMENT_POINTS_BAR = 0.05
+"""The issue's bar: within 5 points of static sizing's interactive attainment on at most 70 % of
+its GPU-hours."""
+
+
+def peak_window(workload: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The segment of a `rate_steps` workload with the largest factor: [start_s, end_s)."""
+    steps = workload.get("rate_steps")
+    if not steps:
+        return None
+    ends = [float(s[0]) for s in steps[1:]] + [float(workload.get("duration_s") or math.inf)]
+    best = max(range(len(steps)), key=lambda i: (float(steps[i][1]), -i))
+    return float(steps[best][0]), ends[best]
+
+
+def attainment_between(results: Sequence[RequestResult], classes: Mapping[str, SLOClass], start_s: float,
+                       end_s: float) -> dict[str, float]:
+    """Per class, the share of the requests sent in [start_s, end_s) that met their targets."""
+    out: dict[str, float] = {}
+    for name in sorted({r.slo_class for r in results}):
+        mine = [r for r in results if r.slo_class == name and start_s <= r.sent_s < end_s]
+        if mine:
+            out[name] = round(sum(1 for r in mine if met_slo(r, classes.get(name))) / len(mine), 4)
+    return out
+
+
+def row_figures(results: Sequence[RequestResult], classes: Mapping[str, SLOClass], workload: Mapping[str, Any],
+                timeline: Sequence[Mapping[str, Any]], plan: PlacementPlan, duration_s: float) -> dict[str, Any]:
+    """What an autoscaler row adds: `attainment_peak` and `peak_s` (with a load step), and the
+    timeline (a static run's: its plan throughout)."""
+    out: dict[str, Any] = {}
+    peak = peak_window(workload)
+    if peak is not None:
+        out["peak_s"] = [peak[0], peak[1] if math.isfinite(peak[1]) else duration_s]
+        out["attainment_peak"] = attainment_between(results, classes, *peak)
+    if not timeline:
+        timeline = [{"t": t, "pool": p.name, "replicas": sum(1 for x in plan.placements if x.pool == p.name),
+                     "serving": sum(1 for x in plan.placements if x.pool == p.name), "gpus": plan.gpus_used}
+                    for t in (0.0, round(duration_s, 3)) for p in plan.pools]
+    out["timeline"] = list(timeline)
+    return out
+
+
+def verdict(rows: Sequence[Mapping[str, Any]], focus: str = "interactive") -> list[str]:
+    """The topology-aware autoscaler against static sizing (the bar) and the topology-blind one."""
+    by = {r["autoscaler"]: r for r in rows if "autoscaler" in r}
+    static, topo, blind = by.get("static"), by.get("topology"), by.get("blind")
+    if static is None or topo is None:
+        return ["- Static sizing and the topology-aware autoscaler are both needed for a verdict."]
+    lines = []
+    share = topo["gpu_hours"] / static["gpu_hours"] if static["gpu_hours"] > 0 else math.inf
+    for key, where in (("attainment", "over the whole run"), ("attainment_peak", "at the peak")):
+        if key not in topo or focus not in topo[key] or focus not in static.get(key, {}):
+            continue
+        gap = static[key][focus] - topo[key][focus]
+        lines.append(f"- {focus} attainment {where}: topology {topo[key][focus]:.1%}, static {static[key][focus]:.1%} "
+                     f"({gap * 100:+.1f} points behind; bar: at most {ATTAINMENT_POINTS_BAR * 100:g})"
+                     + (f", blind {blind[key][focus]:.1%}" if blind is not None and focus in blind.get(key, {}) else "")
+                     + ".")
+    lines.append(f"- GPU-hours: topology {topo['gpu_hours']:.2f}, {share:.0%} of static's {static['gpu_hours']:.2f} "
+                 f"(bar: at most {GPU_HOURS_BAR:.0%})"
+                 + (f"; blind {blind['gpu_hours']:.2f}" if blind is not None else "") + ".")
+    met = share <= GPU_HOURS_BAR and static["attainment"].get(focus, 0.0) - topo["attainment"].get(focus, 0.0) \
+        <= ATTAINMENT_POINTS_BAR and (blind is None or topo["attainment"].get(focus, 0.0) >
+                                      blind["attainment"].get(focus, 0.0))
+    lines.append(f"- The bar (whole run): {'met' if met else 'not met'}.")
+    return lines
+
+
+def section(rows: Sequence[Mapping[str, Any]], classes: Sequence[str]) -> list[str]:
+    """The report's autoscaling section."""
+    auto = [r for r in rows if "autoscaler" in r]
+    if not auto:
+        return []
+    out = ["## Autoscalers", "",
+           "`static`: the scenario's replica counts throughout (sized for the peak). `blind`: the autoscaling "
+           "policy placing new replicas with first-fit and removing the newest first. `topology`: the same "
+           "policy placing with the scenario's placement policy and removing the replica on the worst links "
+           "first. GPU-hours count every GPU a replica holds, from the decision to start it until it is "
+           "released after draining.", "", *verdict(auto), "",
+           "| autoscaler | " + " | ".join(f"{c} SLO met (peak)" for c in classes)
+           + " | GPU-hours | scale events | TPOT p99 ms |",
+           "|---|" + "---:|" * len(classes) + "---:|---:|---:|"]
+    for r in auto:
+        peak = r.get("attainment_peak", {})
+        cells = [f"{r['attainment'].get(c, math.nan):.1%} ({peak[c]:.1%})" if c in peak else
+                 f"{r['attainment'].get(c, math.nan):.1%}" for c in classes]
+        out.append(f"| {r['autoscaler']} | " + " | ".join(cells) + f" | {r['gpu_hours']:.2f} | {r['scale_events']} | "
+                   f"{r['tpot_p99_ms']:.1f} |")
+    out += ["", "Plots: `autoscaling_replicas.png` (replicas serving over time), `autoscaling_summary.png` "
+            "(attainment and GPU-hours).", ""]
+    return out
+
+
+def write_plots(rows: Sequence[Mapping[str, Any]], out: Any) -> None:
+    auto = [r for r in rows if "autoscaler" in r]
+    if not auto:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for r in auto:
+        pools = sorted({p["pool"] for p in r["timeline"]})
+        for pool in pools:
+            points = [p for p in r["timeline"] if p["pool"] == pool]
+            label = r["autoscaler"] + (f" {pool}" if len(pools) > 1 else "")
+            ax.step([p["t"] for p in points], [p["serving"] for p in points], where="post", label=label)
+    peak = next((r["peak_s"] for r in auto if "peak_s" in r), None)
+    if peak is not None:
+        ax.axvspan(peak[0], peak[1], color="grey", alpha=0.12, label="peak of the load step")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("replicas serving")
+    ax.set_title("Replicas serving over the load step, per autoscaler")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "autoscaling_replicas.png", dpi=110)
+    plt.close(fig)
+
+    classes = sorted({c for r in auto for c in r["attainment"]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    width = 0.8 / max(len(auto), 1)
+    for i, r in enumerate(auto):
+        xs = [j + i * width for j in range(len(classes))]
+        left.bar(xs, [r["attainment"].get(c, 0.0) * 100 for c in classes], width=width, label=f"{r['autoscaler']}")
+        if "attainment_peak" in r:
+            left.scatter(xs, [r["attainment_peak"].get(c, 0.0) * 100 for c in classes], color="black", marker="_",
+                         s=200, zorder=3)
+    left.set_xticks([j + width * (len(auto) - 1) / 2 for j in range(len(classes))], classes)
+    left.set_ylabel("requests meeting their SLO (%; black: at the peak)")
+    left.set_ylim(0, 105)
+    left.set_title("SLO attainment per class")
+    left.legend()
+    left.grid(alpha=0.3, axis="y")
+    right.bar([r["autoscaler"] for r in auto], [r["gpu_hours"] for r in auto],
+              color=[f"C{i}" for i in range(len(auto))])
+    right.set_ylabel("GPU-hours")
+    right.set_title("GPUs held over the run")
+    right.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(out / "autoscaling_summary.png", dpi=110)
+    plt.close(fig)
