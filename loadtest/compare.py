@@ -25,7 +25,6 @@ from loadtest.sim.cluster import simulate
 from loadtest.sim.model import AutoscaleSettings, SimConfig
 from loadtest.summary import summarize
 from pools import catalog
-from pools.autoscale.policy import AutoscalingConfig
 from pools.gangcost import gang_links
 from pools.model import ExpertChoice, PlacementPlan, PlacementRequest, PoolSpec
 from pools.moecost import moe_step
@@ -81,9 +80,8 @@ def autoscale_settings(scenario: Scenario, autoscaler: str) -> tuple[tuple[PoolS
     pools = scenario.pools()
     if auto is None or autoscaler == "static":
         return pools, None
-    start = {name: c.initial_replicas if c.initial_replicas is not None else c.min_replicas
-             for name, c in auto.pools.items()}
-    configs = {name: AutoscalingConfig(**c.model_dump(exclude={"initial_replicas"})) for name, c in auto.pools.items()}
+    start = {name: c.initial(None) for name, c in auto.pools.items()}
+    configs = {name: c.policy() for name, c in auto.pools.items()}
     return (tuple(replace(p, replicas=start.get(p.name, p.replicas)) for p in pools),
             AutoscaleSettings(kind=autoscaler, configs=configs, interval_s=auto.interval_s, startup_s=auto.startup_s,
                               window_s=auto.window_s, look_back_s=auto.look_back_s))

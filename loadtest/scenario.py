@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from loadtest.sim.model import Fault
-from pools.config import PoolConfig, SLOClassConfig
+from pools.config import AutoscalingPoolConfig, PoolConfig, SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
 from router.config import PDConfig, ProfileConfig
 from router.decision import Profile, check_profile
@@ -46,27 +46,8 @@ class RoutingConfig(_Strict):
     scrape_interval_s: float = Field(default=0.5, gt=0)
 
 
-class AutoscalePoolConfig(_Strict):
-    """Ray Serve's autoscaling_config fields, plus the SLO thresholds (`pools.autoscale.policy`)."""
-
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=8, ge=1)
-    initial_replicas: int | None = Field(default=None, ge=0, description="default: min_replicas")
-    target_ongoing_requests: float = Field(default=32.0, gt=0)
-    upscale_delay_s: float = Field(default=10.0, ge=0)
-    downscale_delay_s: float = Field(default=60.0, ge=0)
-    cooldown_s: float = Field(default=10.0, ge=0)
-    upscaling_factor: float = Field(default=1.0, gt=0)
-    downscaling_factor: float = Field(default=1.0, gt=0)
-    slo_percentile: float = Field(default=95.0, ge=50, lt=100, description="tail latency judged against the targets")
-    slo_headroom: float = Field(default=0.9, gt=0)
-    slo_slack: float = Field(default=0.75, gt=0)
-    sizing_slo_share: float | None = Field(default=0.8, gt=0, description="capacity per replica from the sizing "
-                                           "model at this share of the targets (null: no prediction)")
-
-
 class AutoscaleScenarioConfig(_Strict):
-    pools: dict[str, AutoscalePoolConfig] = Field(min_length=1)
+    pools: dict[str, AutoscalingPoolConfig] = Field(min_length=1)
     interval_s: float = Field(default=5.0, gt=0)
     startup_s: float = Field(default=30.0, ge=0, description="decision to serving (weights load, engine start)")
     window_s: float = Field(default=30.0, gt=0)

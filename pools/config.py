@@ -4,6 +4,7 @@
       - {name: prefill, role: prefill, tp: 4, replicas: 2, model: llama-3.1-70b, slo_classes: [interactive]}
       - {name: decode, role: decode, tp: 2, replicas: auto, model: llama-3.1-70b}
         vllm: {model: meta-llama/Llama-3.1-70B-Instruct}   # optional: the real server (pools.vllm.config)
+        autoscaling: {min_replicas: 1, max_replicas: 6}    # optional: follow the load (pools.autoscale)
     slo_classes:                      # optional; defaults: interactive, standard, batch
       - {name: interactive, priority: 0, ttft_ms: 500, tpot_ms: 50}
 """
@@ -15,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pools import catalog
+from pools.autoscale.policy import AutoscalingConfig
 from pools.model import DEFAULT_SLO_CLASSES, ExpertChoice, PoolSpec, SLOClass
 from pools.vllm.config import VllmPoolConfig
 from topology.configfile import load_yaml_file, validate_mapping
@@ -38,6 +40,48 @@ class SLOClassConfig(_Strict):
         return SLOClass(**self.model_dump())
 
 
+class AutoscalingPoolConfig(_Strict):
+    """A pool that follows the load: Ray Serve's `autoscaling_config` fields, plus the SLO and
+    prediction settings of `pools.autoscale.policy` (whose docstring says how they combine)."""
+
+    min_replicas: int = Field(default=1, ge=0, description="never fewer replicas")
+    max_replicas: int = Field(default=8, ge=1, description="never more replicas")
+    initial_replicas: int | None = Field(default=None, ge=0, description="at deploy (default: the pool's `replicas`, "
+                                                                        "else min_replicas)")
+    target_ongoing_requests: float = Field(default=32.0, gt=0, description="requests in flight per replica aimed at")
+    upscale_delay_s: float = Field(default=10.0, ge=0, description="how long a scale-out must be wanted")
+    downscale_delay_s: float = Field(default=60.0, ge=0, description="how long a scale-in must be wanted")
+    cooldown_s: float = Field(default=10.0, ge=0, description="no change this soon after the last one")
+    upscaling_factor: float = Field(default=1.0, gt=0, description="share of the way to the target per scale-out")
+    downscaling_factor: float = Field(default=1.0, gt=0, description="share of the way to the target per scale-in")
+    slo_percentile: float = Field(default=95.0, ge=50, lt=100, description="the tail latency judged against the "
+                                                                           "SLO targets")
+    slo_headroom: float = Field(default=0.9, gt=0, description="over this share of a target: the pool is short")
+    slo_slack: float = Field(default=0.75, gt=0, description="over this share of a target: the pool may not shrink")
+    sizing_slo_share: float | None = Field(default=0.8, gt=0, description="one replica's capacity from the sizing "
+                                           "model at this share of the targets (null: no prediction)")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingPoolConfig:
+        self.policy()  # the policy's own checks, every problem at once
+        if self.initial_replicas is not None and not self.min_replicas <= self.initial_replicas <= self.max_replicas:
+            raise ValueError(f"initial_replicas {self.initial_replicas} is outside [min_replicas {self.min_replicas}, "
+                             f"max_replicas {self.max_replicas}]")
+        return self
+
+    def policy(self) -> AutoscalingConfig:
+        return AutoscalingConfig(**self.model_dump(exclude={"initial_replicas"}))
+
+    def initial(self, replicas: int | None) -> int:
+        """The count a deployment starts from: `initial_replicas`, else the pool's own count
+        within [min_replicas, max_replicas], else min_replicas."""
+        if self.initial_replicas is not None:
+            return self.initial_replicas
+        if replicas is None:
+            return self.min_replicas
+        return min(max(replicas, self.min_replicas), self.max_replicas)
+
+
 class ExpertsConfig(_Strict):
     policy: Literal["topology", "eplb", "linear"] = Field(default="topology", description="expert placement policy")
     load: str = Field(default="zipf:1.3", description="expert load: a load file or zipf:SKEW[:SEED]")
@@ -58,6 +102,8 @@ class PoolConfig(_Strict):
     require_domain: bool = Field(default=False, description="a gang no NVLink domain can hold stays unplaced")
     experts: ExpertsConfig | None = Field(default=None, description="EP gangs: compute the expert map with the plan")
     vllm: VllmPoolConfig | None = Field(default=None, description="this pool's vLLM server (engine vllm)")
+    autoscaling: AutoscalingPoolConfig | None = Field(
+        default=None, description="follow the load (`replicas` is then the count it starts from)")
 
     def spec(self, replicas: int) -> PoolSpec:
         return PoolSpec(name=self.name, role=self.role, tp=self.tp, replicas=replicas, model=self.model,
@@ -148,8 +194,14 @@ class PoolsConfig(_Strict):
                 count = auto_counts[p.name]
             else:
                 count = p.replicas
+            if p.autoscaling is not None:
+                count = p.autoscaling.initial(count)
             specs.append(p.spec(count))
         return tuple(specs)
+
+    def autoscaling(self) -> dict[str, AutoscalingConfig]:
+        """The pools that follow the load, with their policy settings."""
+        return {p.name: p.autoscaling.policy() for p in self.pools if p.autoscaling is not None}
 
     def check_domains(self, largest_domain: int) -> None:
         """A pool that requires one NVLink domain asks for no more GPUs than the largest has."""

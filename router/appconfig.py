@@ -12,6 +12,7 @@ validated by pydantic with every problem reported at once, and the plan they wou
           vllm: {venv: ..., ports: {http: [8100, 8199], side_channel: [5600, 5699]}}   # engine vllm
           bench_on_change: false                        # topology bench at deploy and after changes
           bench_interval_s: 0                           # and on a schedule (0: never)
+          autoscaling: {interval_s: 5, look_back_s: 10, window_s: 60}   # pools with `autoscaling:`
           router: {port: 8000, keys: [...], admin_keys: [...], ...}
 """
 
@@ -33,6 +34,18 @@ from topology import Topology
 from topology.configfile import load_yaml_file, validate_mapping
 from topology.errors import ParseError
 from topology.readers import read_source
+
+
+class AutoscaleLoopConfig(BaseModel):
+    """The live autoscaler's loop; each pool's own settings are its `autoscaling:` block."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    interval_s: float = Field(default=5.0, gt=0, description="a decision this often (the health loop runs every "
+                                                             "2 s: shorter acts as 2 s)")
+    look_back_s: float = Field(default=10.0, gt=0, description="load and arrival rate averaged over this long")
+    window_s: float = Field(default=60.0, gt=0, description="tail latencies over this long")
+    drain_timeout_s: float = Field(default=600.0, gt=0, description="a scaled-in replica stops once idle, or after "
+                                                                    "this long at the latest")
 
 
 class AppArgs(BaseModel):
@@ -62,6 +75,9 @@ class AppArgs(BaseModel):
     bench_size_mib: float | None = Field(default=None, gt=0, description="bench message size (default: 256 MiB "
                                                                          "on NCCL, 8 MiB on gloo)")
     bench_iters: int | None = Field(default=None, ge=1, description="bench timed iterations (default 20 / 5)")
+    autoscaling: AutoscaleLoopConfig = Field(
+        default_factory=lambda: AutoscaleLoopConfig(),
+        description="the autoscaler's loop, for pools with `autoscaling:` (pools.controller.autoscaling)")
 
     @model_validator(mode="before")
     @classmethod

@@ -123,6 +123,7 @@ class Flight:
         cand = self.cand = self.order[self.tried]
         self.tried += 1
         r.replicas.opened(cand.endpoint.replica_id)
+        r.metrics.child(r.metrics.sent, cand.endpoint.pool).inc()
         self.status, self.bad, self.parts, self.streaming = 0, "", [], False
         up = r.upstream
         # an engine answers a non-stream request only when it is done: wait for the whole of it

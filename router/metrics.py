@@ -137,6 +137,8 @@ class RouterMetrics:
         self.requests = Family("isle_router_requests", "Requests by SLO class and outcome", ["slo_class", "outcome"])
         self.rejections = Family("isle_router_rejections", "Requests refused, by SLO class ('unknown' before the "
                                  "class is known) and cause", ["slo_class", "cause"])
+        self.sent = Family("isle_router_pool_requests", "Requests (and PD legs) sent to a pool's replicas, "
+                           "retries included (the autoscaler's arrival rate)", ["pool"])
         self.decision = Family("isle_router_decision_seconds", "Time to make a routing decision", [], FAST)
         self.plugins = Family("isle_router_plugin_duration_seconds", "Time of one routing plugin's stage in a "
                               "sampled decision (router/plugins/timing.py)", ["plugin", "kind"], PLUGIN)
@@ -146,6 +148,8 @@ class RouterMetrics:
         """Requests in flight by class: admission's own counts, read when /metrics is scraped."""
         self.peers: Sequence[Mapping[str, Any]] = ()
         """Sibling workers' snapshots, set only while rendering a merged view."""
+        self.autoscaling: Mapping[str, Any] = {}
+        """The controller's autoscaler as it last answered a load report (`isle_autoscale_*`)."""
         r.register(_Families(self))
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -159,13 +163,13 @@ class RouterMetrics:
         return found
 
     def families(self) -> tuple[Family, ...]:
-        return (self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.rejections, self.decision,
-                self.plugins)
+        return (self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.rejections, self.sent,
+                self.decision, self.plugins)
 
     def snapshot(self) -> dict[str, Any]:
         """This worker's series as JSON, for the sibling that answers a scrape."""
         return {"families": {f.name: f.snapshot() for f in self.families()}, "inflight": dict(self.inflight),
-                "healthy": dict(self.healthy)}
+                "healthy": dict(self.healthy), "autoscaling": dict(self.autoscaling)}
 
     def render(self, peers: Sequence[Mapping[str, Any]] = ()) -> bytes:
         """The exposition text: this worker's series plus its siblings' snapshots."""
@@ -202,6 +206,34 @@ class _Families(Collector):
         for replica, value in sorted(views.items()):
             healthy.add_metric([replica], value)
         yield healthy
+        yield from autoscale_families(m.autoscaling or next(
+            (p["autoscaling"] for p in m.peers if p.get("autoscaling")), {}))  # the leader follows the controller
+
+
+def autoscale_families(view: Mapping[str, Any]) -> Iterator[Metric]:
+    """The controller's autoscaler (`pools.controller.autoscaling.Autoscaling.status`): each pool's
+    replicas (placed, serving, wanted, bounds), what it saw, and its decisions so far."""
+    pools: Mapping[str, Any] = view.get("pools", {}) if view else {}
+    replicas = GaugeMetricFamily("isle_autoscale_replicas", "An autoscaled pool's replicas: placed (starting "
+                                 "included), serving, wanted (the policy's count), min and max",
+                                 labels=["pool", "state"])
+    rate = GaugeMetricFamily("isle_autoscale_request_rate", "Requests per second the autoscaler saw sent to the pool",
+                             labels=["pool"])
+    capacity = GaugeMetricFamily("isle_autoscale_capacity_rps", "Requests per second one replica carries within "
+                                 "the SLO targets, as the autoscaler counts it (sizing model, learnt bound)",
+                                 labels=["pool"])
+    decisions = CounterMetricFamily("isle_autoscale_decisions", "Scale decisions the autoscaler acted on",
+                                    labels=["pool", "direction"])
+    for name, p in sorted(pools.items()):
+        for state in ("placed", "serving", "wanted", "min", "max"):
+            if p.get(state) is not None:
+                replicas.add_metric([name, state], float(p[state]))
+        rate.add_metric([name], float(p.get("request_rate", 0.0)))
+        if p.get("capacity_rps") is not None:
+            capacity.add_metric([name], float(p["capacity_rps"]))
+        for direction in ("out", "in"):
+            decisions.add_metric([name, direction], float(p.get(f"scaled_{direction}", 0)))
+    yield from (replicas, rate, capacity, decisions)
 
 
 def _go(bound: float) -> str:

@@ -60,6 +60,7 @@ async def _prefill(ctx: FlightContext, call: Call, pcand: Candidate, request_id:
         first.pop(key, None)
     rid = pcand.endpoint.replica_id
     ctx.replicas.opened(rid)
+    ctx.metrics.child(ctx.metrics.sent, pcand.endpoint.pool).inc()
     t0 = ctx.clock()
     try:
         ex = await relay.start(ctx.relay, pcand.endpoint.url, call.path, orjson.dumps(first), JSON_HEADERS,

@@ -19,6 +19,8 @@ from typing import Any
 
 from pools.controller.controller import ControllerSpec
 from pools.controller.measure import BenchPolicy
+from pools.controller.spec import AutoscaleSpec
+from pools.sizing import parse_workload
 from pools.routing import RoutingTable
 from router.appconfig import AppArgs, parse_app_args
 from router.run import ready_line
@@ -49,10 +51,16 @@ def controller_spec(args: AppArgs) -> ControllerSpec:
     bench = BenchPolicy(on_change=args.bench_on_change, interval_s=args.bench_interval_s,
                         size_bytes=int(args.bench_size_mib * (1 << 20)) if args.bench_size_mib else None,
                         iters=args.bench_iters)
+    prompt, output = parse_workload(args.workload)
+    loop = args.autoscaling
+    autoscale = AutoscaleSpec(pools=config.autoscaling(), interval_s=loop.interval_s, look_back_s=loop.look_back_s,
+                              window_s=loop.window_s, drain_timeout_s=loop.drain_timeout_s, prompt_tokens=prompt,
+                              output_tokens=output)
     return ControllerSpec(topology_source=_absolute(args.topology), engine=args.engine, policy=args.policy,
                           pools=config.pool_specs(), slo_classes=config.classes(), time_scale=args.time_scale,
                           state_dir=args.state_dir, counters_interval_s=args.counters_interval_s,
-                          drain_timeout_s=args.drain_timeout_s, vllm=vllm, ports=args.vllm.ports.plan(), bench=bench)
+                          drain_timeout_s=args.drain_timeout_s, vllm=vllm, ports=args.vllm.ports.plan(), bench=bench,
+                          autoscale=autoscale)
 
 
 class RouterThread:
@@ -96,11 +104,16 @@ class RouterThread:
         loop.close()
 
     async def _follow(self) -> None:
-        """Every second: a newer table (and with it the plan and topology the admin API shows)."""
+        """Every second: a newer table (and with it the plan and topology the admin API shows),
+        and the router's load report to the controller's autoscaler (its status comes back for
+        the `isle_autoscale_*` metrics)."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(FOLLOW_INTERVAL_S)
             try:
+                report = await self.router.load_report()
+                status: Any = await loop.run_in_executor(None, self.ray.get, self.controller.observe.remote(report))
+                self.router.metrics.autoscaling = dict(status)
                 table: RoutingTable = await loop.run_in_executor(None, self.ray.get, self.controller.table.remote())
                 if table.version > self.router.replicas.table.version:
                     refs = [self.controller.plan.remote(), self.controller.topology.remote()]

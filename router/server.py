@@ -35,7 +35,7 @@ from router.call import Call, read_call
 from router.config import RouterConfig
 from router.decision import Candidate, PDDecision, PluginTimer, Profile, RouteDecision, check_profile, decide
 from router.flight import Clock, Flight, FlightContext, fly
-from router.metrics import RouterMetrics
+from router.metrics import BUCKETS, RouterMetrics
 from router.pd import pd_choice, serve_pd
 from router.relay import RelayPool
 from router.routes import send_error
@@ -156,6 +156,31 @@ class Router:
         assert self.siblings is not None
         peers = await self.siblings.snapshots()
         response.send(200, self.metrics.render(peers), METRICS_TYPE)
+
+    async def load_report(self) -> dict[str, Any]:
+        """What the controller's autoscaler reads (`pools.autoscale.observe`): per pool, the engines'
+        load as this worker last scraped it, the requests in flight per replica (this worker's),
+        and every worker's request counts and TTFT/TPOT histograms (cumulative, by class)."""
+        peers = await self.siblings.snapshots() if self.siblings is not None else []
+        m = self.metrics
+        pools: dict[str, dict[str, Any]] = {}
+        for state in self.replicas.states.values():
+            ep = state.endpoint
+            p = pools.setdefault(ep.pool, {"running": 0.0, "waiting": 0.0, "sent": 0, "inflight": {}})
+            p["running"] += state.running
+            p["waiting"] += state.waiting
+            key = ep.gang or ep.replica_id  # a gang's ranks count as the one replica they are
+            p["inflight"][key] = p["inflight"].get(key, 0) + state.inflight
+        for (pool,), c in m.sent.merged([x["families"].get(m.sent.name, []) for x in peers]).items():
+            pools.setdefault(pool, {"running": 0.0, "waiting": 0.0, "sent": 0, "inflight": {}})["sent"] = int(c.value)
+        report: dict[str, Any] = {"buckets": list(BUCKETS), "pools": pools}
+        for key, family in (("ttft", m.ttft), ("tpot", m.tpot)):
+            summed: dict[tuple[str, str], list[int]] = {}
+            for (cls, pool, _tier), h in family.merged([x["families"].get(family.name, []) for x in peers]).items():
+                counts = summed.setdefault((cls, pool), [0] * len(h.counts))
+                summed[(cls, pool)] = [a + b for a, b in zip(counts, h.counts, strict=True)]
+            report[key] = [[cls, pool, counts] for (cls, pool), counts in sorted(summed.items())]
+        return report
 
     def _publish_health(self) -> None:
         self.metrics.healthy = {c.endpoint.replica_id: 1.0 if c.endpoint.healthy and not c.load.breaker_open else 0.0

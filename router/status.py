@@ -102,6 +102,25 @@ def _controller_lines(view: dict[str, Any] | None) -> list[str]:
     starting = view.get("starting")
     if isinstance(starting, dict) and starting:  # replica -> why (restart, move, resume)
         lines.append("starting: " + ", ".join(f"{rid} ({why})" for rid, why in sorted(starting.items())))
+    return lines + _autoscaling_lines(view.get("autoscaling"))
+
+
+def _autoscaling_lines(auto: dict[str, Any] | None) -> list[str]:
+    """Each autoscaled pool's counts and what the autoscaler saw, then its last decisions."""
+    if not auto:
+        return []
+    lines = [f"autoscaling (a decision every {auto.get('interval_s', 0):g} s):"]
+    for name, p in sorted(auto.get("pools", {}).items()):
+        capacity = f"; one replica carries {p['capacity_rps']:g} req/s" if p.get("capacity_rps") else ""
+        lines.append(f"  {name}: {p['placed']} placed, {p['serving']} serving, wanted {p['wanted']} "
+                     f"(min {p['min']}, max {p['max']}); {p['request_rate']:g} req/s sent, {p['in_flight']:g} in "
+                     f"flight{capacity}; scaled out {p['scaled_out']}, in {p['scaled_in']} times")
+    for d in auto.get("decisions", [])[-5:]:
+        where = ", ".join(f"{x['replica_id']} on {x['node']}:{x['gpus']} ({x['tier']})" for x in d.get("placed", []))
+        gone = ", ".join(d.get("removed", []))
+        lines.append(f"  {d['ago_s']:g} s ago, {d['pool']}: {d['reason']}"
+                     + (f" -> started {where}" if where else "") + (f" -> draining {gone}" if gone else "")
+                     + (f" ({d['missing']} found no free GPUs)" if d.get("missing") else ""))
     return lines
 
 

@@ -60,3 +60,28 @@ def removable(plan: PlacementPlan, pool: str, inflight: Mapping[str, int], healt
     return [Removable(replica_id=p.replica_id, tier=p.tier, health_score=health.get(p.replica_id, 1.0),
                       inflight=inflight.get(p.replica_id, 0), draining=p.replica_id in draining)
             for p in plan.placements if p.pool == pool]
+
+
+def with_count(plan: PlacementPlan, pool: str, placements: tuple[ReplicaPlacement, ...]) -> PlacementPlan:
+    """The plan with these placements, the pool's replica count following them (a re-plan then
+    keeps what the autoscaler decided)."""
+    count = sum(1 for p in placements if p.pool == pool)
+    return replace(plan, placements=placements,
+                   pools=tuple(replace(p, replicas=count) if p.name == pool else p for p in plan.pools))
+
+
+def grow(plan: PlacementPlan, topology: Topology, pool: str, count: int, policy: str,
+         draining: Sequence[ReplicaPlacement] = ()) -> tuple[PlacementPlan, list[ReplicaPlacement], int]:
+    """`scale_out` into the plan: (the new plan, the new placements, how many found no room);
+    `draining`: replicas out of the plan that still hold their GPUs and ids."""
+    held = frozenset(GpuRef(n, g) for p in draining for n, g in p.gpu_refs())
+    placed, missing = scale_out(plan, topology, pool, count, policy, held, frozenset(p.replica_id for p in draining))
+    return with_count(plan, pool, (*plan.placements, *placed)), placed, missing
+
+
+def shrink(plan: PlacementPlan, pool: str, count: int, inflight: Mapping[str, int], health: Mapping[str, float]
+           ) -> tuple[PlacementPlan, list[str]]:
+    """The `count` replicas of `pool` whose removal costs least (`removal_order`) out of the plan:
+    (the new plan, their ids)."""
+    gone = removal_order(removable(plan, pool, inflight, health))[:count]
+    return with_count(plan, pool, tuple(p for p in plan.placements if p.replica_id not in gone)), gone

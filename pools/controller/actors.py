@@ -204,6 +204,11 @@ class _ControllerActor:
     def table(self) -> RoutingTable:
         return self.core.table
 
+    def observe(self, report: dict[str, Any]) -> dict[str, Any]:
+        """A router's load report (every second) for the autoscaler; its status back."""
+        with self.lock:
+            return self.core.observe(report)
+
     def plan(self) -> dict[str, Any] | None:
         """The placement plan's JSON, with the controller's own view under `controller`."""
         if self.core.plan is None:

@@ -32,6 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from pools.controller import gang, health, launching, nodecheck, state
+from pools.controller.autoscaling import Autoscaling, act, serving_counts
 from pools.controller.backend import Backend
 from pools.controller.benching import BenchKeeper
 from pools.controller.events import EventLog
@@ -83,6 +84,7 @@ class ControllerCore:
         self.table = RoutingTable(version=0, replicas=())
         self.last_changes: list[Change] = []
         self.counters_at = clock()
+        self.autoscaling = Autoscaling(spec.autoscale, clock)
 
     @property
     def running(self) -> dict[str, Running]:
@@ -311,7 +313,18 @@ class ControllerCore:
         if self._bench_due():
             self.topology = self._effective()
             changed = True  # routers follow the table's version to the measured topology
+        if self.autoscaling.due():
+            changed = act(self) or changed
         return self._publish() if changed else self.table
+
+    # autoscaling (pools.controller.autoscaling) -------------------------------------------
+    def observe(self, report: Any) -> dict[str, Any]:
+        """A router's load report in; the autoscaler's status out (the router's metrics show it)."""
+        try:
+            self.autoscaling.observe(report)
+        except ValueError as err:
+            log.warning("autoscaling: %s", err)
+        return self.autoscaling.status(self.plan, serving_counts(self)) if self.autoscaling.enabled else {}
 
     def _bench_due(self) -> bool:
         """Run the benches that are due; True when something new was measured."""
@@ -368,7 +381,9 @@ class ControllerCore:
                 "starting": {rid: i.kind for rid, i in sorted(self.fleet.starts.flight.items())},
                 "marked_links": [list(m.key) for m in self.marks.values()], "lost_nodes": sorted(self.lost),
                 "last_moves": [c.to_json() for c in self.last_changes], "events": str(self.events.path),
-                "bench": self.bench.status()}
+                "bench": self.bench.status(),
+                **({"autoscaling": self.autoscaling.status(self.plan, serving_counts(self))}
+                   if self.autoscaling.enabled else {})}
 
     def shutdown(self) -> None:
         """Stop every replica, those being started included, and forget the saved state (a later

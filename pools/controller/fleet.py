@@ -32,6 +32,8 @@ class Running:
     url: str
     draining: bool = False
     retire_by: float = 0.0
+    idle_from: float = 0.0
+    """Retiring: not taken for idle before this (the routers may still be sending it one)."""
 
 
 class Fleet:
@@ -132,6 +134,9 @@ class Fleet:
         """Stop the old replicas that are idle or past their drain timeout; True when any stopped."""
         keep = []
         for r in self.retiring:
+            if self.clock() < r.idle_from and self.clock() < r.retire_by:
+                keep.append(r)
+                continue
             try:
                 idle = r.replica.idle()
             except Exception:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pools.autoscale.policy import AutoscalingConfig
 from pools.controller.measure import BenchPolicy
 from pools.controller.pinning import Pin
 from pools.controller.ports import EnginePorts, PortPlan
@@ -97,6 +98,25 @@ class EngineLaunch:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AutoscaleSpec:
+    """The live autoscaler (pools.controller.autoscaling): each autoscaled pool's policy settings
+    and the loop's own."""
+
+    pools: Mapping[str, AutoscalingConfig] = field(default_factory=dict)
+    interval_s: float = 5.0
+    """A decision this often (on the health loop)."""
+    look_back_s: float = 10.0
+    """Load and arrival rate averaged over this long (Ray Serve's `look_back_period_s`)."""
+    window_s: float = 60.0
+    """Tail latencies over this long."""
+    drain_timeout_s: float = 600.0
+    """A scaled-in replica stops once idle, or after this long at the latest (streams finish)."""
+    prompt_tokens: int = 1155
+    output_tokens: int = 211
+    """The requests' mean lengths, for the sizing model's capacity (`workload` of the app)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ControllerSpec:
     topology_source: str
     engine: str
@@ -114,3 +134,5 @@ class ControllerSpec:
     ports: PortPlan = field(default_factory=PortPlan)
     """engine vllm: the ranges each node's engine ports come from."""
     bench: BenchPolicy = field(default_factory=BenchPolicy)
+    autoscale: AutoscaleSpec = field(default_factory=AutoscaleSpec)
+    """Pools that follow the load (none: every pool keeps its count)."""

@@ -2,7 +2,8 @@
 `<state_dir>/state.json` (written whole, then renamed: a crash never leaves half a file).
 
 It holds the Ray session (a state from an earlier cluster is not resumed), a digest of the
-controller's spec (a state made for other settings is not resumed), the plan, every running
+controller's spec (a state made for other settings is not resumed), the plan (with each pool's
+replica count: an autoscaled pool's is the autoscaler's, not the spec's), every running
 replica (where it runs, a gang's members too, its generation, hence its actor's name, its URL,
 whether it drains, the engine ports it holds on its node), the old replicas still being retired, the routing
 table's version, the health marks and lost nodes that the topology on disk does not show, and
@@ -17,7 +18,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,7 @@ def to_json(state: ControllerState) -> dict[str, Any]:
         "bench": {k: {"fingerprint": b.fingerprint, "ray_ids": list(b.ray_ids), "ok": b.ok, "record": b.record}
                   for k, b in state.bench.items()},
         "plan": {"policy": plan.policy, "topology_fingerprint": plan.topology_fingerprint, "score": plan.score,
+                 "pool_replicas": {pool.name: pool.replicas for pool in plan.pools},
                  "reasons": list(plan.reasons), "placements": [_placement(p) for p in plan.placements],
                  "unplaced": [{"pool": u.pool, "count": u.count, "reason": u.reason} for u in plan.unplaced]},
     }
@@ -112,6 +114,8 @@ def to_json(state: ControllerState) -> dict[str, Any]:
 def from_json(doc: dict[str, Any], pools: tuple[PoolSpec, ...], classes: Mapping[str, SLOClass]) -> ControllerState:
     p = doc["plan"]
     placements = tuple(_placement_from(x) for x in p["placements"])
+    counts = p.get("pool_replicas", {})  # autoscaled pools: their counts now, not the spec's
+    pools = tuple(replace(pool, replicas=int(counts.get(pool.name, pool.replicas))) for pool in pools)
     plan = PlacementPlan(policy=p["policy"], topology_fingerprint=p["topology_fingerprint"], placements=placements,
                          unplaced=tuple(Unplaced(**u) for u in p["unplaced"]), score=p["score"],
                          reasons=tuple(p["reasons"]), pools=pools, slo_classes=dict(classes))

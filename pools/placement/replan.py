@@ -89,12 +89,11 @@ def replan(old: PlacementPlan, topology: Topology, seed: int = 0, previous: Topo
             to_move.setdefault(p.pool, []).append(p.replica_id)
             reasons[p.replica_id] = why
             before[p.replica_id] = p
-    placed_ids = {p.replica_id for p in old.placements}
-    for pool in old.pools:
-        for rid in (f"{pool.name}-{i}" for i in range(pool.replicas)):
-            if rid not in placed_ids:
-                to_move.setdefault(pool.name, []).append(rid)
-                reasons[rid] = "was unplaced"
+    for pool in old.pools:  # a pool short of its count (ids need not be contiguous: autoscaling removes any)
+        short = pool.replicas - sum(1 for p in old.placements if p.pool == pool.name)
+        for rid in old.new_ids(pool.name, max(short, 0)):
+            to_move.setdefault(pool.name, []).append(rid)
+            reasons[rid] = "was unplaced"
     occupied = frozenset(GpuRef(n, g) for p in kept for n, g in p.gpu_refs())
     sub_pools = tuple(replace(pool, replicas=len(to_move[pool.name])) for pool in old.pools if pool.name in to_move)
     classes = old.slo_classes or {c.name: c for c in DEFAULT_SLO_CLASSES}

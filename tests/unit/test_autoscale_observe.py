@@ -1,0 +1,62 @@
+"""The live autoscaler's view of the router's load reports: percentiles from histogram
+differences, the arrival rate from counters, averages over the look-back, a prefill pool judged
+by its decode pools' TTFT, and reports that are not reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pools.autoscale.observe import Window, parse_report, quantile
+from pools.model import SLOClass
+
+pytestmark = pytest.mark.unit
+
+BOUNDS = [0.01, 0.02, 0.05, 0.1, 1.0]
+CLASSES = [SLOClass(name="interactive", priority=0, ttft_ms=500, tpot_ms=50)]
+
+
+def report(sent: int, running: float, tpot: list[int], ttft: list[int] | None = None, pool: str = "decode"
+           ) -> dict[str, Any]:
+    return {"buckets": BOUNDS, "pools": {pool: {"running": running, "waiting": 1.0, "sent": sent,
+                                               "inflight": {f"{pool}-0": 2}}},
+            "tpot": [["interactive", pool, tpot]], "ttft": [["interactive", pool, ttft or [0] * 6]]}
+
+
+def test_quantile_interpolates_within_the_bucket_as_prometheus_does() -> None:
+    assert quantile(BOUNDS, [0, 10, 0, 0, 0, 0], 0.5) == pytest.approx(0.015)
+    assert quantile(BOUNDS, [0, 0, 0, 0, 0, 4], 0.99) == 1.0  # in +Inf: the last bound
+    assert quantile(BOUNDS, [0] * 6, 0.9) is None
+    assert quantile(BOUNDS, [90, 0, 10, 0, 0, 0], 0.95) == pytest.approx(0.035)
+
+
+def test_rate_load_and_tail_come_from_differences_over_their_periods() -> None:
+    w = Window(keep_s=60)
+    w.add(parse_report(report(sent=100, running=2, tpot=[50, 0, 0, 0, 0, 0]), at_s=0.0))
+    w.add(parse_report(report(sent=120, running=4, tpot=[50, 0, 0, 10, 0, 0]), at_s=10.0))
+    w.add(parse_report(report(sent=160, running=8, tpot=[50, 0, 0, 20, 0, 0]), at_s=20.0))
+    obs = w.observe(20.0, "decode", "decode", replicas=2, serving=2, classes=CLASSES, percentile=95,
+                    look_back_s=10, window_s=20)
+    assert obs.request_rate == pytest.approx(4.0)  # (160 - 120) / 10 s
+    assert obs.running == 8 and obs.waiting == 1  # the look-back holds one report after its baseline
+    # the window's new samples: 20 TPOTs, all in (50 ms, 100 ms]: p95 near the top of that bucket
+    assert obs.classes["interactive"].tpot_ms == pytest.approx(97.5)
+    assert obs.classes["interactive"].ttft_ms is None
+    assert w.inflight() == {"decode-0": 2}
+
+
+def test_a_prefill_pool_is_judged_by_its_decode_pools_ttft() -> None:
+    w = Window(keep_s=60)
+    w.add(parse_report(report(sent=0, running=0, tpot=[0] * 6, ttft=[0] * 6), at_s=0.0))
+    w.add(parse_report(report(sent=10, running=1, tpot=[0] * 6, ttft=[0, 0, 0, 0, 10, 0]), at_s=5.0))
+    obs = w.observe(5.0, "prefill", "prefill", replicas=1, serving=1, classes=CLASSES, percentile=50,
+                    look_back_s=5, window_s=5, latency_pools=["decode"])
+    assert obs.classes["interactive"].ttft_ms == pytest.approx(550.0)
+
+
+@pytest.mark.parametrize("doc", ["text", {"pools": {"d": {"sent": "many"}}},
+                                 {"buckets": [1.0], "tpot": [["c", "p", [1, 2, 3]]]}])
+def test_what_is_not_a_report_is_refused(doc: Any) -> None:
+    with pytest.raises(ValueError):
+        parse_report(doc, 0.0)
