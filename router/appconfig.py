@@ -76,7 +76,7 @@ class AppArgs(BaseModel):
                                                                          "on NCCL, 8 MiB on gloo)")
     bench_iters: int | None = Field(default=None, ge=1, description="bench timed iterations (default 20 / 5)")
     autoscaling: AutoscaleLoopConfig = Field(
-        default_factory=lambda: AutoscaleLoopConfig(),
+        default_factory=AutoscaleLoopConfig,
         description="the autoscaler's loop, for pools with `autoscaling:` (pools.controller.autoscaling)")
 
     @model_validator(mode="before")

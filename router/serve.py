@@ -20,8 +20,8 @@ from typing import Any
 from pools.controller.controller import ControllerSpec
 from pools.controller.measure import BenchPolicy
 from pools.controller.spec import AutoscaleSpec
-from pools.sizing import parse_workload
 from pools.routing import RoutingTable
+from pools.sizing import parse_workload
 from router.appconfig import AppArgs, parse_app_args
 from router.run import ready_line
 from router.server import Router
