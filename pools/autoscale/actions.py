@@ -3,7 +3,9 @@
     scale out   new replicas are placed by a placement policy on the GPUs no replica holds
                 (`island-aligned`: TP groups inside islands, gangs as units, best fit first, so
                 a new replica fills the islands its pool's peers already use before opening
-                another; the topology-blind autoscaler passes `first-fit`)
+                another; a prefill or decode replica goes next to its PD partners first, so
+                its KV cache crosses NVLink, else PCIe; the topology-blind autoscaler passes
+                `first-fit`)
     scale in    the replica whose removal costs least goes first: one already draining, then
                 the worst tier (its TP group or gang on the slowest links), the least healthy
                 links, the fewest requests in flight; it drains (no stream is cut) and its
@@ -17,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from pools.model import PlacementPlan, PlacementRequest, ReplicaPlacement
 from pools.placement import get_policy
-from topology import GpuRef, Topology
+from topology import GpuRef, Topology, islands
 from topology.paths import TIERS
 
 
@@ -44,15 +46,46 @@ def scale_out(plan: PlacementPlan, topology: Topology, pool: str, count: int, po
               ) -> tuple[list[ReplicaPlacement], int]:
     """Placements for `count` more replicas of `pool` on the free GPUs (and how many could not be
     placed), by `policy`; the plan's other replicas stay where they are. `held`: GPUs of replicas
-    that left the plan but still drain; `taken`: their ids (a new replica never reuses one)."""
+    that left the plan but still drain; `taken`: their ids (a new replica never reuses one).
+
+    An island-aware policy places a prefill or decode replica next to its PD partners first: in
+    an island that holds one of them (the KV cache crosses NVLink), else on a node that does
+    (PCIe), and only then anywhere, by the policy's own preferences inside each region."""
     spec = plan.pool(pool)
     occupied = frozenset(GpuRef(n, g) for p in plan.placements for n, g in p.gpu_refs()) | held
     ids = plan.new_ids(pool, count, taken)
-    request = PlacementRequest(topology=topology, pools=(replace(spec, replicas=count),),
-                               slo_classes=plan.slo_classes, occupied=occupied, ids={pool: ids})
-    fresh = get_policy(policy).place(request)
-    placed = [p for p in fresh.placements if p.pool == pool]
+    chosen = get_policy(policy)
+    regions: list[frozenset[GpuRef] | None] = [*(_near_partners(plan, topology, pool) if chosen.island_aware
+                                                 else []), None]
+    placed: list[ReplicaPlacement] = []
+    for region in regions:
+        left = count - len(placed)
+        if left <= 0:
+            break
+        blocked = occupied | {GpuRef(n, g) for p in placed for n, g in p.gpu_refs()}
+        if region is not None:
+            blocked |= frozenset(topology.gpu_refs()) - region
+        request = PlacementRequest(topology=topology, pools=(replace(spec, replicas=left),),
+                                   slo_classes=plan.slo_classes, occupied=blocked,
+                                   ids={pool: ids[len(placed):]})
+        fresh = [p for p in chosen.place(request).placements if p.pool == pool]
+        placed += [p for p in fresh if region is None or p.in_island]
     return placed, count - len(placed)
+
+
+def _near_partners(plan: PlacementPlan, topology: Topology, pool: str) -> list[frozenset[GpuRef]]:
+    """The GPUs of the islands, then of the nodes, that hold a replica of the pool's PD partners
+    (the other phase of its model); none for a mixed pool or one without partners."""
+    spec = plan.pool(pool)
+    other = {"prefill": "decode", "decode": "prefill"}.get(spec.role)
+    partners = {p.name for p in plan.pools if p.role == other and p.model == spec.model}
+    refs = {GpuRef(n, g) for p in plan.placements if p.pool in partners for n, g in p.gpu_refs()}
+    if not refs:
+        return []
+    near_islands = frozenset(g for i in islands(topology) if refs & set(i.gpus) for g in i.gpus)
+    nodes = {r.node for r in refs}
+    near_nodes = frozenset(r for r in topology.gpu_refs() if r.node in nodes)
+    return [near_islands, near_nodes]
 
 
 def removable(plan: PlacementPlan, pool: str, inflight: Mapping[str, int], health: Mapping[str, float],

@@ -74,8 +74,14 @@ def test_both_workers_serve_the_port(router: dict[str, Any]) -> None:
     assert len(children(router["proc"].pid)) == 1
 
 
+def pool_requests(text: str) -> float:
+    """What the autoscaler's load report counts: requests sent to the replicas' pools."""
+    return sum(float(v) for v in re.findall(r'^isle_router_pool_requests_total\{pool="[^"]*"\} (\S+)$', text, re.M))
+
+
 def test_metrics_are_one_view_whichever_worker_answers(router: dict[str, Any]) -> None:
     before = requests_total(get(router["base"] + "/metrics").decode())
+    sent = pool_requests(get(router["base"] + "/metrics").decode())
     n = 12
     for i in range(n):  # fresh client, fresh connection: both workers serve some of them
         with openai.OpenAI(base_url=router["url"], api_key=DEV_KEY, max_retries=0, timeout=30) as c:
@@ -83,6 +89,7 @@ def test_metrics_are_one_view_whichever_worker_answers(router: dict[str, Any]) -
             assert out.usage is not None and out.usage.completion_tokens == 3
     views = {requests_total(get(router["base"] + "/metrics").decode()) for _ in range(10)}
     assert views == {before + n}
+    assert {pool_requests(get(router["base"] + "/metrics").decode()) for _ in range(10)} == {sent + n}
     text = get(router["base"] + "/metrics").decode()
     assert re.search(r'^isle_router_replica_healthy\{replica="e1"\} 1\.0$', text, re.M)
     assert text.count("# TYPE isle_router_ttft_seconds histogram") == 1

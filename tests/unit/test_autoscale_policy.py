@@ -3,6 +3,8 @@ topology-aware choices of where to add and what to remove."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pools.autoscale.actions import Removable, removal_order, scale_out
@@ -17,6 +19,7 @@ from pools.autoscale.policy import (
 )
 from pools.model import PlacementRequest, PoolSpec
 from pools.placement import place
+from topology import GpuRef
 from topology.readers.spec import parse_spec
 
 pytestmark = pytest.mark.unit
@@ -135,3 +138,26 @@ def test_scale_in_takes_the_most_any_tick_of_the_delay_wanted() -> None:
     for t, running in ((0.0, 48.0), (10.0, 64.0), (20.0, 16.0), (30.0, 16.0)):
         actions, state = on_tick(t, {"decode": obs(6, running)}, {"decode": CFG}, state)
     assert [(a.delta, a.target) for a in actions] == [(-2, 4)]
+
+
+def test_a_new_prefill_goes_next_to_the_decode_pool_not_to_the_tightest_island() -> None:
+    """Node h-0 holds the decodes (six of its eight NVSwitch GPUs free); node h-1 has two GPUs left
+    after other work. Best fit alone would take h-1's last pair; the KV path says h-0, where the
+    cache crosses NVLink. The topology-blind first-fit is left as it is."""
+    topo = parse_spec("racks:\n  - name: r\n    nodes: [{name: h, template: hgx-h100, count: 2}]\n")
+    pools = (PoolSpec(name="prefill", role="prefill", tp=2, replicas=0, model="llama-3.1-8b"),
+             PoolSpec(name="decode", role="decode", tp=2, replicas=1, model="llama-3.1-8b"))
+    held = frozenset(GpuRef("h-1", g) for g in range(6))
+    plan = place(PlacementRequest(topology=topo, pools=pools, occupied=held | {GpuRef("h-1", 6), GpuRef("h-1", 7)}),
+                 "island-aligned")  # the decode went to h-0 while h-1 was full; then two of h-1's GPUs came free
+    assert [(p.pool, p.node) for p in plan.placements] == [("decode", "h-0")]
+    alone = place(PlacementRequest(topology=topo, pools=(replace(pools[0], replicas=1),),
+                                   occupied=held | {GpuRef("h-0", g) for g in plan.placements[0].gpus}),
+                  "island-aligned")
+    assert alone.placements[0].node == "h-1"  # best fit, without the partner in view
+    ours, left = scale_out(plan, topo, "prefill", 1, "island-aligned", held)
+    assert left == 0 and ours[0].node == "h-0" and ours[0].replica_id == "prefill-0"
+    blind, _ = scale_out(plan, topo, "prefill", 1, "first-fit", held)
+    assert blind[0].node == "h-0"  # first-fit takes the lowest free GPUs (here h-0 too), not by the KV path
+    grown, _ = scale_out(plan, topo, "prefill", 4, "island-aligned", held)
+    assert [p.node for p in grown] == ["h-0", "h-0", "h-0", "h-1"]  # then elsewhere
