@@ -69,8 +69,9 @@ def verdict(rows: Sequence[Mapping[str, Any]], focus: str = "interactive") -> li
         if key not in topo or focus not in topo[key] or focus not in static.get(key, {}):
             continue
         gap = static[key][focus] - topo[key][focus]
+        behind = f"{gap * 100:.1f} points behind" if gap >= 0 else f"{-gap * 100:.1f} points ahead"
         lines.append(f"- {focus} attainment {where}: topology {topo[key][focus]:.1%}, static {static[key][focus]:.1%} "
-                     f"({gap * 100:+.1f} points behind; bar: at most {ATTAINMENT_POINTS_BAR * 100:g})"
+                     f"({behind}; bar: at most {ATTAINMENT_POINTS_BAR * 100:g} behind)"
                      + (f", blind {blind[key][focus]:.1%}" if blind is not None and focus in blind.get(key, {}) else "")
                      + ".")
     lines.append(f"- GPU-hours: topology {topo['gpu_hours']:.2f}, {share:.0%} of static's {static['gpu_hours']:.2f} "

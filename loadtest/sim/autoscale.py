@@ -23,12 +23,11 @@ from loadtest.model import RequestResult
 from loadtest.sim.model import READY, AutoscaleSettings
 from loadtest.sim.replica import SimReplica, build_replica
 from loadtest.sim.state import SimState
-from pools.autoscale.actions import removable, removal_order, scale_out
+from pools.autoscale.actions import grow, removable, removal_order, with_count
 from pools.autoscale.policy import AutoscalerState, ClassLatency, PoolObservation, on_tick
 from pools.autoscale.predict import replica_capacity
 from pools.model import PlacementPlan, ReplicaPlacement
 from pools.routing import dp_ranks, rank_id, table_from_plan
-from topology import GpuRef
 
 
 def _percentile(values: list[float], percentile: float) -> float | None:
@@ -133,11 +132,10 @@ class Autoscaler:
     # acting
     def _grow(self, t: float, pool: str, count: int) -> None:
         policy = "island-aligned" if self.settings.kind == "topology" else "first-fit"
-        held = frozenset(GpuRef(n, g) for p in self.retiring.values() for n, g in p.gpu_refs())
-        placed, missing = scale_out(self.plan, self.sim.topology, pool, count, policy, held, frozenset(self.retiring))
+        self.plan, placed, missing = grow(self.plan, self.sim.topology, pool, count, policy,
+                                          list(self.retiring.values()))
         if missing:
             self.sim.log.append({"t": round(t, 3), "event": "scale_out_short", "pool": pool, "missing": missing})
-        self.plan = replace(self.plan, placements=(*self.plan.placements, *placed))
         for p in placed:
             for rep in self._build(p):
                 self._register(rep)
@@ -185,10 +183,10 @@ class Autoscaler:
         options = removable(self.plan, pool, inflight, health)
         order = removal_order(options) if self.settings.kind == "topology" else \
             [o.replica_id for o in sorted(options, key=lambda o: _index(o.replica_id), reverse=True)]
+        gone = set(order[:count])
+        self.retiring.update({p.replica_id: p for p in self.plan.placements if p.replica_id in gone})
+        self.plan = with_count(self.plan, pool, tuple(p for p in self.plan.placements if p.replica_id not in gone))
         for rid in order[:count]:
-            placement = next(p for p in self.plan.placements if p.replica_id == rid)
-            self.plan = replace(self.plan, placements=tuple(p for p in self.plan.placements if p.replica_id != rid))
-            self.retiring[rid] = placement
             for rep in self._ranks(rid):
                 rep.endpoint = replace(rep.endpoint, healthy=False, draining=True)
                 self.sim._refresh(rep)
