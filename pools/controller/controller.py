@@ -149,9 +149,10 @@ class ControllerCore:
     def _start_all(self, placements: tuple[ReplicaPlacement, ...]) -> None:
         """Every placement's replica at once, waiting for them (the first deploy); if one fails,
         all are stopped and its error raised."""
-        launches = [self._launch(p, self.fleet.generation(p.replica_id)) for p in placements]
-        for x in launches:
-            self.ports.begin(x)
+        launches = []
+        for p in placements:  # each in the books before the next chooses its ports (one node, other ports)
+            launches.append(self._launch(p, self.fleet.generation(p.replica_id)))
+            self.ports.begin(launches[-1])
         try:
             results = launching.start_all(self.backend, launches, self.ports.reallocate)
         finally:
