@@ -77,8 +77,9 @@ class Autoscaling:
                         for name in self.spec.pools if any(p.name == name for p in plan.pools)}
         actions, self.state = on_tick(now, observations, self.spec.pools, self.state)
         self.seen = observations
-        self.wanted = {name: s.wanted or observations[name].replicas for name, s in self.state.pools.items()
-                       if name in observations}
+        targets = {a.pool: a.target for a in actions}  # acted on: the count it goes to
+        self.wanted = {name: targets[name] if name in targets else s.wanted or observations[name].replicas
+                       for name, s in self.state.pools.items() if name in observations}
         for a in actions:
             log.info("autoscaling %s: %s", a.pool, a.reason)
         return actions

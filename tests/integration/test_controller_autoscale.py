@@ -76,6 +76,7 @@ def test_reports_grow_and_shrink_the_decode_pool_inside_islands(tmp_path: Path) 
         for p in new:  # each runs where the plan says
             running = core.running[p.replica_id]
             assert (running.launch.node, running.launch.gpus) == (p.node, p.gpus)
+        assert core.status()["autoscaling"]["pools"]["decode"]["wanted"] == 3
         decision = core.status()["autoscaling"]["decisions"][-1]
         assert decision["delta"] == 2 and decision["reason"].startswith("scale out 1 -> 3")
         assert [x["replica_id"] for x in decision["placed"]] == [p.replica_id for p in new]
@@ -99,6 +100,6 @@ def test_reports_grow_and_shrink_the_decode_pool_inside_islands(tmp_path: Path) 
         assert all(e["reason"].startswith("scale in") and "requests in flight" in e["reason"] for e in scaled[1:])
         assert {e["replica_id"] for e in events if e["kind"] == "stopped"} == {"decode-0", "decode-2"}
         auto = core.status()["autoscaling"]["pools"]["decode"]
-        assert (auto["placed"], auto["scaled_out"], auto["scaled_in"]) == (1, 1, len(scaled) - 1)
+        assert (auto["placed"], auto["wanted"], auto["scaled_out"], auto["scaled_in"]) == (1, 1, 1, len(scaled) - 1)
     finally:
         core.shutdown()
