@@ -44,9 +44,9 @@ class AutoscalingPoolConfig(_Strict):
     """A pool that follows the load: Ray Serve's `autoscaling_config` fields, plus the SLO and
     prediction settings of `pools.autoscale.policy` (whose docstring says how they combine)."""
 
-    min_replicas: int = Field(default=1, ge=0, description="never fewer replicas")
+    min_replicas: int = Field(default=1, ge=1, description="never fewer replicas (no scale to zero)")
     max_replicas: int = Field(default=8, ge=1, description="never more replicas")
-    initial_replicas: int | None = Field(default=None, ge=0, description="at deploy (default: the pool's `replicas`, "
+    initial_replicas: int | None = Field(default=None, ge=1, description="at deploy (default: the pool's `replicas`, "
                                                                         "else min_replicas)")
     target_ongoing_requests: float = Field(default=32.0, gt=0, description="requests in flight per replica aimed at")
     upscale_delay_s: float = Field(default=10.0, ge=0, description="how long a scale-out must be wanted")

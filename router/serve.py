@@ -111,14 +111,14 @@ class RouterThread:
         while True:
             await asyncio.sleep(FOLLOW_INTERVAL_S)
             try:
-                report = await self.router.load_report()
-                status: Any = await loop.run_in_executor(None, self.ray.get, self.controller.observe.remote(report))
-                self.router.metrics.autoscaling = dict(status)
                 table: RoutingTable = await loop.run_in_executor(None, self.ray.get, self.controller.table.remote())
                 if table.version > self.router.replicas.table.version:
                     refs = [self.controller.plan.remote(), self.controller.topology.remote()]
                     plan, topology = await loop.run_in_executor(None, self.ray.get, refs)
                     await self.router.set_view(table, topology, plan)  # and to the router's other workers
+                report = await self.router.load_report()
+                status: Any = await loop.run_in_executor(None, self.ray.get, self.controller.observe.remote(report))
+                self.router.metrics.autoscaling = dict(status)
             except self.ray.exceptions.RayError as err:  # a controller restarting: keep the last table
                 log.warning("following the controller's routing table: %s", err)
 

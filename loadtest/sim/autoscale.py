@@ -1,6 +1,6 @@
 """The autoscaling policy acting inside the simulator, as the controller acts live: every
 `interval_s` it sees each pool's load (running and waiting requests on its engines, as a scrape
-would) and the TTFT/TPOT p99 of the requests that ended in the last `window_s`, decides
+would) and the TTFT/TPOT at each pool's `slo_percentile` of the requests that ended in the last `window_s`, decides
 (`pools.autoscale.policy.on_tick`), and acts:
 
     scale out   new replicas are placed on the GPUs nobody holds (`pools.autoscale.actions`),
@@ -131,7 +131,7 @@ class Autoscaler:
 
     # acting
     def _grow(self, t: float, pool: str, count: int) -> None:
-        policy = "island-aligned" if self.settings.kind == "topology" else "first-fit"
+        policy = self.sim.config.plan.policy if self.settings.kind == "topology" else "first-fit"
         self.plan, placed, missing = grow(self.plan, self.sim.topology, pool, count, policy,
                                           list(self.retiring.values()))
         if missing:

@@ -41,8 +41,9 @@ class PDChoice:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AutoscaleSettings:
     """An autoscaler in the simulator: the policy (`pools.autoscale.policy`) per pool, and where
-    new replicas go: `topology` places them with island-aligned and removes the costliest first,
-    `blind` places with first-fit and removes the newest first (the same policy, no topology)."""
+    new replicas go: `topology` places them with the run's placement policy (island-aligned in
+    the shipped scenario) and removes the costliest first, `blind` places with first-fit and
+    removes the newest first (the same policy, no topology)."""
 
     kind: str
     configs: Mapping[str, AutoscalingConfig]

@@ -104,17 +104,17 @@ def with_count(plan: PlacementPlan, pool: str, placements: tuple[ReplicaPlacemen
 
 
 def grow(plan: PlacementPlan, topology: Topology, pool: str, count: int, policy: str,
-         draining: Sequence[ReplicaPlacement] = ()) -> tuple[PlacementPlan, list[ReplicaPlacement], int]:
+         holding: Sequence[ReplicaPlacement] = ()) -> tuple[PlacementPlan, list[ReplicaPlacement], int]:
     """`scale_out` into the plan: (the new plan, the new placements, how many found no room);
-    `draining`: replicas out of the plan that still hold their GPUs and ids."""
-    held = frozenset(GpuRef(n, g) for p in draining for n, g in p.gpu_refs())
-    placed, missing = scale_out(plan, topology, pool, count, policy, held, frozenset(p.replica_id for p in draining))
+    `holding`: replicas outside the plan that still hold their GPUs and ids (draining, starting)."""
+    held = frozenset(GpuRef(n, g) for p in holding for n, g in p.gpu_refs())
+    placed, missing = scale_out(plan, topology, pool, count, policy, held, frozenset(p.replica_id for p in holding))
     return with_count(plan, pool, (*plan.placements, *placed)), placed, missing
 
 
-def shrink(plan: PlacementPlan, pool: str, count: int, inflight: Mapping[str, int], health: Mapping[str, float]
-           ) -> tuple[PlacementPlan, list[str]]:
+def shrink(plan: PlacementPlan, pool: str, count: int, inflight: Mapping[str, int], health: Mapping[str, float],
+           draining: frozenset[str] = frozenset()) -> tuple[PlacementPlan, list[str]]:
     """The `count` replicas of `pool` whose removal costs least (`removal_order`) out of the plan:
     (the new plan, their ids)."""
-    gone = removal_order(removable(plan, pool, inflight, health))[:count]
+    gone = removal_order(removable(plan, pool, inflight, health, draining))[:count]
     return with_count(plan, pool, tuple(p for p in plan.placements if p.replica_id not in gone)), gone

@@ -2,8 +2,9 @@
 into one `PoolObservation` per pool (pure: reports and times in, observations out).
 
 A report (the router sends one every second, `router.server.Router.load_report`) holds
-cumulative figures, so a missed report loses nothing and several routers' reports could be
-summed:
+cumulative figures, so a missed report loses nothing; a figure that went down means the router
+restarted and counts from zero again. One router sends them (the deployment runs one, whose
+workers' figures it merges):
 
     {"buckets": [upper bounds of the latency histograms, s],
      "pools": {POOL: {"running": float, "waiting": float, "sent": int,
@@ -118,7 +119,8 @@ class Window:
         rate = 0.0
         if len(recent) >= 2 and recent[-1].at_s > recent[0].at_s:
             first, last = recent[0].pools.get(pool, PoolLoad()), recent[-1].pools.get(pool, PoolLoad())
-            rate = max(0, last.sent - first.sent) / (recent[-1].at_s - recent[0].at_s)
+            sent = last.sent - first.sent if last.sent >= first.sent else last.sent  # a restart counts from 0
+            rate = sent / (recent[-1].at_s - recent[0].at_s)
         span = self.since(now_s, window_s)
         mine = tuple(latency_pools) or (pool,)
         latency = {c.name: ClassLatency(
@@ -152,8 +154,8 @@ def _tail(span: Sequence[Report], key: str, slo_class: str, pools: Sequence[str]
         if now is None:
             continue
         then = series_first.get((slo_class, pool), (0,) * len(now))
-        if len(then) != len(now):
-            then = (0,) * len(now)
-        total = [t + max(0, a - b) for t, a, b in zip(total, now, then, strict=True)]
+        if len(then) != len(now) or any(a < b for a, b in zip(now, then, strict=True)):
+            then = (0,) * len(now)  # a router that restarted counts from 0 (Prometheus' `increase` does so)
+        total = [t + a - b for t, a, b in zip(total, now, then, strict=True)]
     value = quantile(last.bounds, total, percentile / 100)
     return None if value is None else value * 1000.0

@@ -12,14 +12,16 @@ Ray Serve's `autoscaling_config` vocabulary where it fits (`min_replicas`, `max_
                 planner sizes each phase this way. It reacts to a load step as soon as the
                 rate shows it, before a queue forms, and keeps a pool from shrinking below what
                 its rate needs
-    learning    the sizing model prices the mean request; the pool's own p99 says what one
-                replica really carries. When a loaded pool misses its targets, the rate per
-                serving replica it was carrying becomes a bound on the capacity (as Dynamo's
-                planner corrects its model by observed latency); a loaded pool that is well
-                within its targets at a higher rate per replica lifts the bound again
+    learning    the sizing model prices the mean request; the pool's own tail says what one
+                replica really carries. When a loaded pool whose replicas all serve misses its
+                targets, the rate per replica it was carrying becomes a bound on the capacity
+                (as Dynamo's planner corrects its model by observed latency); the bound doubles
+                back towards the model every BOUND_DOUBLING_S, so it settles where the pool
+                starts missing
     SLOs        a loaded prefill pool whose TTFT, or decode pool whose TPOT, at `slo_percentile`
                 (p95: what 95 % of requests meet) is over `slo_headroom` of a class's target
-                (each class against its own) wants at least one more replica; a loaded pool
+                (each class against its own) wants one more replica, once every replica it has
+                serves (one still starting would be asked for again and again); a loaded pool
                 over `slo_slack` of its targets may not shrink
     factors     a change moves `upscaling_factor` / `downscaling_factor` of the way to the
                 target (at least one replica), within [min_replicas, max_replicas]
@@ -40,7 +42,7 @@ from typing import Literal
 
 Role = Literal["prefill", "decode", "mixed"]
 QUEUE_SHARE = 0.5
-"""A late p99 counts only while the pool is loaded (a queue, or more than this share of its
+"""A late tail counts only while the pool is loaded (a queue, or more than this share of its
 target in flight): a latency that more replicas cannot improve (the longest prompt's prefill,
 one decode step's floor) must not grow the pool forever."""
 BOUND_DOUBLING_S = 300.0
@@ -67,13 +69,13 @@ class AutoscalingConfig:
     """Under this share of every target, with no queue: the pool may shrink."""
     sizing_slo_share: float | None = 0.8
     """The sizing model's capacity per replica is taken at this share of the targets (its mean
-    request within it leaves the p99 the rest); None: no prediction (`pools.autoscale.predict`)."""
+    request within it leaves the tail the rest); None: no prediction (`pools.autoscale.predict`)."""
 
     def __post_init__(self) -> None:
         problems = []
-        if self.min_replicas < 0 or self.max_replicas < max(self.min_replicas, 1):
-            problems.append(f"need 0 <= min_replicas ({self.min_replicas}) <= max_replicas ({self.max_replicas}), "
-                            "max_replicas >= 1")
+        if self.min_replicas < 1 or self.max_replicas < self.min_replicas:
+            problems.append(f"need 1 <= min_replicas ({self.min_replicas}) <= max_replicas ({self.max_replicas}) "
+                            "(a pool at 0 would see no requests to scale back up from)")
         if self.target_ongoing_requests <= 0:
             problems.append("target_ongoing_requests must be positive")
         if min(self.upscale_delay_s, self.downscale_delay_s, self.cooldown_s) < 0:
@@ -172,7 +174,8 @@ def desired(obs: PoolObservation, cfg: AutoscalingConfig, capacity_bound_rps: fl
                        + (" (as the pool's latency showed)" if learned else ""))
         want = max(want, predicted)
     late = _slo_ratio(obs)
-    if late is not None and late > cfg.slo_headroom and _loaded(obs, cfg):
+    starting = obs.serving is not None and obs.serving < n  # what was added is not serving yet
+    if late is not None and late > cfg.slo_headroom and _loaded(obs, cfg) and not starting:
         want = max(want, n + 1)
         reasons.append(f"{_slo_text(obs, cfg)} is {late:.0%} of its target (over {cfg.slo_headroom:.0%})")
     elif want < n and late is not None and late > cfg.slo_slack and _loaded(obs, cfg, want):
@@ -258,6 +261,9 @@ def on_tick(now_s: float, observations: Mapping[str, PoolObservation], configs: 
         since = mine.since_s if same else now_s
         if same and not up:  # scale in to the most any tick of the delay wanted (HPA's stabilization window)
             want = max(want, mine.wanted)
+            if want >= obs.replicas:  # the count moved under it (a lost node): nothing left to remove
+                pools[name] = replace(mine, wanted=0)
+                continue
         pools[name] = replace(mine, wanted=want, since_s=since)
         delay = cfg.upscale_delay_s if up else cfg.downscale_delay_s
         if now_s - since < delay or now_s - mine.last_change_s < cfg.cooldown_s:

@@ -2,9 +2,9 @@
 model (`pools.sizing`, from the cost model) for the pool's role, TP size and the best link the
 topology offers a TP group of that size, for the requests' mean prompt and output lengths.
 
-The sizing model prices the mean request; a p99 target needs room above the mean, so the
+The sizing model prices the mean request; a tail target (p95) needs room above the mean, so the
 capacity is taken at `slo_share` of the targets (0.8: a mean TPOT of 40 ms for a 50 ms
-target). The policy divides the observed rate by it (`PoolObservation.predicted_replicas`).
+target). The policy divides the observed rate by it (`pools.autoscale.policy.desired`).
 
 Gangs (pp > 1, dp > 1 or expert parallel) have no prediction: they follow the load and SLO
 rules alone.

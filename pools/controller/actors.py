@@ -205,9 +205,9 @@ class _ControllerActor:
         return self.core.table
 
     def observe(self, report: dict[str, Any]) -> dict[str, Any]:
-        """A router's load report (every second) for the autoscaler; its status back."""
-        with self.lock:
-            return self.core.observe(report)
+        """A router's load report (every second) for the autoscaler; its status back. Not under
+        the controller's lock: a health pass stopping replicas must not hold up the routers."""
+        return self.core.observe(report)
 
     def plan(self) -> dict[str, Any] | None:
         """The placement plan's JSON, with the controller's own view under `controller`."""

@@ -12,18 +12,19 @@ idle. Nothing here blocks: a decision is arithmetic on what the reports said.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from pools.autoscale.actions import grow, shrink
+from pools.autoscale.actions import grow, shrink, with_count
 from pools.autoscale.observe import Window, parse_report
 from pools.autoscale.policy import Action, AutoscalerState, PoolObservation, on_tick
 from pools.autoscale.predict import replica_capacity
 from pools.controller.fleet import Fleet, Running
 from pools.controller.rollout import Change
 from pools.controller.spec import AutoscaleSpec, ControllerSpec
-from pools.model import PlacementPlan, SLOClass
+from pools.model import PlacementPlan, ReplicaPlacement, SLOClass
 from pools.routing import RoutingTable
 from topology import Topology
 
@@ -47,22 +48,28 @@ class Autoscaling:
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
         self.acted: Counter[tuple[str, str]] = Counter()
         self.reports = 0
+        self.lock = threading.Lock()
+        """Reports come in on the actor's call threads, without the controller's lock (a health
+        pass that stops replicas must not hold up the router); decisions and views take this."""
 
     @property
     def enabled(self) -> bool:
         return bool(self.spec.pools)
 
     def observe(self, doc: Any) -> None:
-        """A router's load report (ValueError: not one)."""
-        self.window.add(parse_report(doc, self.clock()))
-        self.reports += 1
+        """A router's load report (ValueError: not one), timed as it arrives."""
+        report = parse_report(doc, self.clock())
+        with self.lock:
+            self.window.add(report)
+            self.reports += 1
 
     def due(self) -> bool:
         now = self.clock()
         if not self.enabled or now < self.due_s:
             return False
         self.due_s = now + self.spec.interval_s
-        last = self.window.reports[-1].at_s if self.window.reports else None
+        with self.lock:
+            last = self.window.reports[-1].at_s if self.window.reports else None
         if last is None or now - last > STALE_S:
             since = "ever" if last is None else f"{now - last:.0f} s"
             log.info("autoscaling: no load report for %s; no decision", since)
@@ -73,8 +80,9 @@ class Autoscaling:
                classes: Mapping[str, SLOClass]) -> list[Action]:
         """One tick of the policy over every autoscaled pool: the actions to take now."""
         now = self.clock()
-        observations = {name: self._observation(now, name, plan, topology, serving.get(name, 0), classes)
-                        for name in self.spec.pools if any(p.name == name for p in plan.pools)}
+        with self.lock:
+            observations = {name: self._observation(now, name, plan, topology, serving.get(name, 0), classes)
+                            for name in self.spec.pools if any(p.name == name for p in plan.pools)}
         actions, self.state = on_tick(now, observations, self.spec.pools, self.state)
         self.seen = observations
         targets = {a.pool: a.target for a in actions}  # acted on: the count it goes to
@@ -88,7 +96,7 @@ class Autoscaling:
                      classes: Mapping[str, SLOClass]) -> PoolObservation:
         spec, cfg = plan.pool(name), self.spec.pools[name]
         mine = [classes[c] for c in spec.slo_classes if c in classes] or list(classes.values())
-        latency_pools = [p.name for p in plan.pools if p.model == spec.model and p.role != "prefill"] \
+        latency_pools = [p.name for p in plan.pools if p.model == spec.model and p.role == "decode"] \
             if spec.role == "prefill" else [name]
         capacity = None if cfg.sizing_slo_share is None else replica_capacity(
             spec, topology, mine, self.spec.prompt_tokens, self.spec.output_tokens, cfg.sizing_slo_share)
@@ -100,12 +108,21 @@ class Autoscaling:
         """An action taken: kept for `status` (and returned, for the controller's event)."""
         entry = {"time": round(self.clock(), 3), "pool": action.pool, "delta": action.delta, "target": action.target,
                  "reason": action.reason, **result}
-        self.decisions.append(entry)
-        self.acted[(action.pool, "out" if action.delta > 0 else "in")] += 1
+        with self.lock:
+            self.decisions.append(entry)
+            self.acted[(action.pool, "out" if action.delta > 0 else "in")] += 1
         return entry
+
+    def inflight(self) -> dict[str, int]:
+        with self.lock:
+            return self.window.inflight()
 
     def status(self, plan: PlacementPlan | None, serving: Mapping[str, int]) -> dict[str, Any]:
         """What `isle status` and the router's `isle_autoscale_*` metrics show."""
+        with self.lock:
+            return self._status(plan, serving)
+
+    def _status(self, plan: PlacementPlan | None, serving: Mapping[str, int]) -> dict[str, Any]:
         pools: dict[str, Any] = {}
         for name, cfg in sorted(self.spec.pools.items()):
             seen = self.seen.get(name)
@@ -147,29 +164,52 @@ class Core(Protocol):
 def serving_counts(core: Core) -> dict[str, int]:
     """Per pool, the replicas taking traffic (installed, not draining)."""
     counts: dict[str, int] = {}
-    for r in core.running.values():
+    for r in list(core.running.values()):  # read on call threads too: a copy made in one step
         if not r.draining:
             counts[r.placement.pool] = counts.get(r.placement.pool, 0) + 1
     return counts
 
 
+def held_elsewhere(core: Core) -> list[ReplicaPlacement]:
+    """Replicas that hold GPUs and ids outside the plan: retiring ones, starts in flight, and
+    running ones the plan has elsewhere (the old copy of a move) or not at all (kept draining)."""
+    planned = {p.replica_id: p for p in core.plan.placements} if core.plan is not None else {}
+    return [*(r.placement for r in core.retiring), *core.fleet.starts.targets().values(),
+            *(r.placement for rid, r in list(core.running.items()) if planned.get(rid) != r.placement)]
+
+
 def act(core: Core) -> bool:
     """One decision, acted on; True when it changed what runs (the table is published then)."""
     assert core.plan is not None and core.topology is not None
+    lost = _forget_lost_starts(core)
     actions = core.autoscaling.decide(core.plan, core.topology, serving_counts(core), core.spec.slo_classes)
     for a in actions:
         if a.delta > 0:
             _scale_out(core, a)
         else:
             _scale_in(core, a)
-    return bool(actions)
+    return bool(actions) or lost
+
+
+def _forget_lost_starts(core: Core) -> bool:
+    """An autoscaled replica in the plan that neither runs nor is being started (its start failed,
+    or a restarted controller stopped it) leaves the plan: the pool's count says what serves, and
+    the next decision adds again if the load wants it."""
+    assert core.plan is not None
+    lost = [p for p in core.plan.placements if p.pool in core.spec.autoscale.pools
+            and p.replica_id not in core.running and p.replica_id not in core.fleet.starts.flight]
+    for p in lost:
+        core.plan = with_count(core.plan, p.pool, tuple(x for x in core.plan.placements if x is not p))
+        core._record("autoscale_start_lost", {"replica_id": p.replica_id, "pool": p.pool, "node": p.node,
+                                             "gpus": list(p.gpus)})
+    return bool(lost)
 
 
 def _scale_out(core: Core, a: Action) -> None:
     """New replicas on the GPUs nobody holds, placed by the deployment's placement policy."""
     assert core.plan is not None and core.topology is not None
     core.plan, placed, missing = grow(core.plan, core.topology, a.pool, a.delta, core.spec.policy,
-                                      [r.placement for r in core.retiring])
+                                      held_elsewhere(core))
     core._record("autoscale", core.autoscaling.record(a, {"missing": missing, "placed": [
         {"replica_id": p.replica_id, "node": p.node, "gpus": list(p.gpus), "tier": p.tier} for p in placed]}))
     for p in placed:
@@ -181,7 +221,8 @@ def _scale_in(core: Core, a: Action) -> None:
     plan and the table; a start still in flight for one is dropped."""
     assert core.plan is not None
     health = {r.replica_id: r.health_score for r in core.table.replicas}
-    core.plan, gone = shrink(core.plan, a.pool, -a.delta, core.autoscaling.window.inflight(), health)
+    draining = frozenset(rid for rid, r in list(core.running.items()) if r.draining)
+    core.plan, gone = shrink(core.plan, a.pool, -a.delta, core.autoscaling.inflight(), health, draining)
     now = core.clock()
     for rid in gone:
         core.fleet.starts.drop(rid, f"scaled in: {a.reason}")

@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from pools.controller import gang, health, launching, nodecheck, state
-from pools.controller.autoscaling import Autoscaling, act, serving_counts
+from pools.controller.autoscaling import Autoscaling, act, held_elsewhere, serving_counts
 from pools.controller.backend import Backend
 from pools.controller.benching import BenchKeeper
 from pools.controller.events import EventLog
@@ -216,10 +216,14 @@ class ControllerCore:
             self.running[rid] = Running(replica=replica, launch=launch, placement=r.placement, url=url,
                                         draining=r.draining, retire_by=0.0)
             reattached.append(rid)
-        for r in saved.retiring:
-            old = gang.attach(self.backend, self._launch(r.placement, r.generation, r.ports))
+        for r in saved.retiring:  # draining ones finish their streams; a lost start is idle: both stop when idle
+            launch = self._launch(r.placement, r.generation, r.ports)
+            old = gang.attach(self.backend, launch)
             if old is not None:
-                self.fleet.stop(old)
+                timeout_s = self.spec.autoscale.drain_timeout_s if r.placement.pool in self.spec.autoscale.pools \
+                    else self.spec.drain_timeout_s
+                self.retiring.append(Running(replica=old, launch=launch, placement=r.placement, url=r.url,
+                                             draining=True, retire_by=self.clock() + timeout_s))
         self._record("resumed", {"reattached": reattached, "restarted": started, "table_version": saved.table_version})
         self._publish()
         if self.topology.fingerprint() != self.plan.topology_fingerprint:
@@ -269,7 +273,7 @@ class ControllerCore:
             return []  # the plan already fits this graph (scores may differ: see _read_counters)
         self._record("topology", {"reason": why, "previous": old.fingerprint(), "lost_nodes": sorted(self.lost),
                                   "marks": [m.key for m in self.marks.values()]})
-        result = replan(self.plan, new, previous=old)
+        result = replan(self.plan, new, previous=old, held=held_elsewhere(self))
         where = {**{rid: r.placement for rid, r in self.running.items()}, **self.fleet.starts.targets()}
         todo = changes(where, result.plan, result.moves)
         self.plan = result.plan

@@ -9,6 +9,7 @@ unplaced get another chance (a new node may hold them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest, ReplicaPlacement
@@ -68,9 +69,11 @@ def _refresh(layout: Layout, p: ReplicaPlacement, old: PlacementPlan) -> Replica
     return layout.placement(work, [GpuRef(n, g) for n, g in p.gpu_refs()], p.reasons)
 
 
-def replan(old: PlacementPlan, topology: Topology, seed: int = 0, previous: Topology | None = None) -> Replan:
+def replan(old: PlacementPlan, topology: Topology, seed: int = 0, previous: Topology | None = None,
+           held: Sequence[ReplicaPlacement] = ()) -> Replan:
     """`previous`, the topology `old` was made for, lets placements on unchanged nodes (the
-    same node objects) skip their re-check: the work is proportional to what changed."""
+    same node objects) skip their re-check: the work is proportional to what changed. `held`:
+    replicas outside the plan that still run (draining): their GPUs and ids are not given out."""
     policy = get_policy(old.policy)
     kept: list[ReplicaPlacement] = []
     to_move: dict[str, list[str]] = {}
@@ -91,10 +94,10 @@ def replan(old: PlacementPlan, topology: Topology, seed: int = 0, previous: Topo
             before[p.replica_id] = p
     for pool in old.pools:  # a pool short of its count (ids need not be contiguous: autoscaling removes any)
         short = pool.replicas - sum(1 for p in old.placements if p.pool == pool.name)
-        for rid in old.new_ids(pool.name, max(short, 0)):
+        for rid in old.new_ids(pool.name, max(short, 0), (p.replica_id for p in held)):
             to_move.setdefault(pool.name, []).append(rid)
             reasons[rid] = "was unplaced"
-    occupied = frozenset(GpuRef(n, g) for p in kept for n, g in p.gpu_refs())
+    occupied = frozenset(GpuRef(n, g) for p in (*kept, *held) for n, g in p.gpu_refs())
     sub_pools = tuple(replace(pool, replicas=len(to_move[pool.name])) for pool in old.pools if pool.name in to_move)
     classes = old.slo_classes or {c.name: c for c in DEFAULT_SLO_CLASSES}
     request = PlacementRequest(topology=topology, pools=sub_pools, seed=seed, occupied=occupied,

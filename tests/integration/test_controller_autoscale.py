@@ -103,3 +103,28 @@ def test_reports_grow_and_shrink_the_decode_pool_inside_islands(tmp_path: Path) 
         assert (auto["placed"], auto["wanted"], auto["scaled_out"], auto["scaled_in"]) == (1, 1, 1, len(scaled) - 1)
     finally:
         core.shutdown()
+
+
+def test_a_replica_whose_start_was_lost_leaves_the_plan(tmp_path: Path) -> None:
+    """A scale-out whose start never comes up (it failed, or a restarted controller stopped it)
+    does not keep its GPUs and its place in the count for good."""
+    clock = Clock()
+    core = ControllerCore(_spec(tmp_path), LocalBackend(), clock=clock)
+    try:
+        core.deploy()
+        for sent in (40, 50):
+            clock.now += 1.0
+            core.observe(_report(running=7.0, sent=sent))
+        core.check()
+        assert core.plan is not None and core.plan.pool("decode").replicas == 3
+        core.fleet.starts.drop("decode-2", "test: the start failed")
+        core.settle(timeout_s=60)
+        clock.now += 1.0
+        core.observe(_report(running=1.0, sent=50))
+        core.check()  # the next decision first forgets the lost start
+        assert core.plan.pool("decode").replicas == 2
+        assert sorted(p.replica_id for p in core.plan.placements if p.pool == "decode") == ["decode-0", "decode-1"]
+        events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+        assert [e["replica_id"] for e in events if e["kind"] == "autoscale_start_lost"] == ["decode-2"]
+    finally:
+        core.shutdown()

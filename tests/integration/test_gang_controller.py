@@ -7,7 +7,6 @@ again; nothing is left running afterwards."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import time
@@ -19,15 +18,14 @@ from typing import Any
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 from pools.controller.actors import get_or_create_controller
 from pools.controller.spec import ControllerSpec
 from pools.model import PoolSpec
-from pools.nodelabels import node_labels, node_resources
 from pools.routing import RoutingTable
 from tests.conftest import ROOT
 from tests.ray.test_controller_cluster import _alive
+from tests.raycluster import fake_cluster
 from topology import read_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.slow]
@@ -65,32 +63,21 @@ def _topology(directory: Path) -> str:
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gang]:
     directory = tmp_path_factory.mktemp("gang")
     source = _topology(directory)
-    topology = read_source(source)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                             "node_ip_address": "127.0.0.1"})
-    for name in ("a", "b"):
-        node = topology.node(name)
-        cluster.add_node(num_cpus=1, num_gpus=2, node_ip_address="127.0.0.1", labels=node_labels(topology, node),
-                         resources=node_resources(topology, node))
-    cluster.wait_for_nodes()
-    assert cluster.address.startswith("127.0.0.1:"), "Ray must stay on loopback (tests/conftest.py)"
-    ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
     spec = ControllerSpec(topology_source=source, engine="sim", policy="island-aligned", time_scale=0.05,
                           state_dir=str(directory / "state"), counters_interval_s=0, drain_timeout_s=5,
                           pools=(PoolSpec(name="moe", role="mixed", tp=1, dp=4, replicas=1, model=MODEL,
                                           expert_parallel=True, slo_classes=("interactive", "standard", "batch")),))
-    controller = get_or_create_controller(spec)
     engines: list[int] = []
-    try:
-        ray.get(controller.deploy.remote(), timeout=90)
-        gang = Gang(controller=controller, state_dir=Path(spec.state_dir))
-        engines = [r["pid"] for r in gang.ranks().values()]
-        yield gang
-        engines += [r["pid"] for r in gang.ranks().values()]
-    finally:
-        ray.get(controller.shutdown.remote(), timeout=60)
-        ray.shutdown()
-        cluster.shutdown()  # type: ignore[no-untyped-call]
+    with fake_cluster(read_source(source), ("a", "b"), num_gpus=2):
+        controller = get_or_create_controller(spec)
+        try:
+            ray.get(controller.deploy.remote(), timeout=90)
+            gang = Gang(controller=controller, state_dir=Path(spec.state_dir))
+            engines = [r["pid"] for r in gang.ranks().values()]
+            yield gang
+            engines += [r["pid"] for r in gang.ranks().values()]
+        finally:
+            ray.get(controller.shutdown.remote(), timeout=60)
     assert engines and not [pid for pid in engines if pid and _alive(pid)], "engine processes left behind"
 
 

@@ -7,7 +7,6 @@ openai client drives it; `isle status` and /metrics show the decisions."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import urllib.request
@@ -20,18 +19,17 @@ import openai
 import pytest
 import ray
 import yaml
-from ray.cluster_utils import Cluster
 
 from pools.controller.actors import get_or_create_controller
 from pools.controller.discovery import ray_nodes
 from pools.controller.nodecheck import NODE_LABEL
-from pools.nodelabels import node_labels, node_resources
 from router.appconfig import AppArgs, parse_app_args
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from router.serve import RouterThread, controller_spec
 from router.status import collect, render
 from tests.conftest import ROOT
 from tests.ray.test_controller_cluster import PAIRS, Product, _alive
+from tests.raycluster import fake_cluster
 from topology import read_source
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -55,35 +53,23 @@ def _args(state_dir: Path) -> AppArgs:
 
 @pytest.fixture(scope="module")
 def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Product]:
-    topology = read_source(PAIRS)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                             "node_ip_address": "127.0.0.1"})
-    for name in ("a", "b"):
-        node = topology.node(name)
-        cluster.add_node(num_cpus=1, num_gpus=4, node_ip_address="127.0.0.1", labels=node_labels(topology, node),
-                         resources=node_resources(topology, node))
-    cluster.wait_for_nodes()
-    assert cluster.address.startswith("127.0.0.1:"), "Ray must stay on loopback (tests/conftest.py)"
-    ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
     state_dir = tmp_path_factory.mktemp("autoscale")
     args = _args(state_dir)
-    controller, router = get_or_create_controller(controller_spec(args)), None
-    p: Product | None = None
-    try:
-        router = RouterThread(args, controller)
-        ray_ids = {n.labels[NODE_LABEL]: n.node_id for n in ray_nodes() if NODE_LABEL in n.labels}
-        p = Product(controller=controller, router=router, ray_ids=ray_ids, state_dir=state_dir,
-                    address=cluster.address)
-        yield p
-    finally:
-        for c in p.clients if p is not None else []:
-            c.close()
-        time.sleep(0.2)
-        if router is not None:
-            router.stop()
-        ray.get(controller.shutdown.remote(), timeout=60)
-        ray.shutdown()
-        cluster.shutdown()  # type: ignore[no-untyped-call]
+    with fake_cluster(read_source(PAIRS), ("a", "b"), num_gpus=4) as address:
+        controller, router = get_or_create_controller(controller_spec(args)), None
+        p: Product | None = None
+        try:
+            router = RouterThread(args, controller)
+            ray_ids = {n.labels[NODE_LABEL]: n.node_id for n in ray_nodes() if NODE_LABEL in n.labels}
+            p = Product(controller=controller, router=router, ray_ids=ray_ids, state_dir=state_dir, address=address)
+            yield p
+        finally:
+            for c in p.clients if p is not None else []:
+                c.close()
+            time.sleep(0.2)
+            if router is not None:
+                router.stop()
+            ray.get(controller.shutdown.remote(), timeout=60)
 
 
 def _decode(product: Product) -> dict[str, Any]:

@@ -161,3 +161,24 @@ def test_a_new_prefill_goes_next_to_the_decode_pool_not_to_the_tightest_island()
     assert blind[0].node == "h-0"  # first-fit takes the lowest free GPUs (here h-0 too), not by the KV path
     grown, _ = scale_out(plan, topo, "prefill", 4, "island-aligned", held)
     assert [p.node for p in grown] == ["h-0", "h-0", "h-0", "h-1"]  # then elsewhere
+
+
+def test_no_more_replicas_for_a_late_tail_while_one_is_still_starting() -> None:
+    """A vLLM server loading for minutes: asking again every cooldown would send the pool to
+    max_replicas; the load and prediction rules still apply."""
+    assert desired(obs(3, 40, tpot=60.0, serving=2), CFG)[0] == 3
+    assert desired(obs(3, 40, tpot=60.0, serving=3), CFG)[0] == 4
+    assert desired(obs(3, 80, tpot=60.0, serving=2), CFG)[0] == 5  # the load rule is not held back
+
+
+def test_a_scale_in_the_count_already_made_is_no_action() -> None:
+    """A node loss took the pool from 4 to 3 while 3 was wanted: nothing is left to remove."""
+    state = AutoscalerState()
+    _, state = on_tick(0.0, {"decode": obs(4, 40)}, {"decode": CFG}, state)  # 3 wanted
+    actions, state = on_tick(40.0, {"decode": obs(3, 16)}, {"decode": CFG}, state)
+    assert actions == []
+
+
+def test_a_pool_cannot_scale_to_zero() -> None:
+    with pytest.raises(ValueError, match="min_replicas"):
+        AutoscalingConfig(min_replicas=0, max_replicas=2)

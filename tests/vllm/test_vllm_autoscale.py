@@ -6,7 +6,6 @@ its server process stops, and every request gets its whole answer."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -17,13 +16,12 @@ from typing import Any
 import pytest
 import ray
 import yaml
-from ray.cluster_utils import Cluster
 
 from pools.controller.actors import get_or_create_controller
-from pools.nodelabels import node_labels, node_resources
 from router.appconfig import AppArgs, parse_app_args
 from router.serve import RouterThread, controller_spec
 from tests.conftest import ROOT
+from tests.raycluster import fake_cluster
 from tests.vllm.conftest import READY_TIMEOUT_S, SERVED
 from tests.vllm.test_vllm_controller import CONFIG, IGNORE_EOS, Deployed, _alive
 from topology import read_source
@@ -48,29 +46,20 @@ def _args(state_dir: Path) -> AppArgs:
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     args = _args(tmp_path_factory.mktemp("vllm-autoscale"))
-    topology = read_source(str(ROOT / args.topology))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                             "node_ip_address": "127.0.0.1"})
-    node = topology.node("cpu")
-    cluster.add_node(num_cpus=1, num_gpus=0, node_ip_address="127.0.0.1", labels=node_labels(topology, node),
-                     resources=node_resources(topology, node))
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
-    controller, router = get_or_create_controller(controller_spec(args)), None
-    d: Deployed | None = None
-    try:
-        router = RouterThread(args, controller)
-        d = Deployed(controller=controller, router=router, state_dir=Path(args.state_dir), ray_node="")
-        yield d
-    finally:
-        for c in d.clients if d is not None else []:
-            c.close()
-        if router is not None:
-            router.stop()
-        ray.get(controller.shutdown.remote(), timeout=120)
-        ray.kill(controller, no_restart=True)
-        ray.shutdown()
-        cluster.shutdown()  # type: ignore[no-untyped-call]
+    with fake_cluster(read_source(str(ROOT / args.topology)), ("cpu",), num_gpus=0):
+        controller, router = get_or_create_controller(controller_spec(args)), None
+        d: Deployed | None = None
+        try:
+            router = RouterThread(args, controller)
+            d = Deployed(controller=controller, router=router, state_dir=Path(args.state_dir), ray_node="")
+            yield d
+        finally:
+            for c in d.clients if d is not None else []:
+                c.close()
+            if router is not None:
+                router.stop()
+            ray.get(controller.shutdown.remote(), timeout=120)
+            ray.kill(controller, no_restart=True)
 
 
 def _pool(d: Deployed) -> dict[str, Any]:

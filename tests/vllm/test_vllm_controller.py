@@ -10,7 +10,6 @@ disaggregated over NIXL. A restarted controller reattaches to the same servers o
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from collections.abc import Iterator
@@ -22,16 +21,15 @@ import openai
 import pytest
 import ray
 import yaml
-from ray.cluster_utils import Cluster
 
 from pools.controller.actors import get_or_create_controller
 from pools.controller.discovery import ray_nodes
 from pools.controller.pinning import gpu_resource
-from pools.nodelabels import node_labels, node_resources
 from router.appconfig import AppArgs, parse_app_args
 from router.config import DEV_KEY
 from router.serve import RouterThread, controller_spec
 from tests.conftest import ROOT
+from tests.raycluster import fake_cluster
 from tests.vllm.conftest import READY_TIMEOUT_S, SERVED
 from topology import read_source
 
@@ -75,32 +73,24 @@ def _alive(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     args = _args(tmp_path_factory.mktemp("vllm-controller"))
-    topology = read_source(str(ROOT / args.topology))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                             "node_ip_address": "127.0.0.1"})
-    node = topology.node("cpu")
-    cluster.add_node(num_cpus=1, num_gpus=0, node_ip_address="127.0.0.1", labels=node_labels(topology, node),
-                     resources=node_resources(topology, node))
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
-    controller, router, engines = get_or_create_controller(controller_spec(args)), None, []
-    d: Deployed | None = None
-    try:
-        router = RouterThread(args, controller)  # deploys: both vLLM servers started and healthy
-        ray_node = next(n.node_id for n in ray_nodes() if gpu_resource("cpu", 0) in n.resources)
-        d = Deployed(controller=controller, router=router, state_dir=Path(args.state_dir), ray_node=ray_node)
-        engines = [r["pid"] for r in d.replicas().values()]
-        yield d
-        engines += [r["pid"] for r in d.replicas().values()]
-    finally:
-        for c in d.clients if d is not None else []:
-            c.close()
-        if router is not None:
-            router.stop()
-        ray.get(controller.shutdown.remote(), timeout=120)
-        ray.kill(controller, no_restart=True)
-        ray.shutdown()
-        cluster.shutdown()  # type: ignore[no-untyped-call]
+    engines: list[int] = []
+    with fake_cluster(read_source(str(ROOT / args.topology)), ("cpu",), num_gpus=0):
+        controller, router = get_or_create_controller(controller_spec(args)), None
+        d: Deployed | None = None
+        try:
+            router = RouterThread(args, controller)  # deploys: both vLLM servers started and healthy
+            ray_node = next(n.node_id for n in ray_nodes() if gpu_resource("cpu", 0) in n.resources)
+            d = Deployed(controller=controller, router=router, state_dir=Path(args.state_dir), ray_node=ray_node)
+            engines = [r["pid"] for r in d.replicas().values()]
+            yield d
+            engines += [r["pid"] for r in d.replicas().values()]
+        finally:
+            for c in d.clients if d is not None else []:
+                c.close()
+            if router is not None:
+                router.stop()
+            ray.get(controller.shutdown.remote(), timeout=120)
+            ray.kill(controller, no_restart=True)
     assert not [pid for pid in engines if pid and _alive(pid)], "vLLM servers left behind"
 
 
