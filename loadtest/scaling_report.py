@@ -77,10 +77,13 @@ def verdict(rows: Sequence[Mapping[str, Any]], focus: str = "interactive") -> li
     lines.append(f"- GPU-hours: topology {topo['gpu_hours']:.2f}, {share:.0%} of static's {static['gpu_hours']:.2f} "
                  f"(bar: at most {GPU_HOURS_BAR:.0%})"
                  + (f"; blind {blind['gpu_hours']:.2f}" if blind is not None else "") + ".")
-    met = share <= GPU_HOURS_BAR and static["attainment"].get(focus, 0.0) - topo["attainment"].get(focus, 0.0) \
-        <= ATTAINMENT_POINTS_BAR and (blind is None or topo["attainment"].get(focus, 0.0) >
-                                      blind["attainment"].get(focus, 0.0))
-    lines.append(f"- The bar (whole run): {'met' if met else 'not met'}.")
+    for key, where in (("attainment", "over the whole run"), ("attainment_peak", "at the peak")):
+        if key not in topo or focus not in topo[key]:
+            continue
+        mine, theirs = topo[key][focus], static.get(key, {}).get(focus, 0.0)
+        met = share <= GPU_HOURS_BAR and theirs - mine <= ATTAINMENT_POINTS_BAR and (
+            blind is None or mine > blind.get(key, {}).get(focus, 0.0))
+        lines.append(f"- The bar {where}: {'met' if met else 'not met'}.")
     return lines
 
 
