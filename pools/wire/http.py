@@ -11,9 +11,13 @@ Connection semantics, as nginx and Envoy have them:
   response has been handed to the socket and the socket has drained below its high-water mark.
   So pipelined requests wait in the client's socket, at most one read of them in memory, and an
   interim `100 Continue` can only belong to the request being served.
-- Caps per listener (`pools.wire.limits.ServerLimits`): open connections and buffered request
-  bytes (503 + Retry-After past either); a client that leaves its response unread for
-  `client_write_timeout_s` is disconnected (`Responder.timed_out` says so to the handler).
+- Caps per listener and per client address (`pools.wire.limits.ServerLimits`): open connections
+  and buffered request bytes, counted as they arrive (503 + Retry-After past either; at the
+  connection cap the longest idle connection is closed to make room first); an idle keep-alive
+  connection is closed after `idle_timeout_s`, a request whose head and body have not all come
+  within `read_timeout_s` is answered 408 (a slow head or body cannot hold a slot for longer); a
+  client that leaves its response unread for `client_write_timeout_s` is disconnected
+  (`Responder.timed_out` says so to the handler). Every refusal is counted by cause.
 - What a request head must be, and what is refused: `pools.wire.reader`.
 - A refused request is answered and the connection closed after a lingering read (as nginx's
   lingering close), so what the client still sends does not reset the answer away.
@@ -23,20 +27,18 @@ Connection semantics, as nginx and Envoy have them:
 
 from __future__ import annotations
 
-__all__ = ["MAX_HEADER_COUNT", "MAX_HEAD_BYTES", "SINGLE", "Handler", "HttpProtocol", "Request", "Responder",
-           "ServerLimits", "serve"]
+__all__ = ["IDLE_TIMEOUT_S", "MAX_HEADER_COUNT", "MAX_HEAD_BYTES", "SINGLE", "Handler", "HttpProtocol", "Request",
+           "Responder", "ServerLimits", "serve"]
 
 import asyncio
 from collections.abc import Awaitable, Callable
 
 from pools.wire.deadline import Deadline
-from pools.wire.limits import ServerLimits
+from pools.wire.limits import IDLE_TIMEOUT_S, ServerLimits, client_key
 from pools.wire.reader import MAX_HEAD_BYTES, MAX_HEADER_COUNT, SINGLE, Request, RequestReader, error_body
 from pools.wire.responder import Responder, header_block, status_line
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
-IDLE_TIMEOUT_S = 75.0
-"""A keep-alive connection with no request in progress is closed after this long."""
 READ_TIMEOUT_S = 30.0
 """A request whose headers and body have not all arrived after this long is answered 408."""
 LINGER_S = 2.0
@@ -66,8 +68,12 @@ class HttpProtocol(asyncio.Protocol):
         self.reader = RequestReader(self, limits, self.max_body_bytes, "")
         self.closed = False
         self.counted = False
-        """This connection counts toward the listener's connection cap."""
+        """This connection counts toward the listener's connection caps."""
+        self.idle = False
+        """Between requests with nothing held: evictable at the connection cap (`limits.idle`)."""
         self.peer = ""
+        self.client = ""
+        """The client address the per-client caps count this connection under."""
         self.busy = False
         """A request has been handed to the handler and its response is not finished."""
         self.held = b""
@@ -100,7 +106,32 @@ class HttpProtocol(asyncio.Protocol):
 
     def _read_expired(self) -> None:
         if self.reader.in_message and not self.busy:
+            self.limits.refuse("read_timeout")
             self.reject(408, _NOT_IN_TIME)
+
+    def _await_request(self) -> None:
+        """Between requests: the idle deadline runs and the connection may be evicted at the cap."""
+        self.deadline.arm(self.limits.idle_timeout_s, self._idle_expired)
+        if self.counted and not self.idle:
+            self.idle = True
+            self.limits.idle[self] = None
+
+    def _busy_now(self) -> None:
+        if self.idle:
+            self.idle = False
+            self.limits.idle.pop(self, None)
+
+    def _uncount(self) -> None:
+        self._busy_now()
+        if self.counted:
+            self.counted = False
+            self.limits.release_connection(self.client)
+
+    def evict(self) -> None:
+        """Closed to make room at the connection cap (it was idle): its count goes now."""
+        self.idle = False  # (the limits took it off their idle list)
+        self._uncount()
+        self._close()
 
     def _write_expired(self) -> None:
         """The client read nothing of what it was sent for client_write_timeout_s: drop it."""
@@ -116,19 +147,19 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = own = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport subclass
         peer = transport.get_extra_info("peername")
-        self.peer = self.reader.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
-        if not self.limits.admit_connection():
+        if isinstance(peer, tuple):
+            self.peer = self.reader.peer = f"{peer[0]}:{peer[1]}"
+            self.client = client_key(str(peer[0]))
+        if not self.limits.admit_connection(self.client):
             self.reject(503, _BUSY_CONNECTIONS)
             return
         self.counted = True
         own.set_write_buffer_limits(high=self.limits.write_buffer_bytes)  # type: ignore[attr-defined]
-        self.deadline.arm(IDLE_TIMEOUT_S, self._idle_expired)
+        self._await_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.counted:
-            self.counted = False
-            self.limits.connections -= 1
+        self._uncount()
         self.account(-self._accounted)
         self.deadline.cancel()
         for timer in (self._write_timer, self._linger_timer):
@@ -193,6 +224,8 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return  # lingering: read and dropped
+        if self.idle:
+            self._busy_now()
         if self.busy or self.held or self._after_drain:
             self._hold(data, 0)
         else:
@@ -230,8 +263,15 @@ class HttpProtocol(asyncio.Protocol):
 
     # Sink (what the reader uses), with reject below
     def account(self, delta: int) -> None:
-        self._accounted += delta
-        self.limits.buffered_bytes += delta
+        if delta:
+            self._accounted += delta
+            self.limits.add_bytes(self.client, delta)
+
+    def take(self, more_bytes: int) -> bool:
+        if self.limits.take(self.client, more_bytes):
+            return False  # refused (counted by cause)
+        self._accounted += more_bytes
+        return True
 
     def message_begun(self) -> None:
         self.deadline.arm(self.read_timeout_s, self._read_expired)
@@ -342,7 +382,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.held or self._reading_paused:
             self.loop.call_soon(self._go_on)  # after the current handler has returned
         else:
-            self.deadline.arm(IDLE_TIMEOUT_S, self._idle_expired)
+            self._await_request()
 
     def _go_on(self) -> None:
         """The previous response is out: parse what the client sent meanwhile, then read again."""
@@ -361,7 +401,7 @@ class HttpProtocol(asyncio.Protocol):
             self._reading_paused = False
             self.transport.resume_reading()
         if not self.reader.in_message:
-            self.deadline.arm(IDLE_TIMEOUT_S, self._idle_expired)
+            self._await_request()
 
 
 async def serve(handler: Handler, host: str, port: int, reuse_port: bool = False,

@@ -5,10 +5,18 @@ The parser is fed only up to the end of the request in hand — the first CRLF C
 of a chunked body (a request without a body, and a chunked body, can only end there), or the
 declared length of a body — so whatever a pipelining client sent after it stays unparsed bytes
 that the connection holds until the response is out. Refused (through `Sink.reject`): a head
-over MAX_HEAD_BYTES or MAX_HEADER_COUNT (431), a body over the limit (413), HTTP/1.1 without
-Host, a repeated header of SINGLE (400), a Transfer-Encoding other than `chunked` alone (501),
-protocol upgrades (400), malformed HTTP (400), bytes past the listener's buffered-bytes cap
-(503). Trailers of a chunked body are read and dropped: they never add to or replace a header.
+over MAX_HEAD_BYTES or MAX_HEADER_COUNT (431, as soon as the limit is passed: header lines are
+counted, a repeated one included, so 16,000 copies of one header cost no more than 101), a body
+over the limit (413), HTTP/1.1 without Host, a repeated header of SINGLE (400), a
+Transfer-Encoding other than `chunked` alone (501), protocol upgrades (400), malformed HTTP
+(400), bytes past the listener's buffered-bytes caps (503). Trailers of a chunked body are read
+and dropped: they never add to or replace a header (and count toward MAX_HEADER_COUNT).
+
+A body is counted against the caps as its bytes arrive (a declared Content-Length reserves
+nothing: a head that declares 4 MiB and sends nothing holds nothing), and it is kept in one
+buffer however it arrives: a body sent in 2-byte chunks costs what its bytes cost (about 1.1x
+with the buffer's growth), not a Python object per chunk (~28x). Each refusal is counted in
+`ServerLimits.refused` by cause.
 """
 
 from __future__ import annotations
@@ -77,6 +85,10 @@ class Sink(Protocol):
     def account(self, delta: int) -> None:
         """Request bytes held in memory for this connection, more or fewer."""
 
+    def take(self, more_bytes: int) -> bool:
+        """Count `more_bytes` of body held for this connection if the caps allow; False (the
+        refusal counted) if not."""
+
     def message_begun(self) -> None:
         """A request has started to arrive (its read deadline starts)."""
 
@@ -95,11 +107,19 @@ class _Gone:
     def account(self, delta: int) -> None:
         pass
 
+    def take(self, more_bytes: int) -> bool:
+        return False
+
     def message_begun(self) -> None:
         pass
 
 
 _GONE = _Gone()
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback to stop parsing a head past MAX_HEADER_COUNT / MAX_HEAD_BYTES
+    (httptools wraps it in an HttpParserCallbackError)."""
 
 
 def cut(tail: bytes, data: bytes, pos: int) -> int:
@@ -131,8 +151,15 @@ class RequestReader:
         self._headers_done = False
         self._url = b""
         self._headers: dict[str, str] = {}
+        self._joined: dict[str, list[str]] = {}
+        """Values of headers sent more than once, joined when the head is complete."""
+        self._lines = 0
+        """Header and trailer lines of the request at hand."""
         self._repeated = ""
-        self._body: list[bytes] = []
+        self._first = b""
+        """The body while it is one piece (the common case: no copy)."""
+        self._body = bytearray()
+        """The body once a second piece has come: one buffer, however small the pieces."""
         self._size = 0
         self._too_large = False
 
@@ -141,7 +168,7 @@ class RequestReader:
         to the connection) and the buffers, so no cycle keeps them alive."""
         self.parser = None
         self.sink = _GONE
-        self._body = []
+        self._first, self._body = b"", bytearray()
         self.ready = None
 
     def feed(self, data: bytes, pos: int) -> int:
@@ -161,24 +188,31 @@ class RequestReader:
             try:
                 self.parser.feed_data(piece)
             except httptools.HttpParserUpgrade:
-                self.ready = None
-                self.sink.reject(400, UPGRADE)
+                self._refuse(400, UPGRADE, "malformed")
             except httptools.HttpParserError:
-                self.ready = None
-                self.sink.reject(400, MALFORMED)
+                if self._head_too_large:
+                    self._refuse(431, HEAD_TOO_LARGE, "head_too_large")
+                else:
+                    self._refuse(400, MALFORMED, "malformed")
             if self.sink.closed:
                 break
             if phase == _HEAD and self.in_message and not self._headers_done:
                 self._head_raw += len(piece)  # the parser holds an incomplete head: bound it
                 if self._head_raw > MAX_HEAD_BYTES:
-                    self.sink.reject(431, HEAD_TOO_LARGE)
+                    self._refuse(431, HEAD_TOO_LARGE, "head_too_large")
         return pos
+
+    def _refuse(self, status: int, body: bytes, cause: str) -> None:
+        self.ready = None
+        if not self.sink.closed:
+            self.limits.refuse(cause)
+            self.sink.reject(status, body)
 
     # httptools callbacks
     def on_message_begin(self) -> None:
         self.in_message, self._headers_done = True, False
-        self._url, self._headers, self._repeated = b"", {}, ""
-        self._body, self._size, self._too_large = [], 0, False
+        self._url, self._headers, self._joined, self._repeated, self._lines = b"", {}, {}, "", 0
+        self._first, self._body, self._size, self._too_large = b"", bytearray(), 0, False
         self._head_bytes, self._head_raw, self._head_too_large = 0, 0, False
         self.sink.message_begun()
 
@@ -187,20 +221,24 @@ class RequestReader:
         self._head_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._lines += 1
+        if self._lines > MAX_HEADER_COUNT:
+            self._head_too_large = True
+            raise _HeadTooLarge  # stops the parser: the rest of the head is never looked at
         if self._headers_done:
             return  # a trailer of a chunked body: read, never merged into the headers
         self._head_bytes += len(name) + len(value)
-        headers = self._headers
-        if len(headers) >= MAX_HEADER_COUNT or self._head_bytes > MAX_HEAD_BYTES:
+        if self._head_bytes > MAX_HEAD_BYTES:
             self._head_too_large = True
-            return
+            raise _HeadTooLarge
+        headers = self._headers
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         if key in headers:
             if key in SINGLE:
                 self._repeated = key
             else:
-                headers[key] = headers[key] + ", " + text
+                self._joined.setdefault(key, [headers[key]]).append(text)
         else:
             headers[key] = text
 
@@ -208,12 +246,16 @@ class RequestReader:
         self._headers_done = True
         self._head_raw = 0
         self._tail = b""
+        for key, values in self._joined.items():
+            self._headers[key] = ", ".join(values)
         parser = self.parser
-        if self._head_too_large or parser.should_upgrade():
-            return  # answered at the end of the message (431) or by the upgrade exception (400)
+        if parser.should_upgrade():
+            return  # answered by the upgrade exception (400)
         problem = self._check(self._headers, parser.get_http_version())
         if problem is not None:
-            self.sink.reject(*problem)
+            status, body = problem
+            self.limits.refuse("body_too_large" if status == 413 else "malformed")
+            self.sink.reject(status, body)
 
     def _check(self, headers: dict[str, str], version: str) -> tuple[int, bytes] | None:
         """What is wrong with a complete head, if anything; sets how its body is framed."""
@@ -235,36 +277,39 @@ class RequestReader:
         expect = headers.get("expect")
         if length > self.max_body_bytes and expect is not None:
             return 413, TOO_LARGE  # the client waits for a go-ahead: no need to read the body
-        if length:  # a declared body is reserved whole: the cap holds before the bytes arrive
-            reserve = min(length, self.max_body_bytes)
-            if not self.limits.fits(reserve):
-                self.limits.refuse("buffered_bytes")
-                return 503, BUSY_BYTES
-            self.sink.account(reserve)
+        # (a declared length reserves nothing: body bytes are counted as they arrive, on_body)
         if expect is not None and version == "1.1" and expect.lower() == "100-continue":
             self.sink.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for this before a large body
         return None
 
     def on_body(self, body: bytes) -> None:
-        self._size += len(body)
+        size = self._size
+        self._size = size + len(body)
         if self._size > self.max_body_bytes:
-            self._too_large = True  # read on and drop, then 413
+            if not self._too_large:  # read on and drop, then 413: what was kept goes now
+                self._too_large = True
+                self.sink.account(-size)
+                self._first, self._body = b"", bytearray()
             return
-        if self._phase == _CHUNKED:  # (a body of declared length was reserved with its head)
-            if not self.limits.fits(len(body)):
-                self.limits.refuse("buffered_bytes")
-                self.sink.reject(503, BUSY_BYTES)
-                return
-            self.sink.account(len(body))
-        self._body.append(body)
+        if not self.sink.take(len(body)):  # counted as it arrives (the refusal is counted by cause)
+            self.ready = None
+            self.sink.reject(503, BUSY_BYTES)
+            return
+        if not size:
+            self._first = body
+            return
+        if self._first:
+            self._body += self._first
+            self._first = b""
+        self._body += body
 
     def on_message_complete(self) -> None:
         self.in_message, self._phase, self._tail, self._left = False, _HEAD, b"", 0
         parser = self.parser
         if self.sink.closed or parser.should_upgrade():
             return
-        if self._too_large or self._head_too_large:
-            self.sink.reject(413 if self._too_large else 431, TOO_LARGE if self._too_large else HEAD_TOO_LARGE)
+        if self._too_large:
+            self._refuse(413, TOO_LARGE, "body_too_large")
             return
         url = self._url.decode("latin-1")
         if url.startswith("/") and "?" not in url and "#" not in url:
@@ -273,8 +318,8 @@ class RequestReader:
             parts = urlsplit(url)
             path, query = parts.path, parse_qs(parts.query)
         method = parser.get_method().decode()
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        self._body = []
+        body = bytes(self._body) if self._body else self._first
+        self._first, self._body = b"", bytearray()
         self.ready = Request(method="GET" if method == "HEAD" else method, path=path, query=query,
                              headers=self._headers, body=body, peer=self.peer,
                              http_version=parser.get_http_version())

@@ -105,6 +105,8 @@ def test_unread_pipelining_stays_bounded_and_is_answered_in_order_once_read() ->
 def test_connection_cap_answers_503_with_retry_after_and_frees_on_close() -> None:
     async def scenario(port: int, limits: ServerLimits) -> None:
         held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        for _, w in held:
+            w.write(b"GET /x HTTP/1.1\r\n")  # a head under way: not idle, so not evicted for a newcomer
         await asyncio.sleep(0.05)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         refused = await _read_all(reader)
@@ -122,21 +124,24 @@ def test_connection_cap_answers_503_with_retry_after_and_frees_on_close() -> Non
     _run(scenario, ServerLimits(max_connections=3))
 
 
-def test_buffered_bytes_cap_refuses_the_body_that_would_pass_it() -> None:
+def test_buffered_bytes_are_counted_as_they_arrive_and_the_body_that_would_pass_the_cap_is_refused() -> None:
     async def scenario(port: int, limits: ServerLimits) -> None:
         r1, w1 = await asyncio.open_connection("127.0.0.1", port)
         w1.write(b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 60000\r\n\r\n" + b"a" * 30000)  # half of it
-        await asyncio.sleep(0.1)
         r2, w2 = await asyncio.open_connection("127.0.0.1", port)
-        w2.write(b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 60000\r\n\r\n")
+        w2.write(b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 80000\r\n\r\n")
+        await asyncio.sleep(0.1)
+        assert limits.buffered_bytes == 30000  # what arrived; a declared length reserves nothing
+        w2.write(b"b" * 80000)  # would pass the cap: this one is refused
         refused = await _read_all(r2)
         assert refused.startswith(b"HTTP/1.1 503") and b"retry-after" in refused
+        assert limits.refused == {"buffered_bytes": 1}
         w1.write(b"a" * 30000)
         assert (await asyncio.wait_for(r1.readuntil(b"POST /x 60000"), 5)).startswith(b"HTTP/1.1 200")
         w1.close()
         w2.close()
         await asyncio.sleep(0.05)
-        assert limits.buffered_bytes == 0 and limits.connections == 0
+        assert limits.buffered_bytes == 0 and limits.connections == 0 and not limits.client_bytes
     _run(scenario, ServerLimits(max_buffered_bytes=100_000))
 
 

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from pools.wire import http
-from pools.wire.http import Request, Responder
+from pools.wire.http import Request, Responder, ServerLimits
 
 pytestmark = pytest.mark.integration
 
@@ -21,9 +21,9 @@ async def _echo(request: Request, response: Responder) -> None:
     response.send(200, f"{request.method} {request.path} {len(request.body)}".encode(), "text/plain")
 
 
-def _run(scenario: Callable[[int], Awaitable[None]]) -> None:
+def _run(scenario: Callable[[int], Awaitable[None]], limits: ServerLimits | None = None) -> None:
     async def main() -> None:
-        server = await http.serve(_echo, "127.0.0.1", 0)
+        server = await http.serve(_echo, "127.0.0.1", 0, limits=limits)
         port = server.sockets[0].getsockname()[1]
         try:
             await asyncio.wait_for(scenario(port), 10)
@@ -87,13 +87,11 @@ def test_a_request_that_never_finishes_arriving_gets_408(monkeypatch: pytest.Mon
     _run(scenario)
 
 
-def test_an_idle_keep_alive_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http, "IDLE_TIMEOUT_S", 0.2)
-
+def test_an_idle_keep_alive_connection_is_closed() -> None:
     async def scenario(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n")
         data = await _read_all(reader)  # the answer, then the server closes the idle connection
         assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"GET /a 0")
         writer.close()
-    _run(scenario)
+    _run(scenario, ServerLimits(idle_timeout_s=0.2))
