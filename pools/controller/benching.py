@@ -10,18 +10,20 @@ defaults in the cost model that placement and the router's PD scorer read.
 
 from __future__ import annotations
 
+import json
 import logging
-import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pools.controller.alarms import Alarms
 from pools.controller.backend import Backend
 from pools.controller.measure import BenchPolicy, Measured, Subject, due, subjects
 from pools.controller.nodecheck import RayNode
 from pools.controller.state import SavedBench
+from pools.controller.statefiles import StateFiles
 from topology import Topology
-from topology.bench.record import BenchRecord, load, regressions, save, with_measurements
+from topology.bench.record import BenchRecord, load, regressions, with_measurements
 from topology.bench.run import BenchSettings
 from topology.errors import TopologyError
 
@@ -29,10 +31,11 @@ log = logging.getLogger("isleserve.controller")
 
 
 class BenchKeeper:
-    def __init__(self, policy: BenchPolicy, state_dir: str, record: Callable[[str, dict[str, Any]], None],
-                 clock: Callable[[], float]) -> None:
-        self.policy, self.record, self.clock = policy, record, clock
-        self.dir = Path(state_dir) / "bench"
+    def __init__(self, policy: BenchPolicy, files: StateFiles, record: Callable[[str, dict[str, Any]], None],
+                 clock: Callable[[], float], alarms: Alarms | None = None) -> None:
+        self.policy, self.files, self.record, self.clock = policy, files, record, clock
+        self.alarms = alarms if alarms is not None else Alarms()
+        self.dir = Path(files.directory) / "bench"
         self.records: dict[str, BenchRecord] = {}
         self.last: dict[str, Measured] = {}
         self.below: dict[str, list[str]] = {}
@@ -76,10 +79,18 @@ class BenchKeeper:
 
     def _keep(self, s: Subject, reason: str, record: BenchRecord) -> None:
         latest, baseline = self._paths(record)
-        save(record, str(latest))
-        if not baseline.exists():
-            shutil.copyfile(latest, baseline)
-        self.records[s.key] = record
+        self.records[s.key] = record  # used from memory even when its file cannot be written
+        data = (json.dumps(record.to_json(), indent=2) + "\n").encode()
+        try:
+            self.files.replace(f"bench/{latest.name}", data)
+            if self.files.read(f"bench/{baseline.name}") is None:
+                self.files.replace(f"bench/{baseline.name}", data)
+        except OSError as err:
+            self.alarms.failed("bench_record", err)
+            log.error("bench %s: record not kept: %s", s.key, err)
+            self.record("bench_record_failed", {"subject": s.key, "error": str(err)})
+            return
+        self.alarms.cleared("bench_record")
         self.record("bench", {
             "subject": s.key, "nodes": list(s.nodes), "reason": reason, "bench_fingerprint": record.fingerprint,
             "backend": record.backend, "record": str(latest), "baseline": str(baseline),

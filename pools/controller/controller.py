@@ -17,7 +17,10 @@ or link mark. A Ray node that joins (or comes back) is discovered again. With th
 changes and on a schedule (pools.controller.benching), and what was measured feeds the cost
 model. Everything goes to `<state_dir>/events.jsonl` with the topology fingerprint, and the
 state a restarted controller resumes from (engine ports and bench records included) to
-`<state_dir>/state.json`.
+`<state_dir>/state.json`. Those writes fail soft (pools.controller.persist,
+pools.controller.alarms): a full disk or a planted link makes the controller's health "degraded",
+with the reason, in the table's plan view that routers follow, and the save is tried again on
+every pass; it never stops the controller.
 
 Plain Python over an injected `Backend` (tests run it without Ray); `ControllerActor`
 (pools.controller.actors) is the detached, named Ray actor around it.
@@ -32,14 +35,17 @@ from dataclasses import replace
 from typing import Any
 
 from pools.controller import gang, health, launching, nodecheck, state
+from pools.controller.alarms import Alarms
 from pools.controller.autoscaling import Autoscaling, act, held_elsewhere, serving_counts
 from pools.controller.backend import Backend
 from pools.controller.benching import BenchKeeper
 from pools.controller.events import EventLog
 from pools.controller.fleet import Fleet, Running
+from pools.controller.persist import StateKeeper
 from pools.controller.ports import EnginePorts
 from pools.controller.rollout import Change, changes
 from pools.controller.spec import ControllerSpec, EngineLaunch
+from pools.controller.statefiles import DiskFiles, StateFiles
 from pools.controller.table import build_table
 from pools.model import PlacementPlan, PlacementRequest, ReplicaPlacement
 from pools.placement import get_policy
@@ -53,7 +59,10 @@ log = logging.getLogger("isleserve.controller")
 
 
 class ControllerCore:
-    def __init__(self, spec: ControllerSpec, backend: Backend, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, spec: ControllerSpec, backend: Backend, clock: Callable[[], float] = time.monotonic,
+                 files: StateFiles | None = None) -> None:
+        """`files`: the state directory's files (default: `spec.state_dir` on disk, created 0700;
+        a StateDirError, a ValueError, when it belongs to another user or others may write to it)."""
         if spec.engine not in ("sim", "vllm"):
             raise ValueError(f"engine {spec.engine!r}: sim or vllm")
         missing = [p.name for p in spec.pools if spec.engine == "vllm" and p.name not in spec.vllm]
@@ -64,8 +73,12 @@ class ControllerCore:
             raise ValueError(f"engine vllm: pools {gangs} are gangs, which the controller starts on the simulated "
                              "engine only")
         self.spec, self.backend, self.clock = spec, backend, clock
-        self.events = EventLog(spec.state_dir)
-        self.bench = BenchKeeper(spec.bench, spec.state_dir, self._record, clock)
+        self.files = files if files is not None else DiskFiles(spec.state_dir)
+        self.alarms = Alarms()
+        self.events = EventLog(self.files, self.alarms)
+        self.keeper = StateKeeper(self.files, self.alarms, self._record)
+        self.published_alarms: tuple[tuple[str, str], ...] = ()
+        self.bench = BenchKeeper(spec.bench, self.files, self._record, clock, self.alarms)
         self.fleet = Fleet(backend, spec.ports, self._record, clock, drain_timeout_s=spec.drain_timeout_s,
                            engine=spec.engine)
         self.ports = self.fleet.ports
@@ -98,7 +111,8 @@ class ControllerCore:
     def _record(self, kind: str, payload: dict[str, Any]) -> None:
         self.events.record(kind, self.topology.fingerprint() if self.topology else "", payload)
 
-    def _save(self) -> None:
+    def _save(self) -> bool:
+        """Save the state (never raising for a failed write); True when the health changed."""
         assert self.plan is not None
 
         def saved(r: Running, draining: bool) -> state.SavedReplica:
@@ -106,7 +120,7 @@ class ControllerCore:
             return state.SavedReplica(placement=r.placement, generation=r.launch.generation, url=r.url,
                                       draining=draining, ports=ports)
 
-        state.save(self.spec.state_dir, state.ControllerState(
+        return self.keeper.save(state.ControllerState(
             session=self.backend.session(), spec_digest=state.digest(self.spec), plan=self.plan,
             table_version=self.table.version, replicas={rid: saved(r, r.draining) for rid, r in self.running.items()},
             retiring=(*(saved(r, True) for r in self.retiring), *(  # a resumed controller stops starts it lost
@@ -190,9 +204,9 @@ class ControllerCore:
         return self._publish()
 
     def _resume(self) -> bool:
-        if not state.resumable(self.spec.state_dir, self.backend.session(), state.digest(self.spec)):
+        if not state.resumable(self.files, self.backend.session(), state.digest(self.spec)):
             return False
-        saved = state.load(self.spec.state_dir, self.spec.pools, self.spec.slo_classes)
+        saved = state.load(self.files, self.spec.pools, self.spec.slo_classes)
         if saved is None:
             return False
         self.marks = {m.key: m for m in saved.marks}
@@ -249,7 +263,11 @@ class ControllerCore:
         self.table = build_table(serving, self.topology, urls, draining, self.table.version + 1, served)
         self._record("routing_table", {"version": self.table.version, "replicas": len(self.table.replicas),
                                        "draining": sorted(draining)})
-        self._save()
+        self.published_alarms = self.alarms.signature()
+        if self._save():  # the health changed: routers follow versions, so the health they read is current
+            self.table = replace(self.table, version=self.table.version + 1)
+            self.published_alarms = self.alarms.signature()
+            self._save()
         return self.table
 
     # health -------------------------------------------------------------------------------
@@ -313,13 +331,14 @@ class ControllerCore:
         self._watch_nodes()
         self._read_counters()
         submitted = self.fleet.restart_dead(self.lost, self._launch)
-        if self.fleet.retire() or submitted:
-            self._save()  # what stopped, and what is being started (a resumed controller stops it)
+        if self.fleet.retire() or submitted or self.keeper.retry_due:
+            self._save()  # what stopped, what is being started (a resumed controller stops it), or a failed save
         if self._bench_due():
             self.topology = self._effective()
             changed = True  # routers follow the table's version to the measured topology
         if self.autoscaling.due():
             changed = act(self) or changed
+        changed = changed or self.alarms.signature() != self.published_alarms  # the routers' /health follows
         return self._publish() if changed else self.table
 
     # autoscaling (pools.controller.autoscaling) -------------------------------------------
@@ -386,7 +405,7 @@ class ControllerCore:
                 "starting": {rid: i.kind for rid, i in sorted(self.fleet.starts.flight.items())},
                 "marked_links": [list(m.key) for m in self.marks.values()], "lost_nodes": sorted(self.lost),
                 "last_moves": [c.to_json() for c in self.last_changes], "events": str(self.events.path),
-                "bench": self.bench.status(),
+                "bench": self.bench.status(), "health": self.alarms.health(),
                 **({"autoscaling": self.autoscaling.status(self.plan, serving_counts(self))}
                    if self.autoscaling.enabled else {})}
 
@@ -394,5 +413,5 @@ class ControllerCore:
         """Stop every replica, those being started included, and forget the saved state (a later
         controller starts afresh)."""
         self.fleet.stop_all()
-        state.forget(self.spec.state_dir)
+        state.forget(self.files)
         self._record("shutdown", {})

@@ -1,5 +1,9 @@
 """The controller's record: one JSON line per topology change, plan, routing table, restart,
-drain and move in `<state_dir>/events.jsonl`, each with the topology fingerprint it was made for."""
+drain and move in `<state_dir>/events.jsonl`, each with the topology fingerprint it was made for.
+
+A line that cannot be written (a full disk, a link where the file goes: pools.controller.statefiles
+never writes through one) is lost, not raised: the controller goes on, the `event_log` alert
+opens (pools.controller.alarms) and the line still goes to the controller's log."""
 
 from __future__ import annotations
 
@@ -11,20 +15,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pools.controller.alarms import Alarms
+from pools.controller.statefiles import StateFiles
+
 log = logging.getLogger("isleserve.controller")
+EVENTS = "events.jsonl"
 
 
 class EventLog:
-    def __init__(self, state_dir: str, clock: Callable[[], float] = time.time) -> None:
-        self.path = Path(state_dir) / "events.jsonl"
+    def __init__(self, files: StateFiles, alarms: Alarms, clock: Callable[[], float] = time.time) -> None:
+        self.files, self.alarms = files, alarms
+        self.path = Path(files.directory) / EVENTS
         self.clock = clock
         self.lock = threading.Lock()
         """Starts on worker threads record too (pools.controller.starts): one line at a time."""
 
     def record(self, kind: str, fingerprint: str, payload: dict[str, Any]) -> None:
         with self.lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             line = json.dumps({"time": round(self.clock(), 3), "kind": kind, "fingerprint": fingerprint, **payload})
-            with self.path.open("a") as f:
-                f.write(line + "\n")
+            try:
+                self.files.append(EVENTS, (line + "\n").encode())
+            except OSError as err:
+                if self.alarms.failed("event_log", err):
+                    log.error("events.jsonl: %s; events go to this log only until a write succeeds", err)
+            else:
+                if self.alarms.cleared("event_log") is not None:
+                    log.warning("events.jsonl is written again")
         log.info("%s %s", kind, line if len(line) < 400 else line[:400] + "...")

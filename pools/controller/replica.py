@@ -1,21 +1,26 @@
 """A replica: starts its engine process with the plan's GPUs, NUMA CPUs and NICs, reports its URL
 and the environment the engine really got, answers health checks, restarts the engine when it
-dies, and says when it is idle (so a drained replica stops only after its last request)."""
+dies or hangs (alive, not answering: pools.controller.liveness), and says when it is idle (so a drained replica stops only after its last request)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+from pools.controller.liveness import answers_within
 from pools.controller.pinning import pin_cpus
 from pools.controller.spec import ENGINE_ENV, EngineLaunch
 from pools.supervisor import Child, ChildError, ReadyLine, tail_block
 from pools.wire import client
 from pools.wire.promtext import engine_load
 from topology.readers.cpus import format_cpu_list
+
+log = logging.getLogger("isleserve.controller")
 
 
 def engine_environment(pid: int, fallback: dict[str, str]) -> dict[str, str]:
@@ -36,6 +41,8 @@ class ReplicaProcess:
         self.proc: Child | None = None
         self.url = ""
         self.restarts = 0
+        self.hung = 0
+        """Restarts of an engine that was alive but did not answer."""
         self.notes: list[str] = list(launch.pin.notes)
 
     def start(self) -> str:
@@ -71,14 +78,24 @@ class ReplicaProcess:
             return True
 
     def ensure(self) -> str:
-        """Restart a dead engine; the URL (port) may change."""
+        """Restart a dead engine, or a hung one (alive, but `/health` did not answer for
+        `HUNG_AFTER_S`: killed first); the URL (port) may change."""
         if self.proc is not None and self.proc.poll() is None:
-            return self.url
+            if answers_within(lambda timeout_s: client.healthy(self.url, timeout_s=timeout_s)):
+                return self.url
+            log.warning("replica %s: engine pid %d is alive but has not answered /health: hung, killing it",
+                        self.launch.replica_id, self.proc.pid)
+            self.proc.stop(grace_s=0.0)  # SIGKILL: a stopped process acts on nothing else
+            self.hung += 1
         self.restarts += 1
         return self.start()
 
     def stop(self) -> None:
         if self.proc is not None:
+            if self.proc.running():
+                self.proc.terminate()
+                with contextlib.suppress(OSError):  # a stopped (hung) engine acts on SIGTERM once continued
+                    self.proc.send_signal(signal.SIGCONT)
             self.proc.stop()  # SIGTERM, SIGKILL after 10 s
 
     def info(self) -> dict[str, Any]:
@@ -88,7 +105,7 @@ class ReplicaProcess:
             with contextlib.suppress(OSError):
                 affinity = format_cpu_list(sorted(os.sched_getaffinity(pid)))
         return {"replica_id": self.launch.replica_id, "node": self.launch.node, "gpus": list(self.launch.gpus),
-                "url": self.url, "restarts": self.restarts, "pid": pid, "generation": self.launch.generation,
+                "url": self.url, "restarts": self.restarts, "hung_restarts": self.hung, "pid": pid, "generation": self.launch.generation,
                 "env": engine_environment(pid, self.launch.environment()) if pid else {},
                 "cpu_affinity": affinity, "pinned_cpus": format_cpu_list(list(self.launch.pin.cpus)),
                 "notes": list(self.notes)}

@@ -10,6 +10,7 @@ from pools.autoscale.policy import AutoscalingConfig
 from pools.controller.measure import BenchPolicy
 from pools.controller.pinning import Pin
 from pools.controller.ports import EnginePorts, PortPlan
+from pools.controller.statefiles import default_state_dir
 from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
 
 ENGINE_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_IB_HCA", "UCX_NET_DEVICES", "NCCL_SOCKET_IFNAME")
@@ -124,7 +125,9 @@ class ControllerSpec:
     pools: tuple[PoolSpec, ...]
     slo_classes: Mapping[str, SLOClass] = field(default_factory=lambda: {c.name: c for c in DEFAULT_SLO_CLASSES})
     time_scale: float = 1.0
-    state_dir: str = "/tmp/isleserve"
+    state_dir: str = field(default_factory=default_state_dir)
+    """A private directory (pools.controller.statefiles): $XDG_RUNTIME_DIR/isleserve, else
+    ~/.local/state/isleserve, unless told."""
     counters_interval_s: float = 30.0
     """How often link counters are read again (a discovery on every node); 0: never."""
     drain_timeout_s: float = 30.0

@@ -1,5 +1,7 @@
 """What a restarted controller needs to resume instead of starting duplicates, saved as JSON in
-`<state_dir>/state.json` (written whole, then renamed: a crash never leaves half a file).
+`<state_dir>/state.json` (written whole, then renamed: a crash never leaves half a file; through
+pools.controller.statefiles, which never follows a link; a save that fails leaves the last good
+file, which is what a restarted controller resumes from).
 
 It holds the Ray session (a state from an earlier cluster is not resumed), a digest of the
 controller's spec (a state made for other settings is not resumed), the plan (with each pool's
@@ -16,15 +18,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from pools.controller.health import LinkMark
 from pools.controller.ports import EnginePorts
+from pools.controller.statefiles import DiskFiles, StateFiles
 from pools.model import GangMember, PlacementPlan, PoolSpec, ReplicaPlacement, SLOClass, Unplaced
+
+STATE = "state.json"
+log = logging.getLogger("isleserve.controller")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,31 +134,42 @@ def from_json(doc: dict[str, Any], pools: tuple[PoolSpec, ...], classes: Mapping
                                                 record=b["record"]) for k, b in doc.get("bench", {}).items()})
 
 
-def save(state_dir: str, state: ControllerState) -> None:
-    path = Path(state_dir) / "state.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(to_json(state), indent=1))
-    os.replace(tmp, path)
+def _files(where: StateFiles | str) -> StateFiles:
+    return DiskFiles(where) if isinstance(where, str) else where
 
 
-def load(state_dir: str, pools: tuple[PoolSpec, ...], classes: Mapping[str, SLOClass]) -> ControllerState | None:
+def save(where: StateFiles | str, state: ControllerState) -> None:
+    """Written whole to `state.json.tmp` (made anew, 0600, never through a link), then renamed over
+    `state.json`. OSError when it cannot be (the caller fails soft: the old file stays)."""
+    _files(where).replace(STATE, json.dumps(to_json(state), indent=1).encode())
+
+
+def _doc(where: StateFiles | str) -> Any:
+    raw = _files(where).read(STATE)
+    return json.loads(raw) if raw is not None else None
+
+
+def load(where: StateFiles | str, pools: tuple[PoolSpec, ...], classes: Mapping[str, SLOClass]
+         ) -> ControllerState | None:
     """The saved state, or None when there is none or it cannot be read (then: a fresh deploy)."""
-    path = Path(state_dir) / "state.json"
     try:
-        return from_json(json.loads(path.read_text()), pools, classes)
+        doc = _doc(where)
+        return from_json(doc, pools, classes) if doc is not None else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def forget(state_dir: str) -> None:
-    (Path(state_dir) / "state.json").unlink(missing_ok=True)
+def forget(where: StateFiles | str) -> None:
+    try:
+        _files(where).remove(STATE)
+    except OSError as err:  # a later controller finds a state of another session or spec: it does not resume
+        log.warning("state.json not removed: %s", err)
 
 
-def resumable(state_dir: str, session: str, spec_digest: str) -> bool:
+def resumable(where: StateFiles | str, session: str, spec_digest: str) -> bool:
     """A saved state of this cluster and these settings exists."""
     try:
-        doc = json.loads((Path(state_dir) / "state.json").read_text())
+        doc = _doc(where)
     except (OSError, ValueError):
         return False
     return isinstance(doc, dict) and doc.get("session") == session and doc.get("spec_digest") == spec_digest

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pools.controller.liveness import answers_within
 from pools.controller.ports import PortInUse
 from pools.controller.replica import engine_environment
 from pools.vllm.command import VllmServer
@@ -44,7 +45,7 @@ class VllmReplica:
         name = f"{server.replica_id}-g{self.generation}.log"
         log_path = Path(self.log_dir) / name if self.log_dir else None
         if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, as the state_dir it is in
         return VllmProcess(server, self.python, log_path=log_path, ready_timeout_s=self.ready_timeout_s,
                            die_with_starter=self.die_with_starter)
 
@@ -64,9 +65,13 @@ class VllmReplica:
         return self.process.healthy()
 
     def ensure(self) -> str:
-        """Restart a dead engine under a new KV engine id (its peers cached the old one's handshake)."""
+        """Restart a dead engine, or a hung one (alive, not answering `/health` for `HUNG_AFTER_S`:
+        pools.controller.liveness), under a new KV engine id (its peers cached the old one's
+        handshake)."""
         if self.process.running():
-            return self.process.url
+            if answers_within(lambda timeout_s: client.healthy(self.process.url, timeout_s=timeout_s)):
+                return self.process.url
+            self.process.stop(grace_s=0.0)  # hung: SIGKILL to its group (a stopped process acts on nothing else)
         self.process.stop(grace_s=5.0)
         self.restarts += 1
         engine_id = f"{self.server.kv_engine_id}-r{self.restarts}-{uuid.uuid4().hex[:6]}"
