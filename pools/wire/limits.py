@@ -46,6 +46,10 @@ IDLE_TIMEOUT_S = 75.0
 WRITE_BUFFER_BYTES = 64 * 1024
 """Response bytes queued for one client before its source is paused (asyncio's high-water mark)."""
 LOG_EVERY_S = 10.0
+CLIENT_SHARE = 8
+"""The router's default per-client caps: this fraction (1/CLIENT_SHARE) of the global ones, so that
+at least CLIENT_SHARE client addresses are needed to fill a cap."""
+MIN_CLIENT_CONNECTIONS = 64
 CAUSES = ("connections", "client_connections", "idle_evicted", "buffered_bytes", "client_buffered_bytes",
           "head_too_large", "body_too_large", "malformed", "read_timeout", "client_timeout")
 """Every cause a refusal or a closure is counted under (a closed set: metric label values)."""
@@ -73,6 +77,15 @@ def raise_fd_limit() -> int:
 def default_max_connections(fd_limit: int) -> int:
     """Half the descriptors left after the reserve (a client connection may need an upstream one)."""
     return max(16, min(MAX_CONNECTIONS, (fd_limit - FD_RESERVE) // 2))
+
+
+def client_share(max_connections: int, max_buffered_bytes: int, max_body_bytes: int) -> tuple[int, int]:
+    """The router's default per-client caps (connections, buffered bytes) for these global ones
+    (`max_connections` 0: derived from the fd limit): 1/CLIENT_SHARE of each, at least
+    MIN_CLIENT_CONNECTIONS connections and room for two bodies of `max_body_bytes`."""
+    connections = max_connections or default_max_connections(raise_fd_limit())
+    return (max(MIN_CLIENT_CONNECTIONS, connections // CLIENT_SHARE),
+            max(2 * max_body_bytes, max_buffered_bytes // CLIENT_SHARE))
 
 
 def client_key(host: str) -> str:
@@ -193,6 +206,10 @@ class ServerLimits:
                         "%.1f MiB buffered, %d client addresses)", said, self.max_connections,
                         self.max_buffered_bytes >> 20, self.connections, self.buffered_bytes / (1 << 20),
                         len(self.client_connections))
+
+    def view(self) -> dict[str, object]:
+        """What the front door holds now and has refused so far (JSON: the router's /metrics)."""
+        return {"refused": dict(self.refused), "connections": self.connections, "buffered_bytes": self.buffered_bytes}
 
     def describe(self) -> str:
         return (f"at most {self.max_connections} connections (fd limit {raise_fd_limit()}), "
