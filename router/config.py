@@ -17,12 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pools.config import SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, SLOClass
 from pools.wire.limits import (
+    CLIENT_SHARE,
     CLIENT_WRITE_TIMEOUT_S,
     FD_RESERVE,
+    IDLE_TIMEOUT_S,
     MAX_BUFFERED_BYTES,
     MAX_CONNECTIONS,
     WRITE_BUFFER_BYTES,
     ServerLimits,
+    client_share,
 )
 from router.plugins.profile import DEFAULT_FILTERS, Profile
 from router.plugins.spec import PluginSpec
@@ -165,6 +168,16 @@ class RouterConfig(_Strict):
                                  f"less {FD_RESERVE}, at most {MAX_CONNECTIONS}")
     max_buffered_bytes: int = Field(default=MAX_BUFFERED_BYTES, gt=0, description="request bytes held in memory "
                                     "across a router process's connections; past it 503 + Retry-After")
+    max_client_connections: int = Field(default=0, ge=0, description="open connections one client address (an "
+                                        "IPv4 address, an IPv6 /64) may hold per router process; past it 503. 0: "
+                                        f"1/{CLIENT_SHARE} of max_connections; max_connections or more: no cap of its "
+                                        "own (behind a proxy that is every client's address)")
+    max_client_buffered_bytes: int = Field(default=0, ge=0, description="request bytes one client address may "
+                                           "have buffered per router process; past it 503. 0: "
+                                           f"1/{CLIENT_SHARE} of max_buffered_bytes, at least 2 x max_body_bytes")
+    client_idle_timeout_s: float = Field(default=IDLE_TIMEOUT_S, gt=0, description="a keep-alive client connection "
+                                         "with no request under way is closed after this long (and the longest idle "
+                                         "one is closed first when the connection cap is reached)")
     client_write_timeout_s: float = Field(default=CLIENT_WRITE_TIMEOUT_S, gt=0, description="a client that reads "
                                           "nothing of its response for this long is disconnected, its engine request "
                                           "aborted (outcome client_timeout)")
@@ -194,9 +207,12 @@ class RouterConfig(_Strict):
 
     def limits(self) -> ServerLimits:
         """The front door's caps for one router process."""
+        connections, buffered = client_share(self.max_connections, self.max_buffered_bytes, self.max_body_bytes)
         return ServerLimits(max_connections=self.max_connections, max_buffered_bytes=self.max_buffered_bytes,
+                            max_client_connections=self.max_client_connections or connections,
+                            max_client_buffered_bytes=self.max_client_buffered_bytes or buffered,
                             client_write_timeout_s=self.client_write_timeout_s,
-                            write_buffer_bytes=self.client_buffer_bytes)
+                            idle_timeout_s=self.client_idle_timeout_s, write_buffer_bytes=self.client_buffer_bytes)
 
     def classes(self) -> dict[str, SLOClass]:
         chosen = [c.to_slo() for c in self.slo_classes] or list(DEFAULT_SLO_CLASSES)

@@ -15,13 +15,15 @@ answers.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from pools.wire.limits import CAUSES
 
 BUCKETS = tuple(float(f"{2.0 ** (k / 8):.4g}") for k in range(-80, 57))
 """Latency bucket bounds: 2^(k/8) s from 2^-10 (~1 ms) to 2^7 (128 s), the bounds of a Prometheus
@@ -150,6 +152,8 @@ class RouterMetrics:
         """Sibling workers' snapshots, set only while rendering a merged view."""
         self.autoscaling: Mapping[str, Any] = {}
         """The controller's autoscaler as it last answered a load report (`isle_autoscale_*`)."""
+        self.front_door: Callable[[], Mapping[str, Any]] = dict
+        """The HTTP front door now (`pools.wire.limits.ServerLimits.view`: `isle_router_front_door_*`)."""
         r.register(_Families(self))
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -169,7 +173,8 @@ class RouterMetrics:
     def snapshot(self) -> dict[str, Any]:
         """This worker's series as JSON, for the sibling that answers a scrape."""
         return {"families": {f.name: f.snapshot() for f in self.families()}, "inflight": dict(self.inflight),
-                "healthy": dict(self.healthy), "autoscaling": dict(self.autoscaling)}
+                "healthy": dict(self.healthy), "autoscaling": dict(self.autoscaling),
+                "front_door": dict(self.front_door())}
 
     def render(self, peers: Sequence[Mapping[str, Any]] = ()) -> bytes:
         """The exposition text: this worker's series plus its siblings' snapshots."""
@@ -208,6 +213,30 @@ class _Families(Collector):
         yield healthy
         yield from autoscale_families(m.autoscaling or next(
             (p["autoscaling"] for p in m.peers if p.get("autoscaling")), {}))  # the leader follows the controller
+        yield from front_door_families([m.front_door(), *(p.get("front_door", {}) for p in m.peers)])
+
+
+def front_door_families(views: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
+    """The HTTP front door of every worker, summed: refusals and closures by cause (every cause of
+    `pools.wire.limits.CAUSES`, zero included), open connections and buffered request bytes."""
+    refusals = CounterMetricFamily("isle_router_front_door_refusals", "Connections and requests the HTTP front "
+                                   "door refused or closed before any handler ran, by cause (caps per listener and "
+                                   "per client address, 408/413/431/400, idle eviction, unread responses)",
+                                   labels=["cause"])
+    counts = dict.fromkeys(CAUSES, 0.0)
+    connections = buffered = 0.0
+    for view in views:
+        for cause, count in dict(view.get("refused", {})).items():
+            if cause in counts:
+                counts[cause] += float(count)
+        connections += float(view.get("connections", 0))
+        buffered += float(view.get("buffered_bytes", 0))
+    for cause, count in counts.items():
+        refusals.add_metric([cause], count)
+    yield refusals
+    yield GaugeMetricFamily("isle_router_front_door_connections", "Open client connections", value=connections)
+    yield GaugeMetricFamily("isle_router_front_door_buffered_bytes", "Request bytes held in memory (bodies as they "
+                            "arrive, pipelined requests)", value=buffered)
 
 
 def autoscale_families(view: Mapping[str, Any]) -> Iterator[Metric]:

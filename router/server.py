@@ -80,6 +80,7 @@ class Router:
         """The leader's other workers (config `workers` > 1)."""
         self._internal: asyncio.Server | None = None
         self.limits = config.limits()
+        self.metrics.front_door = self.limits.view
         self._background: set[asyncio.Task[None]] = set()
         self._ids = itertools.count()
         self._id_prefix = f"isle-{os.getpid():x}-{worker}-{int(time.time() * 1000):x}"
