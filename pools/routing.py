@@ -33,6 +33,11 @@ class ReplicaEndpoint:
     """The gang this endpoint is one data-parallel rank of (external load balancing: the router
     balances the ranks itself); empty for an ordinary replica."""
     dp_rank: int = 0
+    slo_classes: tuple[str, ...] = ()
+    """The classes the replica's pool is declared for (its `slo_classes`); empty: every class."""
+    max_num_seqs: int = 0
+    """The engine's sequence limit (vLLM's max_num_seqs); 0: unknown (the router assumes vLLM's
+    default, 256)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,7 +79,8 @@ def table_from_plan(plan: PlacementPlan, urls: dict[str, str], served_model: dic
         base = ReplicaEndpoint(replica_id=p.replica_id, url=urls.get(p.replica_id, ""),
                                model=served_model.get(p.pool, pool.model or p.pool), pool=p.pool, role=p.role,
                                node=p.node, gpus=p.gpus, island=p.island, tier=p.tier, tp=pool.tp,
-                               catalog_model=pool.model, gpu_model=(gpu_models or {}).get(p.replica_id))
+                               catalog_model=pool.model, gpu_model=(gpu_models or {}).get(p.replica_id),
+                               slo_classes=pool.slo_classes)
         ranks = dp_ranks(p) if p.members and pool.dp > 1 else []
         if ranks and all(rank_id(p.replica_id, k) in urls for k, _ in ranks):
             out.extend(replace(base, replica_id=rank_id(p.replica_id, k), url=urls[rank_id(p.replica_id, k)],

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from pools.model import SLOClass
 from pools.wire.openai import ApiError
-from router.plugins.filters import healthy
-from router.plugins.model import Candidate
+from router.plugins.filters import has_headroom, healthy, serves_class, usable
+from router.plugins.model import Candidate, RouteRequest
 
 OVERLOAD_WAITING = 8.0
 """Requests waiting per replica (engine queue + a quarter of the router's in-flight) at which
@@ -43,6 +43,30 @@ class Admission:
         if slo.sheddable and self.overloaded(snapshot):
             raise ApiError(429, f"overloaded: {slo.name} requests are shed first; retry later", "rate_limit_error",
                            cause="overloaded")
+
+    @staticmethod
+    def check_headroom(req: RouteRequest, snapshot: Sequence[Candidate]) -> None:
+        """429 when every replica that would take the request (its model, a role that holds
+        sequences, usable, its class's pool) is at the class's share of its sequence slots
+        (`filters.has_headroom`): the rest is kept for higher classes. No such replica at all:
+        routing answers for it."""
+        if req.seq_share >= 1.0:
+            return
+        roles = ("mixed", "decode") if req.role is None else (req.role,)
+        full = 0
+        for c in snapshot:
+            if c.endpoint.model != req.model or c.endpoint.role not in roles:
+                continue
+            if not usable(c, req.slo_class.sheddable) or not serves_class(req, c):
+                continue
+            if has_headroom(req, c):
+                return
+            full += 1
+        if full:
+            name = req.slo_class.name
+            raise ApiError(429, f"{name} requests may fill {req.seq_share:.0%} of a replica's sequence slots and the "
+                                f"{full} replicas that serve them are there now (the rest is kept for higher "
+                                "classes); retry later", "rate_limit_error", cause="reserved_capacity")
 
     def enter(self, slo: SLOClass) -> bool:
         """Take a slot now if one is free and nobody waits for it (the common case: no await, no

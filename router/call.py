@@ -1,7 +1,8 @@
 """One generation request as the router reads it: only what routing needs (model, prompts'
-length and prefix, stream, the router's own token limit), the body re-serialised for the engine
-with the router's fields (priority) and without the client's (kv_transfer_params). Pure: no
-I/O, no clock; everything else the engine validates, and its 4xx comes back as it is."""
+length and prefix, stream, the router's own token limit, the request's cost bound
+(`router.cost`)), the body re-serialised for the engine with the router's fields (priority, the
+default max_tokens) and without the client's (kv_transfer_params). Pure: no I/O, no clock;
+everything else the engine validates, and its 4xx comes back as it is."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pools.engine.fields import as_int
 from pools.model import Role, SLOClass
 from pools.wire import openai as wire
 from pools.wire.prompt import Prompt, read_prompts
+from router.cost import CostLimits, RequestCost, check, measure
 from router.decision import RouteRequest
 
 PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
@@ -34,6 +36,9 @@ class Call:
     """`body` serialised for the engine."""
     many: bool = False
     """Several sequences (a list of prompts, n > 1): no PD."""
+    cost: RequestCost | None = None
+    tenant: str = ""
+    """Whose request it is (the key's tenant): its quota is given back when it ends."""
 
 
 def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, tuple[Prompt, ...], bool]:
@@ -51,13 +56,24 @@ def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, tuple[Prompt
 
 
 def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_tokens_limit: int,
-              mixed: Collection[str]) -> Call:
+              mixed: Collection[str], limits: CostLimits | None = None, seq_share: float = 1.0,
+              declared: Collection[tuple[str, str]] = (), tenant: str = "") -> Call:
     """The request `raw` (a body sent to `path`) as the router routes it. `mixed`: the models
-    that have mixed replicas (several sequences go to a decode replica where a model has none)."""
+    that have mixed replicas (several sequences go to a decode replica where a model has none).
+    `limits`: the cost bound (400 past it; None: none); `seq_share`: the class's share of a
+    replica's sequence slots; `declared`: the (model, class) pairs the routing table has pools
+    declared for, `"*"` for a pool open to every class (none for the class: any pool serves it)."""
     if len(raw) > max_body_bytes:
         raise wire.ApiError(413, f"request body over {max_body_bytes} bytes")
     body = wire.load_body(raw)
     model, prompts, stream = peek(body, max_tokens_limit)
+    cost = None
+    if limits is not None:
+        cost = measure(body, prompts, chat=path.endswith("/chat/completions"), stream=stream,
+                       default_max_tokens=min(limits.default_max_tokens, max_tokens_limit))
+        check(cost, limits)
+        if cost.defaulted:  # the engine would go on to the model's context: the router's default instead
+            body["max_tokens"] = cost.max_tokens
     # PD handover parameters are the router's business: a client cannot steer KV transfers
     body.pop("kv_transfer_params", None)
     body["priority"] = slo.priority  # vLLM's priority scheduling: lower is earlier
@@ -75,5 +91,9 @@ def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_
     # several sequences in one request (prompt lists, n > 1): served whole, never split over PD
     # (one kv_transfer_params per request); by a decode replica where the model has no mixed one
     role: Role | None = "decode" if many and model not in mixed else None
-    route = RouteRequest(model, slo, tokens, zlib.crc32(prefix.encode()) if prefix else 0, role)
-    return Call(slo=slo, body=body, stream=stream, route=route, path=path, payload=payload, many=many)
+    seqs = cost.sequences if cost is not None else len(prompts) * max(n or 1, 1)
+    any_pool = (model, slo.name) not in declared and (model, "*") not in declared
+    route = RouteRequest(model, slo, tokens, zlib.crc32(prefix.encode()) if prefix else 0, role, seqs, any_pool,
+                         seq_share)
+    return Call(slo=slo, body=body, stream=stream, route=route, path=path, payload=payload, many=many, cost=cost,
+                tenant=tenant)

@@ -19,7 +19,8 @@ def table_from_config(config: RouterConfig) -> RoutingTable:
     return RoutingTable(version=1, replicas=tuple(
         ReplicaEndpoint(replica_id=r.replica_id, url=r.url, model=r.model, pool=r.pool, role=r.role, node=r.node,
                         gpus=tuple(r.gpus), tier=r.tier, tp=r.tp, gpu_model=r.gpu_model,
-                        catalog_model=r.catalog_model) for r in config.replicas))
+                        catalog_model=r.catalog_model, slo_classes=tuple(r.slo_classes),
+                        max_num_seqs=r.max_num_seqs or config.fair.replica_max_num_seqs) for r in config.replicas))
 
 
 def build_router(config: RouterConfig) -> Router:

@@ -27,8 +27,10 @@ from pools.wire.limits import (
     ServerLimits,
     client_share,
 )
+from router.fairness import FairConfig
 from router.plugins.profile import DEFAULT_FILTERS, Profile
 from router.plugins.spec import PluginSpec
+from router.quota import Quota
 from topology.configfile import load_yaml_file, validate_mapping
 
 DEV_KEY, DEV_ADMIN_KEY = "isle-dev-key", "isle-dev-admin"
@@ -48,6 +50,12 @@ class KeyConfig(_Strict):
     key_env: str | None = None
     key_file: str | None = None
     slo_classes: list[str] = Field(default_factory=lambda: ["*"], description="entitled classes; * = all")
+    max_concurrency: int | None = Field(default=None, ge=1, description="the tenant's requests in flight (None: "
+                                        "fair.key_max_concurrency); past it 429")
+    tokens_per_s: float | None = Field(default=None, gt=0, description="the tenant's token rate (None: "
+                                       "fair.key_rate); past it 429 + Retry-After")
+    burst_tokens: float | None = Field(default=None, gt=0, description="the tenant's token bucket (None: 10 s of "
+                                       "tokens_per_s)")
 
     @model_validator(mode="after")
     def _one_source(self) -> KeyConfig:
@@ -82,6 +90,10 @@ class ReplicaConfig(_Strict):
     tp: int = 1
     gpu_model: str | None = None
     catalog_model: str | None = None
+    slo_classes: list[str] = Field(default_factory=list, description="the classes its pool is declared for; "
+                                   "empty: every class")
+    max_num_seqs: int | None = Field(default=None, ge=1, description="the engine's max_num_seqs (None: "
+                                     "fair.replica_max_num_seqs)")
 
 
 class ProfileConfig(_Strict):
@@ -185,6 +197,8 @@ class RouterConfig(_Strict):
                                      "one slow client before the router stops reading its engine")
     metrics_auth: Literal["open", "admin"] = Field(default="open", description="`admin`: /metrics needs the admin "
                                                    "key (Prometheus: `authorization: {credentials: ...}`)")
+    fair: FairConfig = Field(default_factory=FairConfig, description="fair shares under abuse: the per-request "
+                             "cost bound, each class's share of a replica's sequence slots, key and class quotas")
     workers: int = Field(default=1, ge=1, le=64, description="processes serving the port (SO_REUSEPORT); a class's "
                          "max_concurrency is divided between them; /metrics shows one view across them")
     seed: int = 0
@@ -203,7 +217,19 @@ class RouterConfig(_Strict):
             raise ValueError(f"profiles for unknown SLO classes {unknown}")
         if self.default_slo_class is not None and self.default_slo_class not in names:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not a class")
+        problems = self.fair.problems(self.classes())
+        problems += [f"replica {r.replica_id}: unknown SLO classes {sorted(set(r.slo_classes) - names)}"
+                     for r in self.replicas if set(r.slo_classes) - names]
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
+
+    def quotas(self) -> tuple[dict[str, Quota], Quota]:
+        """Each tenant's quota (its first key entry's), and the one for tenants without keys."""
+        out: dict[str, Quota] = {}
+        for k in self.keys:
+            out.setdefault(k.tenant, self.fair.key_quota(k.max_concurrency, k.tokens_per_s, k.burst_tokens))
+        return out, self.fair.key_quota()
 
     def limits(self) -> ServerLimits:
         """The front door's caps for one router process."""

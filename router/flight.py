@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from pools.model import SLOClass
 from pools.wire import openai as wire
 from pools.wire.http import Responder
 from router.call import Call
@@ -42,13 +41,13 @@ SERVED_BY_KEEP = 4096
 
 class FlightContext:
     """What a flight needs of the router: the replica table, the relay, the metrics, the upstream
-    settings, the clock, the deadline watch, and `ended(slo, outcome)`, called once when a flight
+    settings, the clock, the deadline watch, and `ended(call, outcome)`, called once when a flight
     that owns its request's admission slot ends."""
 
     __slots__ = ("_served_by", "clock", "ended", "metrics", "relay", "replicas", "upstream", "watch")
 
     def __init__(self, replicas: Replicas, relay: RelayPool, metrics: RouterMetrics, upstream: UpstreamConfig,
-                 ended: Callable[[SLOClass, str], None], clock: Clock = time.perf_counter) -> None:
+                 ended: Callable[[Call, str], None], clock: Clock = time.perf_counter) -> None:
         self.replicas, self.relay, self.metrics, self.upstream = replicas, relay, metrics, upstream
         self.ended, self.clock = ended, clock
         self.watch = Watch(clock)
@@ -122,7 +121,7 @@ class Flight:
             return
         cand = self.cand = self.order[self.tried]
         self.tried += 1
-        r.replicas.opened(cand.endpoint.replica_id)
+        r.replicas.opened(cand.endpoint.replica_id, self.call.route.seqs)
         r.metrics.child(r.metrics.sent, cand.endpoint.pool).inc()
         self.status, self.bad, self.parts, self.streaming = 0, "", [], False
         up = r.upstream
@@ -137,7 +136,7 @@ class Flight:
         assert self.cand is not None
         self.last = reason
         self.ctx.replicas.failed(self.cand.endpoint.replica_id, self.cand.endpoint.url)
-        self.ctx.replicas.closed(self.cand.endpoint.replica_id)
+        self.ctx.replicas.closed(self.cand.endpoint.replica_id, self.call.route.seqs)
         self.cand = None
         self._next()
 
@@ -324,9 +323,9 @@ class Flight:
         self.outcome, self.error = outcome, error
         self.ctx.watch.discard(self)
         if self.cand is not None:
-            self.ctx.replicas.closed(self.cand.endpoint.replica_id)
+            self.ctx.replicas.closed(self.cand.endpoint.replica_id, self.call.route.seqs)
         if self.owner:
-            self.ctx.ended(self.call.slo, outcome)
+            self.ctx.ended(self.call, outcome)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result((outcome, error))
 

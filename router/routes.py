@@ -139,5 +139,6 @@ def send_error(response: Responder, err: wire.ApiError) -> None:
     """`err` as the client gets it (unless the response has begun), with its headers and
     Retry-After for 429 and 503."""
     if not response.started:
-        headers = [*err.headers, *((("retry-after", "1"),) if err.status in (429, 503) else ())]
+        timed = err.status in (429, 503) and not any(k == "retry-after" for k, _ in err.headers)
+        headers = [*err.headers, *((("retry-after", "1"),) if timed else ())]
         response.send(err.status, err.body(), headers=headers)

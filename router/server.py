@@ -37,6 +37,7 @@ from router.decision import Candidate, PDDecision, PluginTimer, Profile, RouteDe
 from router.flight import Clock, Flight, FlightContext, fly
 from router.metrics import BUCKETS, RouterMetrics
 from router.pd import pd_choice, serve_pd
+from router.quota import Quotas
 from router.relay import RelayPool
 from router.routes import send_error
 from router.state import Replicas
@@ -64,6 +65,10 @@ class Router:
         self.metrics = RouterMetrics()
         self.admission = Admission(config.classes(), share=config.workers)
         self.metrics.inflight = self.admission.inflight
+        tenants, anyone = config.quotas()
+        self.quotas = Quotas(tenants, anyone, config.fair.class_quotas(), time.monotonic, share=config.workers)
+        self.cost_limits = config.fair.cost_limits(config.max_tokens_limit)
+        self.seq_shares = config.fair.shares(config.classes())
         self.plugin_timer = PluginTimer(self.metrics.plugins, clock)
         self.pool = Pool(config.upstream.connect_timeout_s)  # scraping engines' /metrics
         self.relay = RelayPool(config.upstream.connect_timeout_s)  # the request path
@@ -250,24 +255,32 @@ class Router:
         return None
 
     # generation
-    def _parse(self, request: Request, slo: SLOClass) -> Call:
+    def _parse(self, request: Request, slo: SLOClass, tenant: str) -> Call:
         c = self.config
         return read_call(request.body, request.path, slo, max_body_bytes=c.max_body_bytes,
-                         max_tokens_limit=c.max_tokens_limit, mixed=self.replicas.mixed)
+                         max_tokens_limit=c.max_tokens_limit, mixed=self.replicas.mixed, limits=self.cost_limits,
+                         seq_share=self.seq_shares[slo.name], declared=self.replicas.declared, tenant=tenant)
 
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         slo: SLOClass | None = None
         try:
             principal = self.auth.user(request.headers)
             slo = self.auth.slo_class(principal, request.headers.get("x-slo-class"))
-            call = self._parse(request, slo)
+            call = self._parse(request, slo, principal.tenant)
             if call.route.model not in self.replicas.served:
                 raise wire.ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model",
                                     cause="unknown_model")
             started = self.clock()
             snapshot = self.replicas.snapshot()
             self.admission.check_overload(slo, snapshot)
-            if not self.admission.enter(slo):
+            self.admission.check_headroom(call.route, snapshot)
+            self.quotas.enter(call.tenant, slo.name, call.cost.tokens if call.cost is not None else 0)
+            try:
+                admitted = self.admission.enter(slo)
+            except wire.ApiError:
+                self.quotas.leave(call.tenant)
+                raise
+            if not admitted:
                 return self._waiting(call, response, started, queued=True)
         except wire.ApiError as err:
             self.refused(slo, err)
@@ -279,15 +292,16 @@ class Router:
             flight = Flight(self.flights, call, self._decide(call, snapshot).order(), response, started,
                             call.payload, owner=True)
         except BaseException:
-            self.request_ended(slo, "error")
+            self.request_ended(call, "error")
             raise
         response.on_disconnect(flight.abandon)
         flight.begin()
         return None
 
-    def request_ended(self, slo: SLOClass, outcome: str) -> None:
-        self.admission.leave(slo)
-        self.metrics.child(self.metrics.requests, slo.name, outcome).inc()
+    def request_ended(self, call: Call, outcome: str) -> None:
+        self.admission.leave(call.slo)
+        self.quotas.leave(call.tenant)
+        self.metrics.child(self.metrics.requests, call.slo.name, outcome).inc()
 
     def refused(self, slo: SLOClass | None, err: wire.ApiError) -> None:
         """A request the router answered itself with `err` before any engine saw it: counted once,
@@ -318,9 +332,13 @@ class Router:
             try:
                 await self.admission.wait(slo)
             except wire.ApiError as err:
+                self.quotas.leave(call.tenant)
                 self.refused(slo, err)
                 send_error(response, err)
                 return
+            except asyncio.CancelledError:
+                self.quotas.leave(call.tenant)
+                raise
             if pd is None:
                 pd = self._pd_choice(call, self.replicas.snapshot())
         outcome = "error"
@@ -333,7 +351,7 @@ class Router:
             outcome = "rejected" if err.status < 500 else "error"
             send_error(response, err)
         finally:
-            self.request_ended(slo, outcome)
+            self.request_ended(call, outcome)
 
     async def _serve(self, call: Call, pd: PDDecision | None, response: Responder, started: float) -> str:
         if pd is not None:

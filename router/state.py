@@ -30,6 +30,8 @@ class ReplicaState:
     waiting: float = 0.0
     kv_usage: float = 0.0
     inflight: int = 0
+    seqs: int = 0
+    """Sequences (n x prompts) of this router's open requests."""
     latency_ms: float = 0.0
     failures: int = 0
     open_until: float = 0.0
@@ -38,7 +40,7 @@ class ReplicaState:
 
     def candidate(self, now: float) -> Candidate:
         return Candidate(self.endpoint, ReplicaLoad(self.running, self.waiting, self.kv_usage, self.inflight,
-                                                    self.latency_ms, now < self.open_until))
+                                                    self.latency_ms, now < self.open_until, self.seqs))
 
 
 class Replicas:
@@ -46,6 +48,7 @@ class Replicas:
         self.table = table
         self.served = frozenset(table.models())
         self.mixed = _mixed(table)
+        self.declared = _declared(table)
         self.states = {r.replica_id: ReplicaState(r) for r in table.replicas}
         self.breaker_failures, self.breaker_open_s = breaker_failures, breaker_open_s
 
@@ -59,6 +62,7 @@ class Replicas:
         self.table = table
         self.served = frozenset(table.models())
         self.mixed = _mixed(table)
+        self.declared = _declared(table)
 
     def snapshot(self) -> list[Candidate]:
         """Every replica as a routing candidate. A replica's candidate is rebuilt only when its
@@ -73,16 +77,18 @@ class Replicas:
             out.append(c)
         return out
 
-    def opened(self, replica_id: str) -> None:
+    def opened(self, replica_id: str, seqs: int = 1) -> None:
         s = self.states.get(replica_id)
         if s is not None:
             s.inflight += 1
+            s.seqs += seqs
             s.cached = None
 
-    def closed(self, replica_id: str) -> None:
+    def closed(self, replica_id: str, seqs: int = 1) -> None:
         s = self.states.get(replica_id)
         if s is not None and s.inflight > 0:
             s.inflight -= 1
+            s.seqs = max(0, s.seqs - seqs)
             s.cached = None
 
     def ok(self, replica_id: str, latency_ms: float) -> None:
@@ -132,9 +138,15 @@ def _carried(state: ReplicaState, endpoint: ReplicaEndpoint) -> ReplicaState:
     the requests this router still has open under its id (they close against it)."""
     if state.endpoint.url == endpoint.url:
         return replace(state, endpoint=endpoint, cached=None)
-    return ReplicaState(endpoint, inflight=state.inflight)
+    return ReplicaState(endpoint, inflight=state.inflight, seqs=state.seqs)
 
 
 def _mixed(table: RoutingTable) -> frozenset[str]:
     """Models that have mixed replicas (short prompts are served whole there)."""
     return frozenset(r.model for r in table.replicas if r.role == "mixed")
+
+
+def _declared(table: RoutingTable) -> frozenset[tuple[str, str]]:
+    """(model, class) for each class a pool of the model is declared for; (model, "*") where a
+    pool declares none (it serves every class)."""
+    return frozenset((r.model, c) for r in table.replicas for c in r.slo_classes or ("*",))

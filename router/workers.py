@@ -52,7 +52,8 @@ def view_bytes(table: RoutingTable, topology: Topology | None, plan: Mapping[str
 def read_view(raw: bytes) -> tuple[RoutingTable, Topology | None, dict[str, Any] | None]:
     view = orjson.loads(raw)
     t = view["table"]
-    replicas = tuple(ReplicaEndpoint(**{**r, "gpus": tuple(r.get("gpus", ()))}) for r in t["replicas"])
+    replicas = tuple(ReplicaEndpoint(**{**r, "gpus": tuple(r.get("gpus", ())),
+                                        "slo_classes": tuple(r.get("slo_classes", ()))}) for r in t["replicas"])
     table = RoutingTable(version=int(t["version"]), replicas=replicas,
                          topology_fingerprint=str(t.get("topology_fingerprint", "")))
     topology = from_dict(view["topology"]) if view.get("topology") is not None else None

@@ -1,6 +1,18 @@
 """Filters, and the one health rule every part of the router applies (`healthy`, `admits`,
 `usable`): the mixed profile's filters, the PD pair's candidates and admission's view of the
-cluster all call these, so "which replica may take this request" is written once."""
+cluster all call these, so "which replica may take this request" is written once.
+
+Two rules keep classes apart (issue 28, fair shares):
+- `serves_class`: a replica whose pool declares `slo_classes` takes only those classes; a pool
+  that declares none takes every class. A class that no replica of the model is declared for
+  (and no open pool serves) may use every pool (`RouteRequest.any_pool`): a config that leaves a
+  class out degrades to routing by load instead of refusing it.
+- `has_headroom`: a class with a `seq_share` under 1 is sent to a replica only while the
+  sequences there (the engine's running + waiting as last scraped, or this router's own open
+  sequences if more), with the request's, stay within that share of the engine's max_num_seqs:
+  the rest of the slots stay free for higher classes, so a batch key cannot fill an engine that
+  interactive traffic needs.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +21,9 @@ from collections.abc import Sequence
 from pools.model import ROLES, Role
 from router.plugins.model import Candidate, Filter, RouteRequest
 from router.plugins.params import Params
+
+DEFAULT_MAX_NUM_SEQS = 256
+"""An engine's sequence limit when the routing table does not say (vLLM's default max_num_seqs)."""
 
 
 def healthy(c: Candidate) -> bool:
@@ -25,13 +40,38 @@ def usable(c: Candidate, sheddable: bool) -> bool:
     return healthy(c) and admits(c, sheddable)
 
 
+def serves_class(req: RouteRequest, c: Candidate) -> bool:
+    """The replica's pool is declared for the request's class, declares none, or no pool of the
+    model is declared for it (module docstring)."""
+    classes = c.endpoint.slo_classes
+    return not classes or req.any_pool or req.slo_class.name in classes
+
+
+def occupied(c: Candidate) -> float:
+    """Sequences on the replica: the engine's running + waiting as last scraped, or this router's
+    own open sequences when it knows of more (a scrape is up to an interval old)."""
+    load = c.load
+    return max(load.running + load.waiting, float(load.seqs))
+
+
+def seq_limit(c: Candidate) -> int:
+    return c.endpoint.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+
+
+def has_headroom(req: RouteRequest, c: Candidate) -> bool:
+    """The request's sequences fit within its class's share of the replica's sequence slots."""
+    share = req.seq_share
+    return share >= 1.0 or occupied(c) + req.seqs <= share * seq_limit(c)
+
+
 def usable_of(req: RouteRequest, snapshot: Sequence[Candidate], role: Role) -> list[Candidate]:
-    """The replicas of the request's model in `role` that may take it: `usable`, spelled out
-    (this runs for every replica on every request; test_routing_plugins checks they agree)."""
+    """The replicas of the request's model in `role` that may take it: the default filters
+    (health, drain, role, SLO class, headroom) spelled out (this runs for every replica on every
+    request; test_routing_plugins checks they agree)."""
     model, sheddable = req.model, req.slo_class.sheddable
     return [c for c in snapshot
             if (e := c.endpoint).model == model and e.role == role and e.healthy and not c.load.breaker_open
-            and (sheddable or not e.draining)]
+            and (sheddable or not e.draining) and serves_class(req, c) and has_headroom(req, c)]
 
 
 class HealthFilter(Filter):
@@ -55,6 +95,20 @@ class RoleFilter(Filter):
         return c.endpoint.role == (self.role or req.role or "mixed")
 
 
+class SLOClassFilter(Filter):
+    """Replicas whose pool serves the request's class (`serves_class`)."""
+
+    def keep(self, req: RouteRequest, c: Candidate) -> bool:
+        return serves_class(req, c)
+
+
+class HeadroomFilter(Filter):
+    """Replicas with sequence slots left within the request's class share (`has_headroom`)."""
+
+    def keep(self, req: RouteRequest, c: Candidate) -> bool:
+        return has_headroom(req, c)
+
+
 def health(p: Params) -> Filter:
     p.done()
     return HealthFilter()
@@ -69,3 +123,13 @@ def role(p: Params) -> Filter:
     chosen = p.choice("role", None, ROLES)
     p.done()
     return RoleFilter(chosen)
+
+
+def slo_class(p: Params) -> Filter:
+    p.done()
+    return SLOClassFilter()
+
+
+def headroom(p: Params) -> Filter:
+    p.done()
+    return HeadroomFilter()

@@ -26,6 +26,8 @@ class ReplicaLoad(NamedTuple):  # built for every replica on every request: tupl
     latency_ms: float = 0.0
     """The router's own moving average of the replica's time to first byte."""
     breaker_open: bool = False
+    seqs: int = 0
+    """Sequences (n x prompts) of the requests this router has open on the replica right now."""
 
 
 class Candidate(NamedTuple):
@@ -39,6 +41,14 @@ class RouteRequest(NamedTuple):
     prompt_tokens: int
     prefix_hash: int = 0
     role: Role | None = None
+    seqs: int = 1
+    """Sequences the request asks for (n x prompts)."""
+    any_pool: bool = False
+    """No replica of the model is declared for the class (nor open to every class): every pool
+    may serve it (`filters.serves_class`)."""
+    seq_share: float = 1.0
+    """The part of a replica's sequence slots the class may fill (`filters.has_headroom`); the
+    rest is kept for higher classes."""
 
 
 class Ranked(NamedTuple):

@@ -24,6 +24,8 @@ PLUGINS: dict[str, Registration] = {
     "health-filter": Registration(FILTER, filters.health),
     "drain-filter": Registration(FILTER, filters.drain),
     "role-filter": Registration(FILTER, filters.role),
+    "slo-class-filter": Registration(FILTER, filters.slo_class),
+    "seq-headroom-filter": Registration(FILTER, filters.headroom),
     "queue-depth-scorer": Registration(SCORER, scorers.queue_depth),
     "kv-usage-scorer": Registration(SCORER, scorers.kv_usage),
     "link-tier-scorer": Registration(SCORER, scorers.link_tier),

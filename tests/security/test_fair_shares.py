@@ -1,0 +1,211 @@
+"""Fair shares under abuse (issue 28, attack point 3): one batch key attacking with n=256,
+ignore_eos and huge (or omitted) max_tokens must not starve interactive traffic. The real router
+on loopback in front of real simulated engines; the official openai client for the interactive
+traffic; the attacker speaks raw HTTP as an adversary would.
+
+Each test starts its own router on the same two engines: `main` (a pool open to every class)
+and `bulk` (declared for standard and batch only). The same measurement with the router's fair
+limits lifted (the pre-issue-28 router: no cost bound, batch may fill every slot) shows the test
+can fail: there the attack holds interactive requests until they time out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from router.config import sha256
+from tests.engines import EngineProcess, running_router, start_engine, stop_engine, wait_until_idle
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+MODEL = "llama-3.1-8b"
+USER_KEY, BATCH_KEY, ADMIN_KEY = "sk-fair-user-4c1d", "sk-fair-batch-8e2a", "sk-fair-admin-0b7f"
+MAX_NUM_SEQS = 64
+SAMPLES = 60
+"""Interactive requests per phase (p99 by nearest rank: of 60, the worst)."""
+TTFT_TIMEOUT_S = 4.0
+"""An interactive request with no first token by then counts as this TTFT (the unprotected run)."""
+UNPROTECTED = {"max_sequences": 1_000_000, "max_request_tokens": 1 << 40, "max_logprob_entries": 1 << 40,
+               "max_response_bytes": 1 << 40, "seq_share": {"batch": 1.0}, "key_max_concurrency": 100_000}
+"""The fair limits lifted: what the router did before issue 28 (priority was already forwarded)."""
+ATTACKS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("/completions", {"n": 256, "max_tokens": 32768}),
+    ("/chat/completions", {"n": 256}),  # max_tokens omitted: the engine would go on to the model's context
+    ("/chat/completions", {"n": 16}),
+    ("/completions", {"n": 32, "max_tokens": 32768}),  # over the token bound: n x (prompt + max_tokens)
+    ("/completions", {"n": 32, "max_tokens": 30000}),
+    ("/completions", {"n": 4, "prompt": ["batch work"] * 4, "max_tokens": 30000}),
+)
+"""(route, body fields) of each attack; every one with ignore_eos."""
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[dict[str, EngineProcess]]:
+    common = ("--model", MODEL, "--gpu", "h100-sxm", "--max-num-seqs", str(MAX_NUM_SEQS))
+    started: dict[str, EngineProcess] = {}
+    try:
+        for name in ("main", "bulk"):
+            started[name] = start_engine(*common, "--engine-id", name)
+        yield started
+    finally:
+        for e in started.values():
+            stop_engine(e)
+
+
+def router_config(engines: dict[str, EngineProcess], fair: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "port": 0, "require_keys": True,
+        "keys": [{"tenant": "user", "key_sha256": sha256(USER_KEY), "slo_classes": ["interactive"]},
+                 {"tenant": "batcher", "key_sha256": sha256(BATCH_KEY), "slo_classes": ["batch"]}],
+        "admin_keys": [{"tenant": "ops", "key_sha256": sha256(ADMIN_KEY)}],
+        "scrape_interval_s": 0.2,
+        "upstream": {"request_timeout_s": 120, "first_byte_timeout_s": 120},
+        "replicas": [
+            {"replica_id": "main", "url": engines["main"].base, "model": MODEL, "pool": "main",
+             "max_num_seqs": MAX_NUM_SEQS},
+            {"replica_id": "bulk", "url": engines["bulk"].base, "model": MODEL, "pool": "bulk",
+             "slo_classes": ["standard", "batch"], "max_num_seqs": MAX_NUM_SEQS}],
+        **({"fair": fair} if fair is not None else {}),
+    }
+
+
+class Attacker:
+    """Batch requests from one key, as fast as the router lets them in, until stopped; each
+    admitted one is held open (non-streamed, ignore_eos: it would run for minutes)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.statuses: dict[int, int] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _one(self, client: httpx.AsyncClient, route: str, attack: dict[str, Any]) -> None:
+        text = "batch work " * 20
+        prompt = {"prompt": text} if route == "/completions" else {"messages": [{"role": "user", "content": text}]}
+        body = {"model": MODEL, "ignore_eos": True, **prompt, **attack}
+        while not self.stop.is_set():
+            try:
+                r = await client.post(f"{self.url}{route}", json=body, timeout=None)
+                status = r.status_code
+            except httpx.HTTPError:
+                status = 0
+            self.statuses[status] = self.statuses.get(status, 0) + 1
+            await asyncio.sleep(0.2)  # refused (400/429): try again soon, faster than Retry-After asks
+
+    async def _run(self) -> None:
+        headers = {"authorization": f"Bearer {BATCH_KEY}"}
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(headers=headers, limits=limits) as client:
+            tasks = [asyncio.create_task(self._one(client, route, a)) for route, a in ATTACKS for _ in range(3)]
+            while not self.stop.is_set():
+                await asyncio.sleep(0.05)
+            for t in tasks:
+                t.cancel()  # closes the held connections: the router aborts their engine requests
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def __enter__(self) -> Attacker:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def ttfts(url: str, count: int) -> tuple[list[float], set[str]]:
+    """Interactive streamed chats one after another: each one's time to its first token (s, a
+    timeout counts as TTFT_TIMEOUT_S) and the replicas that served them."""
+    client = openai.OpenAI(base_url=url, api_key=USER_KEY, max_retries=0, timeout=TTFT_TIMEOUT_S)
+    out, served = [], set()
+    for i in range(count):
+        t0 = time.perf_counter()
+        first = TTFT_TIMEOUT_S
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": f"question {i}: what is two and two?"}],
+                max_tokens=8, stream=True)
+            served.add(raw.headers.get("x-isle-replica", ""))
+            with raw.parse() as stream:
+                for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        first = time.perf_counter() - t0
+                        break
+        except (openai.APITimeoutError, openai.APIConnectionError):
+            pass
+        out.append(min(first, TTFT_TIMEOUT_S))
+    return out, served
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def rejections(base: str) -> dict[str, float]:
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("isle_router_rejections_total{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels] = float(value)
+    return out
+
+
+def measure(engines: dict[str, EngineProcess], tmp: Path, fair: dict[str, Any] | None, attacked_samples: int = SAMPLES
+            ) -> tuple[list[float], list[float], Attacker, set[str], dict[str, float]]:
+    with running_router(router_config(engines, fair), tmp) as (_, url):
+        base = url.removesuffix("/v1")
+        ttfts(url, 5)  # warm: connections, the engines' first steps
+        calm, served = ttfts(url, SAMPLES)
+        with Attacker(url) as attacker:
+            time.sleep(2.0)  # the attack fills what it can
+            attacked, served_attacked = ttfts(url, attacked_samples)
+        counted = rejections(base)
+        wait_until_idle(base, ADMIN_KEY, ("main", "bulk"), timeout_s=30)
+    return calm, attacked, attacker, served | served_attacked, counted
+
+
+def test_one_batch_key_attacking_leaves_interactive_ttft_within_2x(engines: dict[str, EngineProcess],
+                                                                   tmp_path: Path) -> None:
+    calm, attacked, attacker, served, counted = measure(engines, tmp_path, None)
+    report = (f"interactive TTFT p99 {p99(calm) * 1000:.1f} ms unattacked, {p99(attacked) * 1000:.1f} ms attacked; "
+              f"attacker statuses {attacker.statuses}; rejections {counted}")
+    print(report)
+    assert p99(attacked) <= 2 * p99(calm), report
+    assert served == {"main"}, f"interactive traffic ran on {served}: bulk is declared for standard and batch only"
+    assert attacker.statuses.get(200, 0) == 0, "an attack request ran to its end within the window"
+    assert attacker.statuses.get(400, 0) > 0 and attacker.statuses.get(429, 0) > 0, report
+    assert any('cause="sequences"' in k and 'slo_class="batch"' in k for k in counted), counted
+    assert any('cause="reserved_capacity"' in k for k in counted), counted
+
+
+def test_without_the_fair_limits_the_attack_starves_interactive(engines: dict[str, EngineProcess],
+                                                               tmp_path: Path) -> None:
+    """The same measurement against a router with the fair limits lifted: the bound fails."""
+    calm, attacked, attacker, _, _ = measure(engines, tmp_path, UNPROTECTED, attacked_samples=5)
+    report = (f"unprotected: interactive TTFT p99 {p99(calm) * 1000:.1f} ms unattacked, "
+              f"{p99(attacked) * 1000:.1f} ms attacked; attacker statuses {attacker.statuses}")
+    print(report)
+    assert p99(attacked) > 2 * p99(calm), report
+
+
+
+def test_max_tokens_omitted_gets_the_routers_limit(engines: dict[str, EngineProcess], tmp_path: Path) -> None:
+    """A chat without max_tokens would run to the model's context (131,069 tokens in the issue's
+    run against a limit of 32,768): the router sends its limit as max_tokens instead."""
+    config = {**router_config(engines), "max_tokens_limit": 40}
+    with running_router(config, tmp_path) as (_, url):
+        client = openai.OpenAI(base_url=url, api_key=USER_KEY, max_retries=0, timeout=30)
+        done = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "go on"}],
+                                              extra_body={"ignore_eos": True})
+        assert done.usage is not None and done.usage.completion_tokens == 40
+        assert done.choices[0].finish_reason == "length"
