@@ -1,6 +1,7 @@
 """A replica: starts its engine process with the plan's GPUs, NUMA CPUs and NICs, reports its URL
 and the environment the engine really got, answers health checks, restarts the engine when it
-dies or hangs (alive, not answering: pools.controller.liveness), and says when it is idle (so a drained replica stops only after its last request)."""
+dies or hangs (alive, not answering: pools.controller.liveness), and says when it is idle (so a
+drained replica stops only after its last request)."""
 
 from __future__ import annotations
 
@@ -105,7 +106,8 @@ class ReplicaProcess:
             with contextlib.suppress(OSError):
                 affinity = format_cpu_list(sorted(os.sched_getaffinity(pid)))
         return {"replica_id": self.launch.replica_id, "node": self.launch.node, "gpus": list(self.launch.gpus),
-                "url": self.url, "restarts": self.restarts, "hung_restarts": self.hung, "pid": pid, "generation": self.launch.generation,
+                "url": self.url, "restarts": self.restarts, "hung_restarts": self.hung, "pid": pid,
+                "generation": self.launch.generation,
                 "env": engine_environment(pid, self.launch.environment()) if pid else {},
                 "cpu_affinity": affinity, "pinned_cpus": format_cpu_list(list(self.launch.pin.cpus)),
                 "notes": list(self.notes)}

@@ -1,0 +1,98 @@
+"""A hung engine (SIGSTOP: the process lives, its port still takes connections, nothing answers)
+with the controller's real health loop cadence and a real simulated engine: detected and
+restarted within 10 s, and the request it held ends instead of hanging for the router's 60 s
+idle timeout (the kill closes its connection: the router retries or fails it cleanly)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pools.controller.actors import HEALTH_INTERVAL_S
+from pools.controller.backend import LocalBackend
+from pools.controller.controller import ControllerCore, ControllerSpec
+from pools.controller.replica import ReplicaProcess
+from pools.model import PoolSpec
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+PAIRS = str(ROOT / "tests/data/pairs-cluster.yaml")
+DETECT_S = 10.0
+
+
+def _spec(state_dir: Path) -> ControllerSpec:
+    return ControllerSpec(topology_source=PAIRS, engine="sim", policy="island-aligned", time_scale=1.0,
+                          state_dir=str(state_dir), counters_interval_s=0, drain_timeout_s=5,
+                          pools=(PoolSpec(name="mixed", role="mixed", tp=2, replicas=2, model="llama-3.1-8b"),))
+
+
+def _health(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+        return int(resp.status)
+
+
+def _stream(url: str, outcome: dict[str, object]) -> None:
+    """A long streamed request, held by the engine once it stops."""
+    body = {"model": "llama-3.1-8b", "prompt": "hello", "max_tokens": 4000, "stream": True, "ignore_eos": True}
+    started = time.monotonic()
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=httpx.Timeout(60.0)) as resp:
+            for _ in resp.iter_bytes():
+                outcome["streaming"] = True
+        outcome["result"] = "ended"
+    except httpx.HTTPError as err:
+        outcome["result"] = f"failed: {type(err).__name__}"
+    outcome["after_s"] = time.monotonic() - started
+
+
+def test_a_stopped_engine_is_detected_and_restarted_within_10_s(tmp_path: Path) -> None:
+    core = ControllerCore(_spec(tmp_path / "state"), LocalBackend())
+    stopped_pid = 0
+    try:
+        core.deploy()
+        running = core.running["mixed-0"]
+        victim = running.replica
+        assert isinstance(victim, ReplicaProcess) and victim.proc is not None
+        old_url, stopped_pid = running.url, victim.proc.pid
+        outcome: dict[str, object] = {}
+        request = threading.Thread(target=_stream, args=(old_url, outcome), daemon=True)
+        request.start()
+        deadline = time.monotonic() + 10
+        while not outcome.get("streaming") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert outcome.get("streaming"), outcome
+
+        os.kill(stopped_pid, signal.SIGSTOP)
+        hung_at = time.monotonic()
+        restarted_s = None
+        while time.monotonic() - hung_at < 30:  # the health loop: a pass every HEALTH_INTERVAL_S, starts installed
+            core.check()
+            core.settle(timeout_s=HEALTH_INTERVAL_S)
+            if core.running["mixed-0"].url != old_url and not core.status()["starting"]:
+                restarted_s = time.monotonic() - hung_at
+                break
+        assert restarted_s is not None and restarted_s < DETECT_S, restarted_s
+        new_url = core.running["mixed-0"].url
+        assert _health(new_url) == 200 and victim.hung == 1 and victim.restarts == 1
+        with pytest.raises(ProcessLookupError):  # killed, not left stopped
+            os.kill(stopped_pid, 0)
+        request.join(5)
+        assert not request.is_alive() and str(outcome["result"]).startswith(("failed", "ended"))
+        assert float(str(outcome["after_s"])) < DETECT_S + 2  # not the 60 s of a read timeout
+        assert _health(core.running["mixed-1"].url) == 200  # the other one was never touched
+        events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+        assert any(e["kind"] == "restart" and e["replica_id"] == "mixed-0" for e in events)
+    finally:
+        if stopped_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped_pid, signal.SIGCONT)
+        core.shutdown()
