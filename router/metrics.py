@@ -154,6 +154,9 @@ class RouterMetrics:
         """The controller's autoscaler as it last answered a load report (`isle_autoscale_*`)."""
         self.front_door: Callable[[], Mapping[str, Any]] = dict
         """The HTTP front door now (`pools.wire.limits.ServerLimits.view`: `isle_router_front_door_*`)."""
+        self.controller: Mapping[str, Any] = {}
+        """The controller's health from the plan it published last (`isle_controller_*`), set
+        before a scrape renders."""
         r.register(_Families(self))
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -214,6 +217,25 @@ class _Families(Collector):
         yield from autoscale_families(m.autoscaling or next(
             (p["autoscaling"] for p in m.peers if p.get("autoscaling")), {}))  # the leader follows the controller
         yield from front_door_families([m.front_door(), *(p.get("front_door", {}) for p in m.peers)])
+        yield from controller_families(m.controller)
+
+
+def controller_families(health: Mapping[str, Any]) -> Iterator[Metric]:
+    """The controller's health (pools.controller.alarms): degraded or not, the open alerts by kind,
+    and its failed writes by kind since it started. Nothing without a controller."""
+    if not health:
+        return
+    degraded = GaugeMetricFamily("isle_controller_degraded", "1 while the controller cannot write its state "
+                                 "(state.json, events.jsonl or bench records: a full disk); it serves on from memory")
+    degraded.add_metric([], 1.0 if health.get("status") == "degraded" else 0.0)
+    alerts = GaugeMetricFamily("isle_controller_alert", "1 for each kind of write that fails now", labels=["kind"])
+    for a in health.get("alerts", ()):
+        alerts.add_metric([str(a.get("kind", ""))], 1.0)
+    failures = CounterMetricFamily("isle_controller_write_failures", "Writes under the state directory that "
+                                   "failed, by kind, since the controller started", labels=["kind"])
+    for kind, count in sorted(dict(health.get("write_failures", {})).items()):
+        failures.add_metric([str(kind)], float(count))
+    yield from (degraded, alerts, failures)
 
 
 def front_door_families(views: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:

@@ -52,6 +52,24 @@ def wrong_method(method: str, path: str) -> wire.ApiError | None:
                          "method_not_allowed", cause="method_not_allowed", headers=(("allow", ", ".join(methods)),))
 
 
+def controller_health(plan: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The controller's health as the plan it published last says it (pools.controller.alarms:
+    `status`, `reasons`, `alerts`, `write_failures`); empty when there is no controller (a
+    standalone router) or it does not say."""
+    found = ((plan or {}).get("controller") or {}).get("health")
+    return found if isinstance(found, Mapping) else {}
+
+
+def health_body(replicas: int, plan: Mapping[str, Any] | None) -> bytes:
+    """`/health`: "ok", or "degraded" with the controller's reasons (a full disk: its state is not
+    saved). Always HTTP 200: the data plane serves either way; a probe that restarts the router
+    on anything but 200 must not make a controller's disk problem an outage."""
+    health = controller_health(plan)
+    reasons = [str(r) for r in health.get("reasons", ())]
+    return json.dumps({"status": "degraded" if reasons else "ok", "replicas": replicas,
+                       **({"reasons": reasons} if reasons else {})}).encode()
+
+
 def model_body(models: Collection[str], path: str) -> bytes:
     """`GET /v1/models/{id}`: the model as OpenAI's retrieve answers it, or 404."""
     model = unquote(path[len(MODELS_PREFIX):])

@@ -234,9 +234,9 @@ class Router:
                 self.auth.user(request.headers)
                 response.send(200, wire.models_body(self.replicas.table.models()))
             elif (method, path) == ("GET", "/health"):
-                table = self.replicas.table
-                response.send(200, orjson.dumps({"status": "ok", "replicas": len(table.replicas)}))
+                response.send(200, routes.health_body(len(self.replicas.table.replicas), self.plan))
             elif (method, path) == ("GET", "/metrics"):
+                self.metrics.controller = routes.controller_health(self.plan)
                 if self.config.metrics_auth == "admin":
                     self.auth.admin(request.headers)
                 if self.siblings is not None:

@@ -17,12 +17,15 @@ class View(BaseModel):
 
 
 class Health(View):
-    """The router is up (it says nothing of the replicas' health: `/admin/replicas` does)."""
+    """The router is up (it says nothing of the replicas' health: `/admin/replicas` does). Always
+    HTTP 200, "degraded" included: the data plane serves."""
 
     status: str
-    """"ok"."""
+    """"ok", or "degraded": the controller cannot write its state (a full disk), see `reasons`."""
     replicas: int
     """Replicas in the routing table this worker follows."""
+    reasons: list[str] | Absent = None
+    """Only when degraded: what is wrong, one line each."""
 
 
 class ReplicaView(View):
