@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pools.config import PoolConfig, PoolsConfig, SLOClassConfig
 from pools.controller.spec import VllmSettings
+from pools.controller.statefiles import default_state_dir
 from pools.model import PlacementPlan, PlacementRequest
 from pools.placement import POLICIES, get_policy
 from pools.vllm.config import VllmAppConfig, settings_for
@@ -59,8 +60,11 @@ class AppArgs(BaseModel):
     router: RouterConfig = Field(description="the router's settings (its replicas come from the plan)")
     time_scale: float = Field(default=1.0, gt=0, description="simulated engines: wall seconds per modelled second")
     workload: str = Field(default="azure-conv", description="for `replicas: auto`")
-    state_dir: str = Field(default="/tmp/isleserve",
-                           description="where the controller records topology, plans and the state it resumes from")
+    state_dir: str = Field(default_factory=default_state_dir,
+                           description="where the controller records topology, plans and the state it resumes from: "
+                                       "a private 0700 directory of this user (default $XDG_RUNTIME_DIR/isleserve, "
+                                       "else ~/.local/state/isleserve); refused when another user owns it or others "
+                                       "may write to it")
     counters_interval_s: float = Field(default=30.0, ge=0,
                                        description="how often link counters are read on every node (0: never)")
     drain_timeout_s: float = Field(default=30.0, gt=0,
