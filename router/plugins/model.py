@@ -43,9 +43,10 @@ class RouteRequest(NamedTuple):
     role: Role | None = None
     seqs: int = 1
     """Sequences the request asks for (n x prompts)."""
-    any_pool: bool = False
-    """No replica of the model is declared for the class (nor open to every class): every pool
-    may serve it (`filters.serves_class`)."""
+    any_pool: bool = True
+    """Every pool may serve it (`filters.serves_class`): no replica of the model is declared for
+    the class nor open to every class. The live router says (`router.call.read_call`); a caller
+    that does not (the offline simulator, for now) keeps pools' classes out of routing."""
     seq_share: float = 1.0
     """The part of a replica's sequence slots the class may fill (`filters.has_headroom`); the
     rest is kept for higher classes."""

@@ -1,0 +1,230 @@
+"""Fair shares (issue 28): pools' slo_classes in routing, each class's share of a replica's
+sequence slots (routing and admission), per-tenant and per-class quotas with an injected clock,
+and the config that sets them."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+
+import pytest
+
+from pools.model import DEFAULT_SLO_CLASSES, SLOClass
+from pools.routing import ReplicaEndpoint, RoutingTable
+from pools.wire.errors import ApiError
+from router.admission import Admission
+from router.config import RouterConfig, parse_router_config
+from router.decision import Candidate, Profile, ReplicaLoad, RouteRequest, decide, usable_of
+from router.plugins.filters import DEFAULT_MAX_NUM_SEQS, has_headroom, serves_class
+from router.quota import BURST_S, Quota, Quotas
+from router.state import Replicas
+from router.workers import read_view, view_bytes
+from topology.errors import ParseError
+
+pytestmark = pytest.mark.unit
+CLASSES = {c.name: c for c in DEFAULT_SLO_CLASSES}
+INTERACTIVE, STANDARD, BATCH = CLASSES["interactive"], CLASSES["standard"], CLASSES["batch"]
+
+
+def cand(rid: str, classes: tuple[str, ...] = (), running: float = 0, waiting: float = 0, seqs: int = 0,
+         max_num_seqs: int = 64, role: str = "mixed", healthy: bool = True) -> Candidate:
+    endpoint = ReplicaEndpoint(replica_id=rid, url=f"http://127.0.0.1:1/{rid}", model="m", pool=rid,
+                               role=role, slo_classes=classes, max_num_seqs=max_num_seqs,  # type: ignore[arg-type]
+                               healthy=healthy)
+    return Candidate(endpoint, ReplicaLoad(running=running, waiting=waiting, seqs=seqs))
+
+
+def req(slo: SLOClass, seqs: int = 1, share: float = 1.0, any_pool: bool = False) -> RouteRequest:
+    return RouteRequest("m", slo, 10, seqs=seqs, any_pool=any_pool, seq_share=share)
+
+
+@pytest.mark.parametrize(("classes", "slo", "any_pool", "kept"), [
+    ((), INTERACTIVE, False, True),  # a pool that declares no class takes every class
+    (("interactive",), INTERACTIVE, False, True),
+    (("standard", "batch"), INTERACTIVE, False, False),  # the issue's case: not for interactive
+    (("standard", "batch"), BATCH, False, True),
+    (("standard", "batch"), INTERACTIVE, True, True),  # no pool is declared for it: any pool
+])
+def test_a_pool_serves_the_classes_it_is_declared_for(classes: tuple[str, ...], slo: SLOClass, any_pool: bool,
+                                                      kept: bool) -> None:
+    assert serves_class(req(slo, any_pool=any_pool), cand("r", classes)) is kept
+
+
+@pytest.mark.parametrize(("load", "seqs", "share", "kept"), [
+    ({}, 32, 0.5, True),  # 32 of 64 slots: exactly the share
+    ({}, 33, 0.5, False),
+    ({"running": 20, "waiting": 10}, 2, 0.5, True),
+    ({"running": 20, "waiting": 10}, 3, 0.5, False),
+    ({"seqs": 31}, 2, 0.5, False),  # the router's own open sequences, ahead of the scrape
+    ({"running": 64, "waiting": 50}, 1, 1.0, True),  # the top class may fill every slot (the engine queues)
+    ({"running": 40}, 8, 0.75, True),
+])
+def test_a_lower_class_fills_only_its_share_of_the_slots(load: dict[str, float], seqs: int, share: float,
+                                                         kept: bool) -> None:
+    c = cand("r", running=load.get("running", 0), waiting=load.get("waiting", 0), seqs=int(load.get("seqs", 0)))
+    assert has_headroom(req(BATCH, seqs, share), c) is kept
+
+
+def test_an_unknown_sequence_limit_is_vllms_default() -> None:
+    c = cand("r", running=100, max_num_seqs=0)
+    assert DEFAULT_MAX_NUM_SEQS == 256
+    assert has_headroom(req(BATCH, 28, 0.5), c) and not has_headroom(req(BATCH, 29, 0.5), c)
+
+
+def test_the_default_filters_and_their_one_pass_agree() -> None:
+    """`usable_of` (the fast path, PD's candidates) keeps what the filter plugins keep."""
+    rng = random.Random(7)
+    spelled = Profile(filters=["health-filter", "drain-filter", "role-filter", "slo-class-filter",
+                               "seq-headroom-filter", "health-filter"])  # not the default list: one at a time
+    for k in range(300):
+        snapshot = [cand(f"r{i}", rng.choice([(), ("interactive",), ("standard", "batch")]),
+                         running=rng.randrange(0, 70), seqs=rng.randrange(0, 40), healthy=rng.random() > 0.2)
+                    for i in range(6)]
+        r = req(rng.choice([INTERACTIVE, STANDARD, BATCH]), rng.randrange(1, 20), rng.choice([0.5, 0.75, 1.0]),
+                any_pool=rng.random() < 0.3)
+        fast = [c.endpoint.replica_id for c in usable_of(r, snapshot, "mixed")]
+        slow = decide(r, snapshot, spelled, random.Random(k))
+        assert sorted(fast) == sorted(c.endpoint.replica_id for c in slow.order()), (r, snapshot)
+
+
+def test_admission_refuses_a_lower_class_when_every_replica_for_it_is_at_its_share() -> None:
+    full = [cand("a", running=30), cand("b", ("interactive",), running=0), cand("p", running=0, role="prefill")]
+    with pytest.raises(ApiError) as err:
+        Admission.check_headroom(req(BATCH, 4, 0.5), full)
+    assert (err.value.status, err.value.cause) == (429, "reserved_capacity")
+    assert "50%" in err.value.message
+    Admission.check_headroom(req(BATCH, 2, 0.5), full)  # fits in a's share
+    Admission.check_headroom(req(INTERACTIVE, 40, 1.0), full)  # the top class is never held back here
+    Admission.check_headroom(req(BATCH, 4, 0.5), [cand("b", ("interactive",))])  # none for it: routing says 503
+
+
+def test_a_decode_replica_counts_for_a_pd_only_layout() -> None:
+    pd_only = [cand("p", role="prefill"), cand("d", role="decode", running=31)]
+    with pytest.raises(ApiError):
+        Admission.check_headroom(req(BATCH, 2, 0.5), pd_only)
+    Admission.check_headroom(req(BATCH, 1, 0.5), pd_only)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_tenant_over_its_concurrency_gets_429_until_one_ends() -> None:
+    q = Quotas({"t": Quota(max_concurrency=2)}, Quota(), {}, Clock())
+    q.enter("t", "batch", 10)
+    q.enter("t", "batch", 10)
+    with pytest.raises(ApiError) as err:
+        q.enter("t", "batch", 10)
+    assert (err.value.status, err.value.cause, err.value.headers) == (429, "key_concurrency", (("retry-after", "1"),))
+    q.enter("other", "batch", 10)  # another tenant: the default quota (none)
+    q.leave("t")
+    q.enter("t", "batch", 10)
+
+
+def test_a_token_rate_refuses_with_the_wait_until_the_bucket_holds_the_tokens() -> None:
+    clock = Clock()
+    q = Quotas({"t": Quota(tokens_per_s=100, burst_tokens=1000)}, Quota(), {}, clock)
+    q.enter("t", "batch", 900)
+    with pytest.raises(ApiError) as err:
+        q.enter("t", "batch", 500)  # 100 left: 400 more take 4 s
+    assert (err.value.cause, err.value.headers) == ("key_token_rate", (("retry-after", "4"),))
+    clock.now += 4.0
+    q.enter("t", "batch", 500)
+
+
+def test_a_request_bigger_than_the_burst_passes_on_a_full_bucket_and_leaves_a_debt() -> None:
+    clock = Clock()
+    q = Quotas({}, Quota(tokens_per_s=10), {}, clock)  # burst: 10 s of the rate
+    q.enter("t", "batch", 1000)  # > the 100-token burst: passes once, full bucket
+    with pytest.raises(ApiError) as err:
+        q.enter("t", "batch", 1)
+    assert err.value.headers == (("retry-after", "91"),)  # 900 tokens of debt + 1, at 10 tokens/s
+    assert BURST_S == 10.0
+
+
+def test_a_class_rate_is_shared_by_its_tenants_and_refunds_the_tenants_bucket() -> None:
+    clock = Clock()
+    q = Quotas({"a": Quota(tokens_per_s=1000)}, Quota(), {"batch": Quota(tokens_per_s=10, burst_tokens=100)}, clock)
+    q.enter("a", "batch", 80)
+    with pytest.raises(ApiError) as err:
+        q.enter("b", "batch", 80)  # b has no rate of its own; the class's bucket is shared
+    assert err.value.cause == "class_token_rate"
+    with pytest.raises(ApiError):
+        q.enter("a", "batch", 80)  # refused by the class: a's own bucket gets its 80 back
+    q.enter("a", "interactive", 9920)  # a's 10,000-token bucket less the one batch request
+
+
+def test_workers_each_hold_their_share_of_a_quota() -> None:
+    assert Quota(max_concurrency=5, tokens_per_s=100, burst_tokens=40).shared(2) == Quota(
+        max_concurrency=3, tokens_per_s=50, burst_tokens=20)
+
+
+def config(**fair: object) -> RouterConfig:
+    return parse_router_config({"require_keys": False, "fair": fair,
+                                "keys": [{"tenant": "k", "key_sha256": "0" * 64, "max_concurrency": 3,
+                                          "tokens_per_s": 50}]})
+
+
+def test_the_default_shares_follow_the_classes_rank() -> None:
+    assert config().fair.shares(CLASSES) == {"interactive": 1.0, "standard": 0.75, "batch": 0.5}
+    assert config(seq_share={"batch": 0.25}).fair.shares(CLASSES)["batch"] == 0.25
+
+
+def test_key_entries_set_their_tenants_quota_and_others_get_the_defaults() -> None:
+    tenants, anyone = config(key_max_concurrency=7).quotas()
+    assert tenants == {"k": Quota(max_concurrency=3, tokens_per_s=50)}
+    assert anyone == Quota(max_concurrency=7)
+
+
+@pytest.mark.parametrize(("fair", "message"), [
+    ({"seq_share": {"batch": 0}}, "fair.seq_share.batch: 0.0 is not in (0, 1]"),
+    ({"seq_share": {"bulk": 0.5}}, "unknown SLO classes ['bulk']"),
+    ({"class_rates": {"bulk": {"tokens_per_s": 5}}}, "unknown SLO classes ['bulk']"),
+    ({"max_sequences": 0}, "max_sequences"),
+    ({"max_sequence": 4}, "max_sequence"),  # a typo is an error
+])
+def test_bad_fair_settings_fail_the_config(fair: dict[str, object], message: str) -> None:
+    with pytest.raises(ParseError, match=re.escape(message)):
+        config(**fair)
+
+
+def test_a_replica_declared_for_an_unknown_class_fails_the_config() -> None:
+    with pytest.raises(ParseError, match="replica r: unknown SLO classes"):
+        parse_router_config({"require_keys": False, "replicas": [
+            {"replica_id": "r", "url": "http://127.0.0.1:9", "model": "m", "slo_classes": ["gold"]}]})
+
+
+def test_the_router_counts_its_open_sequences_per_replica_and_knows_the_declared_pools() -> None:
+    table = RoutingTable(version=1, replicas=(
+        cand("a", ("interactive",)).endpoint, cand("b").endpoint))
+    r = Replicas(table, 3, 5.0)
+    assert r.declared == {("m", "interactive"), ("m", "*")}
+    r.opened("a", 16)
+    r.opened("a", 4)
+    assert [c.load.seqs for c in r.snapshot()] == [20, 0]
+    r.closed("a", 16)
+    assert r.snapshot()[0].load.seqs == 4
+
+
+def test_the_workers_view_keeps_pools_classes_and_sequence_limits() -> None:
+    table = RoutingTable(version=3, replicas=(cand("a", ("standard", "batch"), max_num_seqs=128).endpoint,))
+    back, _, _ = read_view(view_bytes(table, None, None))
+    assert back == table
+
+
+def test_every_shape_of_request_maps_to_one_decision_path() -> None:
+    """The fast path (default filters) and the spelled-out profile decide the same winner."""
+    snapshot = [cand(f"r{i}", c, running=r) for i, (c, r) in
+                enumerate(itertools.product([(), ("interactive",), ("batch",)], [0, 20, 40]))]
+    fast, spelled = Profile(), Profile(filters=["slo-class-filter", "health-filter", "drain-filter", "role-filter",
+                                                "seq-headroom-filter"])
+    for slo, share in ((INTERACTIVE, 1.0), (BATCH, 0.5)):
+        r = req(slo, 8, share)
+        a, b = decide(r, snapshot, fast, random.Random(1)), decide(r, snapshot, spelled, random.Random(1))
+        assert a.winner == b.winner and a.winner is not None
+        assert serves_class(r, a.winner) and has_headroom(r, a.winner)
