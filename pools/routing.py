@@ -45,6 +45,14 @@ class RoutingTable:
     version: int
     replicas: tuple[ReplicaEndpoint, ...]
     topology_fingerprint: str = ""
+    epoch: str = ""
+    """The controller incarnation that published it (empty: a table not from a controller)."""
+
+    def supersedes(self, current: RoutingTable) -> bool:
+        """A router takes this table over `current`: a higher version, or one from another
+        controller incarnation whatever its version (a controller restarted while its disk was full
+        resumes from the last state it could save, older than versions its predecessor published)."""
+        return self.version > current.version or self.epoch != current.epoch
 
     def models(self) -> list[str]:
         return sorted({r.model for r in self.replicas})

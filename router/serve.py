@@ -112,7 +112,7 @@ class RouterThread:
             await asyncio.sleep(FOLLOW_INTERVAL_S)
             try:
                 table: RoutingTable = await loop.run_in_executor(None, self.ray.get, self.controller.table.remote())
-                if table.version > self.router.replicas.table.version:
+                if table.supersedes(self.router.replicas.table):  # a restarted controller: any version
                     refs = [self.controller.plan.remote(), self.controller.topology.remote()]
                     plan, topology = await loop.run_in_executor(None, self.ray.get, refs)
                     await self.router.set_view(table, topology, plan)  # and to the router's other workers

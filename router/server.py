@@ -137,7 +137,7 @@ class Router:
 
     async def set_view(self, table: RoutingTable, topology: Topology | None, plan: Mapping[str, Any] | None) -> None:
         """A newer routing table (with the topology and plan it was made for), in every worker."""
-        if table.version <= self.replicas.table.version:
+        if not table.supersedes(self.replicas.table):
             return
         self.topology, self.plan = topology, plan
         self.replicas.follow(table)
@@ -150,7 +150,7 @@ class Router:
             response.send(200, orjson.dumps(self.metrics.snapshot()))
         elif (request.method, request.path) == ("PUT", "/internal/view"):
             table, topology, plan = read_view(request.body)
-            if table.version > self.replicas.table.version:
+            if table.supersedes(self.replicas.table):
                 self.topology, self.plan = topology, plan
                 self.replicas.follow(table)
             response.send(200, b"{}")

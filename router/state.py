@@ -54,7 +54,7 @@ class Replicas:
 
     def follow(self, table: RoutingTable) -> None:
         """A newer routing table: keep what we learnt about replicas that stay."""
-        if table.version <= self.table.version:
+        if not table.supersedes(self.table):
             return
         old = self.states
         self.states = {r.replica_id: _carried(old[r.replica_id], r) if r.replica_id in old else ReplicaState(r)

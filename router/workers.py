@@ -45,6 +45,7 @@ CONFIG_FILE, VIEW_FILE = "config.json", "view.json"
 # the view: what the leader learns from its controller and every worker routes with
 def view_bytes(table: RoutingTable, topology: Topology | None, plan: Mapping[str, Any] | None) -> bytes:
     return orjson.dumps({"table": {"version": table.version, "topology_fingerprint": table.topology_fingerprint,
+                                   "epoch": table.epoch,
                                    "replicas": [dataclasses.asdict(r) for r in table.replicas]},
                          "topology": to_dict(topology) if topology is not None else None, "plan": plan})
 
@@ -55,7 +56,7 @@ def read_view(raw: bytes) -> tuple[RoutingTable, Topology | None, dict[str, Any]
     replicas = tuple(ReplicaEndpoint(**{**r, "gpus": tuple(r.get("gpus", ())),
                                         "slo_classes": tuple(r.get("slo_classes", ()))}) for r in t["replicas"])
     table = RoutingTable(version=int(t["version"]), replicas=replicas,
-                         topology_fingerprint=str(t.get("topology_fingerprint", "")))
+                         topology_fingerprint=str(t.get("topology_fingerprint", "")), epoch=str(t.get("epoch", "")))
     topology = from_dict(view["topology"]) if view.get("topology") is not None else None
     return table, topology, view.get("plan")
 

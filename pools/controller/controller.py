@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -94,6 +95,9 @@ class ControllerCore:
         self.lost: set[str] = set()
         self.topology: Topology | None = None
         self.plan: PlacementPlan | None = None
+        self.epoch = uuid.uuid4().hex[:12]
+        """This incarnation's tables (`RoutingTable.supersedes`): routers take them over a
+        predecessor's whatever their versions (it may resume from an older saved state)."""
         self.table = RoutingTable(version=0, replicas=())
         self.last_changes: list[Change] = []
         self.counters_at = clock()
@@ -260,7 +264,8 @@ class ControllerCore:
         urls = self._urls()
         draining = {rid for rid, r in self.running.items() if r.draining}
         served = {pool: s.served_model_name for pool, s in self.spec.vllm.items()}
-        self.table = build_table(serving, self.topology, urls, draining, self.table.version + 1, served)
+        self.table = replace(build_table(serving, self.topology, urls, draining, self.table.version + 1, served),
+                             epoch=self.epoch)
         self._record("routing_table", {"version": self.table.version, "replicas": len(self.table.replicas),
                                        "draining": sorted(draining)})
         self.published_alarms = self.alarms.signature()

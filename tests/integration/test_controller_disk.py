@@ -110,8 +110,10 @@ def test_disk_full_then_freed_leaves_a_working_controller(tmp_path: Path, backen
 
     # the controller crashes; its restart finds the disk still full: it resumes from the last good
     # state (the replicas are found again by name), serves, and restarts engines
+    last = first.table
     second = ControllerCore(_spec(state_dir), backend, files=disk)
     second.deploy()
+    assert second.table.version <= last.version and second.table.supersedes(last)  # routers take it anyway
     assert set(second.running) == {"mixed-0", "mixed-1"}
     assert second.status()["health"]["status"] == "degraded"
     second.settle(timeout_s=30)  # mixed-0 restarted after the last good save: reattached by name or started

@@ -53,3 +53,22 @@ def test_failures_of_the_engine_a_replica_left_do_not_count() -> None:
     assert not broken(replicas)["decode-0"]
     replicas.failed("decode-0", "http://127.0.0.1:9100")
     assert broken(replicas)["decode-0"]
+
+
+def test_a_restarted_controllers_table_is_taken_whatever_its_version() -> None:
+    """A controller restarted while its disk was full resumes from the last state it saved: its
+    tables may carry versions its predecessor already published. Another epoch is taken anyway;
+    within one epoch only a higher version is."""
+    from dataclasses import replace
+
+    from router.workers import read_view, view_bytes
+
+    old = replace(table(9, "http://127.0.0.1:9000"), epoch="first")
+    replicas = Replicas(old, breaker_failures=2, breaker_open_s=60)
+    replicas.follow(replace(table(9, "http://127.0.0.1:9999"), epoch="first"))  # same epoch, same version
+    assert replicas.table is old
+    resumed = replace(table(6, "http://127.0.0.1:9100"), epoch="second")
+    assert resumed.supersedes(old) and not replace(resumed, version=5).supersedes(resumed)
+    replicas.follow(resumed)
+    assert replicas.table is resumed and replicas.states["decode-0"].endpoint.url == "http://127.0.0.1:9100"
+    assert read_view(view_bytes(resumed, None, None))[0] == resumed  # sibling workers get the epoch too
