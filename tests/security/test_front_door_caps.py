@@ -1,0 +1,170 @@
+"""Issue 28's front-door attacks on the real router (`python -m router --config`, two workers on
+one port) in front of a simulated engine, from other loopback addresses than the legitimate
+client's (127.0.0.1): heads that declare large bodies, a crowd of idle connections from one
+address, bodies in 2-byte chunks. Done when 13 KB of unauthenticated traffic refuses no
+legitimate request, the router's memory stays within its caps, and every refusal is in
+/metrics by cause, whichever worker answers the scrape. The caps are the defaults scaled down
+(8 MiB buffered per worker instead of 512 MiB, 256 KiB bodies instead of 4 MiB)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
+from tests.engines import running_router, start_engine, stop_engine
+
+pytestmark = pytest.mark.integration
+MODEL = "llama-3.1-8b"
+MAX_BODY_BYTES = 256 * 1024
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    engine = start_engine("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.01")
+    try:
+        config = {"port": 0, "workers": 2, "keys": [{"tenant": "dev", "key_sha256": sha256(DEV_KEY)}],
+                  "admin_keys": [{"tenant": "ops", "key_sha256": sha256(DEV_ADMIN_KEY)}],
+                  "pd": {"enabled": False}, "max_body_bytes": MAX_BODY_BYTES, "read_timeout_s": 10,
+                  "max_buffered_bytes": 8 << 20, "max_connections": 1024, "max_client_connections": 100,
+                  "replicas": [{"replica_id": "e1", "url": engine.base, "model": MODEL}]}
+        with running_router(config, tmp_path_factory.mktemp("router")) as (proc, url):
+            yield {"base": url.removesuffix("/v1"), "port": int(url.rsplit(":", 1)[1].split("/")[0]),
+                   "pids": [proc.pid, *_children(proc.pid)]}
+    finally:
+        stop_engine(engine)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for task in Path(f"/proc/{pid}/task").iterdir() for p in (task / "children").read_text().split()]
+
+
+def _rss_mib(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
+        total += int(line.split()[1])
+    return total / 1024
+
+
+def _connect(port: int, source: str) -> socket.socket:
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def _legitimate(base: str) -> int:
+    """One authenticated completion from 127.0.0.1, on a fresh connection: its status."""
+    body = json.dumps({"model": MODEL, "prompt": "hello " * 200, "max_tokens": 4}).encode()
+    req = urllib.request.Request(f"{base}/v1/completions", data=body, headers={
+        "authorization": f"Bearer {DEV_KEY}", "content-type": "application/json", "connection": "close"})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            resp.read()
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+def _all_legitimate(base: str, count: int) -> list[int]:
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda _: _legitimate(base), range(count)))
+
+
+def _front_door(base: str) -> dict[str, float]:
+    """The router's isle_router_front_door_* series (a fresh connection: either worker answers)."""
+    req = urllib.request.Request(f"{base}/metrics", headers={"connection": "close"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        text = resp.read().decode()
+    out = {f"refused:{c}": float(v) for c, v in
+           re.findall(r'^isle_router_front_door_refusals_total\{cause="(\w+)"\} (\S+)$', text, re.M)}
+    for name in ("connections", "buffered_bytes"):
+        found = re.search(rf"^isle_router_front_door_{name} (\S+)$", text, re.M)
+        assert found is not None, text[-2000:]
+        out[name] = float(found.group(1))
+    return out
+
+
+def _refused(sock: socket.socket) -> bool:
+    """The router answered 503 (a refused connection) rather than waiting for a request."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(64).startswith(b"HTTP/1.1 503")
+    except BlockingIOError:
+        return False
+
+
+def test_13_kb_of_heads_declaring_large_bodies_refuses_no_legitimate_request(router: dict[str, Any]) -> None:
+    """Issue 28: 130 heads declaring 4 MiB reserved the 512 MiB cap; 147 of 147 POSTs got 503."""
+    head = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    heads = [_connect(router["port"], "127.0.0.2") for _ in range(130)]
+    try:
+        for sock in heads:
+            sock.sendall(head % MAX_BODY_BYTES)
+        assert sum(len(head % MAX_BODY_BYTES) for _ in heads) < 13_500
+        time.sleep(0.3)
+        assert _all_legitimate(router["base"], 24) == [200] * 24
+        seen = _front_door(router["base"])
+        assert seen["buffered_bytes"] < 64 * 1024  # the heads hold nothing; only requests under way count
+        assert seen["refused:buffered_bytes"] == seen["refused:client_buffered_bytes"] == 0
+    finally:
+        for sock in heads:
+            sock.close()
+
+
+def test_idle_connections_from_one_address_refuse_no_legitimate_request(router: dict[str, Any]) -> None:
+    """Issue 28: 9,900 idle connections from one client took the connection cap. Here one address
+    gets at most 100 per worker; the rest are refused (503) and counted, whichever worker saw them."""
+    before = _front_door(router["base"])
+    idle = [_connect(router["port"], "127.0.0.3") for _ in range(400)]
+    try:
+        time.sleep(0.5)  # the refusals have come by now
+        refused = sum(_refused(sock) for sock in idle)
+        assert 200 <= refused < 400
+        assert _all_legitimate(router["base"], 24) == [200] * 24
+        for _scrape in range(4):  # either worker answers: one sum
+            seen = _front_door(router["base"])
+            assert seen["refused:client_connections"] - before["refused:client_connections"] == refused
+            assert seen["refused:connections"] == 0
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_bodies_in_two_byte_chunks_cost_about_what_their_bytes_cost(router: dict[str, Any]) -> None:
+    """Issue 28: 2-byte chunks cost ~28x their counted size (10 connections: 61 -> 1,179 MiB)."""
+    head = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+    per_body = MAX_BODY_BYTES - 8 * 1024
+    body = b"2\r\nzz\r\n" * (per_body // 2)  # never the last chunk: the bodies stay held
+    time.sleep(0.5)
+    before = _rss_mib(router["pids"])
+    socks = [_connect(router["port"], f"127.0.0.{10 + i}") for i in range(10)]
+    try:
+        for sock in socks:
+            sock.sendall(head + body)
+        held = 0.0
+        for _tick in range(100):
+            held = _front_door(router["base"])["buffered_bytes"]
+            if held >= 10 * per_body:
+                break
+            time.sleep(0.1)
+        assert held >= 10 * per_body
+        grown = _rss_mib(router["pids"]) - before
+        counted = held / (1 << 20)
+        assert grown < 2 * counted + 4, f"router grew {grown:.1f} MiB for {counted:.1f} MiB of counted body"
+    finally:
+        for sock in socks:
+            sock.close()
+    assert _all_legitimate(router["base"], 4) == [200] * 4
