@@ -79,6 +79,12 @@ class AppArgs(BaseModel):
     bench_size_mib: float | None = Field(default=None, gt=0, description="bench message size (default: 256 MiB "
                                                                          "on NCCL, 8 MiB on gloo)")
     bench_iters: int | None = Field(default=None, ge=1, description="bench timed iterations (default 20 / 5)")
+    engine_admin_routes: bool = Field(default=False, description="simulated engines serve /admin/faults and "
+                                                                 "/admin/steps (fault injection: tests and chaos "
+                                                                 "runs only)")
+    insecure: bool = Field(default=False, description="allow Ray without token authentication on a "
+                                                      "non-loopback address (anyone who reaches a Ray port can run "
+                                                      "code); refused unless set")
     autoscaling: AutoscaleLoopConfig = Field(
         default_factory=AutoscaleLoopConfig,
         description="the autoscaler's loop, for pools with `autoscaling:` (pools.controller.autoscaling)")

@@ -64,9 +64,10 @@ def _n(body: dict[str, Any]) -> int:
 def _max_tokens(body: dict[str, Any], chat: bool, default: int) -> tuple[int, bool]:
     """The max_tokens the engine will apply, and whether the router must send it (none given)."""
     for key in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):
-        value = as_int(body.get(key))
-        if value is not None:
-            return max(value, 0), False
+        value = body.get(key)
+        if value is not None:  # given: the engine applies it, or refuses it ("ten", 1.5) with its own 400
+            got = as_int(value)
+            return (default if got is None else max(got, 0)), False
     if not chat and "max_tokens" not in body:
         return COMPLETION_DEFAULT_MAX_TOKENS, False
     return default, True

@@ -1,33 +1,45 @@
 """`isle run [CONFIG]` (what `make run` does): Ray Serve's own `serve run CONFIG` (default
-configs/local.yaml, the simulated cluster on a local Ray) as a child, its output passed through,
-and around it what a user needs: one line when the endpoint answers
+configs/local.yaml, the simulated cluster) as a child, its output passed through, and around it
+what a user needs: one line when the endpoint answers
 
     isleserve: OpenAI API on http://127.0.0.1:8000/v1, 4 replicas ready
 
 and a clean stop on Ctrl-C or SIGTERM (a service manager, `kill`, make): the signal goes to
-`serve run` as the Ctrl-C it shuts its local Ray down on, the exit status is 0 and nothing
-prints a stack trace. If `serve run` ends by itself (a bad config, a port taken), its status is
-returned."""
+`serve run` as the Ctrl-C it shuts Serve down on, then to the Ray head we started; the exit
+status is 0 and nothing prints a stack trace. If `serve run` ends by itself (a bad config, a port
+taken), its status is returned.
+
+Ray is our own (`router.raylocal`): a head started for this run alone, every port on 127.0.0.1,
+token authentication on with a token generated for the run (`<state_dir>/ray_auth_token`, mode
+0600), a private temporary directory, no dashboard or job API unless `--dashboard`. It never
+joins a Ray it did not start; `--ray-address ADDR` deploys onto an existing cluster instead (its
+token comes from the environment, as Ray's own tools read it)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
+import secrets
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
-from pools.supervisor import Child, ChildError, Group, Output, ReadyProbe, Stop
+from pools.supervisor import Child, ChildError, Group, Output, ReadyLine, ReadyProbe, Stop
 from pools.wire import client
 from router.appconfig import app_args_from_serve_config
+from router.raylocal import READY_PREFIX, TOKEN_FILE, secure_env
 from topology.errors import ParseError
 
 READY_TIMEOUT_S = 600.0
+RAY_READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
+RAY_STOP_TIMEOUT_S = 20.0
 POLL_S = 0.5
 
 
@@ -44,40 +56,97 @@ def _health(host: str, port: int) -> int | None:
         return None
 
 
-def _serve_binary() -> str:
-    beside = Path(sys.executable).parent / "serve"
-    return str(beside) if beside.exists() else "serve"
+def _beside(name: str) -> str:
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else name
 
 
-def _serve_run(config: str, env: dict[str, str], answers: Callable[[], bool]) -> Child:
-    return Child([_serve_binary(), "run", config], name="serve run", ready=ReadyProbe(answers), env=env,
+def write_token(state_dir: Path) -> Path:
+    """A new random token for this run's Ray, in `state_dir` (created 0700 when missing), mode
+    0600, written through a fresh file (never through a link someone planted) and renamed."""
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = state_dir / TOKEN_FILE
+    tmp = state_dir / f".{TOKEN_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, secrets.token_hex(32).encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def _ray_head(temp_dir: str, env: dict[str, str], dashboard: bool) -> Child:
+    argv = [sys.executable, "-m", "router.raylocal", "--temp-dir", temp_dir, *(["--dashboard"] if dashboard else [])]
+    return Child(argv, name="ray head", ready=ReadyLine(READY_PREFIX), env=env, group=Group.OWN,
+                 stderr=Output.STDOUT, parent_death=signal.SIGTERM,
+                 stop=Stop(signal=signal.SIGTERM, grace_s=RAY_STOP_TIMEOUT_S, linger_s=2.0))
+
+
+def _serve_run(config: str, address: str, env: dict[str, str], answers: Callable[[], bool]) -> Child:
+    return Child([_beside("serve"), "run", "--address", address, config], name="serve run",
+                 ready=ReadyProbe(answers), env=env,
                  group=Group.OWN,  # Ctrl-C: ours alone
                  stdout=Output.INHERIT, stderr=Output.INHERIT,  # its output passed through
-                 parent_death=signal.SIGINT,  # we are killed outright: it still shuts its local Ray down
+                 parent_death=signal.SIGINT,  # we are killed outright: it still shuts Serve down
                  stop=Stop(signal=signal.SIGINT, grace_s=STOP_TIMEOUT_S, linger_s=None))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="isle run", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", nargs="?", default="configs/local.yaml", help="a Ray Serve config file")
-    args = parser.parse_args(argv)
+    parser.add_argument("--ray-address", default=None,
+                        help="deploy onto this existing Ray cluster (its token from RAY_AUTH_TOKEN_PATH or "
+                             "~/.ray/auth_token) instead of starting a private local one")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="the local Ray also runs its dashboard and job API (127.0.0.1, token required), "
+                             "for `serve status` and `ray job`")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _arguments(argv)
     try:
-        router = app_args_from_serve_config(args.config).router
+        app = app_args_from_serve_config(args.config)
     except ParseError as err:
         print(f"isle run: {err}", file=sys.stderr)
         return 2
+    router = app.router
     host = "127.0.0.1" if router.host in ("0.0.0.0", "::", "") else router.host
-    env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **os.environ}
+    stopping = threading.Event()
+    head: Child | None = None
+    temp_dir: str | None = None
+    try:
+        if args.ray_address is None:
+            token = write_token(Path(app.state_dir))
+            env = secure_env(dict(os.environ), str(token))
+            temp_dir = tempfile.mkdtemp(prefix="isle-ray-")  # 0700, a name nobody could take first
+            head = _ray_head(temp_dir, env, args.dashboard).start()
+            try:
+                address = head.wait_ready(RAY_READY_TIMEOUT_S).split(READY_PREFIX, 1)[1].strip()
+            except ChildError as err:
+                print(f"isle run: the local Ray did not start: {err}", file=sys.stderr)
+                return 1
+        else:
+            env, address = dict(os.environ), args.ray_address
+        return _serve(args.config, address, env, host, router.port, stopping)
+    finally:
+        if head is not None:
+            head.stop()  # SIGTERM: ray.shutdown() ends every process of the head
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _serve(config: str, address: str, env: dict[str, str], host: str, port: int, stopping: threading.Event) -> int:
     replicas: list[int] = []
 
     def answers() -> bool:
-        found = _health(host, router.port)
+        found = _health(host, port)
         if found is not None:
             replicas.append(found)
         return found is not None
 
-    child = _serve_run(args.config, env, answers).start()
-    stopping = threading.Event()
+    child = _serve_run(config, address, env, answers).start()
 
     def stop(signum: int, frame: FrameType | None) -> None:
         if not stopping.is_set():
@@ -89,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, stop)
     with contextlib.suppress(ChildError):  # it exited, we were stopped, or it is slow: no line then
         child.wait_ready(READY_TIMEOUT_S, poll_s=POLL_S, cancel=stopping, stop_on_failure=False)
-        print(ready_line(host, router.port, replicas[-1]), flush=True)
+        print(ready_line(host, port, replicas[-1]), flush=True)
     while child.poll() is None and not stopping.is_set():
         stopping.wait(POLL_S)
     if stopping.is_set():

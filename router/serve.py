@@ -23,6 +23,7 @@ from pools.controller.spec import AutoscaleSpec
 from pools.routing import RoutingTable
 from pools.sizing import parse_workload
 from router.appconfig import AppArgs, parse_app_args
+from router.raysecurity import bind_serve_grpc_to_node, check_exposure
 from router.run import ready_line
 from router.server import Router
 
@@ -60,7 +61,7 @@ def controller_spec(args: AppArgs) -> ControllerSpec:
                           pools=config.pool_specs(), slo_classes=config.classes(), time_scale=args.time_scale,
                           state_dir=args.state_dir, counters_interval_s=args.counters_interval_s,
                           drain_timeout_s=args.drain_timeout_s, vllm=vllm, ports=args.vllm.ports.plan(), bench=bench,
-                          autoscale=autoscale)
+                          autoscale=autoscale, engine_admin_routes=args.engine_admin_routes)
 
 
 class RouterThread:
@@ -148,10 +149,12 @@ def build(args: dict[str, Any]) -> Any:
     from pools.controller.actors import get_or_create_controller
 
     app_args = parse_app_args(args)
+    check_exposure(app_args.insecure)
     spec = controller_spec(app_args)
 
     class IsleServe:
         def __init__(self, raw: dict[str, Any]) -> None:
+            bind_serve_grpc_to_node()  # before Serve opens this replica's gRPC port
             self.args = parse_app_args(raw)
             self.router = RouterThread(self.args, get_or_create_controller(spec))
             self.started = time.time()

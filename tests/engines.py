@@ -33,7 +33,7 @@ class EngineProcess:
 
 def start_engine(*args: str, timeout_s: float = 30.0) -> EngineProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = Child([sys.executable, "-m", "pools", "sim-engine", "--port", "0", *args], name="engine",
+    proc = Child([sys.executable, "-m", "pools", "sim-engine", "--port", "0", "--admin-routes", *args], name="engine",
                  ready=ReadyLine("ready:"), cwd=ROOT, env=env).start()
     try:
         line = proc.wait_ready(timeout_s, poll_s=0.2)  # stopped when it does not come up

@@ -83,7 +83,8 @@ def chaos_args(spec: ChaosSpec, base_config: Path, state_dir: Path, router_port:
     topology = base.topology  # relative: to the working directory, else the repository (as router.serve reads it)
     if not Path(topology).is_absolute():
         topology = str(next((b / topology for b in (Path.cwd(), ROOT) if (b / topology).exists()), ROOT / topology))
-    raw.update({"time_scale": spec.time_scale, "state_dir": str(state_dir), "topology": topology})
+    raw.update({"time_scale": spec.time_scale, "state_dir": str(state_dir), "topology": topology,
+                "engine_admin_routes": True})  # the faults are injected through the engines' admin routes
     raw["router"].update({"host": "127.0.0.1", "port": router_port})
     return doc, index, parse_app_args(raw, f"the chaos configuration from {base_config}")
 

@@ -162,7 +162,7 @@ class ControllerCore:
             ports = self.ports.allocate(p.node, side_channel=p.role != "mixed")
         return launching.build_launch(self.plan, self.topology, self.bindings, p, generation,
                                       topology_source=self.spec.topology_source, time_scale=self.spec.time_scale,
-                                      vllm=vllm, ports=ports)
+                                      vllm=vllm, ports=ports, admin_routes=self.spec.engine_admin_routes)
 
     def _start_all(self, placements: tuple[ReplicaPlacement, ...]) -> None:
         """Every placement's replica at once, waiting for them (the first deploy); if one fails,

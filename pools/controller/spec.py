@@ -70,6 +70,8 @@ class EngineLaunch:
     """Bumped each time the replica is started somewhere new (a re-placement)."""
     vllm: VllmLaunch | None = None
     """A real vLLM server instead of the simulated engine."""
+    admin_routes: bool = False
+    """The simulated engine serves its fault-injection routes (tests and chaos runs only)."""
     gang: str = ""
     """One data-parallel rank of a gang: its `sim-engine --gang` JSON (pools.controller.gang)."""
     ranks: tuple[EngineLaunch, ...] = ()
@@ -90,7 +92,7 @@ class EngineLaunch:
         return ["-m", "pools", "sim-engine", "--model", self.model, "--gpu", self.gpu, "--tp", str(self.tp),
                 "--role", self.role, "--port", "0", "--time-scale", str(self.time_scale), "--topology",
                 self.topology_source, "--placement", placement, "--engine-id", self.replica_id,
-                *(("--gang", self.gang) if self.gang else ())]
+                *(("--gang", self.gang) if self.gang else ()), *(("--admin-routes",) if self.admin_routes else ())]
 
     def environment(self) -> dict[str, str]:
         """What a GPU engine gets from the plan (the simulated one ignores it, but carries it)."""
@@ -139,3 +141,5 @@ class ControllerSpec:
     bench: BenchPolicy = field(default_factory=BenchPolicy)
     autoscale: AutoscaleSpec = field(default_factory=AutoscaleSpec)
     """Pools that follow the load (none: every pool keeps its count)."""
+    engine_admin_routes: bool = False
+    """Simulated engines serve their fault-injection routes (tests and chaos runs only)."""

@@ -29,6 +29,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/admin/steps": ("GET",),
 }
 """Path -> methods (a GET route answers HEAD too, as Starlette's)."""
+ADMIN_PREFIX = "/admin/"
 JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
 VLLM_VERSION = "0.32.0"
 
@@ -37,10 +38,11 @@ def allow(methods: tuple[str, ...]) -> str:
     return ", ".join([*methods, "HEAD"] if "GET" in methods else methods)
 
 
-def refuse_route(request: Request, response: Responder) -> bool:
-    """Answer a request no route takes (404, or 405 with `Allow`); False when a route takes it."""
+def refuse_route(request: Request, response: Responder, admin: bool = False) -> bool:
+    """Answer a request no route takes (404, or 405 with `Allow`); False when a route takes it.
+    The `/admin/` routes exist only for an engine started with them (`admin`)."""
     methods = ROUTES.get(request.path)
-    if methods is None:
+    if methods is None or (not admin and request.path.startswith(ADMIN_PREFIX)):
         response.send(404, error_body(404, "Not Found", "Not Found"))
         return True
     if request.method not in methods:

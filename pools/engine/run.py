@@ -131,7 +131,8 @@ def build(args: argparse.Namespace) -> SimEngine:
     identity = EngineIdentity(served_model=args.served_model_name or args.model,
                               engine_id=args.engine_id or uuid.uuid4().hex[:8], role=args.role, host=args.host,
                               port=args.port, placement=placement, topology=topology, kv_hold_s=args.kv_hold_s,
-                              tools=ToolSetup(args.tool_call_parser, args.enable_auto_tool_choice))
+                              tools=ToolSetup(args.tool_call_parser, args.enable_auto_tool_choice),
+                              admin_routes=args.admin_routes)
     return SimEngine(config, identity, time_scale=args.time_scale)
 
 
@@ -159,6 +160,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "the simulated model writes one format)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's: tool_choice 'auto' (needs --tool-call-parser)")
+    p.add_argument("--admin-routes", action="store_true",
+                   help="serve /admin/faults and /admin/steps: fault injection and step records for tests and "
+                        "chaos runs, never for production (anyone who reaches the port could fail every request)")
     p.add_argument("--log-level", default="warning")
 
 

@@ -55,6 +55,9 @@ class EngineIdentity:
     kv_hold_s: float = 60.0
     tools: ToolSetup = field(default_factory=ToolSetup)
     """`--tool-call-parser` and `--enable-auto-tool-choice`, off as in vLLM."""
+    admin_routes: bool = False
+    """`/admin/faults` and `/admin/steps` (fault injection and step records for tests and chaos
+    runs); without them those paths are unknown (404), as on a vLLM server."""
 
 
 class SimEngine:
@@ -216,7 +219,7 @@ class SimEngine:
 
     # routes
     async def handle(self, request: Request, response: Responder) -> None:
-        if routes.refuse_route(request, response):
+        if routes.refuse_route(request, response, admin=self.id.admin_routes):
             return
         route = (request.method, request.path)
         try:

@@ -23,6 +23,7 @@ from loadtest.live.deploy import session_pids
 from pools.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyLine, Stop
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
+from tests.security.listeners import grpc_statuses, http_answer, listeners, process_tree, ray_services
 
 pytestmark = pytest.mark.e2e
 BASE = "http://127.0.0.1:8000"
@@ -56,7 +57,7 @@ READY = "isleserve: OpenAI API on http://127.0.0.1:8000/v1, 4 replicas ready"
 
 
 @pytest.fixture(scope="module")
-def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Child]:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     isle = Path(sys.executable).parent / "isle"
     out = tmp_path_factory.mktemp("run") / "out.txt"
@@ -77,7 +78,7 @@ def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
             assert resp.status == 200
         engines = _our_engines(proc.pid)
         assert len(engines) == 4  # prefill, decode and two mixed replicas
-        yield
+        yield proc
     finally:
         engines = locals().get("engines", [])
         code = proc.stop()  # Ctrl-C is the same path
@@ -93,7 +94,7 @@ def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         assert text.count(READY) == 1 and "no Ray node carries it" not in text
 
 
-def test_chat_streams_metrics_and_admin(product: None) -> None:
+def test_chat_streams_metrics_and_admin(product: Child) -> None:
     c = openai.OpenAI(base_url=f"{BASE}/v1", api_key=DEV_KEY, max_retries=0, timeout=30)
     chat = c.chat.completions.create(model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert chat.usage is not None and chat.usage.completion_tokens == 4
@@ -125,3 +126,47 @@ def test_chat_streams_metrics_and_admin(product: None) -> None:
     refused = subprocess.run([isle, "status", "--admin-key", "wrong"], capture_output=True, text=True, timeout=30,
                              check=False)
     assert refused.returncode == 1 and "check --admin-key" in refused.stderr
+
+
+def _unauthenticated(port: int, command: str, services: dict[str, str]) -> str | None:
+    """What an unauthenticated caller reaches on this port (None: nothing but refusals or
+    read-only metrics)."""
+    answer = http_answer(port)
+    if answer is None:  # gRPC: every service it serves must refuse a call without Ray's token
+        served = {s: code for s, code in grpc_statuses(port, services).items() if code != "UNIMPLEMENTED"}
+        if not served:
+            return "a gRPC port that serves none of Ray's services"
+        opened = {s: code for s, code in served.items() if code != "UNAUTHENTICATED"}
+        return f"gRPC without a token: {opened}" if opened else None
+    status, body = answer
+    if port == 8000:  # the router: its API and admin routes need keys
+        refused: dict[str, tuple[int, bytes] | None] = {
+            path: http_answer(port, path=path) for path in ("/v1/models", "/admin/plan", "/admin/replicas")}
+        let_in = [path for path, a in refused.items() if a is None or a[0] != 401]
+        return f"router routes without a key: {let_in}" if let_in else None
+    if "sim-engine" in command:  # an engine: no admin (fault injection) routes outside tests and chaos
+        admin = [http_answer(port, method, "/admin/faults") for method in ("GET", "POST")]
+        return None if all(a is not None and a[0] == 404 for a in admin) else f"engine admin routes: {admin}"
+    if status in (401, 403):
+        return None
+    post = http_answer(port, "POST")
+    if status == 200 and body.startswith(b"# HELP") and post is not None and post[0] == 405:
+        return None  # a Prometheus exporter: read-only
+    return f"HTTP {status} without credentials: {body[:80]!r}"
+
+
+def test_every_listener_is_loopback_and_none_runs_code_unauthenticated(product: Child) -> None:
+    """Every TCP listener of the run (Ray's head, workers, agents, Serve, the router, the engines)
+    is bound to loopback, and none answers an unauthenticated caller with more than a refusal or
+    read-only metrics: Ray's gRPC services want the run's token, the router its keys, and the
+    engines have no fault-injection routes."""
+    found = listeners(process_tree(product.pid))
+    assert len(found) >= 8, found  # GCS, raylet, workers, the router, four engines at least
+    exposed = [f for f in found if not f.loopback]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    services = ray_services()
+    opened = {f"{f.port} {f.command[:60]}": why for f in found
+              if (why := _unauthenticated(f.port, f.command, services)) is not None}
+    assert not opened, "\n".join(f"{k}: {v}" for k, v in opened.items())
+    ray_processes = [f for f in found if "gcs_server" in f.command]
+    assert ray_processes and all("/tmp/ray/" not in f.command for f in ray_processes)  # its own temp dir

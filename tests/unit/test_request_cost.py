@@ -78,10 +78,12 @@ def test_the_token_bound_counts_prompts_and_max_tokens_per_sequence() -> None:
     ({"max_completion_tokens": None}, CHAT, 4096),
     ({"max_tokens": 7}, CHAT, 7),
     ({"max_completion_tokens": 9}, CHAT, None),  # the client's own field goes on as it is
+    ({"max_tokens": "ten"}, CHAT, "ten"),  # not a number: the engine's 400 names it
+    ({"max_tokens": 1.5}, CHAT, 1.5),
     ({}, COMPLETIONS, None),  # the completions API's default (16) applies
     ({"max_tokens": None}, COMPLETIONS, 4096),  # null: up to the context, so the router's limit
 ])
-def test_max_tokens_omitted_is_sent_as_the_routers_limit(extra: dict[str, Any], path: str, sent: int | None) -> None:
+def test_max_tokens_omitted_is_sent_as_the_routers_limit(extra: dict[str, Any], path: str, sent: object) -> None:
     prompt = {"messages": MSG} if path == CHAT else {"prompt": "hi"}
     call = _read({"model": "m", **prompt, **extra}, path)
     payload = orjson.loads(call.payload)
