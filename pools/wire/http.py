@@ -233,11 +233,15 @@ class HttpProtocol(asyncio.Protocol):
 
     # feeding the parser one request at a time
     def _hold(self, data: bytes, pos: int) -> None:
+        if not self.take(len(data) - pos):  # sent ahead past its caps while its answers wait: dropped
+            if self.transport is not None:
+                self.transport.abort()
+            self.closed = True
+            return
         if self.held:
             self.held, self.held_pos = self.held[self.held_pos:] + data[pos:], 0
         else:
             self.held, self.held_pos = data, pos
-        self.account(len(data) - pos)
         if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
             self.transport.pause_reading()

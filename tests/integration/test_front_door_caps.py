@@ -9,6 +9,7 @@ before the fix (see the numbers in each)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 import tracemalloc
@@ -110,6 +111,31 @@ def test_one_address_holds_only_its_share_of_buffered_bytes() -> None:
         await _settle(lambda: limits.buffered_bytes == 0)
         assert limits.buffered_bytes == 0 and not limits.client_bytes
     _run(scenario, ServerLimits(max_buffered_bytes=1_000_000, max_client_buffered_bytes=200_000))
+
+
+def test_unread_pipelining_from_one_address_stays_within_its_share() -> None:
+    """Requests sent ahead while the answers go unread are held (one read per connection): they
+    count toward the address's share, and a connection past it is dropped."""
+    async def scenario(port: int, limits: ServerLimits) -> None:
+        request = b"GET /x HTTP/1.1\r\nhost: a\r\n\r\n" * 2000
+        socks = []
+        for _ in range(16):
+            sock = _connect(port, ATTACKER)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            socks.append(sock)
+        await asyncio.sleep(0.05)
+        most = 0
+        for _tick in range(50):  # send as fast as it takes them, never read
+            for sock in socks:
+                with contextlib.suppress(BlockingIOError, ConnectionError):
+                    sock.send(request)
+            most = max(most, limits.client_bytes.get(ATTACKER, 0))
+            await asyncio.sleep(0.01)
+        assert 0 < most <= 300_000 and limits.refused.get("client_buffered_bytes", 0) > 0
+        assert await _post(port, VICTIM, b"v" * 60_000) == b"HTTP/1.1 200 OK"
+        for sock in socks:
+            sock.close()
+    _run(scenario, ServerLimits(max_client_buffered_bytes=300_000, write_buffer_bytes=4096))
 
 
 def test_idle_connections_from_one_address_do_not_lock_out_another() -> None:
