@@ -62,7 +62,7 @@ class AppArgs(BaseModel):
     workload: str = Field(default="azure-conv", description="for `replicas: auto`")
     state_dir: str = Field(default_factory=default_state_dir,
                            description="where the controller records topology, plans and the state it resumes from: "
-                                       "a private 0700 directory of this user (default $XDG_RUNTIME_DIR/isleserve, "
+                                       "a private 0700 directory of this user (default $XDG_STATE_HOME/isleserve, "
                                        "else ~/.local/state/isleserve); refused when another user owns it or others "
                                        "may write to it")
     counters_interval_s: float = Field(default=30.0, ge=0,

@@ -128,7 +128,7 @@ class ControllerSpec:
     slo_classes: Mapping[str, SLOClass] = field(default_factory=lambda: {c.name: c for c in DEFAULT_SLO_CLASSES})
     time_scale: float = 1.0
     state_dir: str = field(default_factory=default_state_dir)
-    """A private directory (pools.controller.statefiles): $XDG_RUNTIME_DIR/isleserve, else
+    """A private directory (pools.controller.statefiles): $XDG_STATE_HOME/isleserve, else
     ~/.local/state/isleserve, unless told."""
     counters_interval_s: float = 30.0
     """How often link counters are read again (a discovery on every node); 0: never."""

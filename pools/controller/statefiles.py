@@ -11,9 +11,12 @@ mode 0600. A link found in either place is an `OSError` (ELOOP or EEXIST), like 
 the caller fails soft (pools.controller.persist).
 
 The default directory is per user, never a shared `/tmp` path that another local user could
-create first: `$XDG_RUNTIME_DIR/isleserve` when that runtime directory exists, is ours and is
-private (systemd makes it 0700 per login), else `$XDG_STATE_HOME/isleserve`, else
-`~/.local/state/isleserve`.
+create first: `$XDG_STATE_HOME/isleserve`, else `~/.local/state/isleserve` (XDG's place for
+"state that can be reused on restart"). Not `$XDG_RUNTIME_DIR`: systemd removes it when the
+user's last session ends and at reboot, and with it what a restarted controller resumes from and
+the bench baselines.
+
+A directory removed while the controller runs is made again by the next write.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -58,23 +61,9 @@ class StateFiles(Protocol):
     def remove(self, name: str) -> None: ...
 
 
-def _usable_runtime_dir(path: str) -> bool:
-    if not path or not os.path.isabs(path):
-        return False
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077 \
-        and os.access(path, os.W_OK | os.X_OK)
-
-
 def default_state_dir(env: Mapping[str, str] | None = None, home: str | None = None) -> str:
     """Where the controller keeps its state unless told (see the module's docstring)."""
     env = os.environ if env is None else env
-    runtime = env.get("XDG_RUNTIME_DIR", "")
-    if _usable_runtime_dir(runtime):
-        return str(Path(runtime) / APP_DIR)
     state_home = env.get("XDG_STATE_HOME", "")
     if state_home and os.path.isabs(state_home):
         return str(Path(state_home) / APP_DIR)
@@ -165,8 +154,20 @@ class DiskFiles:
             except OSError:
                 return None
 
-    def replace(self, name: str, data: bytes) -> None:
+    def _again(self, write: Callable[[], None]) -> None:
+        """`write`, once more after making the directory again if it went (FileNotFoundError)."""
         self._ensure()
+        try:
+            write()
+        except FileNotFoundError:
+            self._ready = False
+            self._ensure()
+            write()
+
+    def replace(self, name: str, data: bytes) -> None:
+        self._again(lambda: self._replace(name, data))
+
+    def _replace(self, name: str, data: bytes) -> None:
         path = self._at(name)
         if len(Path(name).parts) > 1:
             path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
@@ -189,7 +190,9 @@ class DiskFiles:
             raise
 
     def append(self, name: str, data: bytes) -> None:
-        self._ensure()
+        self._again(lambda: self._append(name, data))
+
+    def _append(self, name: str, data: bytes) -> None:
         fd = os.open(self._at(name), os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, FILE_MODE)
         try:
             size = os.fstat(fd).st_size

@@ -34,16 +34,11 @@ def _mode(path: Path) -> int:
 
 
 def test_the_default_is_per_user_never_a_shared_tmp_path(tmp_path: Path) -> None:
-    runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
-    os.chmod(runtime, 0o700)
-    assert default_state_dir({"XDG_RUNTIME_DIR": str(runtime)}, "/home/u") == str(runtime / "isleserve")
-    os.chmod(runtime, 0o755)  # not private: not used
-    assert default_state_dir({"XDG_RUNTIME_DIR": str(runtime)}, "/home/u") == "/home/u/.local/state/isleserve"
-    assert default_state_dir({"XDG_RUNTIME_DIR": str(tmp_path / "none")}, "/home/u") == \
-        "/home/u/.local/state/isleserve"
+    assert default_state_dir({}, "/home/u") == "/home/u/.local/state/isleserve"
     assert default_state_dir({"XDG_STATE_HOME": "/s"}, "/home/u") == "/s/isleserve"
     assert default_state_dir({"XDG_STATE_HOME": "relative"}, "/home/u") == "/home/u/.local/state/isleserve"
+    runtime = tmp_path / "run"  # removed at logout and reboot, with what a restarted controller needs: not used
+    assert default_state_dir({"XDG_RUNTIME_DIR": str(runtime)}, "/home/u") == "/home/u/.local/state/isleserve"
     assert not default_state_dir().startswith("/tmp/")
 
 
@@ -108,6 +103,17 @@ def test_writes_never_follow_a_planted_link(tmp_path: Path) -> None:
     assert _mode(files.directory / "new.jsonl") == 0o600
     with pytest.raises(ValueError, match="inside the state directory"):
         files.replace("../escape", b"x")
+
+
+
+def test_a_removed_directory_is_made_again(tmp_path: Path) -> None:
+    files = DiskFiles(tmp_path / "state")
+    files.append("events.jsonl", b"a\n")
+    (files.directory / "events.jsonl").unlink()
+    files.directory.rmdir()
+    files.append("events.jsonl", b"b\n")
+    files.replace("state.json", b"{}")
+    assert files.read("events.jsonl") == b"b\n" and _mode(files.directory) == 0o700
 
 
 def _state(version: int) -> state.ControllerState:
