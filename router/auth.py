@@ -1,14 +1,16 @@
 """API keys to tenants and SLO classes. Every key, admin included, comes as
-`Authorization: Bearer <key>`; `x-slo-class` may only narrow to a class the key is entitled to."""
+`Authorization: Bearer <key>`; `x-slo-class` may only narrow to a class the key is entitled to.
+Keys are held as seals (`router.keys`): an HMAC under a secret of this process, never the key or
+a bare hash of it."""
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 
 from pools.model import SLOClass
 from pools.wire.openai import ApiError
-from router.config import RouterConfig, sha256
+from router.config import RouterConfig
+from router.keys import Keyring
 
 SEEN_KEYS = 1024
 
@@ -22,11 +24,13 @@ class Principal:
 class Auth:
     def __init__(self, config: RouterConfig) -> None:
         all_classes = frozenset(config.classes())
-        self.users: dict[str, Principal] = {}
+        self.users = Keyring()
         for key in config.keys:
             classes = all_classes if "*" in key.slo_classes else frozenset(key.slo_classes)
-            self.users[key.digest()] = Principal(key.tenant, classes)
-        self.admins = {k.digest() for k in config.admin_keys}
+            self.users.add(key.stored(), Principal(key.tenant, classes))
+        self.admins = Keyring()
+        for key in config.admin_keys:
+            self.admins.add(key.stored(), key.tenant)
         self.open = not config.keys and not config.require_keys
         self.classes = config.classes()
         self.default = config.default_slo_class
@@ -37,12 +41,12 @@ class Auth:
         hashing every request's key is the costliest part of authenticating it."""
 
     @staticmethod
-    def _digest(headers: dict[str, str]) -> str | None:
+    def _token(headers: dict[str, str]) -> str | None:
         value = headers.get("authorization", "")
         scheme, _, token = value.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
-        return sha256(token.strip())
+        return token.strip()
 
     def user(self, headers: dict[str, str]) -> Principal:
         if self.open:
@@ -50,21 +54,21 @@ class Auth:
         seen = self._seen.get(headers.get("authorization", ""))
         if seen is not None:
             return seen
-        digest = self._digest(headers)
-        if digest is None:
+        token = self._token(headers)
+        if token is None:
             raise ApiError(401, "missing API key: send `Authorization: Bearer <key>`", "authentication_error")
-        principal = self.users.get(digest)  # a lookup by SHA-256 digest reveals nothing usable about the key
-        if principal is None:
+        principal = self.users.find(token)  # by seal: its timing tells nothing an attacker can use
+        if not isinstance(principal, Principal):
             raise ApiError(401, "invalid API key", "authentication_error")
         if len(self._seen) < SEEN_KEYS:
             self._seen[headers["authorization"]] = principal
         return principal
 
     def admin(self, headers: dict[str, str]) -> None:
-        digest = self._digest(headers)
-        if digest is None:
+        token = self._token(headers)
+        if token is None:
             raise ApiError(401, "missing admin key: send `Authorization: Bearer <admin key>`", "authentication_error")
-        if not any(hmac.compare_digest(known, digest) for known in self.admins):
+        if not self.admins.holds(token):  # every seal compared, each in constant time
             raise ApiError(403, "this key does not open admin routes", "permission_error")
 
     def slo_class(self, principal: Principal, requested: str | None) -> SLOClass:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pools.routing import ReplicaEndpoint, RoutingTable
 from pools.wire.lifecycle import serve_until_signalled
 from router.config import RouterConfig, load_router_config
+from router.keys import SALT_BYTES, salted
 from router.server import Router
 from topology import Topology, TopologyError, read_source
 
@@ -44,10 +45,35 @@ def bench(argv: Sequence[str]) -> int:
     return bench_main(args.format, args.reps, args.seconds, args.workers, args.servers, args.front_door)
 
 
+def hash_key(argv: Sequence[str]) -> int:
+    """`python -m router hash-key [--salt HEX]`: a key from stdin (one line; never an argument,
+    which other users could read in the process table) as a config's `key_hmac_sha256` value."""
+    parser = argparse.ArgumentParser(prog="python -m router hash-key", description=hash_key.__doc__)
+    parser.add_argument("--salt", help="the deployment's salt in hex (at least 16 bytes); default: a new one "
+                                       "(give every key of one deployment the same salt)")
+    args = parser.parse_args(argv)
+    try:
+        salt = bytes.fromhex(args.salt) if args.salt else None
+    except ValueError:
+        print("error: --salt must be hex", file=sys.stderr)
+        return 2
+    if salt is not None and len(salt) < SALT_BYTES:
+        print(f"error: --salt must be at least {SALT_BYTES} bytes ({2 * SALT_BYTES} hex digits)", file=sys.stderr)
+        return 2
+    key = sys.stdin.readline().strip()
+    if not key:
+        print("error: no key on standard input", file=sys.stderr)
+        return 2
+    print(salted(key, salt))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         return bench(argv[1:])
+    if argv[:1] == ["hash-key"]:
+        return hash_key(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m router", description="the isleserve router, standalone")
     parser.add_argument("--config", required=True)
     parser.add_argument("--port", type=int, help="override the config's port (0: any free port)")

@@ -1,13 +1,14 @@
 """Router configuration (pydantic, `extra="forbid"`, every problem reported at once).
 
-API keys are stored as SHA-256 hashes (`key_sha256`), or read from an environment variable
-(`key_env`) or a file (`key_file`); a key is never logged. Each key names a tenant and the SLO
+API keys are stored salted (`key_hmac_sha256`: `SALT:HMAC-SHA256(SALT, key)`, from `python -m
+router hash-key`), read from an environment variable (`key_env`) or a file (`key_file`), or, as
+before, as unsalted SHA-256 hashes (`key_sha256`); a key is never logged, and in memory only its
+seal is kept (`router.keys`). Each key names a tenant and the SLO
 classes it is entitled to (`"*"`: all). Admin keys open the admin routes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Literal
@@ -28,6 +29,7 @@ from pools.wire.limits import (
     client_share,
 )
 from router.fairness import FairConfig
+from router.keys import Stored, sha256_hex
 from router.plugins.profile import DEFAULT_FILTERS, Profile
 from router.plugins.spec import PluginSpec
 from router.quota import Quota
@@ -37,7 +39,7 @@ DEV_KEY, DEV_ADMIN_KEY = "isle-dev-key", "isle-dev-admin"
 
 
 def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+    return sha256_hex(text)
 
 
 class _Strict(BaseModel):
@@ -46,7 +48,10 @@ class _Strict(BaseModel):
 
 class KeyConfig(_Strict):
     tenant: str = Field(min_length=1)
-    key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    key_hmac_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{32,128}:[0-9a-f]{64}$",
+                                        description="SALT:HMAC-SHA256(SALT, key) in hex (`python -m router hash-key`)")
+    key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                                   description="the key's unsalted SHA-256 (precomputable: prefer key_hmac_sha256)")
     key_env: str | None = None
     key_file: str | None = None
     slo_classes: list[str] = Field(default_factory=lambda: ["*"], description="entitled classes; * = all")
@@ -59,20 +64,25 @@ class KeyConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> KeyConfig:
-        if sum(x is not None for x in (self.key_sha256, self.key_env, self.key_file)) != 1:
-            raise ValueError("give exactly one of key_sha256, key_env, key_file")
+        if sum(x is not None for x in (self.key_hmac_sha256, self.key_sha256, self.key_env, self.key_file)) != 1:
+            raise ValueError("give exactly one of key_hmac_sha256, key_sha256, key_env, key_file")
         return self
 
-    def digest(self) -> str:
+    def stored(self) -> Stored:
+        """The key as `router.keys` takes it (a key read from the environment or a file is hashed
+        here and not kept)."""
+        if self.key_hmac_sha256 is not None:
+            salt, digest = self.key_hmac_sha256.split(":")
+            return Stored(digest, bytes.fromhex(salt))
         if self.key_sha256 is not None:
-            return self.key_sha256
+            return Stored(self.key_sha256)
         if self.key_env is not None:
             value = os.environ.get(self.key_env)
             if not value:
                 raise ValueError(f"tenant {self.tenant}: environment variable {self.key_env} is not set")
-            return sha256(value.strip())
+            return Stored(sha256(value.strip()))
         try:
-            return sha256(Path(str(self.key_file)).read_text().strip())
+            return Stored(sha256(Path(str(self.key_file)).read_text().strip()))
         except OSError as err:
             raise ValueError(f"tenant {self.tenant}: cannot read key file {self.key_file}: {err.strerror}") from None
 

@@ -31,6 +31,10 @@ from topology import Topology
 log = logging.getLogger("isleserve.controller")
 DECISIONS_KEPT = 20
 STALE_S = 10.0
+REPORTS_PER_S = 4.0
+REPORT_BURST = 8.0
+"""Load reports taken per second (a router sends one a second), and the burst allowed: more
+are refused, so a flood of reports (forged or from a broken router) cannot steer the window."""
 """Without a report this recent the autoscaler does not decide: it would act on nothing."""
 IDLE_GRACE_S = 3.0
 """A scaled-in replica is not taken for idle this soon: the routers follow the table every second
@@ -48,6 +52,8 @@ class Autoscaling:
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
         self.acted: Counter[tuple[str, str]] = Counter()
         self.reports = 0
+        self.refused = 0
+        self._allowance, self._allowance_at = REPORT_BURST, clock()
         self.lock = threading.Lock()
         """Reports come in on the actor's call threads, without the controller's lock (a health
         pass that stops replicas must not hold up the router); decisions and views take this."""
@@ -57,8 +63,22 @@ class Autoscaling:
         return bool(self.spec.pools)
 
     def observe(self, doc: Any) -> None:
-        """A router's load report (ValueError: not one), timed as it arrives."""
-        report = parse_report(doc, self.clock())
+        """A router's load report, timed as it arrives. ValueError: not one (pools.autoscale.observe
+        checks every figure), or reports come faster than REPORTS_PER_S (beyond REPORT_BURST)."""
+        now = self.clock()
+        with self.lock:
+            self._allowance = min(REPORT_BURST, self._allowance + (now - self._allowance_at) * REPORTS_PER_S)
+            self._allowance_at = now
+            if self._allowance < 1.0:
+                self.refused += 1
+                raise ValueError(f"load reports arrive faster than {REPORTS_PER_S:g} a second; this one is dropped")
+            self._allowance -= 1.0
+        try:
+            report = parse_report(doc, now)
+        except ValueError:
+            with self.lock:
+                self.refused += 1
+            raise
         with self.lock:
             self.window.add(report)
             self.reports += 1
@@ -138,7 +158,8 @@ class Autoscaling:
                 "capacity_bound_rps": None if bound is None else round(bound, 3),
                 "scaled_out": self.acted[(name, "out")], "scaled_in": self.acted[(name, "in")]}
         now = self.clock()
-        return {"pools": pools, "reports": self.reports, "interval_s": self.spec.interval_s,
+        return {"pools": pools, "reports": self.reports, "reports_refused": self.refused,
+                "interval_s": self.spec.interval_s,
                 "decisions": [{**d, "ago_s": round(now - d["time"], 1)} for d in self.decisions]}
 
 

@@ -352,7 +352,9 @@ class ControllerCore:
         try:
             self.autoscaling.observe(report)
         except ValueError as err:
-            log.warning("autoscaling: %s", err)
+            refused = self.autoscaling.refused
+            if refused & (refused - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: a flood does not flood the log
+                log.warning("autoscaling: load report refused (%d so far): %s", refused, err)
         return self.autoscaling.status(self.plan, serving_counts(self)) if self.autoscaling.enabled else {}
 
     def _bench_due(self) -> bool:

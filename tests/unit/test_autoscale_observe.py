@@ -60,3 +60,63 @@ def test_a_prefill_pool_is_judged_by_its_decode_pools_ttft() -> None:
 def test_what_is_not_a_report_is_refused(doc: Any) -> None:
     with pytest.raises(ValueError):
         parse_report(doc, 0.0)
+
+
+def _with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    """A valid report with one value replaced (a path of keys and indices)."""
+    doc = report(sent=10, running=1.0, tpot=[1, 0, 0, 0, 0, 0])
+    target: Any = doc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("pools", "decode", "running"), float("nan")),
+    (("pools", "decode", "running"), float("inf")),
+    (("pools", "decode", "waiting"), -1.0),
+    (("pools", "decode", "waiting"), 1e12),
+    (("pools", "decode", "running"), True),
+    (("pools", "decode", "sent"), 1.5),
+    (("pools", "decode", "sent"), -3),
+    (("pools", "decode", "inflight"), {f"r{i}": 1 for i in range(5000)}),
+    (("pools", "decode", "inflight", "decode-0"), "2"),
+    (("buckets",), [0.02, 0.01, 0.05, 0.1, 1.0]),
+    (("buckets",), [0.01, float("nan"), 0.05, 0.1, 1.0]),
+    (("tpot", 0, 2), [1, 0, 0, 0, 0, float("inf")]),
+    (("tpot", 0, 2), [1, 0, 0, 0, 0]),
+    (("ttft", 0), ["interactive", "decode"]),
+    (("ttft", 0, 0), "x" * 300),
+    (("pools",), {f"p{i}": {} for i in range(300)}),
+    (("forged",), 1),
+])
+def test_a_report_with_any_figure_out_of_bounds_is_refused_whole(path: tuple[Any, ...], value: Any) -> None:
+    """NaN, infinities, negative or absurd gauges, fractional counts, oversized maps and lists,
+    unknown keys: each refuses the report (ValueError), so it never reaches the window."""
+    assert parse_report(report(sent=10, running=1.0, tpot=[1, 0, 0, 0, 0, 0]), at_s=0.0).pools["decode"].sent == 10
+    with pytest.raises(ValueError):
+        parse_report(_with(path, value), at_s=0.0)
+
+
+def test_reports_beyond_the_rate_are_dropped_and_counted() -> None:
+    from pools.controller.autoscaling import REPORT_BURST, REPORTS_PER_S, Autoscaling
+    from pools.controller.spec import AutoscaleSpec
+
+    now = [0.0]
+    scaler = Autoscaling(AutoscaleSpec(), clock=lambda: now[0])
+    good = report(sent=10, running=1.0, tpot=[1, 0, 0, 0, 0, 0])
+    taken = 0
+    for _ in range(50):  # a flood at one instant: the burst is taken, the rest refused
+        try:
+            scaler.observe(good)
+            taken += 1
+        except ValueError as err:
+            assert "faster than" in str(err)
+    assert taken == int(REPORT_BURST) and scaler.refused == 50 - taken
+    now[0] += 1.0  # a second later: REPORTS_PER_S more
+    for _ in range(int(REPORTS_PER_S)):
+        scaler.observe(good)
+    with pytest.raises(ValueError):
+        scaler.observe(good)
+    assert scaler.reports == taken + int(REPORTS_PER_S)

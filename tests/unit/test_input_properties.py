@@ -30,7 +30,8 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=list(Healt
 WORDS = ["h100-sxm", "hgx-h100", "dgx-a100", "llama-3.1-8b", "interactive", "standard", "batch", "mixed",
          "prefill", "decode", "*", "nvml", "sim", "vllm", "island-aligned", "auto", "node-0", "127.0.0.1",
          "http://127.0.0.1:8001", "configs/clusters/local-sim.yaml", "nvlink", "ib", "0", "tenant"]
-FIELDS = sorted({*RouterConfig.model_fields, "tenant", "key_sha256", "key_env", "key_file", "slo_classes", "name",
+FIELDS = sorted({*RouterConfig.model_fields, "tenant", "key_sha256", "key_hmac_sha256", "key_env", "key_file",
+                 "slo_classes", "name",
                  "priority", "ttft_ms", "tpot_ms", "sheddable", "max_concurrency", "pools", "role", "tp",
                  "replicas", "model", "topology", "engine", "policy", "router", "time_scale", "nodes", "racks",
                  "template", "count", "gpu", "capture", "fabric", "health", "degraded_links", "gpus",
