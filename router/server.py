@@ -59,7 +59,8 @@ class Router:
         self.worker = worker
         """This process's index among the router's workers (0: the leader, which starts the others)."""
         self.auth = Auth(config)
-        self.replicas = Replicas(table, config.upstream.breaker_failures, config.upstream.breaker_open_s)
+        self.replicas = Replicas(table, config.upstream.breaker_failures, config.upstream.breaker_open_s,
+                                 config.fair.replica_max_num_seqs)
         self.topology = topology
         self.plan = plan
         self.metrics = RouterMetrics()

@@ -44,12 +44,16 @@ class ReplicaState:
 
 
 class Replicas:
-    def __init__(self, table: RoutingTable, breaker_failures: int, breaker_open_s: float) -> None:
+    def __init__(self, table: RoutingTable, breaker_failures: int, breaker_open_s: float,
+                 max_num_seqs: int = 0) -> None:
+        """`max_num_seqs`: an engine's sequence limit where the routing table gives none (0: the
+        routing filters' default)."""
         self.table = table
         self.served = frozenset(table.models())
         self.mixed = _mixed(table)
         self.declared = _declared(table)
-        self.states = {r.replica_id: ReplicaState(r) for r in table.replicas}
+        self.max_num_seqs = max_num_seqs
+        self.states = {r.replica_id: ReplicaState(self._limited(r)) for r in table.replicas}
         self.breaker_failures, self.breaker_open_s = breaker_failures, breaker_open_s
 
     def follow(self, table: RoutingTable) -> None:
@@ -57,12 +61,17 @@ class Replicas:
         if not table.supersedes(self.table):
             return
         old = self.states
+        limited = [self._limited(r) for r in table.replicas]
         self.states = {r.replica_id: _carried(old[r.replica_id], r) if r.replica_id in old else ReplicaState(r)
-                       for r in table.replicas}
+                       for r in limited}
         self.table = table
         self.served = frozenset(table.models())
         self.mixed = _mixed(table)
         self.declared = _declared(table)
+
+    def _limited(self, r: ReplicaEndpoint) -> ReplicaEndpoint:
+        """The endpoint with the configured sequence limit where the table gives none."""
+        return r if r.max_num_seqs or not self.max_num_seqs else replace(r, max_num_seqs=self.max_num_seqs)
 
     def snapshot(self) -> list[Candidate]:
         """Every replica as a routing candidate. A replica's candidate is rebuilt only when its

@@ -211,6 +211,14 @@ def test_the_router_counts_its_open_sequences_per_replica_and_knows_the_declared
     assert r.snapshot()[0].load.seqs == 4
 
 
+def test_a_table_without_sequence_limits_gets_the_configured_one() -> None:
+    table = RoutingTable(version=1, replicas=(cand("a", max_num_seqs=0).endpoint, cand("b", max_num_seqs=32).endpoint))
+    r = Replicas(table, 3, 5.0, max_num_seqs=128)
+    assert [c.endpoint.max_num_seqs for c in r.snapshot()] == [128, 32]
+    r.follow(RoutingTable(version=2, replicas=table.replicas))
+    assert [c.endpoint.max_num_seqs for c in r.snapshot()] == [128, 32]
+
+
 def test_the_workers_view_keeps_pools_classes_and_sequence_limits() -> None:
     table = RoutingTable(version=3, replicas=(cand("a", ("standard", "batch"), max_num_seqs=128).endpoint,))
     back, _, _ = read_view(view_bytes(table, None, None))
