@@ -12,6 +12,7 @@ can fail: there the attack holds interactive requests until they time out.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 import time
@@ -62,6 +63,14 @@ def engines() -> Iterator[dict[str, EngineProcess]]:
 
 
 def router_config(engines: dict[str, EngineProcess], fair: dict[str, Any] | None = None) -> dict[str, Any]:
+    return with_replicas([
+        {"replica_id": "main", "url": engines["main"].base, "model": MODEL, "pool": "main",
+         "max_num_seqs": MAX_NUM_SEQS},
+        {"replica_id": "bulk", "url": engines["bulk"].base, "model": MODEL, "pool": "bulk",
+         "slo_classes": ["standard", "batch"], "max_num_seqs": MAX_NUM_SEQS}], fair)
+
+
+def with_replicas(replicas: list[dict[str, Any]], fair: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "port": 0, "require_keys": True,
         "keys": [{"tenant": "user", "key_sha256": sha256(USER_KEY), "slo_classes": ["interactive"]},
@@ -69,11 +78,7 @@ def router_config(engines: dict[str, EngineProcess], fair: dict[str, Any] | None
         "admin_keys": [{"tenant": "ops", "key_sha256": sha256(ADMIN_KEY)}],
         "scrape_interval_s": 0.2,
         "upstream": {"request_timeout_s": 120, "first_byte_timeout_s": 120},
-        "replicas": [
-            {"replica_id": "main", "url": engines["main"].base, "model": MODEL, "pool": "main",
-             "max_num_seqs": MAX_NUM_SEQS},
-            {"replica_id": "bulk", "url": engines["bulk"].base, "model": MODEL, "pool": "bulk",
-             "slo_classes": ["standard", "batch"], "max_num_seqs": MAX_NUM_SEQS}],
+        "replicas": replicas,
         **({"fair": fair} if fair is not None else {}),
     }
 
@@ -160,9 +165,14 @@ def rejections(base: str) -> dict[str, float]:
     return out
 
 
-def measure(engines: dict[str, EngineProcess], tmp: Path, fair: dict[str, Any] | None, attacked_samples: int = SAMPLES
-            ) -> tuple[list[float], list[float], Attacker, set[str], dict[str, float]]:
-    with running_router(router_config(engines, fair), tmp) as (_, url):
+Measured = tuple[list[float], list[float], "Attacker", set[str], dict[str, float]]
+"""Interactive TTFTs unattacked and attacked, the attacker, the replicas that served the
+interactive requests, and the router's rejection counts."""
+
+
+def measure(engines: dict[str, EngineProcess], tmp: Path, fair: dict[str, Any] | None, attacked_samples: int = SAMPLES,
+            config: dict[str, Any] | None = None) -> Measured:
+    with running_router(config or router_config(engines, fair), tmp) as (_, url):
         base = url.removesuffix("/v1")
         ttfts(url, 5)  # warm: connections, the engines' first steps
         calm, served = ttfts(url, SAMPLES)
@@ -170,7 +180,7 @@ def measure(engines: dict[str, EngineProcess], tmp: Path, fair: dict[str, Any] |
             time.sleep(2.0)  # the attack fills what it can
             attacked, served_attacked = ttfts(url, attacked_samples)
         counted = rejections(base)
-        wait_until_idle(base, ADMIN_KEY, ("main", "bulk"), timeout_s=30)
+        wait_until_idle(base, ADMIN_KEY, tuple(engines), timeout_s=30)
     return calm, attacked, attacker, served | served_attacked, counted
 
 
@@ -209,3 +219,39 @@ def test_max_tokens_omitted_gets_the_routers_limit(engines: dict[str, EngineProc
                                               extra_body={"ignore_eos": True})
         assert done.usage is not None and done.usage.completion_tokens == 40
         assert done.choices[0].finish_reason == "length"
+
+
+PD_SPECS = {"p1": ("prefill", {"node": "h100-0", "gpus": [1]}), "d1": ("decode", {"node": "h100-0", "gpus": [2]})}
+TOPOLOGY = "configs/clusters/local-sim.yaml"
+
+
+@pytest.fixture(scope="module")
+def pd_engines() -> Iterator[dict[str, EngineProcess]]:
+    """A PD-only layout: one prefill and one decode replica, no mixed one (every request splits)."""
+    started: dict[str, EngineProcess] = {}
+    try:
+        for name, (role, placement) in PD_SPECS.items():
+            started[name] = start_engine("--model", MODEL, "--gpu", "h100-sxm", "--max-num-seqs", str(MAX_NUM_SEQS),
+                                         "--topology", TOPOLOGY, "--role", role, "--placement", json.dumps(placement),
+                                         "--engine-id", name)
+        yield started
+    finally:
+        for e in started.values():
+            stop_engine(e)
+
+
+def test_in_a_pd_only_layout_the_attack_leaves_the_pd_path_to_interactive(pd_engines: dict[str, EngineProcess],
+                                                                        tmp_path: Path) -> None:
+    """The issue's PD-only run: one 110-byte request blocked the PD path for 30 s."""
+    config = with_replicas([{"replica_id": name, "url": pd_engines[name].base, "model": MODEL, "pool": f"pool-{role}",
+                             "role": role, "node": p["node"], "gpus": p["gpus"], "gpu_model": "h100-sxm",
+                             "catalog_model": MODEL, "max_num_seqs": MAX_NUM_SEQS}
+                            for name, (role, p) in PD_SPECS.items()])
+    config.update(topology=TOPOLOGY, pd={"enabled": True, "min_prompt_tokens": 1})
+    calm, attacked, attacker, served, counted = measure(pd_engines, tmp_path, None, config=config)
+    report = (f"PD only: interactive TTFT p99 {p99(calm) * 1000:.1f} ms unattacked, {p99(attacked) * 1000:.1f} ms "
+              f"attacked; attacker statuses {attacker.statuses}; rejections {counted}")
+    print(report)
+    assert p99(attacked) <= 2 * p99(calm), report
+    assert served == {"d1"}, served  # the decode replica answers a PD request
+    assert attacker.statuses.get(429, 0) > 0, report
