@@ -10,8 +10,9 @@ import re
 
 import pytest
 
-from pools.model import DEFAULT_SLO_CLASSES, SLOClass
-from pools.routing import ReplicaEndpoint, RoutingTable
+from pools.model import DEFAULT_SLO_CLASSES, PlacementRequest, PoolSpec, SLOClass
+from pools.placement import get_policy
+from pools.routing import ReplicaEndpoint, RoutingTable, table_from_plan
 from pools.wire.errors import ApiError
 from router.admission import Admission
 from router.config import RouterConfig, parse_router_config
@@ -20,6 +21,8 @@ from router.plugins.filters import DEFAULT_MAX_NUM_SEQS, has_headroom, serves_cl
 from router.quota import BURST_S, Quota, Quotas
 from router.state import Replicas
 from router.workers import read_view, view_bytes
+from tests.conftest import ROOT
+from topology import read_source
 from topology.errors import ParseError
 
 pytestmark = pytest.mark.unit
@@ -236,3 +239,12 @@ def test_every_shape_of_request_maps_to_one_decision_path() -> None:
         a, b = decide(r, snapshot, fast, random.Random(1)), decide(r, snapshot, spelled, random.Random(1))
         assert a.winner == b.winner and a.winner is not None
         assert serves_class(r, a.winner) and has_headroom(r, a.winner)
+
+
+def test_a_controllers_table_carries_each_pools_classes() -> None:
+    topology = read_source(str(ROOT / "configs/clusters/local-sim.yaml"))
+    pools = (PoolSpec(name="fast", role="mixed", tp=1, replicas=1, model="llama-3.1-8b", slo_classes=("interactive",)),
+             PoolSpec(name="any", role="mixed", tp=1, replicas=1, model="llama-3.1-8b"))
+    plan = get_policy("island-aligned").place(PlacementRequest(topology=topology, pools=pools))
+    table = table_from_plan(plan, {p.replica_id: "http://127.0.0.1:9" for p in plan.placements}, {})
+    assert {(r.pool, r.slo_classes) for r in table.replicas} == {("fast", ("interactive",)), ("any", ())}
