@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
+from pools.controller.statefiles import DiskFiles, private_dir
 from pools.supervisor import Child, ChildError, Group, Output, ReadyLine, ReadyProbe, Stop
 from pools.wire import client
 from router.appconfig import app_args_from_serve_config
@@ -61,19 +62,13 @@ def _beside(name: str) -> str:
     return str(beside) if beside.exists() else name
 
 
-def write_token(state_dir: Path) -> Path:
-    """A new random token for this run's Ray, in `state_dir` (created 0700 when missing), mode
-    0600, written through a fresh file (never through a link someone planted) and renamed."""
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = state_dir / TOKEN_FILE
-    tmp = state_dir / f".{TOKEN_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, secrets.token_hex(32).encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    return path
+def write_token(state_dir: str) -> Path:
+    """A new random token for this run's Ray in the private state directory (checked, or created
+    0700: StateDirError when another user owns it or others may write to it), mode 0600, written
+    through a fresh file (never through a link someone planted) and renamed."""
+    files = DiskFiles(private_dir(state_dir))
+    files.replace(TOKEN_FILE, secrets.token_hex(32).encode())
+    return files.directory / TOKEN_FILE
 
 
 def _ray_head(temp_dir: str, env: dict[str, str], dashboard: bool) -> Child:
@@ -118,7 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     temp_dir: str | None = None
     try:
         if args.ray_address is None:
-            token = write_token(Path(app.state_dir))
+            try:
+                token = write_token(app.state_dir)
+            except (OSError, ValueError) as err:  # StateDirError: a state dir that is not private
+                print(f"isle run: state directory {app.state_dir}: {err}", file=sys.stderr)
+                return 2
             env = secure_env(dict(os.environ), str(token))
             temp_dir = tempfile.mkdtemp(prefix="isle-ray-")  # 0700, a name nobody could take first
             head = _ray_head(temp_dir, env, args.dashboard).start()
