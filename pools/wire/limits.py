@@ -190,9 +190,6 @@ class ServerLimits:
         else:
             self.client_bytes.pop(client, None)
 
-    def fits(self, more_bytes: int) -> bool:
-        return self.buffered_bytes + more_bytes <= self.max_buffered_bytes
-
     def refuse(self, cause: str) -> None:
         """Count one refusal; log what was refused since the last line, at most every LOG_EVERY_S."""
         self.refused[cause] = self.refused.get(cause, 0) + 1
