@@ -255,3 +255,23 @@ def test_in_a_pd_only_layout_the_attack_leaves_the_pd_path_to_interactive(pd_eng
     assert p99(attacked) <= 2 * p99(calm), report
     assert served == {"d1"}, served  # the decode replica answers a PD request
     assert attacker.statuses.get(429, 0) > 0, report
+
+
+def test_a_key_over_its_token_rate_gets_429_with_retry_after(engines: dict[str, EngineProcess],
+                                                              tmp_path: Path) -> None:
+    config = router_config(engines)
+    config["keys"][1].update(tokens_per_s=10, burst_tokens=100)  # the batch key: 100 tokens, then 10 a second
+    with running_router(config, tmp_path) as (_, url):
+        body = {"model": MODEL, "prompt": "batch work", "max_tokens": 60}
+        headers = {"authorization": f"Bearer {BATCH_KEY}"}
+        first = httpx.post(f"{url}/completions", json=body, headers=headers, timeout=30)
+        assert first.status_code == 200, first.text
+        second = httpx.post(f"{url}/completions", json=body, headers=headers, timeout=30)
+        assert second.status_code == 429, second.text
+        assert second.json()["error"]["type"] == "rate_limit_error"
+        assert 1 <= int(second.headers["retry-after"]) <= 7, second.headers  # ~60 tokens short at 10 a second
+        user = httpx.post(f"{url}/completions", json={**body, "max_tokens": 1},
+                          headers={"authorization": f"Bearer {USER_KEY}"}, timeout=30)
+        assert user.status_code == 200  # another key: its own quota
+        counted = rejections(url.removesuffix("/v1"))
+        assert counted.get('isle_router_rejections_total{cause="key_token_rate",slo_class="batch"}') == 1, counted
