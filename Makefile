@@ -13,7 +13,6 @@ STAMP := $(VENV)/.installed-$(CHECKSUM)
 RUN_STAMP := $(VENV)/.runtime-$(CHECKSUM)
 SHARED ?= ../shared/data
 CAPTURES := $(wildcard $(SHARED)/topo/*.txt) $(wildcard $(SHARED)/nccl-topo/*.xml)
-export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 # a single-machine Ray stays on 127.0.0.1 (Ray otherwise swaps loopback for the routable address)
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
@@ -60,6 +59,10 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# the test tiers' own Ray clusters (fake multi-node, loopback only) run without token auth; the
+# product's own Ray (`isle run`) always has it (router/raylocal.py)
+test test-vllm: export RAY_AUTH_MODE ?= disabled
 
 test: lint
 	$(BIN)/python -m pytest -q
