@@ -13,9 +13,11 @@ from pools.model import SLOClass
 from router.cost import CostLimits
 from router.quota import Quota
 
-TOP_SHARE, MIDDLE_SHARE, SHEDDABLE_SHARE = 1.0, 0.75, 0.5
-"""Default shares of a replica's sequence slots: the highest class (lowest priority value) may
-fill them all, a sheddable class half, any other class three quarters."""
+FULL_SHARE, SHEDDABLE_SHARE = 1.0, 0.5
+"""Default shares of a replica's sequence slots: a sheddable class (batch) may fill half, every
+other class all of them. A non-sheddable class is not refused for slots by default: it queues
+in the engine behind higher priorities as before, and the autoscaler sees that queue; give it a
+share (`seq_share: {standard: 0.75}`) to keep slots from it too."""
 
 
 class _Strict(BaseModel):
@@ -40,8 +42,8 @@ class FairConfig(_Strict):
                                            "request gives none (chat; completions with null). None: "
                                            "max_tokens_limit. Keep it within the engines' max_model_len")
     seq_share: dict[str, float] = Field(default_factory=dict, description="class -> part of a replica's "
-                                        "max_num_seqs it may fill, in (0, 1]. Unnamed classes: the highest 1.0, "
-                                        "sheddable ones 0.5, others 0.75")
+                                        "max_num_seqs it may fill, in (0, 1]. Unnamed classes: sheddable ones 0.5, "
+                                        "others 1.0")
     replica_max_num_seqs: int = Field(default=256, ge=1, description="an engine's max_num_seqs where a replica "
                                       "entry does not give it (vLLM's default)")
     key_max_concurrency: int | None = Field(default=512, ge=1, description="requests in flight per tenant, unless its "
@@ -57,10 +59,10 @@ class FairConfig(_Strict):
                           default_max_tokens=min(self.default_max_tokens or max_tokens_limit, max_tokens_limit))
 
     def shares(self, classes: Mapping[str, SLOClass]) -> dict[str, float]:
-        """Each class's share of a replica's sequence slots (configured, else by rank)."""
+        """Each class's share of a replica's sequence slots (configured, else by sheddability;
+        the highest class (lowest priority value) always may fill them all)."""
         top = min((c.priority for c in classes.values()), default=0)
-        return {name: self.seq_share.get(name, TOP_SHARE if c.priority == top else
-                                         SHEDDABLE_SHARE if c.sheddable else MIDDLE_SHARE)
+        return {name: self.seq_share.get(name, SHEDDABLE_SHARE if c.sheddable and c.priority != top else FULL_SHARE)
                 for name, c in classes.items()}
 
     def key_quota(self, max_concurrency: int | None = None, tokens_per_s: float | None = None,

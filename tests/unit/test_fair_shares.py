@@ -174,7 +174,8 @@ def config(**fair: object) -> RouterConfig:
 
 
 def test_the_default_shares_follow_the_classes_rank() -> None:
-    assert config().fair.shares(CLASSES) == {"interactive": 1.0, "standard": 0.75, "batch": 0.5}
+    assert config().fair.shares(CLASSES) == {"interactive": 1.0, "standard": 1.0, "batch": 0.5}
+    assert config(seq_share={"standard": 0.75}).fair.shares(CLASSES)["standard"] == 0.75
     assert config(seq_share={"batch": 0.25}).fair.shares(CLASSES)["batch"] == 0.25
 
 
