@@ -35,6 +35,8 @@ from loadtest.chaos.driver import ChaosDriver
 from loadtest.chaos.spec import ChaosSpec, Fault, LinkDegrade, NodeLoss, Overload, ReplicaCrash
 from loadtest.live.client import Target
 from loadtest.live.deploy import ROOT, ray_env
+from pools.controller.admintoken import TOKEN_FILE
+from pools.controller.statefiles import DiskFiles
 from pools.wire import client
 from pools.wire.promtext import EngineLoad, engine_load
 
@@ -129,8 +131,15 @@ class FaultContext:
                 if e.get("kind") == kind and e["time"] - self.wall_offset >= after_s]
 
 
-def _post(url: str, body: Mapping[str, Any]) -> Any:
-    return client.post_json(url, body, timeout_s=5)
+def _post(url: str, body: Mapping[str, Any], key: str | None = None) -> Any:
+    return client.post_json(url, body, key=key, timeout_s=5)
+
+
+def _engine_admin_token(ctx: FaultContext) -> str | None:
+    """The token the deployment's engines want on their admin routes (the controller keeps it in
+    the run's state directory)."""
+    saved = DiskFiles(ctx.cluster.state_dir).read(TOKEN_FILE)
+    return saved.decode().strip() if saved else None
 
 
 def _engine_load(url: str) -> EngineLoad:
@@ -184,7 +193,8 @@ async def link_degrade(f: LinkDegrade, ctx: FaultContext) -> dict[str, Any]:
     if len(old.gpus) < 2:
         return {"error": f"{f.replica} has no TP link (GPUs {list(old.gpus)})"}
     a, b = old.gpus[0], old.gpus[1]
-    await asyncio.to_thread(_post, f"{old.url}/admin/faults", {"link_bandwidth_factor": f.bandwidth_factor})
+    await asyncio.to_thread(_post, f"{old.url}/admin/faults", {"link_bandwidth_factor": f.bandwidth_factor},
+                            _engine_admin_token(ctx))
     at = ctx.driver.now()
     await asyncio.sleep(f.detect_after_s)
     marked_from = ctx.driver.now()

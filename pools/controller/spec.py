@@ -72,6 +72,8 @@ class EngineLaunch:
     """A real vLLM server instead of the simulated engine."""
     admin_routes: bool = False
     """The simulated engine serves its fault-injection routes (tests and chaos runs only)."""
+    admin_token: str = field(default="", repr=False)
+    """The token those routes need (the engine gets it in its environment, never in argv)."""
     gang: str = ""
     """One data-parallel rank of a gang: its `sim-engine --gang` JSON (pools.controller.gang)."""
     ranks: tuple[EngineLaunch, ...] = ()

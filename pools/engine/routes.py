@@ -6,6 +6,7 @@ phrase)."""
 
 from __future__ import annotations
 
+import hmac
 import time
 from typing import Any
 
@@ -30,6 +31,8 @@ ROUTES: dict[str, tuple[str, ...]] = {
 }
 """Path -> methods (a GET route answers HEAD too, as Starlette's)."""
 ADMIN_PREFIX = "/admin/"
+ADMIN_TOKEN_ENV = "ISLE_ENGINE_ADMIN_TOKEN"
+"""With --admin-routes: the token they need, when set (from the environment: argv is public)."""
 JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
 VLLM_VERSION = "0.32.0"
 
@@ -50,6 +53,12 @@ def refuse_route(request: Request, response: Responder, admin: bool = False) -> 
                       headers=(("allow", allow(methods)),))
         return True
     return False
+
+
+def bearer_is(request: Request, token: str) -> bool:
+    """The request carries `Authorization: Bearer <token>` (compared in constant time)."""
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
 def json_body(request: Request) -> dict[str, Any]:

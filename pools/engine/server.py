@@ -35,7 +35,7 @@ from pools.engine.responses import Choice
 from pools.engine.serving import Live, choices_for, stream, whole
 from pools.engine.tokenize import detokenize, tokenize
 from pools.engine.toolcall import ToolSetup
-from pools.wire.errors import ApiError
+from pools.wire.errors import ApiError, error_body
 from pools.wire.http import Request, Responder, serve
 from topology import Topology
 
@@ -58,6 +58,9 @@ class EngineIdentity:
     admin_routes: bool = False
     """`/admin/faults` and `/admin/steps` (fault injection and step records for tests and chaos
     runs); without them those paths are unknown (404), as on a vLLM server."""
+    admin_token: str = field(default="", repr=False)
+    """When set (`ISLE_ENGINE_ADMIN_TOKEN`, as the controller starts its engines), the admin
+    routes need `Authorization: Bearer <it>` (401 otherwise)."""
 
 
 class SimEngine:
@@ -220,6 +223,10 @@ class SimEngine:
     # routes
     async def handle(self, request: Request, response: Responder) -> None:
         if routes.refuse_route(request, response, admin=self.id.admin_routes):
+            return
+        if self.id.admin_token and request.path.startswith(routes.ADMIN_PREFIX) and not routes.bearer_is(
+                request, self.id.admin_token):
+            response.send(401, error_body(401, "Unauthorized", "the admin routes need the engine's admin token"))
             return
         route = (request.method, request.path)
         try:
