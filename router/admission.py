@@ -45,14 +45,14 @@ class Admission:
                            cause="overloaded")
 
     @staticmethod
-    def check_headroom(req: RouteRequest, snapshot: Sequence[Candidate]) -> None:
-        """429 when every replica that would take the request (its model, a role that holds
-        sequences, usable, its class's pool) is at the class's share of its sequence slots
+    def check_headroom(req: RouteRequest, snapshot: Sequence[Candidate], roles: Sequence[str] = ("mixed", "decode")
+                       ) -> None:
+        """429 when every replica that would hold the request's sequences (its model, `roles`,
+        usable, its class's pool) is at the class's share of its sequence slots
         (`filters.has_headroom`): the rest is kept for higher classes. No such replica at all:
         routing answers for it."""
         if req.seq_share >= 1.0:
             return
-        roles = ("mixed", "decode") if req.role is None else (req.role,)
         full = 0
         for c in snapshot:
             if c.endpoint.model != req.model or c.endpoint.role not in roles:

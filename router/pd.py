@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from pools.model import Role
 from pools.wire import openai as wire
 from pools.wire.http import Responder
 from router import relay
@@ -39,6 +40,19 @@ def pd_choice(pd: PDConfig, call: Call, snapshot: list[Candidate], topology: Top
         return None
     return pd_decide(call.route, snapshot, topology, min_prompt_tokens=pd.min_prompt_tokens,
                      has_mixed=call.route.model in mixed, timer=timer)
+
+
+def holding_roles(pd: PDConfig, call: Call, mixed: Collection[str]) -> tuple[Role, ...]:
+    """The roles of the replicas that would hold this request's sequences: the role it asks for
+    (several sequences: decode where the model has no mixed replica), else mixed, a decode too
+    when the request may split over PD."""
+    role = call.route.role
+    if role is not None:
+        return (role,)
+    if call.route.model not in mixed:
+        return ("decode",)
+    may_split = pd.enabled and not call.many and call.route.prompt_tokens >= pd.min_prompt_tokens
+    return ("mixed", "decode") if may_split else ("mixed",)
 
 
 async def _release_prefill(pool: RelayPool, pcand: Candidate, request_id: Any, engine_id: Any = None) -> None:

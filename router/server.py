@@ -36,7 +36,7 @@ from router.config import RouterConfig
 from router.decision import Candidate, PDDecision, PluginTimer, Profile, RouteDecision, check_profile, decide
 from router.flight import Clock, Flight, FlightContext, fly
 from router.metrics import BUCKETS, RouterMetrics
-from router.pd import pd_choice, serve_pd
+from router.pd import holding_roles, pd_choice, serve_pd
 from router.quota import Quotas
 from router.relay import RelayPool
 from router.routes import send_error
@@ -274,7 +274,8 @@ class Router:
             started = self.clock()
             snapshot = self.replicas.snapshot()
             self.admission.check_overload(slo, snapshot)
-            self.admission.check_headroom(call.route, snapshot)
+            roles = holding_roles(self.config.pd, call, self.replicas.mixed)
+            self.admission.check_headroom(call.route, snapshot, roles)
             self.quotas.enter(call.tenant, slo.name, call.cost.tokens if call.cost is not None else 0)
             try:
                 admitted = self.admission.enter(slo)

@@ -5,6 +5,7 @@ and the config that sets them."""
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import re
 
@@ -15,8 +16,10 @@ from pools.placement import get_policy
 from pools.routing import ReplicaEndpoint, RoutingTable, table_from_plan
 from pools.wire.errors import ApiError
 from router.admission import Admission
-from router.config import RouterConfig, parse_router_config
+from router.call import read_call
+from router.config import PDConfig, RouterConfig, parse_router_config
 from router.decision import Candidate, Profile, ReplicaLoad, RouteRequest, decide, usable_of
+from router.pd import holding_roles
 from router.plugins.filters import DEFAULT_MAX_NUM_SEQS, has_headroom, serves_class
 from router.quota import BURST_S, Quota, Quotas
 from router.state import Replicas
@@ -107,6 +110,27 @@ def test_a_decode_replica_counts_for_a_pd_only_layout() -> None:
     with pytest.raises(ApiError):
         Admission.check_headroom(req(BATCH, 2, 0.5), pd_only)
     Admission.check_headroom(req(BATCH, 1, 0.5), pd_only)
+
+
+@pytest.mark.parametrize(("body", "mixed", "roles"), [
+    ({"messages": [{"role": "user", "content": "hi"}]}, {"m"}, ("mixed",)),  # short: never split
+    ({"messages": [{"role": "user", "content": "word " * 400}]}, {"m"}, ("mixed", "decode")),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, {"m"}, ("mixed",)),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, set(), ("decode",)),
+    ({"messages": [{"role": "user", "content": "hi"}]}, set(), ("decode",)),  # PD only
+])
+def test_the_roles_that_would_hold_a_requests_sequences(body: dict[str, object], mixed: set[str],
+                                                        roles: tuple[str, ...]) -> None:
+    call = read_call(json.dumps({"model": "m", **body}).encode(), "/v1/chat/completions", BATCH,
+                     max_body_bytes=1 << 20, max_tokens_limit=4096, mixed=frozenset(mixed))
+    assert holding_roles(PDConfig(min_prompt_tokens=256), call, frozenset(mixed)) == roles
+
+
+def test_a_short_prompt_is_refused_when_the_mixed_replicas_are_full_whatever_the_decodes_hold() -> None:
+    snapshot = [cand("m1", running=32), cand("d1", role="decode")]
+    with pytest.raises(ApiError):
+        Admission.check_headroom(req(BATCH, 1, 0.5), snapshot, ("mixed",))
+    Admission.check_headroom(req(BATCH, 1, 0.5), snapshot, ("mixed", "decode"))
 
 
 class Clock:
