@@ -1,6 +1,9 @@
 """`ray start --head` then `serve deploy`, as an operator does it, against a Ray head of its own.
 
-The head runs with `--block` in a new session (its own temp dir, free ports, loopback only), so
+The head runs as the README's multi-node setup says: token authentication on (a token file of
+its own, 0600; every `ray`/`serve` command and the product's own read it from
+RAY_AUTH_TOKEN_PATH), the dashboard answering nobody without it. It runs with `--block` in a new
+session (its own temp dir, free ports, loopback only), so
 that stopping it touches nothing else on the machine: SIGTERM to that `ray start` process stops
 the head's processes (`RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0`: no 30 s drain), and whatever
 is still left in that session (worker processes, engines) is killed by pid. Never `ray stop`:
@@ -16,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,8 +30,9 @@ import pytest
 import yaml
 
 from loadtest.live.deploy import free_ports, port_in_use, session_pids
-from pools.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyUrl, Stop
+from pools.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyProbe, Stop
 from router.config import DEV_ADMIN_KEY, DEV_KEY
+from router.run import write_token
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -44,14 +49,32 @@ class Head:
     address: str
     """The GCS address (`ray.init` and the product's own commands)."""
     temp_dir: Path
+    env: dict[str, str]
+    """With the head's token (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH)."""
 
     def cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(BIN / "serve"), *args, "-a", self.dashboard], cwd=ROOT, capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
+                              text=True, timeout=timeout_s, check=False, env=self.env)
 
     def status(self) -> dict[str, object]:
         out = self.cli("status").stdout
         return yaml.safe_load(out)["applications"]["isleserve"]  # type: ignore[no-any-return]
+
+
+def _status(url: str, token: Path | None) -> int:
+    headers = {"authorization": f"Bearer {token.read_text().strip()}"} if token is not None else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        err.close()
+        return int(err.code)
+    except OSError:
+        return 0
+
+
+def _answers(url: str, token: Path) -> bool:
+    return _status(url, token) == 200
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +83,16 @@ def head() -> Iterator[Head]:
         pytest.fail("127.0.0.1:8000 is taken: configs/local.yaml's router needs it")
     temp_dir = Path(tempfile.mkdtemp(prefix="isle-ray-", dir="/tmp"))  # short: Ray's socket paths live here
     ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS)), strict=True))
-    env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    token = write_token(str(temp_dir / "state"))
+    env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN_PATH": str(token)}
     cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--dashboard-host",
            "127.0.0.1", "--temp-dir", str(temp_dir), "--num-cpus", "2", "--disable-usage-stats",
            *(x for option, port in ports.items() for x in (option, str(port)))]
     dashboard = f"http://127.0.0.1:{ports['--dashboard-port']}"
     # SIGTERM to `ray start`; 60 s for it, 20 s more for what is left of its session, then SIGKILL
-    proc = Child(cmd, name="ray start --head", ready=ReadyUrl(f"{dashboard}/api/version"), cwd=ROOT, env=env,
+    proc = Child(cmd, name="ray start --head", ready=ReadyProbe(lambda: _answers(f"{dashboard}/api/version", token)),
+                 cwd=ROOT, env=env,
                  group=Group.SESSION, stdout=Output.DEVNULL, stderr=Output.DEVNULL,
                  stop=Stop(grace_s=60.0, linger_s=20.0)).start()
     try:
@@ -76,7 +102,9 @@ def head() -> Iterator[Head]:
             pytest.fail("ray start --head exited")
         except ChildNotReady:
             pytest.fail("the Ray head's dashboard did not answer within 90 s")
-        yield Head(proc=proc, dashboard=dashboard, address=f"127.0.0.1:{ports['--port']}", temp_dir=temp_dir)
+        refused = _status(f"{dashboard}/api/jobs/", None)  # the job API (runs any entrypoint): not without the token
+        assert refused == 401, refused
+        yield Head(proc=proc, dashboard=dashboard, address=f"127.0.0.1:{ports['--port']}", temp_dir=temp_dir, env=env)
     finally:
         proc.stop()
         shutil.rmtree(temp_dir, ignore_errors=True)
@@ -161,7 +189,7 @@ def test_serve_shutdown_and_stop_controller_leave_nothing_running(head: Head) ->
     assert head.cli("shutdown", "-y").returncode == 0
     assert _engines(head) == engines  # Serve's shutdown leaves the detached controller's replicas ...
     stop = subprocess.run([sys.executable, "-m", "pools", "stop-controller", "--address", head.address], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=False)
+                          capture_output=True, text=True, timeout=120, check=False, env=head.env)
     assert stop.returncode == 0, stop.stderr  # ... the product's own command stops them
     deadline = time.monotonic() + 20
     while (_engines(head) or port_in_use(8000)) and time.monotonic() < deadline:
