@@ -69,6 +69,13 @@ HEAD_TOO_LARGE = error_body(431, f"request headers too large (at most {MAX_HEADE
                                  f"{MAX_HEAD_BYTES} bytes)")
 TRANSFER_CODING = error_body(501, "only the chunked transfer coding is supported for request bodies")
 BUSY_BYTES = error_body(503, "too many request bytes in flight: retry later")
+TINY_PIECES_AFTER = 1024
+MIN_PIECE_BYTES = 64
+"""A body that has come in more than TINY_PIECES_AFTER pieces averaging under MIN_PIECE_BYTES
+is refused (400): each piece costs a parser callback, so 2-byte chunks would cost ~50x the CPU
+of the same bytes in one piece. Real clients' pieces are chunks of kilobytes or TCP reads."""
+TINY_PIECES = error_body(400, f"request body in too many tiny pieces (over {TINY_PIECES_AFTER}, averaging under "
+                              f"{MIN_PIECE_BYTES} bytes)")
 
 
 class Sink(Protocol):
@@ -161,6 +168,7 @@ class RequestReader:
         self._body = bytearray()
         """The body once a second piece has come: one buffer, however small the pieces."""
         self._size = 0
+        self._pieces = 0
         self._too_large = False
 
     def close(self) -> None:
@@ -213,6 +221,7 @@ class RequestReader:
         self.in_message, self._headers_done = True, False
         self._url, self._headers, self._joined, self._repeated, self._lines = b"", {}, {}, "", 0
         self._first, self._body, self._size, self._too_large = b"", bytearray(), 0, False
+        self._pieces = 0
         self._head_bytes, self._head_raw, self._head_too_large = 0, 0, False
         self.sink.message_begun()
 
@@ -283,8 +292,16 @@ class RequestReader:
         return None
 
     def on_body(self, body: bytes) -> None:
+        if self.sink.closed:
+            return  # refused within this piece: the parser goes on calling until the piece ends
         size = self._size
         self._size = size + len(body)
+        self._pieces += 1
+        if self._pieces > TINY_PIECES_AFTER and self._size < self._pieces * MIN_PIECE_BYTES:
+            self.sink.account(-size)  # what was kept goes now
+            self._first, self._body = b"", bytearray()
+            self._refuse(400, TINY_PIECES, "malformed")
+            return
         if self._size > self.max_body_bytes:
             if not self._too_large:  # read on and drop, then 413: what was kept goes now
                 self._too_large = True

@@ -143,11 +143,16 @@ def test_idle_connections_from_one_address_refuse_no_legitimate_request(router: 
             sock.close()
 
 
-def test_bodies_in_two_byte_chunks_cost_about_what_their_bytes_cost(router: dict[str, Any]) -> None:
-    """Issue 28: 2-byte chunks cost ~28x their counted size (10 connections: 61 -> 1,179 MiB)."""
+def test_bodies_in_small_chunks_cost_about_what_their_bytes_cost(router: dict[str, Any]) -> None:
+    """Issue 28: 2-byte chunks cost ~28x their counted size (10 connections: 61 -> 1,179 MiB).
+    Now such a body is refused after 1,024 pieces (400), and chunks of 128 bytes, twice the smallest
+    average kept, cost about their bytes."""
     head = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", router["port"]), timeout=10) as tiny:
+        tiny.sendall(head + b"2\r\nzz\r\n" * 4096)
+        assert tiny.recv(4096).startswith(b"HTTP/1.1 400")
     per_body = MAX_BODY_BYTES - 8 * 1024
-    body = b"2\r\nzz\r\n" * (per_body // 2)  # never the last chunk: the bodies stay held
+    body = (b"80\r\n" + b"z" * 128 + b"\r\n") * (per_body // 128)  # never the last chunk: the bodies stay held
     time.sleep(0.5)
     before = _rss_mib(router["pids"])
     socks = [_connect(router["port"], f"127.0.0.{10 + i}") for i in range(10)]
