@@ -259,8 +259,9 @@ class Router:
     def _parse(self, request: Request, slo: SLOClass, tenant: str) -> Call:
         c = self.config
         return read_call(request.body, request.path, slo, max_body_bytes=c.max_body_bytes,
-                         max_tokens_limit=c.max_tokens_limit, mixed=self.replicas.mixed, limits=self.cost_limits,
-                         seq_share=self.seq_shares[slo.name], declared=self.replicas.declared, tenant=tenant)
+                         max_tokens_limit=c.max_tokens_limit, mixed=self.replicas.mixed_for(slo.name),
+                         limits=self.cost_limits, seq_share=self.seq_shares[slo.name],
+                         declared=self.replicas.declared, tenant=tenant)
 
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         slo: SLOClass | None = None
@@ -274,7 +275,7 @@ class Router:
             started = self.clock()
             snapshot = self.replicas.snapshot()
             self.admission.check_overload(slo, snapshot)
-            roles = holding_roles(self.config.pd, call, self.replicas.mixed)
+            roles = holding_roles(self.config.pd, call, self.replicas.mixed_for(slo.name))
             self.admission.check_headroom(call.route, snapshot, roles)
             self.quotas.enter(call.tenant, slo.name, call.cost.tokens if call.cost is not None else 0)
             try:
@@ -315,7 +316,8 @@ class Router:
             m.child(m.requests, slo.name, "shed" if err.status == 429 else "rejected").inc()
 
     def _pd_choice(self, call: Call, snapshot: list[Candidate]) -> PDDecision | None:
-        return pd_choice(self.config.pd, call, snapshot, self.topology, self.replicas.mixed, self.plugin_timer)
+        return pd_choice(self.config.pd, call, snapshot, self.topology, self.replicas.mixed_for(call.slo.name),
+                         self.plugin_timer)
 
     def _decide(self, call: Call, snapshot: list[Candidate]) -> RouteDecision:
         t0 = self.clock()

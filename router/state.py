@@ -53,6 +53,7 @@ class Replicas:
         self.mixed = _mixed(table)
         self.declared = _declared(table)
         self.max_num_seqs = max_num_seqs
+        self._mixed_for: dict[str, frozenset[str]] = {}
         self.states = {r.replica_id: ReplicaState(self._limited(r)) for r in table.replicas}
         self.breaker_failures, self.breaker_open_s = breaker_failures, breaker_open_s
 
@@ -68,6 +69,19 @@ class Replicas:
         self.served = frozenset(table.models())
         self.mixed = _mixed(table)
         self.declared = _declared(table)
+        self._mixed_for = {}
+
+    def mixed_for(self, slo_class: str) -> frozenset[str]:
+        """Models with mixed replicas that serve `slo_class` (`filters.serves_class`): where a
+        class's pools are all prefill/decode, its short prompts split over PD too."""
+        found = self._mixed_for.get(slo_class)
+        if found is None:
+            declared = self.declared
+            found = self._mixed_for[slo_class] = frozenset(
+                r.model for r in self.table.replicas
+                if r.role == "mixed" and (not r.slo_classes or slo_class in r.slo_classes
+                                          or ((r.model, slo_class) not in declared and (r.model, "*") not in declared)))
+        return found
 
     def _limited(self, r: ReplicaEndpoint) -> ReplicaEndpoint:
         """The endpoint with the configured sequence limit where the table gives none."""

@@ -180,7 +180,8 @@ def measure(engines: dict[str, EngineProcess], tmp: Path, fair: dict[str, Any] |
             time.sleep(2.0)  # the attack fills what it can
             attacked, served_attacked = ttfts(url, attacked_samples)
         counted = rejections(base)
-        wait_until_idle(base, ADMIN_KEY, tuple(engines), timeout_s=30)
+        wait_until_idle(base, ADMIN_KEY, [r["replica_id"] for r in (config or router_config(engines))["replicas"]],
+                        timeout_s=30)
     return calm, attacked, attacker, served | served_attacked, counted
 
 
@@ -222,15 +223,17 @@ def test_max_tokens_omitted_gets_the_routers_limit(engines: dict[str, EngineProc
 
 
 PD_SPECS = {"p1": ("prefill", {"node": "h100-0", "gpus": [1]}), "d1": ("decode", {"node": "h100-0", "gpus": [2]})}
+MIXED_SPEC = ("mixed", {"node": "h100-1", "gpus": [0]})
 TOPOLOGY = "configs/clusters/local-sim.yaml"
 
 
 @pytest.fixture(scope="module")
 def pd_engines() -> Iterator[dict[str, EngineProcess]]:
-    """A PD-only layout: one prefill and one decode replica, no mixed one (every request splits)."""
+    """A prefill and a decode replica (the PD-only layout), and a mixed one for the layout of
+    configs/local.yaml."""
     started: dict[str, EngineProcess] = {}
     try:
-        for name, (role, placement) in PD_SPECS.items():
+        for name, (role, placement) in {**PD_SPECS, "m1": MIXED_SPEC}.items():
             started[name] = start_engine("--model", MODEL, "--gpu", "h100-sxm", "--max-num-seqs", str(MAX_NUM_SEQS),
                                          "--topology", TOPOLOGY, "--role", role, "--placement", json.dumps(placement),
                                          "--engine-id", name)
@@ -275,3 +278,26 @@ def test_a_key_over_its_token_rate_gets_429_with_retry_after(engines: dict[str, 
         assert user.status_code == 200  # another key: its own quota
         counted = rejections(url.removesuffix("/v1"))
         assert counted.get('isle_router_rejections_total{cause="key_token_rate",slo_class="batch"}') == 1, counted
+
+
+def test_interactive_short_prompts_split_over_pd_when_the_mixed_pool_is_not_theirs(
+        pd_engines: dict[str, EngineProcess], tmp_path: Path) -> None:
+    """configs/local.yaml's layout: prefill and decode pools for interactive and standard, a mixed
+    pool for standard and batch. Short interactive prompts went to the mixed pool (the issue:
+    interactive traffic on a pool declared for standard and batch, which autoscaled to its
+    maximum); now they split over the pair, and the other classes keep the mixed pool."""
+    specs = {**PD_SPECS, "m1": MIXED_SPEC}
+    classes = {"p1": ["interactive", "standard"], "d1": ["interactive", "standard"], "m1": ["standard", "batch"]}
+    config = with_replicas([{"replica_id": name, "url": pd_engines[name].base, "model": MODEL, "pool": f"pool-{role}",
+                             "role": role, "node": p["node"], "gpus": p["gpus"], "gpu_model": "h100-sxm",
+                             "catalog_model": MODEL, "slo_classes": classes[name]}
+                            for name, (role, p) in specs.items()])
+    config["keys"].append({"tenant": "all", "key_sha256": sha256("sk-fair-all"), "slo_classes": ["*"]})
+    config.update(topology=TOPOLOGY)
+    with running_router(config, tmp_path) as (_, url):
+        client = openai.OpenAI(base_url=url, api_key="sk-fair-all", max_retries=0, timeout=30)
+        for slo, expected in (("interactive", "d1"), ("standard", "m1"), ("batch", "m1")):
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": "short"}], max_tokens=4,
+                extra_headers={"x-slo-class": slo})
+            assert raw.headers["x-isle-replica"] == expected, (slo, raw.headers)

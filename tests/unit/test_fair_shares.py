@@ -239,6 +239,22 @@ def test_the_router_counts_its_open_sequences_per_replica_and_knows_the_declared
     assert r.snapshot()[0].load.seqs == 4
 
 
+def test_short_prompts_of_a_class_without_a_mixed_pool_split_over_pd() -> None:
+    """configs/local.yaml's layout: prefill and decode for interactive and standard, mixed for
+    standard and batch. Interactive has no mixed replica (its short prompts go PD); a class no
+    pool is declared for may use the mixed one."""
+    table = RoutingTable(version=1, replicas=(
+        cand("p", ("interactive", "standard"), role="prefill").endpoint,
+        cand("d", ("interactive", "standard"), role="decode").endpoint,
+        cand("x", ("standard", "batch")).endpoint))
+    r = Replicas(table, 3, 5.0)
+    assert (r.mixed_for("interactive"), r.mixed_for("standard"), r.mixed_for("batch"), r.mixed_for("gold")) == (
+        frozenset(), {"m"}, {"m"}, {"m"})
+    r.follow(RoutingTable(version=2, replicas=(*table.replicas[:2], cand("x", ("interactive",)).endpoint)))
+    assert r.mixed_for("interactive") == {"m"}
+    assert r.mixed_for("batch") == {"m"}  # no pool declared for batch now: any pool may serve it
+
+
 def test_a_table_without_sequence_limits_gets_the_configured_one() -> None:
     table = RoutingTable(version=1, replicas=(cand("a", max_num_seqs=0).endpoint, cand("b", max_num_seqs=32).endpoint))
     r = Replicas(table, 3, 5.0, max_num_seqs=128)
