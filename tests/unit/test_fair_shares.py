@@ -10,12 +10,14 @@ import random
 import re
 
 import pytest
+import yaml
 
 from pools.model import DEFAULT_SLO_CLASSES, PlacementRequest, PoolSpec, SLOClass
 from pools.placement import get_policy
 from pools.routing import ReplicaEndpoint, RoutingTable, table_from_plan
 from pools.wire.errors import ApiError
 from router.admission import Admission
+from router.appconfig import parse_app_args
 from router.call import read_call
 from router.config import PDConfig, RouterConfig, parse_router_config
 from router.decision import Candidate, Profile, ReplicaLoad, RouteRequest, decide, usable_of
@@ -249,7 +251,7 @@ def test_short_prompts_of_a_class_without_a_mixed_pool_split_over_pd() -> None:
         cand("x", ("standard", "batch")).endpoint))
     r = Replicas(table, 3, 5.0)
     assert (r.mixed_for("interactive"), r.mixed_for("standard"), r.mixed_for("batch"), r.mixed_for("gold")) == (
-        frozenset(), {"m"}, {"m"}, {"m"})
+        frozenset(), frozenset({"m"}), frozenset({"m"}), frozenset({"m"}))
     r.follow(RoutingTable(version=2, replicas=(*table.replicas[:2], cand("x", ("interactive",)).endpoint)))
     assert r.mixed_for("interactive") == {"m"}
     assert r.mixed_for("batch") == {"m"}  # no pool declared for batch now: any pool may serve it
@@ -289,3 +291,13 @@ def test_a_controllers_table_carries_each_pools_classes() -> None:
     plan = get_policy("island-aligned").place(PlacementRequest(topology=topology, pools=pools))
     table = table_from_plan(plan, {p.replica_id: "http://127.0.0.1:9" for p in plan.placements}, {})
     assert {(r.pool, r.slo_classes) for r in table.replicas} == {("fast", ("interactive",)), ("any", ())}
+
+
+def test_a_vllm_deployment_refuses_a_default_max_tokens_over_its_context() -> None:
+    """vLLM refuses max_tokens above max_model_len: configs/vllm-cpu.yaml (1024) sets its default."""
+    args = yaml.safe_load((ROOT / "configs/vllm-cpu.yaml").read_text())["applications"][0]["args"]
+    assert parse_app_args(args).router.fair.default_max_tokens == 1024
+    del args["router"]["fair"]
+    with pytest.raises(ParseError, match=r"max_model_len 1024 is below the max_tokens the router sends when a "
+                                         r"request gives none \(32768"):
+        parse_app_args(args)
