@@ -118,18 +118,11 @@ class AppArgs(BaseModel):
         PoolsConfig(pools=self.pools, slo_classes=self.slo_classes)  # pool-level cross-checks
         if self.engine == "vllm":
             problems = []
-            default = self.router.fair.cost_limits(self.router.max_tokens_limit).default_max_tokens
             for i, pool in enumerate(self.pools):
                 try:
-                    context = settings_for(self.vllm, pool.vllm, pool.model).max_model_len
+                    settings_for(self.vllm, pool.vllm, pool.model)
                 except ValueError as err:
                     problems.append(f"pools[{i}] ({pool.name}): {err}")
-                    continue
-                if context is not None and default > context:  # vLLM refuses max_tokens > max_model_len
-                    problems.append(f"pools[{i}] ({pool.name}): max_model_len {context} is below the max_tokens the "
-                                    f"router sends when a request gives none ({default}: router.fair."
-                                    "default_max_tokens, else router.max_tokens_limit); set router.fair."
-                                    f"default_max_tokens to at most {context}")
             if problems:
                 raise ValueError("; ".join(problems))
         return self

@@ -7,7 +7,7 @@ everything else the engine validates, and its 4xx comes back as it is."""
 from __future__ import annotations
 
 import zlib
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,20 +57,24 @@ def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, tuple[Prompt
 
 def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_tokens_limit: int,
               mixed: Collection[str], limits: CostLimits | None = None, seq_share: float = 1.0,
-              declared: Collection[tuple[str, str]] = (), tenant: str = "") -> Call:
+              declared: Collection[tuple[str, str]] = (), tenant: str = "",
+              contexts: Mapping[str, int] | None = None) -> Call:
     """The request `raw` (a body sent to `path`) as the router routes it. `mixed`: the models
     that have mixed replicas (several sequences go to a decode replica where a model has none).
     `limits`: the cost bound (400 past it; None: none); `seq_share`: the class's share of a
     replica's sequence slots; `declared`: the (model, class) pairs the routing table has pools
-    declared for, `"*"` for a pool open to every class (none for the class: any pool serves it)."""
+    declared for, `"*"` for a pool open to every class (none for the class: any pool serves it);
+    `contexts`: each model's max_model_len as its engines said (the default max_tokens stays
+    within it: vLLM refuses a max_tokens above it)."""
     if len(raw) > max_body_bytes:
         raise wire.ApiError(413, f"request body over {max_body_bytes} bytes")
     body = wire.load_body(raw)
     model, prompts, stream = peek(body, max_tokens_limit)
     cost = None
     if limits is not None:
+        default = min(limits.default_max_tokens, max_tokens_limit, (contexts or {}).get(model, max_tokens_limit))
         cost = measure(body, prompts, chat=path.endswith("/chat/completions"), stream=stream,
-                       default_max_tokens=min(limits.default_max_tokens, max_tokens_limit))
+                       default_max_tokens=default)
         check(cost, limits)
         if cost.defaulted:  # the engine would go on to the model's context: the router's default instead
             body["max_tokens"] = cost.max_tokens

@@ -8,8 +8,9 @@ the router config's `fair` section); a request over one gets an OpenAI-shaped 40
 
 max_tokens when the client sends none: a chat request (and a completion with `max_tokens:
 null`) would generate up to the model's context, which the router cannot bound; the router
-sends `default_max_tokens` (the router's `max_tokens_limit` unless configured) to the engine
-instead, and prices the request with it. A completion without the field gets the API's 16.
+sends `default_max_tokens` (the router's `max_tokens_limit` unless configured, at most the
+model's max_model_len as its engines say) to the engine instead, and prices the request with
+it. A completion without the field gets the API's 16.
 
 Pure: no I/O, no clock.
 """

@@ -40,7 +40,8 @@ class FairConfig(_Strict):
                                     "response size; past it 400")
     default_max_tokens: int | None = Field(default=None, ge=1, description="max_tokens sent to the engine when a "
                                            "request gives none (chat; completions with null). None: "
-                                           "max_tokens_limit. Keep it within the engines' max_model_len")
+                                           "max_tokens_limit; at most the engines' max_model_len, which the "
+                                           "router reads from their /v1/models")
     seq_share: dict[str, float] = Field(default_factory=dict, description="class -> part of a replica's "
                                         "max_num_seqs it may fill, in (0, 1]. Unnamed classes: sheddable ones 0.5, "
                                         "others 1.0")

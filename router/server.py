@@ -261,7 +261,7 @@ class Router:
         return read_call(request.body, request.path, slo, max_body_bytes=c.max_body_bytes,
                          max_tokens_limit=c.max_tokens_limit, mixed=self.replicas.mixed_for(slo.name),
                          limits=self.cost_limits, seq_share=self.seq_shares[slo.name],
-                         declared=self.replicas.declared, tenant=tenant)
+                         declared=self.replicas.declared, tenant=tenant, contexts=self.replicas.contexts)
 
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         slo: SLOClass | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -32,6 +33,8 @@ class ReplicaState:
     inflight: int = 0
     seqs: int = 0
     """Sequences (n x prompts) of this router's open requests."""
+    max_model_len: int = 0
+    """The engine's context as its /v1/models says (0: not learnt yet)."""
     latency_ms: float = 0.0
     failures: int = 0
     open_until: float = 0.0
@@ -55,6 +58,8 @@ class Replicas:
         self.max_num_seqs = max_num_seqs
         self._mixed_for: dict[str, frozenset[str]] = {}
         self.states = {r.replica_id: ReplicaState(self._limited(r)) for r in table.replicas}
+        self.contexts: dict[str, int] = {}
+        """Each model's smallest max_model_len among its engines that said (`context`)."""
         self.breaker_failures, self.breaker_open_s = breaker_failures, breaker_open_s
 
     def follow(self, table: RoutingTable) -> None:
@@ -70,6 +75,20 @@ class Replicas:
         self.mixed = _mixed(table)
         self.declared = _declared(table)
         self._mixed_for = {}
+        self._learn_contexts()
+
+    def context(self, model: str) -> int | None:
+        """The longest max_tokens every engine of `model` takes (vLLM refuses more than its
+        max_model_len), once one said; None before."""
+        return self.contexts.get(model)
+
+    def _learn_contexts(self) -> None:
+        known: dict[str, int] = {}
+        for st in self.states.values():
+            if st.max_model_len:
+                model = st.endpoint.model
+                known[model] = min(known.get(model, st.max_model_len), st.max_model_len)
+        self.contexts = known
 
     def mixed_for(self, slo_class: str) -> frozenset[str]:
         """Models with mixed replicas that serve `slo_class` (`filters.serves_class`): where a
@@ -147,12 +166,27 @@ class Replicas:
             await pool.aclose()
 
     async def _scrape(self, pool: Pool, s: ReplicaState) -> None:
+        if not s.max_model_len:
+            with contextlib.suppress(UpstreamError, ValueError):
+                s.max_model_len = model_context(await pool.text(s.endpoint.url, "/v1/models"), s.endpoint.model)
+                self._learn_contexts()
         with contextlib.suppress(UpstreamError, ValueError):
             values = parse_vllm_metrics(await pool.text(s.endpoint.url, "/metrics"))
             s.running = values.get("running", s.running)
             s.waiting = values.get("waiting", s.waiting)
             s.kv_usage = values.get("kv_usage", s.kv_usage)
             s.cached = None
+
+
+def model_context(text: str, model: str) -> int:
+    """`model`'s max_model_len in an engine's /v1/models (vLLM's ModelCard); 0 when it says none."""
+    found = json.loads(text)
+    cards = found.get("data") if isinstance(found, dict) else None
+    for card in cards if isinstance(cards, list) else []:
+        value = card.get("max_model_len") if isinstance(card, dict) and card.get("id") == model else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
 
 
 def _carried(state: ReplicaState, endpoint: ReplicaEndpoint) -> ReplicaState:

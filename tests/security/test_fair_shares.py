@@ -301,3 +301,29 @@ def test_interactive_short_prompts_split_over_pd_when_the_mixed_pool_is_not_thei
                 model=MODEL, messages=[{"role": "user", "content": "short"}], max_tokens=4,
                 extra_headers={"x-slo-class": slo})
             assert raw.headers["x-isle-replica"] == expected, (slo, raw.headers)
+
+
+def test_the_default_max_tokens_stays_within_a_short_engine_context(tmp_path: Path) -> None:
+    """An engine whose context (max_model_len: here its KV cache, 1,024 tokens) is below the
+    router's limit: a chat without max_tokens gets at most that context, not a 400 (vLLM refuses
+    a max_tokens above max_model_len); the router learns it from the engine's /v1/models."""
+    engine = start_engine("--model", MODEL, "--gpu", "h100-sxm", "--kv-capacity-tokens", "1024", "--time-scale",
+                          "0.01", "--engine-id", "short")
+    try:
+        config = with_replicas([{"replica_id": "short", "url": engine.base, "model": MODEL}])
+        with running_router(config, tmp_path) as (_, url):
+            client = openai.OpenAI(base_url=url, api_key=USER_KEY, max_retries=0, timeout=30)
+            deadline = time.monotonic() + 10
+            while True:  # the router asks the engine once it is up
+                try:
+                    done = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "go"}],
+                                                          extra_body={"ignore_eos": True})
+                    break
+                except openai.BadRequestError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            assert done.usage is not None and done.choices[0].finish_reason == "length"
+            assert done.usage.prompt_tokens + done.usage.completion_tokens == 1024
+    finally:
+        stop_engine(engine)

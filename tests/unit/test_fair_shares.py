@@ -4,27 +4,27 @@ and the config that sets them."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import random
 import re
 
 import pytest
-import yaml
 
 from pools.model import DEFAULT_SLO_CLASSES, PlacementRequest, PoolSpec, SLOClass
 from pools.placement import get_policy
 from pools.routing import ReplicaEndpoint, RoutingTable, table_from_plan
 from pools.wire.errors import ApiError
 from router.admission import Admission
-from router.appconfig import parse_app_args
 from router.call import read_call
 from router.config import PDConfig, RouterConfig, parse_router_config
+from router.cost import CostLimits
 from router.decision import Candidate, Profile, ReplicaLoad, RouteRequest, decide, usable_of
 from router.pd import holding_roles
 from router.plugins.filters import DEFAULT_MAX_NUM_SEQS, has_headroom, serves_class
 from router.quota import BURST_S, Quota, Quotas
-from router.state import Replicas
+from router.state import Replicas, model_context
 from router.workers import read_view, view_bytes
 from tests.conftest import ROOT
 from topology import read_source
@@ -293,11 +293,36 @@ def test_a_controllers_table_carries_each_pools_classes() -> None:
     assert {(r.pool, r.slo_classes) for r in table.replicas} == {("fast", ("interactive",)), ("any", ())}
 
 
-def test_a_vllm_deployment_refuses_a_default_max_tokens_over_its_context() -> None:
-    """vLLM refuses max_tokens above max_model_len: configs/vllm-cpu.yaml (1024) sets its default."""
-    args = yaml.safe_load((ROOT / "configs/vllm-cpu.yaml").read_text())["applications"][0]["args"]
-    assert parse_app_args(args).router.fair.default_max_tokens == 1024
-    del args["router"]["fair"]
-    with pytest.raises(ParseError, match=r"max_model_len 1024 is below the max_tokens the router sends when a "
-                                         r"request gives none \(32768"):
-        parse_app_args(args)
+@pytest.mark.parametrize(("text", "context"), [
+    ('{"object": "list", "data": [{"id": "m", "max_model_len": 2048}]}', 2048),
+    ('{"data": [{"id": "other", "max_model_len": 99}, {"id": "m", "max_model_len": 4096}]}', 4096),
+    ('{"data": [{"id": "m"}]}', 0),
+    ('{"data": [{"id": "m", "max_model_len": true}]}', 0),
+    ('[1, 2]', 0),
+])
+def test_an_engines_context_from_its_model_card(text: str, context: int) -> None:
+    assert model_context(text, "m") == context
+
+
+class FakePool:
+    def __init__(self, contexts: dict[str, int]) -> None:
+        self.contexts = contexts
+
+    async def text(self, base: str, path: str) -> str:
+        if path == "/v1/models":
+            return json.dumps({"data": [{"id": "m", "max_model_len": self.contexts[base]}]})
+        return "vllm:num_requests_running 0\n"
+
+
+def test_the_router_learns_each_models_smallest_context_from_its_engines() -> None:
+    a, b = cand("a").endpoint, cand("b").endpoint
+    r = Replicas(RoutingTable(version=1, replicas=(a, b)), 3, 5.0)
+    assert r.context("m") is None
+    pool = FakePool({a.url: 4096, b.url: 2048})
+    for st in r.states.values():
+        asyncio.run(r._scrape(pool, st))  # type: ignore[arg-type]
+    assert r.context("m") == 2048
+    call = read_call(json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+                     "/v1/chat/completions", BATCH, max_body_bytes=1 << 20, max_tokens_limit=32768, mixed=frozenset(),
+                     limits=CostLimits(), contexts=r.contexts)
+    assert json.loads(call.payload)["max_tokens"] == 2048
