@@ -34,7 +34,7 @@ class ReplicaState:
     seqs: int = 0
     """Sequences (n x prompts) of this router's open requests."""
     max_model_len: int = 0
-    """The engine's context as its /v1/models says (0: not learnt yet)."""
+    """The engine's context as its /v1/models says (0: not learnt yet; -1: it says none)."""
     latency_ms: float = 0.0
     failures: int = 0
     open_until: float = 0.0
@@ -85,7 +85,7 @@ class Replicas:
     def _learn_contexts(self) -> None:
         known: dict[str, int] = {}
         for st in self.states.values():
-            if st.max_model_len:
+            if st.max_model_len > 0:
                 model = st.endpoint.model
                 known[model] = min(known.get(model, st.max_model_len), st.max_model_len)
         self.contexts = known
@@ -166,9 +166,9 @@ class Replicas:
             await pool.aclose()
 
     async def _scrape(self, pool: Pool, s: ReplicaState) -> None:
-        if not s.max_model_len:
+        if not s.max_model_len:  # asked until the engine answers; -1: it answered without one
             with contextlib.suppress(UpstreamError, ValueError):
-                s.max_model_len = model_context(await pool.text(s.endpoint.url, "/v1/models"), s.endpoint.model)
+                s.max_model_len = model_context(await pool.text(s.endpoint.url, "/v1/models"), s.endpoint.model) or -1
                 self._learn_contexts()
         with contextlib.suppress(UpstreamError, ValueError):
             values = parse_vllm_metrics(await pool.text(s.endpoint.url, "/metrics"))

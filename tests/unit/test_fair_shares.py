@@ -322,6 +322,9 @@ def test_the_router_learns_each_models_smallest_context_from_its_engines() -> No
     for st in r.states.values():
         asyncio.run(r._scrape(pool, st))  # type: ignore[arg-type]
     assert r.context("m") == 2048
+    silent = Replicas(RoutingTable(version=1, replicas=(a,)), 3, 5.0)
+    asyncio.run(silent._scrape(FakePool({a.url: 0}), silent.states["a"]))  # type: ignore[arg-type]
+    assert silent.states["a"].max_model_len == -1 and silent.context("m") is None  # not asked again
     call = read_call(json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(),
                      "/v1/chat/completions", BATCH, max_body_bytes=1 << 20, max_tokens_limit=32768, mixed=frozenset(),
                      limits=CostLimits(), contexts=r.contexts)
