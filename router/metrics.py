@@ -139,6 +139,8 @@ class RouterMetrics:
         self.requests = Family("isle_router_requests", "Requests by SLO class and outcome", ["slo_class", "outcome"])
         self.rejections = Family("isle_router_rejections", "Requests refused, by SLO class ('unknown' before the "
                                  "class is known) and cause", ["slo_class", "cause"])
+        self.fallbacks = Family("isle_router_class_fallbacks", "Requests of a class routed beyond the pools "
+                                "declared for it because none of their replicas could take them", ["slo_class"])
         self.sent = Family("isle_router_pool_requests", "Requests (and PD legs) sent to a pool's replicas, "
                            "retries included (the autoscaler's arrival rate)", ["pool"])
         self.decision = Family("isle_router_decision_seconds", "Time to make a routing decision", [], FAST)
@@ -171,7 +173,7 @@ class RouterMetrics:
 
     def families(self) -> tuple[Family, ...]:
         return (self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.rejections, self.sent,
-                self.decision, self.plugins)
+                self.fallbacks, self.decision, self.plugins)
 
     def snapshot(self) -> dict[str, Any]:
         """This worker's series as JSON, for the sibling that answers a scrape."""

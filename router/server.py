@@ -37,6 +37,7 @@ from router.decision import Candidate, PDDecision, PluginTimer, Profile, RouteDe
 from router.flight import Clock, Flight, FlightContext, fly
 from router.metrics import BUCKETS, RouterMetrics
 from router.pd import holding_roles, pd_choice, serve_pd
+from router.plugins.filters import class_servable
 from router.quota import Quotas
 from router.relay import RelayPool
 from router.routes import send_error
@@ -274,8 +275,9 @@ class Router:
                                     cause="unknown_model")
             started = self.clock()
             snapshot = self.replicas.snapshot()
+            mixed = self._class_pools(call, snapshot)
             self.admission.check_overload(slo, snapshot)
-            roles = holding_roles(self.config.pd, call, self.replicas.mixed_for(slo.name))
+            roles = holding_roles(self.config.pd, call, mixed)
             self.admission.check_headroom(call.route, snapshot, roles)
             self.quotas.enter(call.tenant, slo.name, call.cost.tokens if call.cost is not None else 0)
             try:
@@ -289,7 +291,7 @@ class Router:
             self.refused(slo, err)
             raise
         try:
-            pd = self._pd_choice(call, snapshot)
+            pd = self._pd_choice(call, snapshot, mixed)
             if pd is not None:
                 return self._waiting(call, response, started, pd=pd)
             flight = Flight(self.flights, call, self._decide(call, snapshot).order(), response, started,
@@ -315,9 +317,24 @@ class Router:
         if slo is not None:
             m.child(m.requests, slo.name, "shed" if err.status == 429 else "rejected").inc()
 
-    def _pd_choice(self, call: Call, snapshot: list[Candidate]) -> PDDecision | None:
-        return pd_choice(self.config.pd, call, snapshot, self.topology, self.replicas.mixed_for(call.slo.name),
-                         self.plugin_timer)
+    def _pd_choice(self, call: Call, snapshot: list[Candidate], mixed: frozenset[str]) -> PDDecision | None:
+        return pd_choice(self.config.pd, call, snapshot, self.topology, mixed, self.plugin_timer)
+
+    def _class_pools(self, call: Call, snapshot: list[Candidate]) -> frozenset[str]:
+        """The models whose mixed replicas may serve the call. Its class keeps to the pools declared
+        for it while one of their mixed or decode replicas can take it; when none can (crashed,
+        breaker open, lost with their node), the call may use every pool of its model
+        (`RouteRequest.any_pool`), as it would if no pool were declared for its class: a declared
+        pool that is down degrades to routing by load instead of failing every request of the
+        class until it is back (counted as `isle_router_class_fallbacks_total`)."""
+        route = call.route
+        if route.any_pool:
+            return self.replicas.mixed
+        if class_servable(route, snapshot):
+            return self.replicas.mixed_for(call.slo.name)
+        call.route = route._replace(any_pool=True)
+        self.metrics.child(self.metrics.fallbacks, call.slo.name).inc()
+        return self.replicas.mixed
 
     def _decide(self, call: Call, snapshot: list[Candidate]) -> RouteDecision:
         t0 = self.clock()
@@ -344,7 +361,8 @@ class Router:
                 self.quotas.leave(call.tenant)
                 raise
             if pd is None:
-                pd = self._pd_choice(call, self.replicas.snapshot())
+                snapshot = self.replicas.snapshot()
+                pd = self._pd_choice(call, snapshot, self._class_pools(call, snapshot))
         outcome = "error"
         try:
             outcome = await self._serve(call, pd, response, started)

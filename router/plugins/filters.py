@@ -47,6 +47,15 @@ def serves_class(req: RouteRequest, c: Candidate) -> bool:
     return not classes or req.any_pool or req.slo_class.name in classes
 
 
+def class_servable(req: RouteRequest, snapshot: Sequence[Candidate]) -> bool:
+    """A mixed or decode replica of the request's model, of a pool that serves its class, can take
+    it now (healthy, breaker closed, not draining unless the class is sheddable): without one,
+    the class's own pools cannot serve it at all (a prefill alone cannot)."""
+    model, sheddable = req.model, req.slo_class.sheddable
+    return any(c.endpoint.model == model and c.endpoint.role != "prefill" and usable(c, sheddable)
+               and serves_class(req, c) for c in snapshot)
+
+
 def occupied(c: Candidate) -> float:
     """Sequences on the replica: the engine's running + waiting as last scraped, or this router's
     own open sequences when it knows of more (a scrape is up to an interval old)."""

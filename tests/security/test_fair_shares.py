@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -301,6 +302,47 @@ def test_interactive_short_prompts_split_over_pd_when_the_mixed_pool_is_not_thei
                 model=MODEL, messages=[{"role": "user", "content": "short"}], max_tokens=4,
                 extra_headers={"x-slo-class": slo})
             assert raw.headers["x-isle-replica"] == expected, (slo, raw.headers)
+
+
+def test_a_class_whose_own_pools_are_down_is_served_by_the_other_pools(
+        pd_engines: dict[str, EngineProcess], tmp_path: Path) -> None:
+    """The same layout with the interactive decode crashed (the chaos run's decode crash): pools'
+    classes keep interactive off the mixed pool only while its own pools can take it; once the
+    decode is known down (its breaker open after breaker_failures failures), interactive requests
+    are served by the mixed pool instead of failing until the decode is back, and counted."""
+    role, placement = PD_SPECS["d1"]
+    own = start_engine("--model", MODEL, "--gpu", "h100-sxm", "--max-num-seqs", str(MAX_NUM_SEQS), "--topology",
+                       TOPOLOGY, "--role", role, "--placement", json.dumps(placement), "--engine-id", "d-own")
+    urls = {"p1": pd_engines["p1"].base, "d-own": own.base, "m1": pd_engines["m1"].base}
+    specs = {"p1": PD_SPECS["p1"], "d-own": PD_SPECS["d1"], "m1": MIXED_SPEC}
+    classes = {"p1": ["interactive"], "d-own": ["interactive"], "m1": ["standard", "batch"]}
+    config = with_replicas([{"replica_id": name, "url": urls[name], "model": MODEL, "pool": f"pool-{r}", "role": r,
+                             "node": p["node"], "gpus": p["gpus"], "gpu_model": "h100-sxm", "catalog_model": MODEL,
+                             "slo_classes": classes[name]} for name, (r, p) in specs.items()])
+    config["keys"].append({"tenant": "all", "key_sha256": sha256("sk-fair-all"), "slo_classes": ["*"]})
+    config.update(topology=TOPOLOGY)
+    try:
+        with running_router(config, tmp_path) as (_, url):
+            client = openai.OpenAI(base_url=url, api_key="sk-fair-all", max_retries=0, timeout=30)
+
+            def interactive() -> str | None:
+                try:
+                    raw = client.chat.completions.with_raw_response.create(
+                        model=MODEL, messages=[{"role": "user", "content": "short"}], max_tokens=4,
+                        extra_headers={"x-slo-class": "interactive"})
+                except openai.APIError:
+                    return None
+                return raw.headers["x-isle-replica"]
+
+            assert interactive() == "d-own"
+            stop_engine(own)
+            served = [interactive() for _ in range(8)]
+            failed = served.index("m1") if "m1" in served else len(served)
+            assert failed <= 3 and served[failed:] == ["m1"] * (len(served) - failed), served
+            counted = httpx.get(f"{url.removesuffix('/v1')}/metrics", timeout=10).text
+            assert re.search(r'isle_router_class_fallbacks_total\{slo_class="interactive"\} [1-9]', counted), counted
+    finally:
+        stop_engine(own)
 
 
 def test_the_default_max_tokens_stays_within_a_short_engine_context(tmp_path: Path) -> None:
