@@ -163,6 +163,18 @@ class UpstreamConfig(_Strict):
     retries: int = Field(default=2, ge=0, description="other replicas tried before the first byte")
     breaker_failures: int = Field(default=3, ge=1)
     breaker_open_s: float = Field(default=5.0, gt=0)
+    key_env: str | None = Field(default=None, description="the environment variable holding the key the engines "
+                                "want (vLLM's --api-key), sent with every request to them; under `isle run` and "
+                                "`serve deploy` the controller's own key is used whatever this says")
+
+    def engine_key(self) -> str:
+        """The engines' key ("": none); ValueError when `key_env` names a variable that is not set."""
+        if self.key_env is None:
+            return ""
+        value = os.environ.get(self.key_env, "").strip()
+        if not value:
+            raise ValueError(f"upstream.key_env: environment variable {self.key_env} is not set")
+        return value
 
 
 class RouterConfig(_Strict):

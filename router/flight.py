@@ -31,7 +31,6 @@ from router.timing import TAIL, reported_timing, token_events
 from router.upstream import UpstreamError
 
 log = logging.getLogger("isleserve.router")
-JSON_HEADERS = b"content-type: application/json\r\nconnection: keep-alive\r\n"
 Ended = tuple[str, "wire.ApiError | None"]
 _UNSET = HistogramSeries(())
 Clock = Callable[[], float]
@@ -130,7 +129,7 @@ class Flight:
         self.sent_at = r.clock()
         self.deadline = r.watch.add(self, wait_s)
         r.relay.send(cand.endpoint.url, request_bytes(cand.endpoint.url, "POST", self.call.path, self.payload,
-                                                      JSON_HEADERS), self)
+                                                      r.relay.headers), self)
 
     def _retry(self, reason: str) -> None:
         assert self.cand is not None

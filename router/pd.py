@@ -22,7 +22,7 @@ from router import relay
 from router.call import Call
 from router.config import PDConfig
 from router.decision import Candidate, PDDecision, PluginTimer, pd_decide
-from router.flight import JSON_HEADERS, FlightContext, fly
+from router.flight import FlightContext, fly
 from router.relay import RelayPool
 from router.upstream import UpstreamError
 from topology import Topology
@@ -62,7 +62,7 @@ async def _release_prefill(pool: RelayPool, pcand: Candidate, request_id: Any, e
     KV that a finished prefill holds unclaimed after VLLM_NIXL_ABORT_REQUEST_TIMEOUT."""
     body = orjson.dumps({"request_id": request_id, "engine_id": engine_id})
     with contextlib.suppress(UpstreamError, OSError, asyncio.CancelledError):
-        ex = await relay.start(pool, pcand.endpoint.url, "/internal/kv/release", body, JSON_HEADERS,
+        ex = await relay.start(pool, pcand.endpoint.url, "/internal/kv/release", body, pool.headers,
                                RELEASE_TIMEOUT_S)
         await relay.finish(ex, RELEASE_TIMEOUT_S)
 
@@ -77,7 +77,7 @@ async def _prefill(ctx: FlightContext, call: Call, pcand: Candidate, request_id:
     ctx.metrics.child(ctx.metrics.sent, pcand.endpoint.pool).inc()
     t0 = ctx.clock()
     try:
-        ex = await relay.start(ctx.relay, pcand.endpoint.url, call.path, orjson.dumps(first), JSON_HEADERS,
+        ex = await relay.start(ctx.relay, pcand.endpoint.url, call.path, orjson.dumps(first), ctx.relay.headers,
                                ctx.upstream.request_timeout_s)
         try:
             await relay.finish(ex, ctx.upstream.idle_timeout_s)

@@ -139,10 +139,16 @@ def request_bytes(base: str, method: str, path: str, body: bytes, extra_headers:
         method.encode(), path.encode("latin-1"), key.encode(), len(body), extra_headers, body)
 
 
+JSON_HEADERS = b"content-type: application/json\r\nconnection: keep-alive\r\n"
+
+
 class RelayPool:
-    def __init__(self, connect_timeout_s: float = 2.0, max_idle_per_host: int = 256) -> None:
+    def __init__(self, connect_timeout_s: float = 2.0, max_idle_per_host: int = 256, engine_key: str = "") -> None:
+        """`engine_key`: the key the engines want (vLLM's `--api-key`), sent with every request."""
         self.connect_timeout_s = connect_timeout_s
         self.max_idle = max_idle_per_host
+        self.headers = JSON_HEADERS + (b"authorization: Bearer %b\r\n" % engine_key.encode() if engine_key else b"")
+        """The headers of every request to an engine (JSON, keep-alive, the engine key)."""
         self.idle: dict[str, list[UpstreamProtocol]] = {}
         self._connecting: set[asyncio.Task[None]] = set()
 

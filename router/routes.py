@@ -16,7 +16,7 @@ from urllib.parse import unquote
 from pools.wire import openai as wire
 from pools.wire.http import Request, Responder
 from router import openapi, relay
-from router.flight import JSON_HEADERS, FlightContext
+from router.flight import FlightContext
 from router.state import Replicas
 from router.upstream import UpstreamError
 from topology import Topology
@@ -101,7 +101,7 @@ async def _forward(ctx: FlightContext, request: Request, response: Responder) ->
         url, rid = cand.endpoint.url, cand.endpoint.replica_id
         t0 = ctx.clock()
         try:
-            ex = await relay.start(ctx.relay, url, request.path, request.body, JSON_HEADERS, PROXY_TIMEOUT_S)
+            ex = await relay.start(ctx.relay, url, request.path, request.body, ctx.relay.headers, PROXY_TIMEOUT_S)
             try:
                 await relay.finish(ex, PROXY_TIMEOUT_S)
             finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from dataclasses import replace
@@ -29,6 +30,8 @@ from router.server import Router
 
 REPO = Path(__file__).resolve().parents[1]
 FOLLOW_INTERVAL_S = 1.0
+ENGINE_KEY_ENV = "ISLE_ROUTER_ENGINE_KEY"
+"""Where the router finds the engines' key (RouterConfig.upstream.key_env)."""
 log = logging.getLogger("isleserve.serve")
 
 
@@ -74,7 +77,10 @@ class RouterThread:
         table: RoutingTable = ray.get(controller.deploy.remote())
         plan = ray.get(controller.plan.remote())
         topology = ray.get(controller.topology.remote())
-        self.router = Router(args.router, table, topology, plan)
+        # the engines' key, for this process and the router workers it starts (never in a config)
+        os.environ[ENGINE_KEY_ENV] = ray.get(controller.engine_api_key.remote())
+        upstream = args.router.upstream.model_copy(update={"key_env": ENGINE_KEY_ENV})
+        self.router = Router(args.router.model_copy(update={"upstream": upstream}), table, topology, plan)
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.follower: asyncio.Task[None] | None = None

@@ -72,8 +72,9 @@ class Router:
         self.cost_limits = config.fair.cost_limits(config.max_tokens_limit)
         self.seq_shares = config.fair.shares(config.classes())
         self.plugin_timer = PluginTimer(self.metrics.plugins, clock)
-        self.pool = Pool(config.upstream.connect_timeout_s)  # scraping engines' /metrics
-        self.relay = RelayPool(config.upstream.connect_timeout_s)  # the request path
+        engine_key = config.upstream.engine_key()
+        self.pool = Pool(config.upstream.connect_timeout_s, key=engine_key)  # scraping engines' /metrics
+        self.relay = RelayPool(config.upstream.connect_timeout_s, engine_key=engine_key)  # the request path
         self.flights = FlightContext(self.replicas, self.relay, self.metrics, config.upstream, self.request_ended,
                                      clock)
         self.rng = random.Random(config.seed)

@@ -22,8 +22,8 @@ class UpstreamError(Exception):
 
 
 class Pool:
-    def __init__(self, connect_timeout_s: float = 2.0, timeout_s: float = 2.0) -> None:
-        self.connect_timeout_s, self.timeout_s = connect_timeout_s, timeout_s
+    def __init__(self, connect_timeout_s: float = 2.0, timeout_s: float = 2.0, key: str = "") -> None:
+        self.connect_timeout_s, self.timeout_s, self.key = connect_timeout_s, timeout_s, key or None
         self.clients: dict[str, AsyncClient] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -32,7 +32,7 @@ class Pool:
         try:
             client = self.clients.get(base)
             if client is None:
-                client = self.clients[base] = AsyncClient(base, timeout_s=self.timeout_s, max_idle=1,
+                client = self.clients[base] = AsyncClient(base, key=self.key, timeout_s=self.timeout_s, max_idle=1,
                                                           connect_timeout_s=self.connect_timeout_s)
             return await client.get_text(path)
         except ClientError as err:

@@ -35,7 +35,7 @@ from loadtest.chaos.driver import ChaosDriver
 from loadtest.chaos.spec import ChaosSpec, Fault, LinkDegrade, NodeLoss, Overload, ReplicaCrash
 from loadtest.live.client import Target
 from loadtest.live.deploy import ROOT, ray_env
-from pools.controller.admintoken import TOKEN_FILE
+from pools.controller.deploysecrets import TOKEN_FILE
 from pools.controller.statefiles import DiskFiles
 from pools.wire import client
 from pools.wire.promtext import EngineLoad, engine_load

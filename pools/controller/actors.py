@@ -209,6 +209,11 @@ class _ControllerActor:
         the controller's lock: a health pass stopping replicas must not hold up the routers."""
         return self.core.observe(report)
 
+    def engine_api_key(self) -> str:
+        """What the engines' API wants (vLLM's --api-key), for the router: asked over Ray, so only
+        by a holder of the cluster's token."""
+        return self.core.engine_api_key
+
     def plan(self) -> dict[str, Any] | None:
         """The placement plan's JSON, with the controller's own view under `controller`."""
         if self.core.plan is None:

@@ -36,11 +36,11 @@ from dataclasses import replace
 from typing import Any
 
 from pools.controller import gang, health, launching, nodecheck, state
-from pools.controller.admintoken import engine_admin_token
 from pools.controller.alarms import Alarms
 from pools.controller.autoscaling import Autoscaling, act, held_elsewhere, serving_counts
 from pools.controller.backend import Backend
 from pools.controller.benching import BenchKeeper
+from pools.controller.deploysecrets import ENGINE_KEY_FILE, TOKEN_FILE, drawn_secret
 from pools.controller.events import EventLog
 from pools.controller.fleet import Fleet, Running
 from pools.controller.persist import StateKeeper
@@ -79,7 +79,9 @@ class ControllerCore:
         self.alarms = Alarms()
         self.events = EventLog(self.files, self.alarms)
         self.keeper = StateKeeper(self.files, self.alarms, self._record)
-        self.engine_admin_token = engine_admin_token(self.files) if spec.engine_admin_routes else ""
+        self.engine_admin_token = drawn_secret(self.files, TOKEN_FILE) if spec.engine_admin_routes else ""
+        self.engine_api_key = drawn_secret(self.files, ENGINE_KEY_FILE)
+        """What the engines' API wants (vLLM's --api-key): only the router, given it, sends them work."""
         self.published_alarms: tuple[tuple[str, str], ...] = ()
         self.bench = BenchKeeper(spec.bench, self.files, self._record, clock, self.alarms)
         self.fleet = Fleet(backend, spec.ports, self._record, clock, drain_timeout_s=spec.drain_timeout_s,
@@ -165,7 +167,7 @@ class ControllerCore:
         return launching.build_launch(self.plan, self.topology, self.bindings, p, generation,
                                       topology_source=self.spec.topology_source, time_scale=self.spec.time_scale,
                                       vllm=vllm, ports=ports, admin_routes=self.spec.engine_admin_routes,
-                                      admin_token=self.engine_admin_token)
+                                      admin_token=self.engine_admin_token, api_key=self.engine_api_key)
 
     def _start_all(self, placements: tuple[ReplicaPlacement, ...]) -> None:
         """Every placement's replica at once, waiting for them (the first deploy); if one fails,

@@ -16,7 +16,7 @@ from typing import Any
 from pools.controller.liveness import answers_within
 from pools.controller.pinning import pin_cpus
 from pools.controller.spec import ENGINE_ENV, EngineLaunch
-from pools.engine.routes import ADMIN_TOKEN_ENV
+from pools.engine.routes import ADMIN_TOKEN_ENV, API_KEY_ENV
 from pools.supervisor import Child, ChildError, ReadyLine, tail_block
 from pools.wire import client
 from pools.wire.promtext import engine_load
@@ -51,7 +51,8 @@ class ReplicaProcess:
         # ISLE_PARENT_PID: the engine dies with this actor instead of lingering as an orphan (it
         # follows the thread that started it itself, so no parent_death here)
         env = {**os.environ, **self.launch.environment(), "PYTHONUNBUFFERED": "1", "ISLE_PARENT_PID": str(os.getpid()),
-               **({ADMIN_TOKEN_ENV: self.launch.admin_token} if self.launch.admin_token else {})}
+               **({ADMIN_TOKEN_ENV: self.launch.admin_token} if self.launch.admin_token else {}),
+               **({API_KEY_ENV: self.launch.api_key} if self.launch.api_key else {})}
         self.proc = Child([sys.executable, *self.launch.command()], name=f"replica {self.launch.replica_id}",
                           ready=ReadyLine("ready:"), env=env, parent_death=None).start()
         self._pin_cpus(self.proc.pid)

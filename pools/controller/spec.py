@@ -74,6 +74,9 @@ class EngineLaunch:
     """The simulated engine serves its fault-injection routes (tests and chaos runs only)."""
     admin_token: str = field(default="", repr=False)
     """The token those routes need (the engine gets it in its environment, never in argv)."""
+    api_key: str = field(default="", repr=False)
+    """The key the engine's API wants (`VLLM_API_KEY` in its environment, vLLM's `--api-key`):
+    only the router, which the controller gives it, can send it work."""
     gang: str = ""
     """One data-parallel rank of a gang: its `sim-engine --gang` JSON (pools.controller.gang)."""
     ranks: tuple[EngineLaunch, ...] = ()

@@ -31,6 +31,12 @@ ROUTES: dict[str, tuple[str, ...]] = {
 }
 """Path -> methods (a GET route answers HEAD too, as Starlette's)."""
 ADMIN_PREFIX = "/admin/"
+API_KEY_ENV = "VLLM_API_KEY"
+"""The key the API routes want, as vLLM reads it (its `--api-key`): every path under /v1 needs
+`Authorization: Bearer <it>` (vLLM's AuthenticationMiddleware; /health, /metrics, /tokenize and
+the rest stay open); the controller starts its engines with one."""
+UNAUTHORIZED = b'{"error":"Unauthorized"}'
+"""vLLM's answer to a request under /v1 without the key (401)."""
 ADMIN_TOKEN_ENV = "ISLE_ENGINE_ADMIN_TOKEN"
 """With --admin-routes: the token they need, when set (from the environment: argv is public)."""
 JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})

@@ -17,7 +17,7 @@ from pools import catalog
 from pools.costmodel import LOCAL, LinkCost
 from pools.engine.core import EngineConfig
 from pools.engine.pd import Placement, is_loopback
-from pools.engine.routes import ADMIN_TOKEN_ENV
+from pools.engine.routes import ADMIN_TOKEN_ENV, API_KEY_ENV
 from pools.engine.server import EngineIdentity, SimEngine
 from pools.engine.toolcall import ToolSetup
 from pools.gangcost import GangCost, boundary_links, gang_links
@@ -133,7 +133,7 @@ def build(args: argparse.Namespace) -> SimEngine:
                               engine_id=args.engine_id or uuid.uuid4().hex[:8], role=args.role, host=args.host,
                               port=args.port, placement=placement, topology=topology, kv_hold_s=args.kv_hold_s,
                               tools=ToolSetup(args.tool_call_parser, args.enable_auto_tool_choice),
-                              admin_routes=args.admin_routes,
+                              admin_routes=args.admin_routes, api_key=os.environ.get(API_KEY_ENV, "").strip(),
                               admin_token=os.environ.get(ADMIN_TOKEN_ENV, "") if args.admin_routes else "")
     return SimEngine(config, identity, time_scale=args.time_scale)
 

@@ -58,6 +58,8 @@ class EngineIdentity:
     admin_routes: bool = False
     """`/admin/faults` and `/admin/steps` (fault injection and step records for tests and chaos
     runs); without them those paths are unknown (404), as on a vLLM server."""
+    api_key: str = field(default="", repr=False)
+    """When set (`VLLM_API_KEY`, as vLLM reads it), every path under /v1 needs it as a bearer."""
     admin_token: str = field(default="", repr=False)
     """When set (`ISLE_ENGINE_ADMIN_TOKEN`, as the controller starts its engines), the admin
     routes need `Authorization: Bearer <it>` (401 otherwise)."""
@@ -222,6 +224,9 @@ class SimEngine:
 
     # routes
     async def handle(self, request: Request, response: Responder) -> None:
+        if self.id.api_key and request.path.startswith("/v1") and not routes.bearer_is(request, self.id.api_key):
+            response.send(401, routes.UNAUTHORIZED)  # before the route: as vLLM's middleware
+            return
         if routes.refuse_route(request, response, admin=self.id.admin_routes):
             return
         if self.id.admin_token and request.path.startswith(routes.ADMIN_PREFIX) and not routes.bearer_is(

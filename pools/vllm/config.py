@@ -27,10 +27,10 @@ from pools.controller.ports import PortPlan, PortRange
 from pools.controller.spec import VllmSettings
 
 MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "-tp",
-                 "--kv-transfer-config", "--scheduling-policy", "--max-model-len", "--dtype")
+                 "--kv-transfer-config", "--scheduling-policy", "--max-model-len", "--dtype", "--api-key")
 """Set by the launcher from the plan and these settings."""
 MANAGED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_HOST_IP", "VLLM_NIXL_SIDE_CHANNEL_PORT",
-               "VLLM_NIXL_SIDE_CHANNEL_HOST")
+               "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_API_KEY")
 """Set by the launcher from the plan's pinning and the replica's ports."""
 Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 

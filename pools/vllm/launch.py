@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from pools.controller.spec import EngineLaunch
+from pools.engine.routes import API_KEY_ENV
 from pools.vllm.command import VllmServer, from_launch
 from pools.vllm.replica import VllmReplica
 
@@ -32,7 +33,8 @@ def server_for(launch: EngineLaunch, host_ip: str, offline: bool = False) -> Vll
     return from_launch(launch, model=s.model, port=ports.http, side_channel_port=ports.side_channel,
                        served_model_name=s.served_model_name, host_ip=host_ip, host=host_ip,
                        max_model_len=s.max_model_len, dtype=s.dtype, extra_args=s.extra_args,
-                       extra_env=dict(s.extra_env), offline=offline,
+                       extra_env={**s.extra_env, **({API_KEY_ENV: launch.api_key} if launch.api_key else {})},
+                       offline=offline,
                        cpu_threads_bind=cpu_threads_bind(launch.vllm.gpu_cpus, launch.tp) if s.cpu_backend else None)
 
 

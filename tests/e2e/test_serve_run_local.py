@@ -144,8 +144,12 @@ def _unauthenticated(port: int, command: str, services: dict[str, str]) -> str |
             path: http_answer(port, path=path) for path in ("/v1/models", "/admin/plan", "/admin/replicas")}
         let_in = [path for path, a in refused.items() if a is None or a[0] != 401]
         return f"router routes without a key: {let_in}" if let_in else None
-    if "sim-engine" in command:  # an engine: no admin (fault injection) routes outside tests and chaos
+    if "sim-engine" in command:  # an engine: its API wants the key only the router has; no admin routes
+        api = [http_answer(port, method, path) for method, path in (("GET", "/v1/models"),
+                                                                    ("POST", "/v1/chat/completions"))]
         admin = [http_answer(port, method, "/admin/faults") for method in ("GET", "POST")]
+        if not all(a is not None and a[0] == 401 for a in api):
+            return f"engine API without its key: {api}"
         return None if all(a is not None and a[0] == 404 for a in admin) else f"engine admin routes: {admin}"
     if status in (401, 403):
         return None

@@ -42,6 +42,10 @@ class Gang:
         table: RoutingTable = ray.get(self.controller.table.remote(), timeout=30)
         return table
 
+    def key(self) -> str:
+        """The engines' key (vLLM's --api-key), as the router gets it."""
+        return str(ray.get(self.controller.engine_api_key.remote(), timeout=30))
+
     def ranks(self) -> dict[str, dict[str, Any]]:
         return dict(ray.get(self.controller.replicas.remote(), timeout=30)["moe-0"]["ranks"])
 
@@ -81,9 +85,11 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gang]:
     assert engines and not [pid for pid in engines if pid and _alive(pid)], "engine processes left behind"
 
 
-def _ask(url: str) -> int:
+def _ask(url: str, key: str) -> int:
+    """A chat straight to an engine, with the engines' key (only the router is given it)."""
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body, headers={"content-type": "application/json"})
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
+                                 headers={"content-type": "application/json", "authorization": f"Bearer {key}"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         return int(json.loads(resp.read())["usage"]["completion_tokens"])
 
@@ -93,7 +99,7 @@ def test_each_rank_is_an_endpoint_and_a_dead_rank_restarts_the_whole_gang(deploy
     assert [(r.replica_id, r.gang, r.dp_rank) for r in table.replicas] == [(rid, "moe-0", k)
                                                                            for k, rid in enumerate(RANKS)]
     assert {r.node for r in table.replicas} == {"a", "b"} and len({r.url for r in table.replicas}) == 4
-    assert all(_ask(r.url) == 4 for r in table.replicas)
+    assert all(_ask(r.url, deployed.key()) == 4 for r in table.replicas)
     before = deployed.ranks()
     assert [before[rid]["actor"] for rid in RANKS] == [f"isleserve-{rid}-g0" for rid in RANKS]
     assert {before[rid]["ray_node_labels"]["isle.io/node"] for rid in RANKS} == {"a", "b"}
@@ -109,6 +115,6 @@ def test_each_rank_is_an_endpoint_and_a_dead_rank_restarts_the_whole_gang(deploy
     after = deployed.ranks()
     assert [after[rid]["actor"] for rid in RANKS] == [f"isleserve-{rid}-g1" for rid in RANKS]  # all of them
     assert not [rid for rid in RANKS if _alive(before[rid]["pid"])]  # the living ranks were stopped too
-    assert all(_ask(r.url) == 4 for r in table.replicas)
+    assert all(_ask(r.url, deployed.key()) == 4 for r in table.replicas)
     restart = deployed.events("restart")
     assert restart and "rank moe-0-dp2 is down" in restart[-1]["error"]

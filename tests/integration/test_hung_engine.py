@@ -44,12 +44,13 @@ def _health(url: str) -> int:
         return int(resp.status)
 
 
-def _stream(url: str, outcome: dict[str, object]) -> None:
-    """A long streamed request, held by the engine once it stops."""
+def _stream(url: str, key: str, outcome: dict[str, object]) -> None:
+    """A long streamed request (with the engines' key), held by the engine once it stops."""
     body = {"model": "llama-3.1-8b", "prompt": "hello", "max_tokens": 4000, "stream": True, "ignore_eos": True}
     started = time.monotonic()
     try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=httpx.Timeout(60.0)) as resp:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=httpx.Timeout(60.0),
+                          headers={"authorization": f"Bearer {key}"}) as resp:
             for _ in resp.iter_bytes():
                 outcome["streaming"] = True
         outcome["result"] = "ended"
@@ -68,7 +69,7 @@ def test_a_stopped_engine_is_detected_and_restarted_within_10_s(tmp_path: Path) 
         assert isinstance(victim, ReplicaProcess) and victim.proc is not None
         old_url, stopped_pid = running.url, victim.proc.pid
         outcome: dict[str, object] = {}
-        request = threading.Thread(target=_stream, args=(old_url, outcome), daemon=True)
+        request = threading.Thread(target=_stream, args=(old_url, core.engine_api_key, outcome), daemon=True)
         request.start()
         deadline = time.monotonic() + 10
         while not outcome.get("streaming") and time.monotonic() < deadline:
@@ -135,9 +136,11 @@ def test_requests_held_by_a_stopped_engine_go_to_another_replica(tmp_path: Path)
             "keys": [{"tenant": "dev", "key_sha256": sha256(DEV_KEY)}],
             "admin_keys": [{"tenant": "ops", "key_sha256": sha256(DEV_ADMIN_KEY)}],
             "profiles": {"standard": {"picker": "round-robin-picker"}},
+            "upstream": {"key_env": "ISLE_TEST_ENGINE_KEY"},
             "replicas": [{"replica_id": rid, "url": core.running[rid].url, "model": "llama-3.1-8b", "pool": "mixed",
                           "role": "mixed"} for rid in ("mixed-0", "mixed-1")],
         }
+        os.environ["ISLE_TEST_ENGINE_KEY"] = core.engine_api_key  # the router process inherits it
         with running_router(config, tmp_path) as (_proc, url):
             assert _through_router(url, 0)[1]  # both up
             stopped_pid = victim.proc.pid
@@ -149,6 +152,7 @@ def test_requests_held_by_a_stopped_engine_go_to_another_replica(tmp_path: Path)
         assert max(took for _, _, took in answers) < DETECT_S + 2, answers
         assert victim.hung == 1
     finally:
+        os.environ.pop("ISLE_TEST_ENGINE_KEY", None)
         stop.set()
         if loop.is_alive():
             loop.join(30)

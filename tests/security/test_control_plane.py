@@ -1,9 +1,12 @@
-"""The engines' fault-injection routes: absent unless an engine is started for tests or chaos
-(`--admin-routes`), and then behind the deployment's engine admin token when it has one (the
-controller draws it once and keeps it in the private state directory)."""
+"""The engines' API and fault-injection routes: the API wants the deployment's engine key when the
+controller starts the engine (vLLM's --api-key: only the router has it); the fault routes are
+absent unless an engine is started for tests or chaos (`--admin-routes`), and then behind the
+deployment's engine admin token when it has one (the controller draws both once and keeps them in
+the private state directory)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -12,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pools.controller.admintoken import TOKEN_FILE, engine_admin_token
+from pools.controller.deploysecrets import TOKEN_FILE, drawn_secret
 from pools.controller.statefiles import DiskFiles
-from pools.engine.routes import ADMIN_TOKEN_ENV
+from pools.engine.routes import ADMIN_TOKEN_ENV, API_KEY_ENV
 from pools.supervisor import Child, ReadyLine
 from pools.wire import client
 from tests.conftest import ROOT
@@ -24,8 +27,8 @@ ENGINE = ["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--port", "0"]
 
 
 @contextmanager
-def _engine(*flags: str, token: str | None = None) -> Iterator[str]:
-    env = {k: v for k, v in os.environ.items() if k != ADMIN_TOKEN_ENV}
+def _engine(*flags: str, token: str | None = None, env: dict[str, str] | None = None) -> Iterator[str]:
+    env = {**{k: v for k, v in os.environ.items() if k not in (ADMIN_TOKEN_ENV, API_KEY_ENV)}, **(env or {})}
     if token is not None:
         env[ADMIN_TOKEN_ENV] = token
     proc = Child([sys.executable, "-m", "pools", "sim-engine", *ENGINE, *flags], name="engine", cwd=ROOT, env=env,
@@ -59,9 +62,27 @@ def test_with_a_token_the_admin_routes_want_it() -> None:
         assert _status("GET", f"{base}/admin/faults") == 200
 
 
+def test_with_an_api_key_the_engine_api_wants_it_as_vllm_does() -> None:
+    """VLLM_API_KEY (vLLM's --api-key, as the controller starts its engines): every path under /v1
+    wants it (401 `{"error":"Unauthorized"}` otherwise); /health, /metrics and /tokenize stay open."""
+    with _engine(env={API_KEY_ENV: "engine-key"}) as base:
+        with client.Client(base, timeout_s=5) as anonymous:
+            refused = anonymous.request("GET", "/v1/models")
+            assert refused.status == 401 and json.loads(refused.body) == {"error": "Unauthorized"}
+            assert anonymous.request("POST", "/v1/completions", json_body={"model": "llama-3.1-8b", "prompt": "x",
+                                                                          "max_tokens": 1}).status == 401
+            assert anonymous.request("GET", "/health").status == 200
+            assert anonymous.request("GET", "/metrics").status == 200
+        with client.Client(base, key="wrong", timeout_s=5) as wrong:
+            assert wrong.request("GET", "/v1/models").status == 401
+        with client.Client(base, key="engine-key", timeout_s=5) as router:
+            assert router.request("POST", "/v1/completions", json_body={"model": "llama-3.1-8b", "prompt": "x",
+                                                                       "max_tokens": 1}).status == 200
+
+
 def test_the_deployment_token_is_drawn_once_and_kept_private(tmp_path: Path) -> None:
     files = DiskFiles(tmp_path / "state")
-    first = engine_admin_token(files)
-    assert len(first) == 64 and engine_admin_token(files) == first  # a restarted controller: the same
+    first = drawn_secret(files, TOKEN_FILE)
+    assert len(first) == 64 and drawn_secret(files, TOKEN_FILE) == first  # a restarted controller: the same
     path = files.directory / TOKEN_FILE
     assert path.stat().st_mode & 0o777 == 0o600
