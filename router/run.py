@@ -11,7 +11,8 @@ taken), its status is returned.
 
 Ray is our own (`router.raylocal`): a head started for this run alone, every port on 127.0.0.1,
 token authentication on with a token generated for the run (`<state_dir>/ray_auth_token`, mode
-0600), a private temporary directory, no dashboard or job API unless `--dashboard`. It never
+0600), its temporary directory inside a private 0700 one (Ray makes its own 0777), no dashboard or
+job API unless `--dashboard`. It never
 joins a Ray it did not start; `--ray-address ADDR` deploys onto an existing cluster instead (its
 token comes from the environment, as Ray's own tools read it)."""
 
@@ -42,6 +43,8 @@ RAY_READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
 RAY_STOP_TIMEOUT_S = 20.0
 POLL_S = 0.5
+RAY_DIR = "ray"
+"""Ray's temp dir inside the run's private one."""
 
 
 def ready_line(host: str, port: int, replicas: int) -> str:
@@ -109,6 +112,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     router = app.router
     host = "127.0.0.1" if router.host in ("0.0.0.0", "::", "") else router.host
     stopping = threading.Event()
+    serving: list[Child] = []
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            print("isleserve: stopping", file=sys.stderr, flush=True)
+            for child in serving:
+                child.terminate()  # SIGINT: serve run's own clean shutdown
+
+    # before any child starts: a signal ignored here (a background job's SIGINT) would stay ignored
+    # in the children, and `serve run` would never hear its Ctrl-C; handled ones start as default
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
     head: Child | None = None
     temp_dir: str | None = None
     try:
@@ -120,15 +136,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             env = secure_env(dict(os.environ), str(token))
             temp_dir = tempfile.mkdtemp(prefix="isle-ray-")  # 0700, a name nobody could take first
-            head = _ray_head(temp_dir, env, args.dashboard).start()
+            # Ray makes its own temp dir and everything in it world-writable (0777): inside our 0700
+            # directory nobody else can reach them (its logs, sockets, what its log monitor prints)
+            head = _ray_head(os.path.join(temp_dir, RAY_DIR), env, args.dashboard).start()
             try:
-                address = head.wait_ready(RAY_READY_TIMEOUT_S).split(READY_PREFIX, 1)[1].strip()
+                address = head.wait_ready(RAY_READY_TIMEOUT_S, cancel=stopping).split(READY_PREFIX, 1)[1].strip()
             except ChildError as err:
+                if stopping.is_set():
+                    return 0
                 print(f"isle run: the local Ray did not start: {err}", file=sys.stderr)
                 return 1
         else:
             env, address = dict(os.environ), args.ray_address
-        return _serve(args.config, address, env, host, router.port, stopping)
+        if stopping.is_set():
+            return 0
+        return _serve(args.config, address, env, host, router.port, stopping, serving)
     finally:
         if head is not None:
             head.stop()  # SIGTERM: ray.shutdown() ends every process of the head
@@ -136,7 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _serve(config: str, address: str, env: dict[str, str], host: str, port: int, stopping: threading.Event) -> int:
+def _serve(config: str, address: str, env: dict[str, str], host: str, port: int, stopping: threading.Event,
+           serving: list[Child]) -> int:
+    """`serve run` until it ends or we are stopped (`stop` above signals what is in `serving`)."""
     replicas: list[int] = []
 
     def answers() -> bool:
@@ -146,15 +170,9 @@ def _serve(config: str, address: str, env: dict[str, str], host: str, port: int,
         return found is not None
 
     child = _serve_run(config, address, env, answers).start()
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        if not stopping.is_set():
-            stopping.set()
-            print("isleserve: stopping", file=sys.stderr, flush=True)
-            child.terminate()  # SIGINT: serve run's own clean shutdown
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
+    serving.append(child)
+    if stopping.is_set():  # a signal between the start and the line above
+        child.terminate()
     with contextlib.suppress(ChildError):  # it exited, we were stopped, or it is slow: no line then
         child.wait_ready(READY_TIMEOUT_S, poll_s=POLL_S, cancel=stopping, stop_on_failure=False)
         print(ready_line(host, port, replicas[-1]), flush=True)
