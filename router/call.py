@@ -17,9 +17,16 @@ from pools.engine.fields import as_int
 from pools.model import Role, SLOClass
 from pools.wire import openai as wire
 from pools.wire.prompt import Prompt, read_prompts
-from router.cost import CostLimits, RequestCost, check, measure
+from router.cost import CostLimits, RequestCost, check, check_sequences, measure
 from router.decision import RouteRequest
 
+SCAN_ABOVE_BYTES = 65_536
+MAX_JSON_CONTAINERS = 262_144
+"""A body over SCAN_ABOVE_BYTES with more `[` and `{` bytes than this (inside strings too: the count
+is a byte count, ~1 ms for 4 MiB) is refused before it is parsed: parsing costs an allocation per
+array or object (4 MiB of `[1],` is a million lists, ~300 ms of the router's event loop). A
+prompt that long of plain text or code holds a few percent of brackets, far from a quarter of
+a million."""
 PREFIX_BLOCK_CHARS, PREFIX_BLOCKS = 64, 4
 """Prefix affinity hashes the prompt's leading full blocks (about 16 tokens each), up to 4."""
 
@@ -68,7 +75,11 @@ def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_
     within it: vLLM refuses a max_tokens above it)."""
     if len(raw) > max_body_bytes:
         raise wire.ApiError(413, f"request body over {max_body_bytes} bytes")
+    if len(raw) > SCAN_ABOVE_BYTES and raw.count(b"[") + raw.count(b"{") > MAX_JSON_CONTAINERS:
+        raise wire.ApiError(400, f"request body holds over {MAX_JSON_CONTAINERS} JSON arrays and objects")
     body = wire.load_body(raw)
+    if limits is not None:
+        check_sequences(body, limits)  # before a prompt is read: a million-entry list costs seconds to read
     model, prompts, stream = peek(body, max_tokens_limit)
     cost = None
     if limits is not None:

@@ -104,11 +104,26 @@ def measure(body: dict[str, Any], prompts: Sequence[Prompt], *, chat: bool, stre
                        response_bytes=text_bytes + entries * LOGPROB_ENTRY_BYTES, defaulted=defaulted)
 
 
+def _too_many(sequences: int, limits: CostLimits) -> wire.ApiError:
+    return wire.ApiError(400, f"this request asks for {sequences} sequences (n x prompts), over this router's limit "
+                              f"of {limits.max_sequences} per request", param="n", cause="sequences")
+
+
+def check_sequences(body: dict[str, Any], limits: CostLimits) -> None:
+    """The sequence bound from the prompt list's length alone, before any prompt is read (a list of
+    strings or of token-id lists holds one prompt per entry; reading a million of them to count
+    them would hold the router's event loop for seconds)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        sequences = _n(body) * len(prompt)
+        if sequences > limits.max_sequences:
+            raise _too_many(sequences, limits)
+
+
 def check(cost: RequestCost, limits: CostLimits) -> None:
     """400 naming the first limit the request is over (cause: which one, for the rejection counts)."""
     if cost.sequences > limits.max_sequences:
-        raise wire.ApiError(400, f"this request asks for {cost.sequences} sequences (n x prompts), over this "
-                                 f"router's limit of {limits.max_sequences} per request", param="n", cause="sequences")
+        raise _too_many(cost.sequences, limits)
     if cost.tokens > limits.max_request_tokens:
         raise wire.ApiError(400, f"this request may process {cost.tokens} tokens (n x prompts x (prompt + max_tokens "
                                  f"{cost.max_tokens})), over this router's limit of {limits.max_request_tokens} per "

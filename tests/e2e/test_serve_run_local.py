@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -174,3 +176,9 @@ def test_every_listener_is_loopback_and_none_runs_code_unauthenticated(product: 
     assert not opened, "\n".join(f"{k}: {v}" for k, v in opened.items())
     ray_processes = [f for f in found if "gcs_server" in f.command]
     assert ray_processes and all("/tmp/ray/" not in f.command for f in ray_processes)  # its own temp dir
+    # Ray makes its temp dir 0777: it must sit in a directory nobody else may enter (a link planted
+    # in its logs made Ray's log monitor print the token)
+    logs = re.search(r"--log_dir=(\S+)", ray_processes[0].command)
+    assert logs is not None
+    private = Path(logs.group(1)).parents[2]  # <private>/ray/session_*/logs
+    assert private.name.startswith("isle-ray-") and stat.S_IMODE(private.stat().st_mode) == 0o700, private

@@ -112,3 +112,37 @@ def test_without_limits_nothing_is_bounded_or_added() -> None:
     call = _read({"model": "m", "messages": MSG, "n": 1000}, limits=None)
     assert call.cost is None and call.route.seqs == 1000
     assert "max_tokens" not in orjson.loads(call.payload)
+
+
+def test_a_huge_prompt_list_is_refused_before_any_prompt_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch key's one request with a million one-token prompts (4 MiB) held the router's event
+    loop for 2-3 s while every prompt was read, only to be refused for its count: the count comes
+    from the list's length first."""
+    def never(body: dict[str, Any]) -> Any:
+        raise AssertionError("the prompts were read")
+
+    monkeypatch.setattr("router.call.read_prompts", never)
+    for prompt in (["a"] * 200_000, [[1]] * 200_000):
+        with pytest.raises(ApiError) as err:
+            read_call(orjson.dumps({"model": "m", "prompt": prompt, "max_tokens": 1}), COMPLETIONS, BATCH,
+                      max_body_bytes=4 << 20, max_tokens_limit=4096, mixed=frozenset({"m"}), limits=LIMITS)
+        assert err.value.status == 400 and err.value.cause == "sequences" and "200000 sequences" in str(err.value)
+
+
+def test_a_body_of_a_million_tiny_arrays_is_refused_before_it_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parsing allocates one object per JSON array or object: 4 MiB of `[1],` is a million lists.
+    Such a body is refused on a byte count; a long prompt of text with brackets is not."""
+    def never(raw: bytes) -> Any:
+        raise AssertionError("the body was parsed")
+
+    bomb = orjson.dumps({"model": "m", "prompt": [[1]] * 1_000_000, "max_tokens": 1})
+    with monkeypatch.context() as patched:
+        patched.setattr("router.call.wire.load_body", never)
+        with pytest.raises(ApiError) as err:
+            read_call(bomb, COMPLETIONS, BATCH, max_body_bytes=8 << 20, max_tokens_limit=4096,
+                      mixed=frozenset({"m"}), limits=LIMITS)
+    assert err.value.status == 400 and "JSON arrays and objects" in str(err.value)
+    code = "def f(xs): return [x[0] for x in xs if {x[1]}]\n" * 20_000  # ~1 MB, 60,000 brackets
+    call = read_call(orjson.dumps({"model": "m", "prompt": code, "max_tokens": 1}), COMPLETIONS, BATCH,
+                     max_body_bytes=8 << 20, max_tokens_limit=4096, mixed=frozenset({"m"}), limits=LIMITS)
+    assert call.cost is not None and call.cost.sequences == 1
