@@ -70,10 +70,36 @@ def default_state_dir(env: Mapping[str, str] | None = None, home: str | None = N
     return str(Path(home or os.path.expanduser("~")) / ".local" / "state" / APP_DIR)
 
 
+def _unsafe_ancestor(path: Path, me: int) -> str | None:
+    """Why another user could swap `path` (an ancestor of the state dir) or what is under it: a
+    link or directory of theirs, or a directory others may write to without the sticky bit (with
+    it, as /tmp, others cannot rename or remove what is ours). None: it is safe."""
+    st = os.lstat(path)
+    if st.st_uid not in (me, 0):
+        kind = "symbolic link" if stat.S_ISLNK(st.st_mode) else "directory"
+        return f"{str(path)!r} is a {kind} owned by uid {st.st_uid}"
+    if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"{str(path)!r} is writable by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def check_ancestors(path: Path) -> None:
+    """StateDirError when a directory above the state dir, on the path as given or as resolved,
+    would let another user move it aside and put their own in its place."""
+    me = os.geteuid()
+    for chain in (path.absolute().parents, path.resolve().parents):
+        for ancestor in chain:
+            why = _unsafe_ancestor(ancestor, me)
+            if why is not None:
+                raise StateDirError(f"state_dir {str(path)!r} is under {why}: another user could replace it; "
+                                    "choose a state_dir under directories only you (or root) can change")
+
+
 def check_private(path: Path) -> None:
     """StateDirError unless `path` is a directory of ours that no one else may write to (a link
-    to one is accepted only when the link is ours too)."""
+    to one is accepted only when the link is ours too), under directories no one else may change."""
     me = os.geteuid()
+    check_ancestors(path)
     link = os.lstat(path)
     if stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
         raise StateDirError(f"state_dir {str(path)!r} is a symbolic link owned by uid {link.st_uid}, not by this "

@@ -86,6 +86,34 @@ def test_a_directory_or_link_of_another_user_is_refused(tmp_path: Path) -> None:
         private_dir(link)
 
 
+def test_a_state_dir_under_a_directory_another_user_controls_is_refused(tmp_path: Path) -> None:
+    """The state dir's own checks held, but one further up was another user's (found by an
+    adversary: they moved our `state/` aside and the controller wrote into theirs): every
+    directory above it, on the path as given and as resolved, must be ours or root's, and not
+    writable by others unless sticky (as /tmp)."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chmod(theirs, 0o777)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(StateDirError, match="directory owned by uid 65534"):
+        private_dir(theirs / "x" / "state")
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)  # ours, but anyone may rename what is in it
+    with pytest.raises(StateDirError, match="writable by others without the sticky bit"):
+        private_dir(open_dir / "state")
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)  # as /tmp: others cannot move what is ours
+    assert private_dir(sticky / "state").is_dir()
+    target = private_dir(tmp_path / "mine")
+    link = tmp_path / "via"
+    link.symlink_to(target.parent)
+    os.lchown(link, 65534, 65534)  # a link of theirs on the way: they may point it elsewhere later
+    with pytest.raises(StateDirError, match="symbolic link owned by uid 65534"):
+        private_dir(link / "mine")
+
+
 def test_writes_never_follow_a_planted_link(tmp_path: Path) -> None:
     files = DiskFiles(tmp_path / "state")
     victim = tmp_path / "victim"
