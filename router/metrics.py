@@ -228,9 +228,11 @@ def controller_families(health: Mapping[str, Any]) -> Iterator[Metric]:
     if not health:
         return
     degraded = GaugeMetricFamily("isle_controller_degraded", "1 while the controller cannot write its state "
-                                 "(state.json, events.jsonl or bench records: a full disk); it serves on from memory")
+                                 "(state.json, events.jsonl or bench records: a full disk); it serves on from memory; "
+                                 "or while it does not answer the router (router.contact)")
     degraded.add_metric([], 1.0 if health.get("status") == "degraded" else 0.0)
-    alerts = GaugeMetricFamily("isle_controller_alert", "1 for each kind of write that fails now", labels=["kind"])
+    alerts = GaugeMetricFamily("isle_controller_alert", "1 for each kind of write that fails now, and "
+                               "controller_unreachable while the controller does not answer", labels=["kind"])
     for a in health.get("alerts", ()):
         alerts.add_metric([str(a.get("kind", ""))], 1.0)
     failures = CounterMetricFamily("isle_controller_write_failures", "Writes under the state directory that "

@@ -60,11 +60,13 @@ def controller_health(plan: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return found if isinstance(found, Mapping) else {}
 
 
-def health_body(replicas: int, plan: Mapping[str, Any] | None) -> bytes:
+def health_body(replicas: int, plan: Mapping[str, Any] | None, health: Mapping[str, Any] | None = None) -> bytes:
     """`/health`: "ok", or "degraded" with the controller's reasons (a full disk: its state is not
-    saved). Always HTTP 200: the data plane serves either way; a probe that restarts the router
-    on anything but 200 must not make a controller's disk problem an outage."""
-    health = controller_health(plan)
+    saved; a controller that does not answer, router.contact). Always HTTP 200: the data plane
+    serves either way; a probe that restarts the router on anything but 200 must not make a
+    controller's problem an outage. `health`: the controller's health when the caller knows more
+    than the plan says (default: the plan's)."""
+    health = controller_health(plan) if health is None else health
     reasons = [str(r) for r in health.get("reasons", ())]
     return json.dumps({"status": "degraded" if reasons else "ok", "replicas": replicas,
                        **({"reasons": reasons} if reasons else {})}).encode()

@@ -10,6 +10,7 @@ its own event loop, following the controller's routing table.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -24,12 +25,16 @@ from pools.controller.spec import AutoscaleSpec
 from pools.routing import RoutingTable
 from pools.sizing import parse_workload
 from router.appconfig import AppArgs, parse_app_args
+from router.contact import ControllerContact
 from router.raysecurity import bind_serve_grpc_to_node, check_exposure
 from router.run import ready_line
 from router.server import Router
 
 REPO = Path(__file__).resolve().parents[1]
 FOLLOW_INTERVAL_S = 1.0
+CONTROLLER_TIMEOUT_S = 5.0
+"""How long one call to the controller may take: an actor that Ray is restarting blocks `ray.get`,
+and the follow loop must keep ticking to say the controller is silent (router.contact)."""
 ENGINE_KEY_ENV = "ISLE_ROUTER_ENGINE_KEY"
 """Where the router finds the engines' key (RouterConfig.upstream.key_env)."""
 log = logging.getLogger("isleserve.serve")
@@ -81,6 +86,7 @@ class RouterThread:
         os.environ[ENGINE_KEY_ENV] = ray.get(controller.engine_api_key.remote())
         upstream = args.router.upstream.model_copy(update={"key_env": ENGINE_KEY_ENV})
         self.router = Router(args.router.model_copy(update={"upstream": upstream}), table, topology, plan)
+        self.router.contact = ControllerContact()  # it just answered
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.follower: asyncio.Task[None] | None = None
@@ -113,21 +119,31 @@ class RouterThread:
     async def _follow(self) -> None:
         """Every second: a newer table (and with it the plan and topology the admin API shows),
         and the router's load report to the controller's autoscaler (its status comes back for
-        the `isle_autoscale_*` metrics)."""
-        loop = asyncio.get_running_loop()
+        the `isle_autoscale_*` metrics). Each call has a timeout; the router counts the time
+        since the controller last answered and says it is degraded past a limit."""
+        contact = self.router.contact
+        assert contact is not None
         while True:
             await asyncio.sleep(FOLLOW_INTERVAL_S)
             try:
-                table: RoutingTable = await loop.run_in_executor(None, self.ray.get, self.controller.table.remote())
+                table: RoutingTable = await self._get(self.controller.table.remote())
+                contact.answered()
                 if table.supersedes(self.router.replicas.table):  # a restarted controller: any version
-                    refs = [self.controller.plan.remote(), self.controller.topology.remote()]
-                    plan, topology = await loop.run_in_executor(None, self.ray.get, refs)
+                    plan, topology = await self._get([self.controller.plan.remote(),
+                                                      self.controller.topology.remote()])
                     await self.router.set_view(table, topology, plan)  # and to the router's other workers
                 report = await self.router.load_report()
-                status: Any = await loop.run_in_executor(None, self.ray.get, self.controller.observe.remote(report))
+                status: Any = await self._get(self.controller.observe.remote(report))
                 self.router.metrics.autoscaling = dict(status)
             except self.ray.exceptions.RayError as err:  # a controller restarting: keep the last table
+                contact.failed(err)
                 log.warning("following the controller's routing table: %s", err)
+            await self.router.set_silence(contact.silence())  # to the router's other workers when it changes
+
+    async def _get(self, refs: Any) -> Any:
+        """`ray.get` in a thread, within CONTROLLER_TIMEOUT_S (GetTimeoutError: a RayError)."""
+        get = functools.partial(self.ray.get, refs, timeout=CONTROLLER_TIMEOUT_S)
+        return await asyncio.get_running_loop().run_in_executor(None, get)
 
     def alive(self) -> bool:
         return self.thread.is_alive() and self.error is None

@@ -33,6 +33,7 @@ from router.admission import Admission
 from router.auth import Auth
 from router.call import Call, read_call
 from router.config import RouterConfig
+from router.contact import ControllerContact, Silence, router_health
 from router.decision import Candidate, PDDecision, PluginTimer, Profile, RouteDecision, check_profile, decide
 from router.flight import Clock, Flight, FlightContext, fly
 from router.metrics import BUCKETS, RouterMetrics
@@ -43,7 +44,7 @@ from router.relay import RelayPool
 from router.routes import send_error
 from router.state import Replicas
 from router.upstream import Pool
-from router.workers import Siblings, Workers, read_view, socket_path, view_bytes
+from router.workers import Siblings, Workers, read_silence, read_view, socket_path, view_bytes
 from topology import Topology
 
 log = logging.getLogger("isleserve.router")
@@ -64,6 +65,10 @@ class Router:
                                  config.fair.replica_max_num_seqs)
         self.topology = topology
         self.plan = plan
+        self.contact: ControllerContact | None = None
+        """The leader's contact with its controller (router.serve); None: a standalone router."""
+        self.silence: Silence | None = None
+        """The controller's silence as the leader last pushed it (every worker)."""
         self.metrics = RouterMetrics()
         self.admission = Admission(config.classes(), share=config.workers)
         self.metrics.inflight = self.admission.inflight
@@ -136,7 +141,7 @@ class Router:
         self.siblings = Siblings(directory, self.worker, self.config.workers)
 
     def view(self) -> bytes:
-        return view_bytes(self.replicas.table, self.topology, self.plan)
+        return view_bytes(self.replicas.table, self.topology, self.plan, self.silence)
 
     async def set_view(self, table: RoutingTable, topology: Topology | None, plan: Mapping[str, Any] | None) -> None:
         """A newer routing table (with the topology and plan it was made for), in every worker."""
@@ -147,6 +152,18 @@ class Router:
         if self.workers is not None:
             await self.workers.push(self.view())
 
+    async def set_silence(self, silence: Silence | None) -> None:
+        """Whether the leader hears from its controller, in every worker (pushed when it changes)."""
+        if silence == self.silence:
+            return
+        self.silence = silence
+        if self.workers is not None:
+            await self.workers.push(self.view())
+
+    def controller_health(self) -> Mapping[str, Any]:
+        """The last plan's word, "degraded" too while the controller does not answer."""
+        return router_health(routes.controller_health(self.plan), self.contact, self.silence)
+
     def internal(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         """The sibling workers' routes (Unix socket only)."""
         if (request.method, request.path) == ("GET", "/internal/metrics"):
@@ -156,6 +173,7 @@ class Router:
             if table.supersedes(self.replicas.table):
                 self.topology, self.plan = topology, plan
                 self.replicas.follow(table)
+            self.silence = read_silence(request.body)
             response.send(200, b"{}")
         else:
             send_error(response, wire.ApiError(404, f"no route {request.method} {request.path}", "not_found_error"))
@@ -237,9 +255,10 @@ class Router:
                 self.auth.user(request.headers)
                 response.send(200, wire.models_body(self.replicas.table.models()))
             elif (method, path) == ("GET", "/health"):
-                response.send(200, routes.health_body(len(self.replicas.table.replicas), self.plan))
+                response.send(200, routes.health_body(len(self.replicas.table.replicas), self.plan,
+                                                      self.controller_health()))
             elif (method, path) == ("GET", "/metrics"):
-                self.metrics.controller = routes.controller_health(self.plan)
+                self.metrics.controller = self.controller_health()
                 if self.config.metrics_auth == "admin":
                     self.auth.admin(request.headers)
                 if self.siblings is not None:

@@ -16,7 +16,15 @@ from pathlib import Path
 from pools.wire.lifecycle import serve_until_signalled
 from router.config import RouterConfig
 from router.server import Router
-from router.workers import CONFIG_FILE, LEADER_GONE_SIGNAL, VIEW_FILE, leader_alive, leader_gone, read_view
+from router.workers import (
+    CONFIG_FILE,
+    LEADER_GONE_SIGNAL,
+    VIEW_FILE,
+    leader_alive,
+    leader_gone,
+    read_silence,
+    read_view,
+)
 
 
 def _stop_unless_cancelled(task: asyncio.Task[None]) -> None:
@@ -32,8 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     directory, index = Path(args[0]), int(args[1])
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s %(name)s[{index}] %(levelname)s %(message)s")
     config = RouterConfig.model_validate_json((directory / CONFIG_FILE).read_text())
-    table, topology, plan = read_view((directory / VIEW_FILE).read_bytes())
+    view = (directory / VIEW_FILE).read_bytes()
+    table, topology, plan = read_view(view)
     router = Router(config, table, topology, plan, worker=index)
+    router.silence = read_silence(view)
     parent = os.getppid()
     watch: list[asyncio.Task[None]] = []
     orphaned: list[bool] = []

@@ -3,8 +3,9 @@ burst of synchronised streams is relayed by every core instead of queueing behin
 
 The leader (the standalone process, or the Serve replica's router thread) starts the others as
 `python -m router.worker DIR INDEX`, handing them its config and its view (routing table,
-topology, plan) through files in DIR, a private directory (mode 0700). It pushes every newer view
-to them, restarts one that dies, and stops them when it stops; a worker whose leader is gone
+topology, plan, and whether it hears from its controller) through files in DIR, a private
+directory (mode 0700). It pushes every newer view to them (and the controller's silence when it
+changes), restarts one that dies, and stops them when it stops; a worker whose leader is gone
 stops too. Every worker listens on `DIR/INDEX.sock` for its siblings: `GET /internal/metrics`
 (its series: whichever worker answers a scrape adds its siblings' and shows one view) and
 `PUT /internal/view`. Per-class concurrency limits are divided between the workers: the kernel
@@ -30,6 +31,7 @@ import orjson
 
 from pools.routing import ReplicaEndpoint, RoutingTable
 from pools.supervisor import Child, ChildError, Output, ReadyLine, Stop
+from router.contact import Silence
 from topology import Topology
 from topology.serialize import from_dict, to_dict
 
@@ -43,11 +45,15 @@ CONFIG_FILE, VIEW_FILE = "config.json", "view.json"
 
 
 # the view: what the leader learns from its controller and every worker routes with
-def view_bytes(table: RoutingTable, topology: Topology | None, plan: Mapping[str, Any] | None) -> bytes:
+def view_bytes(table: RoutingTable, topology: Topology | None, plan: Mapping[str, Any] | None,
+               silence: Silence | None = None) -> bytes:
+    """`silence`: the leader has not heard from its controller (router.contact); a worker takes it
+    whatever the table's version."""
     return orjson.dumps({"table": {"version": table.version, "topology_fingerprint": table.topology_fingerprint,
                                    "epoch": table.epoch,
                                    "replicas": [dataclasses.asdict(r) for r in table.replicas]},
-                         "topology": to_dict(topology) if topology is not None else None, "plan": plan})
+                         "topology": to_dict(topology) if topology is not None else None, "plan": plan,
+                         "silence": silence.to_json() if silence is not None else None})
 
 
 def read_view(raw: bytes) -> tuple[RoutingTable, Topology | None, dict[str, Any] | None]:
@@ -59,6 +65,10 @@ def read_view(raw: bytes) -> tuple[RoutingTable, Topology | None, dict[str, Any]
                          topology_fingerprint=str(t.get("topology_fingerprint", "")), epoch=str(t.get("epoch", "")))
     topology = from_dict(view["topology"]) if view.get("topology") is not None else None
     return table, topology, view.get("plan")
+
+
+def read_silence(raw: bytes) -> Silence | None:
+    return Silence.from_json(orjson.loads(raw).get("silence"))
 
 
 def socket_path(directory: Path, index: int) -> str:
