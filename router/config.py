@@ -21,9 +21,11 @@ from pools.wire.limits import (
     CLIENT_SHARE,
     CLIENT_WRITE_TIMEOUT_S,
     FD_RESERVE,
+    HEAD_TIMEOUT_S,
     IDLE_TIMEOUT_S,
     MAX_BUFFERED_BYTES,
     MAX_CONNECTIONS,
+    STALLED_HEAD_S,
     WRITE_BUFFER_BYTES,
     ServerLimits,
     client_share,
@@ -196,6 +198,10 @@ class RouterConfig(_Strict):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, description="larger request bodies get 413")
     read_timeout_s: float = Field(default=30.0, gt=0, description="a request's head and body must arrive within it "
                                   "(else 408)")
+    head_timeout_s: float = Field(default=HEAD_TIMEOUT_S, gt=0, description="a request's head (request line and "
+                                  "headers) must arrive within it of its first byte (else 408); at the connection "
+                                  f"cap with none idle, a head still incomplete after {STALLED_HEAD_S:g} s is closed "
+                                  "to make room")
     max_tokens_limit: int = Field(default=32768, gt=0)
     max_connections: int = Field(default=0, ge=0, description="open client connections per router process; past it "
                                  "503 + Retry-After. 0: half the open-file limit (raised to its hard limit at start) "
@@ -260,7 +266,8 @@ class RouterConfig(_Strict):
                             max_client_connections=self.max_client_connections or connections,
                             max_client_buffered_bytes=self.max_client_buffered_bytes or buffered,
                             client_write_timeout_s=self.client_write_timeout_s,
-                            idle_timeout_s=self.client_idle_timeout_s, write_buffer_bytes=self.client_buffer_bytes)
+                            idle_timeout_s=self.client_idle_timeout_s, head_timeout_s=self.head_timeout_s,
+                            write_buffer_bytes=self.client_buffer_bytes)
 
     def classes(self) -> dict[str, SLOClass]:
         chosen = [c.to_slo() for c in self.slo_classes] or list(DEFAULT_SLO_CLASSES)

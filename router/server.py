@@ -118,7 +118,8 @@ class Router:
         self.server = await serve(self.handle, self.config.host, self.config.port,
                                   on_error=lambda e: log.exception("handler error", exc_info=e),
                                   read_timeout_s=self.config.read_timeout_s, max_body_bytes=self.config.max_body_bytes,
-                                  reuse_port=self.config.workers > 1, limits=self.limits)
+                                  reuse_port=self.config.workers > 1, limits=self.limits,
+                                  head_check=self.head_check)
         log.info("front door: %s", self.limits.describe())
         self._tasks.append(asyncio.get_running_loop().create_task(
             self.replicas.scrape_forever(self.pool, self.config.scrape_interval_s, self._publish_health)))
@@ -274,6 +275,22 @@ class Router:
                 raise wire.ApiError(404, f"no route {method} {path}", "not_found_error")
         except wire.ApiError as err:
             send_error(response, err)
+        return None
+
+    def head_check(self, head: Request) -> tuple[int, bytes] | None:
+        """A request that carries a body needs a valid key before any of its body is buffered (no
+        route open without a key takes a body): without one, its body is read and dropped and 401
+        is its answer (`pools.wire.reader.HeadCheck`), so no one without a key can fill the
+        buffered-bytes cap. The rest is `handle`'s, as before."""
+        headers = head.headers
+        if self.auth.open or ("transfer-encoding" not in headers
+                              and not headers.get("content-length", "").strip().strip("0")):
+            return None
+        try:
+            self.auth.user(headers)
+        except wire.ApiError as err:
+            self.refused(None, err)
+            return err.status, err.body()
         return None
 
     # generation

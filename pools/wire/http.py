@@ -14,11 +14,18 @@ Connection semantics, as nginx and Envoy have them:
 - Caps per listener and per client address (`pools.wire.limits.ServerLimits`): open connections
   and buffered request bytes, counted as they arrive (503 + Retry-After past either; at the
   connection cap the longest idle connection is closed to make room first); an idle keep-alive
-  connection is closed after `idle_timeout_s`, a request whose head and body have not all come
-  within `read_timeout_s` is answered 408 (a slow head or body cannot hold a slot for longer); a
+  connection is closed after `idle_timeout_s`, a request head not complete within
+  `head_timeout_s`, or a request whose head and body have not all come within `read_timeout_s`,
+  is answered 408 (a slow head or body cannot hold a slot for longer); at the connection cap with
+  no idle connection, the one whose head has been arriving the longest is closed (408) once
+  it is older than `stalled_head_s` (slowloris from many addresses cannot hold the cap; a new
+  connection waits for its first head, so a silent one is evictable too, silently); a
   client that leaves its response unread for `client_write_timeout_s` is disconnected
   (`Responder.timed_out` says so to the handler). Every refusal is counted by cause.
-- What a request head must be, and what is refused: `pools.wire.reader`.
+- What a request head must be, and what is refused: `pools.wire.reader`. The server's owner may
+  look at each complete head before any of its body is buffered (`head_check`) and answer it
+  instead of the handler, its body read and dropped (the router: 401 for a body sent without a
+  valid key, so no one without a key can fill the buffered-bytes cap).
 - A refused request is answered and the connection closed after a lingering read (as nginx's
   lingering close), so what the client still sends does not reset the answer away.
 - A client that half-closes after its request still gets the answer; the connection closes
@@ -27,15 +34,23 @@ Connection semantics, as nginx and Envoy have them:
 
 from __future__ import annotations
 
-__all__ = ["IDLE_TIMEOUT_S", "MAX_HEADER_COUNT", "MAX_HEAD_BYTES", "SINGLE", "Handler", "HttpProtocol", "Request",
-           "Responder", "ServerLimits", "serve"]
+__all__ = ["IDLE_TIMEOUT_S", "MAX_HEADER_COUNT", "MAX_HEAD_BYTES", "SINGLE", "Handler", "HeadCheck", "HttpProtocol",
+           "Request", "Responder", "ServerLimits", "serve"]
 
 import asyncio
 from collections.abc import Awaitable, Callable
 
 from pools.wire.deadline import Deadline
 from pools.wire.limits import IDLE_TIMEOUT_S, ServerLimits, client_key
-from pools.wire.reader import MAX_HEAD_BYTES, MAX_HEADER_COUNT, SINGLE, Request, RequestReader, error_body
+from pools.wire.reader import (
+    MAX_HEAD_BYTES,
+    MAX_HEADER_COUNT,
+    SINGLE,
+    HeadCheck,
+    Request,
+    RequestReader,
+    error_body,
+)
 from pools.wire.responder import Responder, header_block, status_line
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -46,6 +61,7 @@ LINGER_S = 2.0
 PROBE_S = 0.2
 """After a client's FIN with its answer pending: when the second probe goes (see eof_received)."""
 _NOT_IN_TIME = error_body(408, "request not received in time")
+_HEAD_NOT_IN_TIME = error_body(408, "request head not received in time")
 _BUSY_CONNECTIONS = error_body(503, "too many open connections: retry later")
 _INTERNAL = b'{"error": {"message": "internal error", "type": "server_error", "code": 500}}'
 
@@ -57,7 +73,8 @@ later from callbacks — and returns None (or a coroutine for the part that has 
 
 class HttpProtocol(asyncio.Protocol):
     def __init__(self, handler: Handler, limits: ServerLimits, on_error: Callable[[BaseException], None] | None = None,
-                 read_timeout_s: float | None = None, max_body_bytes: int | None = None) -> None:
+                 read_timeout_s: float | None = None, max_body_bytes: int | None = None,
+                 head_check: HeadCheck | None = None) -> None:
         self.handler = handler
         self.limits = limits
         self.on_error = on_error
@@ -65,12 +82,16 @@ class HttpProtocol(asyncio.Protocol):
         self.max_body_bytes = MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes
         self.loop = asyncio.get_running_loop()  # (asking for it each time costs a getpid() before 3.12)
         self.transport: asyncio.Transport | None = None
-        self.reader = RequestReader(self, limits, self.max_body_bytes, "")
+        self.reader = RequestReader(self, limits, self.max_body_bytes, "", head_check)
         self.closed = False
         self.counted = False
         """This connection counts toward the listener's connection caps."""
         self.idle = False
         """Between requests with nothing held: evictable at the connection cap (`limits.idle`)."""
+        self.in_head = False
+        """A request head is arriving: evictable at the cap once stalled (`limits.heads`)."""
+        self._began = 0.0
+        """When the request at hand began to arrive (loop time)."""
         self.peer = ""
         self.client = ""
         """The client address the per-client caps count this connection under."""
@@ -105,9 +126,10 @@ class HttpProtocol(asyncio.Protocol):
             self._close()
 
     def _read_expired(self) -> None:
-        if self.reader.in_message and not self.busy:
-            self.limits.refuse("read_timeout")
-            self.reject(408, _NOT_IN_TIME)
+        if self.reader.in_message and not self.busy and not self.closed:
+            in_head = self.reader.in_head
+            self.limits.refuse("head_timeout" if in_head else "read_timeout")
+            self.reject(408, _HEAD_NOT_IN_TIME if in_head else _NOT_IN_TIME)
 
     def _await_request(self) -> None:
         """Between requests: the idle deadline runs and the connection may be evicted at the cap."""
@@ -121,16 +143,25 @@ class HttpProtocol(asyncio.Protocol):
             self.idle = False
             self.limits.idle.pop(self, None)
 
+    def _head_over(self) -> None:
+        if self.in_head:
+            self.in_head = False
+            self.limits.head_over(self)
+
     def _uncount(self) -> None:
         self._busy_now()
+        self._head_over()
         if self.counted:
             self.counted = False
             self.limits.release_connection(self.client)
 
     def evict(self) -> None:
-        """Closed to make room at the connection cap (it was idle): its count goes now."""
-        self.idle = False  # (the limits took it off their idle list)
+        """Closed to make room at the connection cap (idle, or its head stalled): its count goes now."""
+        self.idle = self.in_head = False  # (the limits took it off their lists)
+        self.deadline.disarm()
         self._uncount()
+        if self.reader.in_head:
+            self.write(self._answer(408, _HEAD_NOT_IN_TIME))  # (no lingering: the room is needed now)
         self._close()
 
     def _write_expired(self) -> None:
@@ -155,7 +186,11 @@ class HttpProtocol(asyncio.Protocol):
             return
         self.counted = True
         own.set_write_buffer_limits(high=self.limits.write_buffer_bytes)  # type: ignore[attr-defined]
-        self._await_request()
+        # Waiting for its first request: its head phase has begun (evictable at the cap once
+        # stalled, not as idle: a client that has just connected is about to send its head).
+        self.deadline.arm(self.limits.idle_timeout_s, self._idle_expired)
+        self.in_head = True
+        self.limits.head_begun(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -278,25 +313,39 @@ class HttpProtocol(asyncio.Protocol):
         return True
 
     def message_begun(self) -> None:
-        self.deadline.arm(self.read_timeout_s, self._read_expired)
+        self._began = self.loop.time()
+        self.deadline.arm(min(self.limits.head_timeout_s, self.read_timeout_s), self._read_expired)
+        if self.counted and not self.closed and not self.in_head:  # (a new connection's began when it came)
+            self.in_head = True
+            self.limits.head_begun(self)
+
+    def head_done(self) -> None:
+        self._head_over()
+        if self.read_timeout_s > self.limits.head_timeout_s:  # the body's time counts from the first byte
+            self.deadline.arm(self._began + self.read_timeout_s - self.loop.time(), self._read_expired)
 
     # answering
     def reject(self, status: int, body: bytes) -> None:
         """Answer and close (only ever when no other response is in progress)."""
         self.deadline.disarm()
+        self._head_over()
         if self.transport is not None and not self.closed:
-            headers = [("content-type", "application/json"), ("content-length", str(len(body))),
-                       ("connection", "close")]
-            if status == 503:
-                headers.append(("retry-after", "1"))
-            self.transport.write(status_line(status) + header_block(headers) + b"\r\n" + body)
+            self.transport.write(self._answer(status, body))
         self._close(linger=status != 503 or self.counted)
+
+    @staticmethod
+    def _answer(status: int, body: bytes) -> bytes:
+        headers = [("content-type", "application/json"), ("content-length", str(len(body))), ("connection", "close")]
+        if status == 503:
+            headers.append(("retry-after", "1"))
+        return status_line(status) + header_block(headers) + b"\r\n" + body
 
     def _close(self, linger: bool = False) -> None:
         """Close; `linger`: the client may still be sending (a refused request's body, pipelined
         requests), so, as nginx's lingering close, end our side and read and drop what comes for up
         to LINGER_S before closing: a close with unread bytes would reset the connection, and a
         reset can destroy the answer before the client has read it."""
+        self._head_over()
         transport = self.transport
         if transport is not None and not self.closed:
             if linger and transport.can_write_eof():
@@ -316,6 +365,11 @@ class HttpProtocol(asyncio.Protocol):
         responder = self._responder = Responder(self, self.reader.keep_alive and not self._eof,
                                                 self.reader.head_only, chunked=request.http_version != "1.0")
         self.task = None
+        refusal = self.reader.refusal
+        if refusal is not None:  # refused by its head (its body was dropped): the refusal is its answer
+            self.reader.refusal = None
+            responder.send(refusal[0], refusal[1])
+            return
         try:
             pending = self.handler(request, responder)
         except Exception as err:
@@ -410,15 +464,19 @@ class HttpProtocol(asyncio.Protocol):
 
 async def serve(handler: Handler, host: str, port: int, reuse_port: bool = False,
                 on_error: Callable[[BaseException], None] | None = None, read_timeout_s: float | None = None,
-                max_body_bytes: int | None = None, limits: ServerLimits | None = None) -> asyncio.Server:
+                max_body_bytes: int | None = None, limits: ServerLimits | None = None,
+                head_check: HeadCheck | None = None) -> asyncio.Server:
     """`read_timeout_s`: a request's head and body must arrive within it (else 408; default
     READ_TIMEOUT_S); `max_body_bytes`: larger bodies are read, dropped and answered 413 (default
-    MAX_BODY_BYTES); `limits`: the listener's caps (defaults: `ServerLimits()`)."""
+    MAX_BODY_BYTES); `limits`: the listener's caps (defaults: `ServerLimits()`); `head_check`:
+    looks at each complete head before its body is buffered, and may answer it instead of the
+    handler, its body dropped (None: every head goes on)."""
     loop = asyncio.get_running_loop()
     shared = limits if limits is not None else ServerLimits()
     # asyncio and uvloop set TCP_NODELAY on accepted TCP sockets: no Nagle stall on SSE chunks.
-    return await loop.create_server(lambda: HttpProtocol(handler, shared, on_error, read_timeout_s, max_body_bytes),
-                                    host, port, reuse_port=reuse_port, backlog=1024)
+    return await loop.create_server(
+        lambda: HttpProtocol(handler, shared, on_error, read_timeout_s, max_body_bytes, head_check),
+        host, port, reuse_port=reuse_port, backlog=1024)
 
 
 async def serve_unix(handler: Handler, path: str, on_error: Callable[[BaseException], None] | None = None,

@@ -12,7 +12,13 @@ it whole. So a client address (an IPv4 address, an IPv6 /64) may hold only its o
 arrive, never reserved from a declared length. When the connection cap is reached, the
 connection idle the longest (between requests, nothing buffered) is closed to make room rather
 than the new one refused: an idle keep-alive connection costs its client a reconnect, a refused
-one costs a request.
+one costs a request. With none idle, the connection whose request head has been arriving the
+longest is closed instead (408), once that head is older than `stalled_head_s`: a real client
+sends its head in one go, so a head still incomplete after a second or two is stalled — and
+slowloris heads from several addresses (each within its share) used to hold the whole cap for
+the read timeout, refusing nearly every request, while costing their sender ~15 KB/s. A head
+must also be complete within `head_timeout_s` (408), well before the body's read timeout. A
+slow client on a bad link is still served while there is room: only a full server evicts.
 
 Caps are per process (each router worker has its own). The soft fd limit is raised to the hard
 limit once per process (`raise_fd_limit`), and the default connection cap is derived from it:
@@ -28,6 +34,7 @@ import ipaddress
 import logging
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,14 +57,20 @@ CLIENT_SHARE = 8
 """The router's default per-client caps: this fraction (1/CLIENT_SHARE) of the global ones, so that
 at least CLIENT_SHARE client addresses are needed to fill a cap."""
 MIN_CLIENT_CONNECTIONS = 64
-CAUSES = ("connections", "client_connections", "idle_evicted", "buffered_bytes", "client_buffered_bytes",
-          "head_too_large", "body_too_large", "malformed", "read_timeout", "client_timeout")
+HEAD_TIMEOUT_S = 10.0
+"""A request head (request line and headers) not complete this long after its first byte: 408."""
+STALLED_HEAD_S = 2.0
+"""At the connection cap with none idle, a head incomplete for this long may be closed for room."""
+CAUSES = ("connections", "client_connections", "idle_evicted", "stalled_head_evicted", "buffered_bytes",
+          "client_buffered_bytes", "head_too_large", "body_too_large", "malformed", "head_timeout", "read_timeout",
+          "client_timeout", "head_refused")
 """Every cause a refusal or a closure is counted under (a closed set: metric label values)."""
 
 
 class Evictable(Protocol):
     def evict(self) -> None:
-        """Close this idle connection now (its count is released by the caller)."""
+        """Close this connection now, to make room (idle, or its head stalled); it releases its
+        count (`release_connection`) before returning."""
 
 
 @functools.cache
@@ -117,6 +130,10 @@ class ServerLimits:
     """Buffered request bytes one client address may hold; 0: no cap of its own."""
     client_write_timeout_s: float = CLIENT_WRITE_TIMEOUT_S
     idle_timeout_s: float = IDLE_TIMEOUT_S
+    head_timeout_s: float = HEAD_TIMEOUT_S
+    """A request head must be complete within this long of its first byte (else 408)."""
+    stalled_head_s: float = STALLED_HEAD_S
+    """At the connection cap with none idle, the oldest head incomplete this long is closed for room."""
     write_buffer_bytes: int = WRITE_BUFFER_BYTES
     connections: int = 0
     buffered_bytes: int = 0
@@ -126,6 +143,10 @@ class ServerLimits:
     """Buffered request bytes by client address (only addresses that hold some)."""
     idle: dict[Evictable, None] = field(default_factory=dict)
     """Connections idle between requests, the longest idle first (evicted first at the cap)."""
+    heads: dict[Evictable, float] = field(default_factory=dict)
+    """Connections whose request head is arriving, by when it began (`clock`), the oldest first
+    (evicted at the cap when none is idle, once older than `stalled_head_s`)."""
+    clock: Callable[[], float] = time.monotonic
     refused: dict[str, int] = field(default_factory=dict)
     """Refusals and closures by cause since the start (one of CAUSES)."""
     _unlogged: dict[str, int] = field(default_factory=dict)
@@ -146,17 +167,38 @@ class ServerLimits:
         if held >= self.max_client_connections and self.max_client_connections < self.max_connections:
             self.refuse("client_connections")
             return False
-        if self.connections >= self.max_connections:
-            if not self.idle:
-                self.refuse("connections")
-                return False
-            oldest = next(iter(self.idle))
-            del self.idle[oldest]
-            self.refuse("idle_evicted")
-            oldest.evict()  # releases its count (release_connection) before we take it
+        if self.connections >= self.max_connections and not self._make_room():
+            self.refuse("connections")
+            return False
         self.connections += 1
         self.client_connections[client] = held + 1
         return True
+
+    def _make_room(self) -> bool:
+        """Close the longest idle connection, else the longest stalled head; False: neither."""
+        if self.idle:
+            oldest = next(iter(self.idle))
+            del self.idle[oldest]
+            cause = "idle_evicted"
+        elif self.heads:
+            oldest, began = next(iter(self.heads.items()))
+            if self.clock() - began < self.stalled_head_s:
+                return False  # the oldest head may still be arriving in one go: none is stalled
+            del self.heads[oldest]
+            cause = "stalled_head_evicted"
+        else:
+            return False
+        self.refuse(cause)
+        oldest.evict()  # releases its count (release_connection) before we take it
+        return True
+
+    def head_begun(self, connection: Evictable) -> None:
+        """A request head has begun to arrive on `connection` (a counted one)."""
+        self.heads[connection] = self.clock()
+
+    def head_over(self, connection: Evictable) -> None:
+        """The head is complete, refused or its connection closing: no longer evictable as one."""
+        self.heads.pop(connection, None)
 
     def release_connection(self, client: str = "") -> None:
         self.connections -= 1

@@ -9,8 +9,12 @@ over MAX_HEAD_BYTES or MAX_HEADER_COUNT (431, as soon as the limit is passed: he
 counted, a repeated one included, so 16,000 copies of one header cost no more than 101), a body
 over the limit (413), HTTP/1.1 without Host, a repeated header of SINGLE (400), a
 Transfer-Encoding other than `chunked` alone (501), protocol upgrades (400), malformed HTTP
-(400), bytes past the listener's buffered-bytes caps (503). Trailers of a chunked body are read
-and dropped: they never add to or replace a header (and count toward MAX_HEADER_COUNT).
+(400), bytes past the listener's buffered-bytes caps (503). The server's owner may refuse a
+request by its head (`HeadCheck`: a router refuses a body sent without a valid key): its body is
+then read and dropped, never buffered (as nginx discards a body it will not use), and the
+refusal is its answer, once the body has come, on a connection kept alive. Trailers of a
+chunked body are read and dropped: they never add to or replace a header (and count toward
+MAX_HEADER_COUNT).
 
 A body is counted against the caps as its bytes arrive (a declared Content-Length reserves
 nothing: a head that declares 4 MiB and sends nothing holds nothing), and it is kept in one
@@ -21,6 +25,7 @@ with the buffer's growth), not a Python object per chunk (~28x). Each refusal is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -53,6 +58,13 @@ class Request:
     body: bytes
     peer: str
     http_version: str = "1.1"
+
+
+HeadCheck = Callable[[Request], tuple[int, bytes] | None]
+"""The server owner's look at a complete head (a `Request` with no body yet), before any body
+byte is buffered: None lets it through; (status, JSON body) is the request's answer instead of
+the handler's, its body read and dropped (counted as `head_refused`; a client waiting for
+`100 Continue` is answered at once and the connection closed)."""
 
 
 def error_body(status: int, message: str) -> bytes:
@@ -97,7 +109,10 @@ class Sink(Protocol):
         refusal counted) if not."""
 
     def message_begun(self) -> None:
-        """A request has started to arrive (its read deadline starts)."""
+        """A request has started to arrive (its head and read deadlines start)."""
+
+    def head_done(self) -> None:
+        """The request's head is complete (its body, if any, follows)."""
 
 
 class _Gone:
@@ -118,6 +133,9 @@ class _Gone:
         return False
 
     def message_begun(self) -> None:
+        pass
+
+    def head_done(self) -> None:
         pass
 
 
@@ -141,8 +159,10 @@ def cut(tail: bytes, data: bytes, pos: int) -> int:
 
 
 class RequestReader:
-    def __init__(self, sink: Sink, limits: ServerLimits, max_body_bytes: int, peer: str) -> None:
+    def __init__(self, sink: Sink, limits: ServerLimits, max_body_bytes: int, peer: str,
+                 head_check: HeadCheck | None = None) -> None:
         self.sink, self.limits, self.max_body_bytes, self.peer = sink, limits, max_body_bytes, peer
+        self.head_check = head_check
         self.parser: Any = httptools.HttpRequestParser(self)
         self.ready: Request | None = None
         """A request that has arrived whole, for the connection to take."""
@@ -150,6 +170,10 @@ class RequestReader:
         self.head_only = False
         self.in_message = False
         self._phase = _HEAD
+        self._head: Request | None = None
+        """The request as its head made it, while its body arrives (with a head check only)."""
+        self.refusal: tuple[int, bytes] | None = None
+        """The head check's answer to the request at hand (its body is dropped as it comes)."""
         self._tail = b""
         self._left = 0
         self._head_raw = 0
@@ -178,6 +202,12 @@ class RequestReader:
         self.sink = _GONE
         self._first, self._body = b"", bytearray()
         self.ready = None
+        self._head = None
+
+    @property
+    def in_head(self) -> bool:
+        """A request head has begun to arrive and is not complete yet."""
+        return self.in_message and not self._headers_done
 
     def feed(self, data: bytes, pos: int) -> int:
         """Parse `data` from `pos` until a request is complete (`ready`), the data ends or the
@@ -221,7 +251,7 @@ class RequestReader:
         self.in_message, self._headers_done = True, False
         self._url, self._headers, self._joined, self._repeated, self._lines = b"", {}, {}, "", 0
         self._first, self._body, self._size, self._too_large = b"", bytearray(), 0, False
-        self._pieces = 0
+        self._pieces, self._head, self.refusal = 0, None, None
         self._head_bytes, self._head_raw, self._head_too_large = 0, 0, False
         self.sink.message_begun()
 
@@ -260,11 +290,27 @@ class RequestReader:
         parser = self.parser
         if parser.should_upgrade():
             return  # answered by the upgrade exception (400)
-        problem = self._check(self._headers, parser.get_http_version())
+        self.sink.head_done()
+        version = parser.get_http_version()
+        problem = self._check(self._headers, version)
         if problem is not None:
             status, body = problem
             self.limits.refuse("body_too_large" if status == 413 else "malformed")
             self.sink.reject(status, body)
+            return
+        expect = self._headers.get("expect")
+        go_ahead = expect is not None and version == "1.1" and expect.lower() == "100-continue"
+        if self.head_check is not None:
+            self._head = head = self._request(b"")
+            answer = self.head_check(head)
+            if answer is not None:
+                self._head, self.refusal = None, answer
+                self.limits.refuse("head_refused")
+                if go_ahead:
+                    self.sink.reject(*answer)  # its body is not sent yet: no need for it
+                return
+        if go_ahead:
+            self.sink.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for this before a large body
 
     def _check(self, headers: dict[str, str], version: str) -> tuple[int, bytes] | None:
         """What is wrong with a complete head, if anything; sets how its body is framed."""
@@ -286,10 +332,7 @@ class RequestReader:
         expect = headers.get("expect")
         if length > self.max_body_bytes and expect is not None:
             return 413, TOO_LARGE  # the client waits for a go-ahead: no need to read the body
-        # (a declared length reserves nothing: body bytes are counted as they arrive, on_body)
-        if expect is not None and version == "1.1" and expect.lower() == "100-continue":
-            self.sink.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for this before a large body
-        return None
+        return None  # (a declared length reserves nothing: body bytes are counted as they arrive, on_body)
 
     def on_body(self, body: bytes) -> None:
         if self.sink.closed:
@@ -308,6 +351,8 @@ class RequestReader:
                 self.sink.account(-size)
                 self._first, self._body = b"", bytearray()
             return
+        if self.refusal is not None:
+            return  # refused by its head: read and dropped
         if not self.sink.take(len(body)):  # counted as it arrives (the refusal is counted by cause)
             self.ready = None
             self.sink.reject(503, BUSY_BYTES)
@@ -328,16 +373,25 @@ class RequestReader:
         if self._too_large:
             self._refuse(413, TOO_LARGE, "body_too_large")
             return
+        body = bytes(self._body) if self._body else self._first
+        self._first, self._body = b"", bytearray()
+        head, self._head = self._head, None
+        if head is not None:
+            head.body = body
+            self.ready = head
+        else:
+            self.ready = self._request(body)
+        self.keep_alive, self.head_only = parser.should_keep_alive(), parser.get_method() == b"HEAD"
+
+    def _request(self, body: bytes) -> Request:
+        """The request at hand as its head says (HEAD is served as GET: the responder sends the head only)."""
         url = self._url.decode("latin-1")
         if url.startswith("/") and "?" not in url and "#" not in url:
             path, query = url, {}  # the common case: a plain origin-form path
         else:
             parts = urlsplit(url)
             path, query = parts.path, parse_qs(parts.query)
+        parser = self.parser
         method = parser.get_method().decode()
-        body = bytes(self._body) if self._body else self._first
-        self._first, self._body = b"", bytearray()
-        self.ready = Request(method="GET" if method == "HEAD" else method, path=path, query=query,
-                             headers=self._headers, body=body, peer=self.peer,
-                             http_version=parser.get_http_version())
-        self.keep_alive, self.head_only = parser.should_keep_alive(), method == "HEAD"
+        return Request(method="GET" if method == "HEAD" else method, path=path, query=query, headers=self._headers,
+                       body=body, peer=self.peer, http_version=parser.get_http_version())

@@ -19,6 +19,7 @@ import pytest
 
 from pools.wire import http
 from pools.wire.http import Request, Responder, ServerLimits
+from pools.wire.reader import error_body
 
 pytestmark = pytest.mark.integration
 ATTACKER, VICTIM = "127.0.0.2", "127.0.0.3"
@@ -155,22 +156,26 @@ def test_idle_connections_from_one_address_do_not_lock_out_another() -> None:
 def test_at_the_connection_cap_the_longest_idle_connection_makes_room() -> None:
     async def scenario(port: int, limits: ServerLimits) -> None:
         attackers = []
-        for _ in range(32):  # one address holds the whole cap, idle (no per-client cap here)
-            attackers.append(_connect(port, ATTACKER))
-            await _settle(lambda: limits.connections == len(attackers))  # one at a time: the oldest is known
+        for _ in range(32):  # one address holds the whole cap, idle after a request (no per-client cap here)
+            sock = _connect(port, ATTACKER)
+            attackers.append(sock)
+            await _settle(lambda: limits.connections == len(attackers))
+            await asyncio.get_running_loop().sock_sendall(sock, b"GET /x HTTP/1.1\r\nhost: a\r\n\r\n")
+            await _settle(lambda: len(limits.idle) == len(attackers))  # one at a time: the oldest is known
         assert limits.connections == 32
         statuses = await asyncio.gather(*(_post(port, VICTIM, b"{}") for _ in range(8)))
         assert statuses == [b"HTTP/1.1 200 OK"] * 8
         assert limits.refused == {"idle_evicted": 8}
-        for sock in attackers[:8]:  # the oldest were closed for the newcomers
+        for sock in attackers[:8]:  # the oldest were closed for the newcomers (after their answer)
             sock.settimeout(2)
-            assert sock.recv(1) == b""
+            assert sock.recv(200).startswith(b"HTTP/1.1 200") and sock.recv(1) == b""
         for sock in attackers:
             sock.close()
     _run(scenario, ServerLimits(max_connections=32))
 
 
-def test_a_slow_head_is_cut_off_at_the_read_timeout() -> None:
+def test_a_slow_head_is_cut_off_at_the_head_timeout() -> None:
+    """A head has `head_timeout_s` (10 s by default), well within the body's read timeout."""
     async def scenario(port: int, limits: ServerLimits) -> None:
         reader, writer = await _open(port, ATTACKER)
         started = time.monotonic()
@@ -178,10 +183,146 @@ def test_a_slow_head_is_cut_off_at_the_read_timeout() -> None:
             writer.write(part)  # slowloris: a header line now and then, never the end of the head
             await asyncio.sleep(0.1)
         data = await asyncio.wait_for(reader.read(-1), 5)
-        assert data.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 2.0
+        assert data.startswith(b"HTTP/1.1 408") and b"head not received" in data
+        assert time.monotonic() - started < 2.0
+        assert limits.refused == {"head_timeout": 1} and not limits.heads
+        writer.close()
+    _run(scenario, ServerLimits(head_timeout_s=0.3), read_timeout_s=20)
+
+
+def test_a_slow_body_is_cut_off_at_the_read_timeout_counted_from_the_first_byte() -> None:
+    async def scenario(port: int, limits: ServerLimits) -> None:
+        reader, writer = await _open(port, ATTACKER)
+        started = time.monotonic()
+        writer.write(b"POST /v1/x HTTP/1.1\r\nhost: a\r\ncontent-length: 100\r\n\r\n")
+        for _piece in range(20):  # the head came whole; its body never ends
+            writer.write(b"b")
+            await asyncio.sleep(0.05)
+        data = await asyncio.wait_for(reader.read(-1), 5)
+        assert data.startswith(b"HTTP/1.1 408") and b"request not received" in data
+        assert 0.5 < time.monotonic() - started < 2.0
         assert limits.refused == {"read_timeout": 1}
         writer.close()
-    _run(scenario, ServerLimits(), read_timeout_s=0.3)
+    _run(scenario, ServerLimits(head_timeout_s=0.2), read_timeout_s=0.6)
+
+
+def test_a_slow_client_is_served_while_there_is_room() -> None:
+    """A client on a bad link whose head takes 1 s is served: only a full server evicts."""
+    async def scenario(port: int, limits: ServerLimits) -> None:
+        reader, writer = await _open(port, VICTIM)
+        for part in (b"POST /v1/x HTTP/1.1\r\n", b"host: a\r\n", b"connection: close\r\n",
+                     b"content-length: 2\r\n", b"\r\n{}"):
+            writer.write(part)
+            await asyncio.sleep(0.25)
+        data = await asyncio.wait_for(reader.read(-1), 5)
+        assert data.startswith(b"HTTP/1.1 200")
+        assert not limits.refused
+        writer.close()
+    _run(scenario, ServerLimits(max_connections=64, stalled_head_s=0.1))
+
+
+def test_stalled_heads_from_many_addresses_give_way_to_legitimate_requests() -> None:
+    """B3: 9 addresses x 1,150 connections each sending only `POST ... Host: x\\r\\n` (a head never
+    completed) held the whole connection cap, each address within its 1/8 share: 53 of 54
+    legitimate requests from another address got 503 over 65 s. Scaled: a cap of 64, 8 per
+    address, 9 addresses; the cap is topped up before every round. Before the fix every
+    legitimate request got 503 (cause `connections`)."""
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+    addresses = [f"127.0.0.{i}" for i in range(2, 11)]
+
+    async def scenario(port: int, limits: ServerLimits) -> None:
+        loop = asyncio.get_running_loop()
+        attackers: list[socket.socket] = []
+        evicted = 0
+        for _round in range(3):
+            for _i in range(8):  # top up: each address to its share (past it, 503)
+                for source in addresses:
+                    sock = _connect(port, source)
+                    attackers.append(sock)
+                    with contextlib.suppress(OSError):
+                        await asyncio.wait_for(loop.sock_sendall(sock, head), 1)
+            await _settle(lambda: len(limits.heads) == limits.connections == 64)
+            assert len(limits.heads) == limits.connections == 64  # the cap is full of stalled heads
+            await asyncio.sleep(0.3)  # older than stalled_head_s now
+            statuses = await asyncio.gather(*(_post(port, "127.0.0.1", b"{}") for _ in range(8)))
+            assert statuses == [b"HTTP/1.1 200 OK"] * 8
+            assert limits.refused["stalled_head_evicted"] >= evicted + 8
+            evicted = limits.refused["stalled_head_evicted"]
+        for sock in attackers:  # (the attackers' own top-ups past the cap got 503: their heads were young)
+            sock.close()
+        await _settle(lambda: limits.connections == 0)
+        assert limits.connections == 0 and not limits.heads and not limits.idle
+    _run(scenario, ServerLimits(max_connections=64, max_client_connections=8, stalled_head_s=0.2))
+
+
+def test_an_evicted_stalled_head_is_answered_408() -> None:
+    async def scenario(port: int, limits: ServerLimits) -> None:
+        reader, writer = await _open(port, ATTACKER)
+        writer.write(b"POST /v1/x HTTP/1.1\r\nhost: a\r\n")
+        await _settle(lambda: len(limits.heads) == 1)
+        await asyncio.sleep(0.2)
+        assert await _post(port, VICTIM, b"{}") == b"HTTP/1.1 200 OK"
+        data = await asyncio.wait_for(reader.read(-1), 5)
+        assert data.startswith(b"HTTP/1.1 408") and limits.refused == {"stalled_head_evicted": 1}
+        writer.close()
+    _run(scenario, ServerLimits(max_connections=1, stalled_head_s=0.1))
+
+
+def test_bodies_without_a_key_are_refused_by_their_head_and_never_buffered() -> None:
+    """P1: 9 addresses x 16 connections each sending 4 MiB-1 of a body without a key (never
+    finishing it) held the 512 MiB buffered-bytes cap: 18 of 20 legitimate POSTs got 503; the
+    key was only checked once the whole request was read. With a head check the server's owner
+    refuses it by its head: its body is read and dropped, never buffered, and the refusal is its
+    answer once the body has come. Scaled: a 1 MB cap, 9 addresses x 4 connections of 60,000
+    body bytes (2.16 MB) each, topped up."""
+    head = b"POST /v1/x HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n" % MAX_BODY_BYTES
+    addresses = [f"127.0.0.{i}" for i in range(2, 11)]
+    unauthorized = error_body(401, "missing API key")
+
+    def check(request: Request) -> tuple[int, bytes] | None:
+        return None if request.headers.get("authorization") == "Bearer k" else (401, unauthorized)
+
+    async def post(port: int) -> bytes:
+        reader, writer = await _open(port, "127.0.0.1")
+        writer.write(b"POST /v1/x HTTP/1.1\r\nhost: a\r\nauthorization: Bearer k\r\ncontent-length: 60000\r\n"
+                     b"connection: close\r\n\r\n" + b"v" * 60_000)
+        data = await asyncio.wait_for(reader.read(-1), 5)
+        writer.close()
+        return data.split(b"\r\n", 1)[0]
+
+    async def scenario(port: int, limits: ServerLimits) -> None:
+        loop = asyncio.get_running_loop()
+        socks = [_connect(port, source) for source in addresses for _ in range(4)]
+        await asyncio.sleep(0.05)
+        most = 0
+        for round_ in range(3):  # most of a body, then topped up in 256-byte pieces (never finished)
+            for sock in socks:
+                with contextlib.suppress(OSError):
+                    await asyncio.wait_for(loop.sock_sendall(sock, b"a" * 256 if round_ else head + b"a" * 60_000), 1)
+                most = max(most, limits.buffered_bytes)
+            statuses = await asyncio.gather(*(post(port) for _ in range(4)))
+            assert statuses == [b"HTTP/1.1 200 OK"] * 4
+        assert most == 0 and limits.refused == {"head_refused": 36}
+        for sock in socks:
+            sock.close()
+        reader, writer = await _open(port, ATTACKER)  # a whole body without a key: 401, kept alive
+        writer.write(head + b"a" * MAX_BODY_BYTES + b"GET /x HTTP/1.1\r\nhost: a\r\nauthorization: Bearer k\r\n"
+                     b"x-a: next\r\n\r\n")
+        answer = await asyncio.wait_for(reader.readuntil(unauthorized), 5)
+        assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" not in answer
+        assert (await asyncio.wait_for(reader.readuntil(b"next"), 5)).startswith(b"HTTP/1.1 200")
+        assert limits.refused == {"head_refused": 37} and limits.buffered_bytes == 0
+        writer.close()
+
+    async def main() -> None:
+        limits = ServerLimits(max_buffered_bytes=1_000_000)
+        server = await http.serve(_handler, "127.0.0.1", 0, limits=limits, max_body_bytes=MAX_BODY_BYTES,
+                                  head_check=check)
+        try:
+            await asyncio.wait_for(scenario(server.sockets[0].getsockname()[1], limits), 30)
+        finally:
+            server.close()
+    asyncio.run(main())
 
 
 def test_a_body_in_small_chunks_costs_about_what_its_bytes_cost() -> None:

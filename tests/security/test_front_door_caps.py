@@ -1,13 +1,15 @@
 """Issue 28's front-door attacks on the real router (`python -m router --config`, two workers on
 one port) in front of a simulated engine, from other loopback addresses than the legitimate
 client's (127.0.0.1): heads that declare large bodies, a crowd of idle connections from one
-address, bodies in 2-byte chunks. Done when 13 KB of unauthenticated traffic refuses no
-legitimate request, the router's memory stays within its caps, and every refusal is in
-/metrics by cause, whichever worker answers the scrape. The caps are the defaults scaled down
+address, bodies in 2-byte chunks, bodies without a key. Done when 13 KB of unauthenticated
+traffic refuses no legitimate request, bodies without a key are never buffered (refused by their
+head, 401), the router's memory stays within its caps, and every refusal is in /metrics by cause,
+whichever worker answers the scrape. The caps are the defaults scaled down
 (8 MiB buffered per worker instead of 512 MiB, 256 KiB bodies instead of 4 MiB)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -147,7 +149,8 @@ def test_bodies_in_small_chunks_cost_about_what_their_bytes_cost(router: dict[st
     """Issue 28: 2-byte chunks cost ~28x their counted size (10 connections: 61 -> 1,179 MiB).
     Now such a body is refused after 1,024 pieces (400), and chunks of 128 bytes, twice the smallest
     average kept, cost about their bytes."""
-    head = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+    head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %b\r\n"
+            b"transfer-encoding: chunked\r\n\r\n" % DEV_KEY.encode())  # (without a key: refused by its head, 401)
     with socket.create_connection(("127.0.0.1", router["port"]), timeout=10) as tiny:
         tiny.sendall(head + b"2\r\nzz\r\n" * 4096)
         assert tiny.recv(4096).startswith(b"HTTP/1.1 400")
@@ -173,3 +176,34 @@ def test_bodies_in_small_chunks_cost_about_what_their_bytes_cost(router: dict[st
         for sock in socks:
             sock.close()
     assert _all_legitimate(router["base"], 4) == [200] * 4
+
+
+def test_bodies_without_a_key_never_fill_the_buffered_bytes_cap(router: dict[str, Any]) -> None:
+    """P1: 9 addresses x 16 connections each sending 4 MiB-1 of a body with no key (never
+    finishing it) held the 512 MiB cap: 18 of 20 legitimate POSTs got 503 (the key was checked
+    once the whole request was read). Now a request with a body and no valid key is refused by its
+    head: its body is read and dropped, and 401 is its answer. Scaled: 9 x 16 bodies of 200 KiB
+    (28 MiB) against 8 MiB per worker; before the fix they filled both workers' caps and some
+    legitimate requests got 503."""
+    before = _front_door(router["base"])
+    head = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    socks = [_connect(router["port"], f"127.0.0.{20 + i}") for i in range(9) for _ in range(16)]
+    try:
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.sendall(head % (MAX_BODY_BYTES - 1) + b"a" * 200 * 1024)
+        statuses, most = [], 0.0
+        for _round in range(5):  # topped up in 256-byte pieces, as the attack did
+            for sock in socks:
+                with contextlib.suppress(OSError):
+                    sock.send(b"a" * 256)
+            most = max(most, _front_door(router["base"])["buffered_bytes"])
+            statuses += _all_legitimate(router["base"], 4)
+        assert statuses == [200] * 20
+        assert most < 64 * 1024  # only legitimate requests under way count
+        seen = _front_door(router["base"])
+        assert seen["refused:head_refused"] - before["refused:head_refused"] == len(socks)
+        assert seen["refused:buffered_bytes"] == seen["refused:client_buffered_bytes"] == 0
+    finally:
+        for sock in socks:
+            sock.close()

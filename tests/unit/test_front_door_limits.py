@@ -118,3 +118,24 @@ def test_router_metrics_render_and_snapshot_the_front_door() -> None:
     assert metrics.snapshot()["front_door"]["refused"] == {"read_timeout": 1}
     text = metrics.render([{"families": {}, "front_door": {"refused": {"read_timeout": 2}}}]).decode()
     assert 'isle_router_front_door_refusals_total{cause="read_timeout"} 3.0' in text
+
+
+def test_with_none_idle_the_oldest_head_makes_room_once_stalled() -> None:
+    now = [100.0]
+    limits = ServerLimits(max_connections=3, stalled_head_s=2.0, clock=lambda: now[0])
+    heads = [_Idle(limits, c) for c in ("a", "b", "c")]
+    for head in heads:
+        assert limits.admit_connection(head.client)
+        limits.head_begun(head)
+        now[0] += 0.5
+    assert not limits.admit_connection("d")  # the oldest head is 1.5 s old: it may still be arriving
+    now[0] += 0.5
+    idle = heads[2]
+    limits.head_over(idle)
+    limits.idle[idle] = None
+    assert limits.admit_connection("d")  # an idle one goes first, however stalled a head
+    assert idle.evicted and not heads[0].evicted
+    assert limits.admit_connection("e")  # none idle: the oldest head, 2.0 s old, is stalled
+    assert heads[0].evicted and not heads[1].evicted and list(limits.heads) == [heads[1]]
+    assert limits.refused == {"connections": 1, "idle_evicted": 1, "stalled_head_evicted": 1}
+    assert limits.client_connections == {"b": 1, "d": 1, "e": 1} and limits.connections == 3
