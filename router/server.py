@@ -374,9 +374,16 @@ class Router:
         return self.replicas.mixed
 
     def _decide(self, call: Call, snapshot: list[Candidate]) -> RouteDecision:
+        """The replicas to try, best first. A class kept to its own pools that find no replica here
+        (its mixed pools none, its PD pair not whole at this instant: a prefill or decode just
+        crashed) is served by the other pools rather than refused (`_class_pools`)."""
         t0 = self.clock()
-        decision = decide(call.route, snapshot, self.profiles[call.slo.name], self.rng, next(self.turns),
-                          self.plugin_timer)
+        profile = self.profiles[call.slo.name]
+        decision = decide(call.route, snapshot, profile, self.rng, next(self.turns), self.plugin_timer)
+        if decision.winner is None and not call.route.any_pool:
+            call.route = call.route._replace(any_pool=True)
+            self.metrics.child(self.metrics.fallbacks, call.slo.name).inc()
+            decision = decide(call.route, snapshot, profile, self.rng, next(self.turns), self.plugin_timer)
         self.metrics.decision.observe(self.clock() - t0)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(decision.log_line())

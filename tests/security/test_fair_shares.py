@@ -345,6 +345,30 @@ def test_a_class_whose_own_pools_are_down_is_served_by_the_other_pools(
         stop_engine(own)
 
 
+def test_a_class_whose_pools_cannot_take_a_request_right_now_is_served_by_the_others(
+        pd_engines: dict[str, EngineProcess], tmp_path: Path) -> None:
+    """A class whose pools are up but cannot take this request as it is: here interactive has a
+    decode pool and no prefill or mixed one (as when its prefill just crashed), so a short prompt
+    has no PD pair and no mixed replica of its class: the other pools serve it (the chaos run's
+    decode crash saw 503s here), counted as a fallback."""
+    specs = {"d1": PD_SPECS["d1"], "m1": MIXED_SPEC}
+    classes = {"d1": ["interactive"], "m1": ["standard", "batch"]}
+    config = with_replicas([{"replica_id": name, "url": pd_engines[name].base, "model": MODEL, "pool": f"pool-{r}",
+                             "role": r, "node": p["node"], "gpus": p["gpus"], "gpu_model": "h100-sxm",
+                             "catalog_model": MODEL, "slo_classes": classes[name]}
+                            for name, (r, p) in specs.items()])
+    config["keys"].append({"tenant": "all", "key_sha256": sha256("sk-fair-all"), "slo_classes": ["*"]})
+    config.update(topology=TOPOLOGY)
+    with running_router(config, tmp_path) as (_, url):
+        client = openai.OpenAI(base_url=url, api_key="sk-fair-all", max_retries=0, timeout=30)
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "short"}], max_tokens=4,
+            extra_headers={"x-slo-class": "interactive"})
+        assert raw.headers["x-isle-replica"] == "m1"
+        counted = httpx.get(f"{url.removesuffix('/v1')}/metrics", timeout=10).text
+        assert re.search(r'isle_router_class_fallbacks_total\{slo_class="interactive"\} 1', counted), counted
+
+
 def test_the_default_max_tokens_stays_within_a_short_engine_context(tmp_path: Path) -> None:
     """An engine whose context (max_model_len: here its KV cache, 1,024 tokens) is below the
     router's limit: a chat without max_tokens gets at most that context, not a 400 (vLLM refuses
