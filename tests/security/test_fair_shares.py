@@ -228,6 +228,19 @@ MIXED_SPEC = ("mixed", {"node": "h100-1", "gpus": [0]})
 TOPOLOGY = "configs/clusters/local-sim.yaml"
 
 
+def class_layout(urls: dict[str, str], specs: dict[str, tuple[str, dict[str, Any]]],
+                 classes: dict[str, list[str]]) -> dict[str, Any]:
+    """A router config over these replicas (role and placement from `specs`) whose pools are
+    declared for `classes`, with a key entitled to every class (`sk-fair-all`)."""
+    config = with_replicas([{"replica_id": name, "url": urls[name], "model": MODEL, "pool": f"pool-{role}",
+                             "role": role, "node": p["node"], "gpus": p["gpus"], "gpu_model": "h100-sxm",
+                             "catalog_model": MODEL, "slo_classes": classes[name]}
+                            for name, (role, p) in specs.items()])
+    config["keys"].append({"tenant": "all", "key_sha256": sha256("sk-fair-all"), "slo_classes": ["*"]})
+    config.update(topology=TOPOLOGY)
+    return config
+
+
 @pytest.fixture(scope="module")
 def pd_engines() -> Iterator[dict[str, EngineProcess]]:
     """A prefill and a decode replica (the PD-only layout), and a mixed one for the layout of
@@ -289,12 +302,7 @@ def test_interactive_short_prompts_split_over_pd_when_the_mixed_pool_is_not_thei
     maximum); now they split over the pair, and the other classes keep the mixed pool."""
     specs = {**PD_SPECS, "m1": MIXED_SPEC}
     classes = {"p1": ["interactive", "standard"], "d1": ["interactive", "standard"], "m1": ["standard", "batch"]}
-    config = with_replicas([{"replica_id": name, "url": pd_engines[name].base, "model": MODEL, "pool": f"pool-{role}",
-                             "role": role, "node": p["node"], "gpus": p["gpus"], "gpu_model": "h100-sxm",
-                             "catalog_model": MODEL, "slo_classes": classes[name]}
-                            for name, (role, p) in specs.items()])
-    config["keys"].append({"tenant": "all", "key_sha256": sha256("sk-fair-all"), "slo_classes": ["*"]})
-    config.update(topology=TOPOLOGY)
+    config = class_layout({name: pd_engines[name].base for name in specs}, specs, classes)
     with running_router(config, tmp_path) as (_, url):
         client = openai.OpenAI(base_url=url, api_key="sk-fair-all", max_retries=0, timeout=30)
         for slo, expected in (("interactive", "d1"), ("standard", "m1"), ("batch", "m1")):
@@ -316,11 +324,7 @@ def test_a_class_whose_own_pools_are_down_is_served_by_the_other_pools(
     urls = {"p1": pd_engines["p1"].base, "d-own": own.base, "m1": pd_engines["m1"].base}
     specs = {"p1": PD_SPECS["p1"], "d-own": PD_SPECS["d1"], "m1": MIXED_SPEC}
     classes = {"p1": ["interactive"], "d-own": ["interactive"], "m1": ["standard", "batch"]}
-    config = with_replicas([{"replica_id": name, "url": urls[name], "model": MODEL, "pool": f"pool-{r}", "role": r,
-                             "node": p["node"], "gpus": p["gpus"], "gpu_model": "h100-sxm", "catalog_model": MODEL,
-                             "slo_classes": classes[name]} for name, (r, p) in specs.items()])
-    config["keys"].append({"tenant": "all", "key_sha256": sha256("sk-fair-all"), "slo_classes": ["*"]})
-    config.update(topology=TOPOLOGY)
+    config = class_layout(urls, specs, classes)
     try:
         with running_router(config, tmp_path) as (_, url):
             client = openai.OpenAI(base_url=url, api_key="sk-fair-all", max_retries=0, timeout=30)
@@ -353,12 +357,7 @@ def test_a_class_whose_pools_cannot_take_a_request_right_now_is_served_by_the_ot
     decode crash saw 503s here), counted as a fallback."""
     specs = {"d1": PD_SPECS["d1"], "m1": MIXED_SPEC}
     classes = {"d1": ["interactive"], "m1": ["standard", "batch"]}
-    config = with_replicas([{"replica_id": name, "url": pd_engines[name].base, "model": MODEL, "pool": f"pool-{r}",
-                             "role": r, "node": p["node"], "gpus": p["gpus"], "gpu_model": "h100-sxm",
-                             "catalog_model": MODEL, "slo_classes": classes[name]}
-                            for name, (r, p) in specs.items()])
-    config["keys"].append({"tenant": "all", "key_sha256": sha256("sk-fair-all"), "slo_classes": ["*"]})
-    config.update(topology=TOPOLOGY)
+    config = class_layout({name: pd_engines[name].base for name in specs}, specs, classes)
     with running_router(config, tmp_path) as (_, url):
         client = openai.OpenAI(base_url=url, api_key="sk-fair-all", max_retries=0, timeout=30)
         raw = client.chat.completions.with_raw_response.create(
