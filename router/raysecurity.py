@@ -16,11 +16,12 @@
 from __future__ import annotations
 
 import importlib
-import ipaddress
 import logging
 import os
 from collections.abc import Callable
 from typing import Any
+
+from pools.wire.client import is_loopback
 
 log = logging.getLogger("isleserve.security")
 ALL_INTERFACES = "[::]:"
@@ -35,16 +36,9 @@ def token_auth_on() -> bool:
     return bool(mode() == modes.TOKEN)
 
 
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def exposure_problem(node_ip: str, auth_on: bool, insecure: bool) -> str | None:
     """Why this deployment must not start (None: it may)."""
-    if auth_on or insecure or is_loopback(node_ip):
+    if auth_on or insecure or is_loopback(node_ip.strip("[]")):
         return None
     return (f"Ray's token authentication is off and this Ray node listens on {node_ip}, a non-loopback "
             "address: anyone who reaches a Ray port can run code on it. Start Ray with RAY_AUTH_MODE=token "

@@ -9,13 +9,14 @@ without a token."""
 from __future__ import annotations
 
 import importlib
-import ipaddress
 import os
 import pkgutil
 import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from pools.wire.client import is_loopback
 
 LISTEN = "0A"
 
@@ -29,10 +30,7 @@ class Listener:
 
     @property
     def loopback(self) -> bool:
-        address = ipaddress.ip_address(self.host)
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        return address.is_loopback
+        return is_loopback(self.host)
 
 
 def _address(field: str, v6: bool) -> tuple[str, int]:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from router.raylocal import TOKEN_FILE, secure_env
-from router.raysecurity import exposure_problem, is_loopback, node_bound
+from router.raysecurity import exposure_problem, node_bound
 from router.run import write_token
 
 pytestmark = pytest.mark.unit
@@ -46,7 +46,9 @@ def test_serve_replica_grpc_binds_to_the_node_address_not_all_interfaces() -> No
     node_bound(add_port, lambda: "fd00::5")(None, "[::]:7000")
     node_bound(add_port, lambda: "10.0.0.9")(None, "10.0.0.9:0")  # an explicit address stays as it is
     assert seen == ["127.0.0.1:0", "[fd00::5]:7000", "10.0.0.9:0"]
-    assert is_loopback("127.0.0.2") and is_loopback("localhost") and not is_loopback("192.0.2.2")
+    loopbacks = ("127.0.0.2", "localhost", "[::1]", "::ffff:127.0.0.1")
+    assert all(exposure_problem(ip, False, False) is None for ip in loopbacks)
+    assert exposure_problem("192.0.2.2", False, False) is not None
 
 
 def test_the_local_head_gets_token_auth_and_never_an_inherited_cluster_address() -> None:
