@@ -35,10 +35,10 @@ $(STAMP): pyproject.toml setup.py
 	rm -f $(VENV)/.installed-* $(VENV)/.runtime-*
 	touch $(STAMP) $(RUN_STAMP)
 
-# the request path (pools/native.py COMPILED) compiled with mypyc from the installed mypy; again
-# whenever the sources change (pools.native says so). If it cannot be compiled (no C compiler)
+# the request path (wire/native.py COMPILED) compiled with mypyc from the installed mypy; again
+# whenever the sources change (wire.native says so). If it cannot be compiled (no C compiler)
 # it runs interpreted, and the build is not retried until the sources change.
-NATIVE_BUILD = @$(BIN)/python -c "import pools.native as n; raise SystemExit(not n.up_to_date())" 2>/dev/null || \
+NATIVE_BUILD = @$(BIN)/python -c "import wire.native as n; raise SystemExit(not n.up_to_date())" 2>/dev/null || \
 	  $(BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e .
 
 install: $(STAMP)
@@ -61,7 +61,7 @@ lint: install
 	$(BIN)/lint-imports
 
 # the test tiers' own Ray clusters (fake multi-node, loopback only) run without token auth; the
-# product's own Ray (`isle run`) always has it (router/raylocal.py)
+# product's own Ray (`isle run`) always has it (isleserve/raylocal.py)
 test test-vllm: export RAY_AUTH_MODE ?= disabled
 
 test: lint
@@ -76,5 +76,5 @@ test-vllm: install vllm-env
 	ISLE_VLLM_TIER=1 ISLE_VLLM_VENV=$(VLLM_VENV) $(BIN)/python -m pytest -q tests/vllm
 
 clean:
-	rm -rf $(VENV) out build .mypy_cache .pytest_cache .ruff_cache pools/_native.json
-	find topology pools router loadtest -name '*.so' -delete
+	rm -rf $(VENV) out build .mypy_cache .pytest_cache .ruff_cache wire/_native.json
+	find topology wire physics pools simengine router control isleserve loadtest -name '*.so' -delete

@@ -32,7 +32,7 @@ def _topology(argv: Sequence[str]) -> int:
 
 
 def _pools(argv: Sequence[str]) -> int:
-    from pools.cli import main as pools_main
+    from pools.__main__ import main as pools_main
 
     return pools_main(argv)
 
@@ -44,13 +44,13 @@ def _router(argv: Sequence[str]) -> int:
 
 
 def _run(argv: Sequence[str]) -> int:
-    from router.run import main as run_main
+    from isleserve.run import main as run_main
 
     return run_main(argv)
 
 
 def _status(argv: Sequence[str]) -> int:
-    from router.status import main as status_main
+    from isleserve.status import main as status_main
 
     return status_main(argv)
 

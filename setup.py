@@ -1,4 +1,4 @@
-"""Builds the request path (pools.native.COMPILED) into C extensions with mypyc when mypyc is
+"""Builds the request path (wire.native.COMPILED) into C extensions with mypyc when mypyc is
 importable (the Makefile installs it, then builds without isolation so mypy sees the installed
 packages). Without mypyc (a plain isolated `pip install`) nothing changes; with ISLE_COMPILE=0,
 or if the build fails, the package is plain Python and runs the same source interpreted, and
@@ -18,7 +18,7 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
-NATIVE: dict[str, Any] = runpy.run_path(str(HERE / "pools" / "native.py"))
+NATIVE: dict[str, Any] = runpy.run_path(str(HERE / "wire" / "native.py"))
 BUILT_FROM: dict[str, Any] = {}
 """The sources' fingerprint taken before compiling (an edit during the build makes it stale)."""
 
@@ -30,11 +30,11 @@ def _say(message: str) -> None:
 def _remove_built(root: Path) -> None:
     for found in NATIVE["extensions"](root):
         found.unlink()
-    (root / "pools" / NATIVE["MANIFEST"]).unlink(missing_ok=True)
+    (root / "wire" / NATIVE["MANIFEST"]).unlink(missing_ok=True)
 
 
 def _write_manifest(root: Path, failed: str = "") -> None:
-    manifest = root / "pools" / NATIVE["MANIFEST"]
+    manifest = root / "wire" / NATIVE["MANIFEST"]
     manifest.parent.mkdir(parents=True, exist_ok=True)
     record = {**(BUILT_FROM or NATIVE["fingerprint"](HERE)), **({"failed": failed} if failed else {})}
     manifest.write_text(json.dumps(record, indent=1) + "\n")

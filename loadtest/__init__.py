@@ -2,6 +2,6 @@
 loopback (`live`), the offline simulator (`sim`), policy comparison and its report (`compare`,
 `report`, `summary`), the simulator's calibration against live runs (`calibrate`), pool sizing
 refined in the simulator (`refine`) and fault injection (`chaos`). The top layer: imports
-`router`, `pools` and `topology`; nothing in them imports it."""
+every other package; nothing imports it."""
 
-import pools  # noqa: F401  (pools decides first whether the simulator runs compiled)
+import wire  # noqa: F401  (wire decides first whether the simulator runs compiled)

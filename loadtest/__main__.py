@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 COMMANDS = {
     "run": ("loadtest.live.run", "send a workload to a router on loopback and summarise it"),
-    "sim": ("loadtest.sim.cli", "simulate one scenario and policy offline"),
+    "sim": ("loadtest.simulate", "simulate one scenario and policy offline"),
     "compare": ("loadtest.compare", "compare placement policies on a scenario (--mode sim|live)"),
     "calibrate": ("loadtest.calibrate", "one small scenario live and simulated: how far apart (mean TTFT, TPOT)"),
     "size": ("loadtest.refine", "pool sizing's candidates, checked in the simulator (--refine)"),

@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from isleserve.settings import AppArgs, plan_for, resolve_topology
 from loadtest.live.compare import (
     LiveOptions,
     base_serve_config,
@@ -43,7 +44,6 @@ from loadtest.live.compare import (
 from loadtest.live.deploy import ROOT, DeployError, Deployment, direct_deployment, ray_deployment
 from loadtest.live.timings import as_sent, engine_counters, engine_timings, mean_timings, simulate_deployment
 from loadtest.scenario import load_scenario
-from router.appconfig import AppArgs, plan_for, resolve_topology
 
 DEFAULT_SCENARIO = ROOT / "configs" / "scenarios" / "local-live.yaml"
 

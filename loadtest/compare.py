@@ -24,10 +24,10 @@ from loadtest.scenario import Scenario, load_scenario
 from loadtest.sim.cluster import simulate
 from loadtest.sim.model import AutoscaleSettings, SimConfig
 from loadtest.summary import summarize
-from pools import catalog
-from pools.gangcost import gang_links
+from physics import catalog
+from physics.moecost import moe_step
+from pools.ganglinks import gang_links
 from pools.model import ExpertChoice, PlacementPlan, PlacementRequest, PoolSpec
-from pools.moecost import moe_step
 from pools.placement import get_policy
 from topology import GpuRef, Topology, TopologyError
 

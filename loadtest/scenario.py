@@ -149,7 +149,7 @@ def load_scenario(path: str | Path, policies: Sequence[str] | None = None) -> Sc
                 break
     topology = read_source(source)
     if config.gpu is not None:
-        from pools import catalog
+        from physics import catalog
 
         if config.gpu not in catalog.gpus():
             raise ValueError(f"{where}: gpu {config.gpu!r} is not in the catalogue "

@@ -1,10 +1,7 @@
-"""What runs where: pool specs and SLO classes (`model`, `config`), the cost model, sizing,
-placement policies (`placement`), the routing table the controller publishes (`routing`), the
-simulated engine (`engine`), the HTTP/OpenAI wire both engines and the router speak (`wire`),
-vLLM launchers (`vllm`), the Ray controller and replica actors (`controller`), the supervisor
-every child process goes through (`supervisor`) and the layer's benchmarks (`bench`). Imports
-`topology` only, never `router` or `loadtest`."""
-
-from pools.native import ensure as _ensure_native
-
-_ensure_native()  # before any compiled module of the request path is imported
+"""What runs where, decided purely: pool and replica specs, SLO classes, placements and plans
+(`model`), the routing table the controller publishes (`routing`), POOLS.yaml (`config`,
+`vllmconfig`, `ports`), placement policies with re-plans and rollouts (`placement`), a placed
+gang's links (`ganglinks`), expert placement (`experts`, `expertmap`), pool sizing (`sizing`),
+the autoscaling policy with its typed load report (`autoscale`), pinning and Ray node labels
+(`pinning`, `nodelabels`), and the `plan`/`size`/`experts` commands (`cli`). Imports `physics`
+and `topology`; no I/O module (no Ray, sockets, threads, processes or event loops)."""

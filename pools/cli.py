@@ -1,11 +1,10 @@
-"""`python -m pools` (also `isle plan`, `isle size`): plan, size, bench.
+"""pools' subcommands of `python -m pools` (also `isle plan`, `isle size`): plan, size, node-labels,
+bench (placement) and experts. The other subcommands belong to their layers (`pools/__main__.py`).
 
     python -m pools plan --topology SOURCE --pools POOLS.yaml --policy NAME [--format json]
     python -m pools size --topology SOURCE --model M --workload W --slo CLASS[,CLASS]
-    python -m pools bench [placement|engine] [--format json]
-    python -m pools cost prefill|decode|collective|kv|moe|pp ... --format json
+    python -m pools bench [placement] [--format json]
     python -m pools experts --model M --plan PLAN.json --pool NAME --load LOAD.json [--policy P] --format json
-    python -m pools launch --plan PLAN.json --pools POOLS.yaml --pool NAME [--replica ID] --format json
 
 Exit code 2 with one line on stderr for bad input.
 """
@@ -14,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from pools.config import PoolsConfig, load_pools
-from pools.costcli import add_cost_parsers
-from pools.experts.cli import add_experts_parser
+from pools.expertscli import add_experts_parser
 from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest
 from pools.placement import POLICIES, get_policy
 from pools.placement.common import Layout, largest_domain
@@ -82,13 +79,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_size(args: argparse.Namespace) -> int:
-    if args.refine:  # the simulator sits a layer above pools: hand over to it, same arguments
-        import subprocess
-        import sys
-
-        argv = ["--topology", args.topology, "--model", args.model, "--workload", args.workload, "--slo", args.slo,
-                "--format", args.format, "--refine", *(["--gpu", args.gpu] if args.gpu else [])]
-        return subprocess.run([sys.executable, "-m", "loadtest", "size", *argv], check=False).returncode
+    if args.refine:  # checked in the simulator, a layer above: `python -m pools` hands it over first
+        raise ValueError("--refine: run it as `python -m pools size ... --refine` or `python -m loadtest size`")
     from pools.sizing import PhaseOption, size
 
     topology = read_source(args.topology, ReadOptions(gpu=args.gpu))
@@ -138,123 +130,16 @@ def cmd_node_labels(args: argparse.Namespace) -> int:
     return 0
 
 
-def _controller(address: str) -> Any:
-    """The running controller actor (connects this process to the Ray cluster)."""
-    import ray
-
-    from pools.controller.controller import CONTROLLER_NAME, NAMESPACE
-
-    try:
-        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
-    except ConnectionError as err:
-        raise ValueError(f"no Ray cluster at {address}: {err}") from None
-    try:
-        return ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
-    except ValueError:
-        raise ValueError("no isleserve controller runs on this Ray cluster (deploy configs/*.yaml first)") from None
-
-
-def cmd_mark_link(args: argparse.Namespace) -> int:
-    """Tell the running controller that a link is down (or back): it drains and re-places."""
-    import ray
-
-    call: Any = _controller(args.address).mark_link.remote(args.node, args.gpu_a, args.gpu_b, args.healthy,
-                                                           args.reason or "")
-    moves: list[dict[str, object]] = ray.get(call)
-    print(json.dumps({"moves": moves}, indent=2))
-    return 0
-
-
-def cmd_stop_controller(args: argparse.Namespace) -> int:
-    """Stop every replica and the controller (`serve shutdown` leaves them: they are detached)."""
-    import ray
-
-    controller = _controller(args.address)
-    ray.get(controller.shutdown.remote())
-    ray.kill(controller, no_restart=True)
-    print("isleserve controller and its replicas stopped")
-    return 0
-
-
-def cmd_sim_engine(args: argparse.Namespace) -> int:
-    from pools.engine.run import main as run_engine
-
-    return run_engine(args)
-
-
-def cmd_engine_bench(args: argparse.Namespace) -> int:
-    from pools.bench.engine import main as engine_bench
-
-    return engine_bench(args.format)
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.what == "engine":
-        return cmd_engine_bench(args)
-    from pools.bench.placement import main as bench_main
+    from pools.bench import main as bench_main
 
     return bench_main(args.format, args.policy)
 
 
 
 
-def cmd_launch(args: argparse.Namespace) -> int:
-    """The vLLM processes that start one gang replica of a plan, node by node."""
-    from pools.vllm.gang import EplbSettings, GangSettings, gang_launches, placement_from_json
-
-    try:
-        with open(args.plan, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"--plan {args.plan}: {err}") from None
-    pools = {p.name: p for p in load_pools(args.pools).pool_specs()}
-    if args.pool not in pools:
-        raise ValueError(f"--pool {args.pool}: not in {args.pools} ({', '.join(pools)})")
-    found = [p for p in doc.get("placements", []) if p.get("pool") == args.pool
-             and (args.replica is None or p.get("replica_id") == args.replica)]
-    if not found:
-        raise ValueError(f"{args.plan} places no replica {args.replica or ''} of pool {args.pool}".replace("  ", " "))
-    placement = placement_from_json(found[0])
-    # vLLM takes no static expert map: a pool's redundant experts go to its own EPLB
-    wanted = pools[args.pool].experts
-    redundant = args.eplb_redundant if args.eplb_redundant is not None else (
-        wanted.redundant if wanted is not None and wanted.redundant else None)
-    eplb = None if redundant is None else EplbSettings(num_redundant_experts=redundant)
-    settings = GangSettings(model=args.model or pools[args.pool].model or args.pool, address=args.address,
-                            port=args.port, rpc_port=args.rpc_port, external_lb=args.external_lb, eplb=eplb)
-    launches = gang_launches(placement, pools[args.pool], settings)
-    if args.format == "json":
-        keys = ("node", "argv", "env", "dp_ranks", "headless")
-        print(json.dumps([{k: v for k, v in launch.to_json().items() if k in keys} for launch in launches], indent=2))
-    else:
-        import shlex
-
-        for launch in launches:
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(launch.env.items()))
-            print(f"# {launch.node}: DP ranks {list(launch.dp_ranks)}{' (headless)' if launch.headless else ''}")
-            print(f"{env} {shlex.join(launch.argv)}")
-    return 0
-
-
-def _launch_parser(sub: Any) -> None:
-    p = sub.add_parser("launch", help="the vLLM command of each node of a planned gang replica")
-    p.add_argument("--plan", required=True, help="PLAN.json as `plan --format json` prints it")
-    p.add_argument("--pools", required=True, help="the POOLS.yaml the plan was made with (tp, dp, pp, ep)")
-    p.add_argument("--pool", required=True)
-    p.add_argument("--replica", help="replica id (default: the pool's first)")
-    p.add_argument("--model", help="model id or directory (default: the pool's model)")
-    p.add_argument("--address", default="127.0.0.1", help="the head node's address (--data-parallel-address)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--rpc-port", type=int, default=29550)
-    p.add_argument("--external-lb", action="store_true", help="one API server per DP rank")
-    p.add_argument("--eplb-redundant", type=int, metavar="R", help="enable EPLB with R redundant experts")
-    p.add_argument("--format", choices=["json", "text"], default="text")
-    p.set_defaults(func=cmd_launch)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pools", description="placement, sizing and its benchmark")
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_parsers(sub: Any) -> None:
+    """pools' own subcommands of `python -m pools`: plan, size, node-labels, bench (placement), experts."""
     p = sub.add_parser("plan", help="place pools on a topology")
     p.add_argument("--topology", required=True, help="capture, NCCL XML, cluster spec, template or nvml")
     p.add_argument("--pools", required=True, help="POOLS.yaml with a top-level `pools:` list")
@@ -281,39 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", help="which node of a multi-node source (default: the only one)")
     p.add_argument("--format", choices=["args", "json"], default="args")
     p.set_defaults(func=cmd_node_labels)
-    p = sub.add_parser("mark-link", help="mark a link unhealthy (or healthy again) in the running controller")
-    p.add_argument("node")
-    p.add_argument("gpu_a", type=int)
-    p.add_argument("gpu_b", type=int)
-    p.add_argument("--healthy", action="store_true", help="the link is back in service")
-    p.add_argument("--reason", help="recorded with the change")
-    p.add_argument("--address", default="auto", help="Ray address (default: the running cluster)")
-    p.set_defaults(func=cmd_mark_link)
-    p = sub.add_parser("stop-controller", help="stop the detached controller and every replica it started")
-    p.add_argument("--address", default="auto", help="Ray address (default: the running cluster)")
-    p.set_defaults(func=cmd_stop_controller)
-    p = sub.add_parser("sim-engine", help="serve a simulated engine (OpenAI API, cost-model timing)")
-    from pools.engine.run import add_arguments
-
-    add_arguments(p)
-    p.set_defaults(func=cmd_sim_engine)
-    p = sub.add_parser("engine-bench", help="the same as `bench engine` (kept for old scripts)")
-    p.add_argument("--format", choices=["json", "text"], default="text")
-    p.set_defaults(func=cmd_engine_bench)
     p = sub.add_parser("bench", help="placement: plan and re-plan a 1,024-node cluster; engine: the simulated "
                                      "engine on the wall clock (TP, PD, 200 streams)")
     p.add_argument("what", nargs="?", choices=["placement", "engine"], default="placement")
     p.add_argument("--format", choices=["json", "text"], default="text")
     p.add_argument("--policy", default="island-aligned", choices=sorted(POLICIES))
     p.set_defaults(func=cmd_bench)
-    add_cost_parsers(sub)
     add_experts_parser(sub)
-    _launch_parser(sub)
-    return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse and run a subcommand: exit code 2 and one line on stderr for bad input."""
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except (TopologyError, ValueError) as err:

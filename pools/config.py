@@ -3,7 +3,7 @@
     pools:
       - {name: prefill, role: prefill, tp: 4, replicas: 2, model: llama-3.1-70b, slo_classes: [interactive]}
       - {name: decode, role: decode, tp: 2, replicas: auto, model: llama-3.1-70b}
-        vllm: {model: meta-llama/Llama-3.1-70B-Instruct}   # optional: the real server (pools.vllm.config)
+        vllm: {model: meta-llama/Llama-3.1-70B-Instruct}   # optional: the real server (pools.vllmconfig)
         autoscaling: {min_replicas: 1, max_replicas: 6}    # optional: follow the load (pools.autoscale)
     slo_classes:                      # optional; defaults: interactive, standard, batch
       - {name: interactive, priority: 0, ttft_ms: 500, tpot_ms: 50}
@@ -15,10 +15,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pools import catalog
+from physics import catalog
 from pools.autoscale.policy import AutoscalingConfig
 from pools.model import DEFAULT_SLO_CLASSES, ExpertChoice, PoolSpec, SLOClass
-from pools.vllm.config import VllmPoolConfig
+from pools.vllmconfig import VllmPoolConfig
 from topology.configfile import load_yaml_file, validate_mapping
 from topology.errors import ParseError
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from topology import GpuRef, Tier, Topology
+from topology.paths import TIERS
 
 Role = Literal["prefill", "decode", "mixed"]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "mixed")
@@ -266,3 +267,23 @@ class PlacementRequest:
 
 def replica_ids(pool: PoolSpec) -> Sequence[str]:
     return [f"{pool.name}-{i}" for i in range(pool.replicas)]
+
+
+def placement_from_json(doc: Mapping[str, Any]) -> ReplicaPlacement:
+    """A gang placement back from `PlacementPlan.to_json` (only what a launch needs: the JSON has
+    no `in_island`, which launching does not read)."""
+    try:
+        members = tuple(GangMember(node=str(m["node"]), gpus=tuple(int(g) for g in m["gpus"]),
+                                   dp_rank_start=int(m["dp_rank_start"]), pp_stage=int(m.get("pp_stage", 0)),
+                                   nic=None if m.get("nic") is None else str(m["nic"]))
+                        for m in doc.get("members", ()))
+        tier, role = str(doc["tier"]), str(doc["role"])
+        if tier not in TIERS or role not in ROLES:
+            raise ValueError(f"tier {tier!r} or role {role!r} is unknown")
+        return ReplicaPlacement(replica_id=str(doc["replica_id"]), pool=str(doc["pool"]), role=role,
+                                node=str(doc["node"]), gpus=tuple(int(g) for g in doc["gpus"]),
+                                island=str(doc.get("island", "")), tier=tier, in_island=True,
+                                members=members, in_domain=bool(doc.get("in_domain", True)),
+                                expert_parallel=bool(doc.get("expert_parallel", False)))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"placement {doc.get('replica_id', '?')}: not a plan placement ({err!r})") from None

@@ -11,7 +11,7 @@ size each phase separately against its own SLO, then match their rates.
 - The split uses the island's bottleneck link for each TP size (from the topology), so a box
   without NVLink prices TP>1 at PCIe speed and the search prefers smaller TP there.
 - An MoE model is also sized as expert-parallel gangs of `EP_SIZES` data-parallel ranks
-  (`pools.moecost`): every rank prefills its own prompts and decodes its own batch, in lockstep
+  (`physics.moecost`): every rank prefills its own prompts and decodes its own batch, in lockstep
   with the gang; the all-to-all runs over NVLink when the largest domain holds the gang, else
   over rail-aligned RDMA between nodes. Prefill and decode are sized separately, so each phase
   gets its own EP size (DeepSeek's deployment: EP32 prefill, EP144 decode).
@@ -23,10 +23,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pools import catalog, costmodel, moecost
-from pools.catalog import GpuSpec, ModelSpec
+from physics import catalog, costmodel, moecost
+from physics.catalog import GpuSpec, ModelSpec
+from physics.moecost import GangLinks
 from pools.model import SLOClass
-from pools.moecost import GangLinks
 from topology import Topology, bottleneck, cliques, islands
 
 WORKLOADS: dict[str, tuple[int, int, str]] = {

@@ -11,9 +11,9 @@ from collections import deque
 from collections.abc import Sequence
 
 from pools.model import SLOClass
-from pools.wire.openai import ApiError
 from router.plugins.filters import has_headroom, healthy, serves_class, usable
 from router.plugins.model import Candidate, RouteRequest
+from wire.openai import ApiError
 
 OVERLOAD_WAITING = 8.0
 """Requests waiting per replica (engine queue + a quarter of the router's in-flight) at which

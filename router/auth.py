@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pools.model import SLOClass
-from pools.wire.openai import ApiError
 from router.config import RouterConfig
 from router.keys import Keyring
+from wire.openai import ApiError
 
 SEEN_KEYS = 1024
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import orjson
 
-from pools.engine.fields import as_int
 from pools.model import Role, SLOClass
-from pools.wire import openai as wire
-from pools.wire.prompt import Prompt, read_prompts
 from router.cost import CostLimits, RequestCost, check, check_sequences, measure
 from router.decision import RouteRequest
+from wire import openai as wire
+from wire.fields import as_int
+from wire.prompt import Prompt, read_prompts
 
 SCAN_ABOVE_BYTES = 65_536
 MAX_JSON_CONTAINERS = 262_144

@@ -9,11 +9,11 @@ import sys
 from collections.abc import Sequence
 
 from pools.routing import ReplicaEndpoint, RoutingTable
-from pools.wire.lifecycle import serve_until_signalled
 from router.config import RouterConfig, load_router_config
 from router.keys import SALT_BYTES, salted
 from router.server import Router
 from topology import Topology, TopologyError, read_source
+from wire.lifecycle import serve_until_signalled
 
 
 def table_from_config(config: RouterConfig) -> RoutingTable:

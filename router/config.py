@@ -17,7 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from pools.config import SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, SLOClass
-from pools.wire.limits import (
+from router.fairness import FairConfig
+from router.keys import Stored, sha256_hex
+from router.plugins.profile import DEFAULT_FILTERS, Profile
+from router.plugins.spec import PluginSpec
+from router.quota import Quota
+from topology.configfile import load_yaml_file, validate_mapping
+from wire.limits import (
     CLIENT_SHARE,
     CLIENT_WRITE_TIMEOUT_S,
     FD_RESERVE,
@@ -30,12 +36,6 @@ from pools.wire.limits import (
     ServerLimits,
     client_share,
 )
-from router.fairness import FairConfig
-from router.keys import Stored, sha256_hex
-from router.plugins.profile import DEFAULT_FILTERS, Profile
-from router.plugins.spec import PluginSpec
-from router.quota import Quota
-from topology.configfile import load_yaml_file, validate_mapping
 
 DEV_KEY, DEV_ADMIN_KEY = "isle-dev-key", "isle-dev-admin"
 

@@ -79,7 +79,7 @@ class ControllerContact:
 
 
 def silence_health(silence: Silence | None, now_s: float) -> dict[str, Any]:
-    """The router's side of the controller's health (pools.controller.alarms's shape): empty
+    """The router's side of the controller's health (control.state.alarms's shape): empty
     while the controller answers."""
     if silence is None:
         return {}

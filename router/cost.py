@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pools.engine.fields import as_int
-from pools.wire import openai as wire
-from pools.wire.prompt import Prompt
+from wire import openai as wire
+from wire.fields import as_int
+from wire.prompt import Prompt
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 """The legacy completions API's max_tokens when the field is absent (OpenAI's and vLLM's)."""

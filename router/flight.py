@@ -19,8 +19,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from pools.wire import openai as wire
-from pools.wire.http import Responder
 from router.call import Call
 from router.config import UpstreamConfig
 from router.decision import Candidate
@@ -29,6 +27,8 @@ from router.relay import RelayPool, UpstreamProtocol, request_bytes
 from router.state import Replicas
 from router.timing import TAIL, reported_timing, token_events
 from router.upstream import UpstreamError
+from wire import openai as wire
+from wire.http import Responder
 
 log = logging.getLogger("isleserve.router")
 Ended = tuple[str, "wire.ApiError | None"]
@@ -145,7 +145,7 @@ class Flight:
         request (an engine answers a stream's head before the request leaves its queue, so the
         head does not count), a non-streamed answer within `request_timeout_s`; then no gap longer
         than `idle_timeout_s`. While the router holds the engine back for a slow client, the
-        engine is not late: the client's own write timeout (pools.wire.limits) covers that."""
+        engine is not late: the client's own write timeout (wire.limits) covers that."""
         if self.ended or self.paused_at:
             return
         flowing = self.tokens > 0 or (self.status > 0 and not self.streaming)

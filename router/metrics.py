@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from pools.wire.limits import CAUSES
+from wire.limits import CAUSES
 
 BUCKETS = tuple(float(f"{2.0 ** (k / 8):.4g}") for k in range(-80, 57))
 """Latency bucket bounds: 2^(k/8) s from 2^-10 (~1 ms) to 2^7 (128 s), the bounds of a Prometheus
@@ -155,7 +155,7 @@ class RouterMetrics:
         self.autoscaling: Mapping[str, Any] = {}
         """The controller's autoscaler as it last answered a load report (`isle_autoscale_*`)."""
         self.front_door: Callable[[], Mapping[str, Any]] = dict
-        """The HTTP front door now (`pools.wire.limits.ServerLimits.view`: `isle_router_front_door_*`)."""
+        """The HTTP front door now (`wire.limits.ServerLimits.view`: `isle_router_front_door_*`)."""
         self.controller: Mapping[str, Any] = {}
         """The controller's health from the plan it published last (`isle_controller_*`), set
         before a scrape renders."""
@@ -223,7 +223,7 @@ class _Families(Collector):
 
 
 def controller_families(health: Mapping[str, Any]) -> Iterator[Metric]:
-    """The controller's health (pools.controller.alarms): degraded or not, the open alerts by kind,
+    """The controller's health (control.state.alarms): degraded or not, the open alerts by kind,
     and its failed writes by kind since it started. Nothing without a controller."""
     if not health:
         return
@@ -244,7 +244,7 @@ def controller_families(health: Mapping[str, Any]) -> Iterator[Metric]:
 
 def front_door_families(views: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
     """The HTTP front door of every worker, summed: refusals and closures by cause (every cause of
-    `pools.wire.limits.CAUSES`, zero included), open connections and buffered request bytes."""
+    `wire.limits.CAUSES`, zero included), open connections and buffered request bytes."""
     refusals = CounterMetricFamily("isle_router_front_door_refusals", "Connections and requests the HTTP front "
                                    "door refused or closed before any handler ran, by cause (caps per listener and "
                                    "per client address, 408/413/431/400, idle eviction, unread responses)",
@@ -266,7 +266,7 @@ def front_door_families(views: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
 
 
 def autoscale_families(view: Mapping[str, Any]) -> Iterator[Metric]:
-    """The controller's autoscaler (`pools.controller.autoscaling.Autoscaling.status`): each pool's
+    """The controller's autoscaler (`control.autoscaling.Autoscaling.status`): each pool's
     replicas (placed, serving, wanted, bounds), what it saw, and its decisions so far."""
     pools: Mapping[str, Any] = view.get("pools", {}) if view else {}
     replicas = GaugeMetricFamily("isle_autoscale_replicas", "An autoscaled pool's replicas: placed (starting "

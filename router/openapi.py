@@ -1,6 +1,6 @@
 """The router's OpenAPI 3.1 document, generated from pydantic models (as FastAPI generates
 vLLM's from its protocol models): the request and answer bodies of the OpenAI API
-(`pools.wire.protocol`), the router's own answers (`router.views`), every route the router
+(`wire.protocol`), the router's own answers (`router.views`), every route the router
 serves, bearer keys, the `x-slo-class` header with this router's classes and its
 `max_tokens_limit`. Built once when the router starts and served as is at `/openapi.json`.
 
@@ -16,9 +16,9 @@ import orjson
 from pydantic import BaseModel, Field, create_model
 from pydantic.json_schema import models_json_schema
 
-from pools.wire import protocol as wire
-from pools.wire.reader import MAX_HEAD_BYTES, MAX_HEADER_COUNT
 from router import views
+from wire import protocol as wire
+from wire.reader import MAX_HEAD_BYTES, MAX_HEADER_COUNT
 
 JSON = dict[str, Any]
 REF = "#/components/schemas/{model}"
@@ -63,7 +63,7 @@ def _schemas(models: list[type[BaseModel]]) -> tuple[dict[str, JSON], JSON]:
 
 def _tidy(node: Any) -> Any:
     """Descriptions on one line (attribute docstrings keep their line breaks), and no `default:
-    null` on a field that may be absent but not null (`pools.wire.protocol.Absent`: pydantic
+    null` on a field that may be absent but not null (`wire.protocol.Absent`: pydantic
     writes the default, which its own schema does not take; a nullable field is an anyOf)."""
     if isinstance(node, dict):
         return {k: " ".join(v.split()) if k == "description" and isinstance(v, str) else _tidy(v)

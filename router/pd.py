@@ -16,8 +16,6 @@ from typing import Any
 import orjson
 
 from pools.model import Role
-from pools.wire import openai as wire
-from pools.wire.http import Responder
 from router import relay
 from router.call import Call
 from router.config import PDConfig
@@ -26,6 +24,8 @@ from router.flight import FlightContext, fly
 from router.relay import RelayPool
 from router.upstream import UpstreamError
 from topology import Topology
+from wire import openai as wire
+from wire.http import Responder
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 """Runs clean-up apart from the request that needed it (which may be cancelled)."""

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pools.wire.openai import ApiError
+from wire.openai import ApiError
 
 BURST_S = 10.0
 """A bucket holds this many seconds of its rate when no burst is configured."""

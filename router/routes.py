@@ -13,13 +13,13 @@ from collections.abc import Collection, Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from pools.wire import openai as wire
-from pools.wire.http import Request, Responder
 from router import openapi, relay
 from router.flight import FlightContext
 from router.state import Replicas
 from router.upstream import UpstreamError
 from topology import Topology
+from wire import openai as wire
+from wire.http import Request, Responder
 
 GET, POST = ("GET", "HEAD"), ("POST",)
 ROUTES: dict[str, tuple[str, ...]] = {
@@ -53,7 +53,7 @@ def wrong_method(method: str, path: str) -> wire.ApiError | None:
 
 
 def controller_health(plan: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    """The controller's health as the plan it published last says it (pools.controller.alarms:
+    """The controller's health as the plan it published last says it (control.state.alarms:
     `status`, `reasons`, `alerts`, `write_failures`); empty when there is no controller (a
     standalone router) or it does not say."""
     found = ((plan or {}).get("controller") or {}).get("health")

@@ -1,4 +1,4 @@
-"""The router's data plane: one asyncio HTTP server (pools.wire.http) that authenticates, admits
+"""The router's data plane: one asyncio HTTP server (wire.http) that authenticates, admits
 by SLO class, routes (pure decisions), orchestrates PD, proxies with retries before the first
 byte, and records per-tier latency. The same code runs in tests, standalone and under Ray Serve.
 
@@ -26,8 +26,6 @@ import orjson
 
 from pools.model import SLOClass
 from pools.routing import RoutingTable
-from pools.wire import openai as wire
-from pools.wire.http import Request, Responder, serve
 from router import routes
 from router.admission import Admission
 from router.auth import Auth
@@ -46,6 +44,8 @@ from router.state import Replicas
 from router.upstream import Pool
 from router.workers import Siblings, Workers, read_silence, read_view, socket_path, view_bytes
 from topology import Topology
+from wire import openai as wire
+from wire.http import Request, Responder, serve
 
 log = logging.getLogger("isleserve.router")
 GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
@@ -66,7 +66,7 @@ class Router:
         self.topology = topology
         self.plan = plan
         self.contact: ControllerContact | None = None
-        """The leader's contact with its controller (router.serve); None: a standalone router."""
+        """The leader's contact with its controller (isleserve.app); None: a standalone router."""
         self.silence: Silence | None = None
         """The controller's silence as the leader last pushed it (every worker)."""
         self.metrics = RouterMetrics()
@@ -135,7 +135,7 @@ class Router:
 
     async def join(self, directory: Path) -> None:
         """Listen for the sibling workers on `directory`/INDEX.sock."""
-        from pools.wire.http import serve_unix
+        from wire.http import serve_unix
 
         self._internal = await serve_unix(self.internal, socket_path(directory, self.worker),
                                           on_error=lambda e: log.exception("internal handler error", exc_info=e))
@@ -280,7 +280,7 @@ class Router:
     def head_check(self, head: Request) -> tuple[int, bytes] | None:
         """A request that carries a body needs a valid key before any of its body is buffered (no
         route open without a key takes a body): without one, its body is read and dropped and 401
-        is its answer (`pools.wire.reader.HeadCheck`), so no one without a key can fill the
+        is its answer (`wire.reader.HeadCheck`), so no one without a key can fill the
         buffered-bytes cap. The rest is `handle`'s, as before."""
         headers = head.headers
         if self.auth.open or ("transfer-encoding" not in headers

@@ -11,14 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pools.routing import ReplicaEndpoint, RoutingTable
-from pools.wire.promtext import engine_load
 from router.decision import Candidate, ReplicaLoad
 from router.upstream import Pool, UpstreamError
+from wire.promtext import engine_load
 
 
 def parse_vllm_metrics(text: str) -> dict[str, float]:
     """`running`, `waiting` and `kv_usage`, those the engine's /metrics text has
-    (pools.wire.promtext.engine_load; ValueError: not Prometheus text)."""
+    (wire.promtext.engine_load; ValueError: not Prometheus text)."""
     load = engine_load(text)
     found = (("running", load.running), ("waiting", load.waiting), ("kv_usage", load.kv_usage))
     return {name: value for name, value in found if value is not None}

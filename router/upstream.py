@@ -4,7 +4,7 @@ router.relay's own connections).
 
     UpstreamError     nothing usable came back (connect refused, reset, timeout, bad HTTP):
                       the request may be retried on another replica, no byte went to the client
-    Pool              keep-alive scrape clients, one per engine URL (pools.wire.client), each
+    Pool              keep-alive scrape clients, one per engine URL (wire.client), each
                       call bounded by a connect and a read timeout; a failure is an UpstreamError
 """
 
@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Collection
 
-from pools.wire.client import AsyncClient, ClientError
+from wire.client import AsyncClient, ClientError
 
 
 class UpstreamError(Exception):

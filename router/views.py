@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from pools.wire.protocol import Absent
+from wire.protocol import Absent
 
 
 class View(BaseModel):

@@ -13,7 +13,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pools.wire.lifecycle import serve_until_signalled
 from router.config import RouterConfig
 from router.server import Router
 from router.workers import (
@@ -25,6 +24,7 @@ from router.workers import (
     read_silence,
     read_view,
 )
+from wire.lifecycle import serve_until_signalled
 
 
 def _stop_unless_cancelled(task: asyncio.Task[None]) -> None:

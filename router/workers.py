@@ -30,10 +30,10 @@ from typing import Any
 import orjson
 
 from pools.routing import ReplicaEndpoint, RoutingTable
-from pools.supervisor import Child, ChildError, Output, ReadyLine, Stop
 from router.contact import Silence
 from topology import Topology
 from topology.serialize import from_dict, to_dict
+from wire.supervisor import Child, ChildError, Output, ReadyLine, Stop
 
 log = logging.getLogger("isleserve.router")
 START_TIMEOUT_S = 30.0

@@ -1,4 +1,4 @@
-"""A state directory whose disk a test can fill: the real files (pools.controller.statefiles),
+"""A state directory whose disk a test can fill: the real files (control.state.files),
 with every write failing ENOSPC while `full` is set (reads go on working, as on a full disk)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import errno
 import os
 from pathlib import Path
 
-from pools.controller.statefiles import DiskFiles
+from control.state.files import DiskFiles
 
 
 class FullDisk:

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from pools.supervisor import Child, ChildError, ChildExited, ChildNotReady, ReadyLine
 from tests.conftest import ROOT
+from wire.supervisor import Child, ChildError, ChildExited, ChildNotReady, ReadyLine
 
 ROUTER_READY_S = 60.0
 

@@ -14,7 +14,7 @@ from typing import Any
 from topology.errors import ParseError
 from topology.kinds import LinkKind
 from topology.model import Fabric, Gpu, Link, LinkHealth, MeasuredPath, Nic, Node, Topology
-from topology.readers.build import upgrade_nvswitch
+from topology.nvswitch import upgrade_nvswitch
 
 FORMAT = "isleserve-topology/1"
 

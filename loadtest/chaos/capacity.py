@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from isleserve.settings import AppArgs
 from loadtest.chaos.load import RequestFactory
 from loadtest.live.timings import simulate_deployment
 from loadtest.summary import summarize
-from router.appconfig import AppArgs
 
 ATTAINMENT = 0.95
 PROBE_S = 20.0

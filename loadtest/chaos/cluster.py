@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from isleserve.settings import AppArgs, parse_app_args
 from loadtest.chaos.spec import ChaosSpec
 from loadtest.live.compare import APP_IMPORT, base_serve_config
 from loadtest.live.deploy import (
@@ -41,10 +42,9 @@ from loadtest.live.deploy import (
     wait_router,
 )
 from pools.nodelabels import node_labels, node_resources
-from pools.supervisor import Child, ChildError, Group, ReadyLine, Stop
-from router.appconfig import AppArgs, parse_app_args
 from router.config import DEV_KEY
 from topology import Topology, read_source
+from wire.supervisor import Child, ChildError, Group, ReadyLine, Stop
 
 HEAD_RESOURCE = "node:__internal_head__"
 ROUTER_DEPLOYMENT = "isleserve-router"
@@ -80,7 +80,7 @@ def chaos_args(spec: ChaosSpec, base_config: Path, state_dir: Path, router_port:
     """The base Serve config, its application's index, and the args this run deploys."""
     doc, index, base = base_serve_config(base_config)
     raw = base.model_dump(mode="json", exclude_none=True)
-    topology = base.topology  # relative: to the working directory, else the repository (as router.serve reads it)
+    topology = base.topology  # relative: to the working directory, else the repository (as isleserve.app reads it)
     if not Path(topology).is_absolute():
         topology = str(next((b / topology for b in (Path.cwd(), ROOT) if (b / topology).exists()), ROOT / topology))
     raw.update({"time_scale": spec.time_scale, "state_dir": str(state_dir), "topology": topology,

@@ -4,7 +4,7 @@ the replica that served it, every word received, usage, the [DONE] marker, the e
 the SSE error event as sent).
 
 Built on the live driver's client (`loadtest.live.client.Target`: keep-alive connections through
-httpx) and the SSE splitter (pools.wire.sse), events read as they arrive.
+httpx) and the SSE splitter (wire.sse), events read as they arrive.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import orjson
 from loadtest.chaos.load import ChaosRequest, RequestFactory
 from loadtest.live.client import Target
 from loadtest.workloads.prompts import prompt_text
-from pools.wire.client import ClientError
-from pools.wire.sse import SseSplitter, json_events, output_text
+from wire.client import ClientError
+from wire.sse import SseSplitter, json_events, output_text
 
 CHAT_PATH = "/v1/chat/completions"
 

@@ -30,15 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from control.state.files import DiskFiles
+from control.state.secrets import TOKEN_FILE
 from loadtest.chaos.cluster import ChaosCluster, listening_pid, rss_mb
 from loadtest.chaos.driver import ChaosDriver
 from loadtest.chaos.spec import ChaosSpec, Fault, LinkDegrade, NodeLoss, Overload, ReplicaCrash
 from loadtest.live.client import Target
 from loadtest.live.deploy import ROOT, ray_env
-from pools.controller.deploysecrets import TOKEN_FILE
-from pools.controller.statefiles import DiskFiles
-from pools.wire import client
-from pools.wire.promtext import EngineLoad, engine_load
+from wire import client
+from wire.promtext import EngineLoad, engine_load
 
 POLL_S = 0.5
 

@@ -1,7 +1,7 @@
 """The chaos run's requests, and the text each must come back with.
 
 Every request carries a `seed`: the simulated engine draws its words from a generator seeded by
-it (`pools.engine.text.TokenText`), so the exact words a stream must deliver are known here, and
+it (`wire.text.TokenText`), so the exact words a stream must deliver are known here, and
 a token delivered twice, or one missing, is counted exactly. Requests are a pure function of the
 workload seed and their index; arrival gaps come from their own seeded generator at whatever
 rate the timeline sets (the base load, or a burst).
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from loadtest.chaos.spec import WorkloadShape
 from loadtest.model import TraceRequest
 from loadtest.workloads import synthetic
-from pools.engine.text import TokenText
+from wire.text import TokenText
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

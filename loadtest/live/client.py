@@ -1,4 +1,4 @@
-"""The live drivers' client: keep-alive connections to one loopback target (pools.wire.client's
+"""The live drivers' client: keep-alive connections to one loopback target (wire.client's
 AsyncClient, httpx underneath), each piece of a streamed body handed on with the time it was
 read, so a token's time is when its bytes arrived."""
 
@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from pools.wire.client import AsyncClient, Stream, is_loopback, origin
+from wire.client import AsyncClient, Stream, is_loopback, origin
 
 
 class UsageError(Exception):
@@ -40,7 +40,7 @@ class Target:
     flight, kept for the next request when it is done (httpx's own pool looks at every
     connection it holds for every request it sends: at hundreds of streams that is most of the
     client's CPU). No timeout of its own: the drivers bound each request by its deadline. Errors
-    are pools.wire.client's (OSErrors; `kind` names the cause)."""
+    are wire.client's (OSErrors; `kind` names the cause)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port

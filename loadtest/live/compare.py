@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from isleserve.settings import AppArgs, parse_app_args, resolve_topology
 from loadtest.live.client import Target, loopback_target
 from loadtest.live.deploy import ROOT, Deployment, ray_deployment
 from loadtest.live.run import Driver, pick_model
@@ -38,11 +39,10 @@ from loadtest.report import write_plots, write_report
 from loadtest.scenario import Scenario
 from loadtest.summary import summarize
 from loadtest.workload import Workload, load_workload
-from router.appconfig import AppArgs, parse_app_args, resolve_topology
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from topology.configfile import load_yaml_file
 
-APP_IMPORT = "router.serve:build"
+APP_IMPORT = "isleserve.app:build"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

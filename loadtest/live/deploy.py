@@ -31,10 +31,10 @@ from typing import Any
 
 import yaml
 
-from pools.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyLine, ReadyUrl, Stop
-from pools.supervisor import session_pids as session_pids  # noqa: PLC0414 (re-exported: the chaos run's)
-from pools.wire import client
-from router.appconfig import AppArgs, plan_for, resolve_topology
+from isleserve.settings import AppArgs, plan_for, resolve_topology
+from wire import client
+from wire.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyLine, ReadyUrl, Stop
+from wire.supervisor import session_pids as session_pids  # noqa: PLC0414 (re-exported: the chaos run's)
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +79,7 @@ def port_in_use(port: int) -> bool:
 
 
 def get_json(url: str, key: str | None = None, timeout_s: float = 5.0) -> Any:
-    """A 2xx answer's JSON (pools.wire.client: OSError for no such answer, ValueError for no JSON)."""
+    """A 2xx answer's JSON (wire.client: OSError for no such answer, ValueError for no JSON)."""
     return client.get_json(url, key=key, timeout_s=timeout_s)
 
 
@@ -273,7 +273,7 @@ def _stop_all(procs: dict[str, _Proc]) -> None:
 @contextlib.contextmanager
 def direct_deployment(args: AppArgs, work_dir: Path, timeout_s: float = 60) -> Iterator[Deployment]:
     """The plan `args` would deploy, as engine and router processes on loopback (no Ray)."""
-    from pools.controller.spec import EngineLaunch
+    from control.spec import EngineLaunch
 
     topology = resolve_topology(args, base=ROOT)
     plan = plan_for(args, topology)

@@ -14,8 +14,8 @@ sent after --duration; a request running --timeout seconds is cancelled (`timeou
 `ok`, `shed` (429), `timeout`, `error:<status>|<cause>`. Only loopback targets (127.0.0.0/8, ::1,
 localhost): this tool makes load on this machine and nowhere else.
 
-The client: keep-alive connections through httpx (loadtest.live.client, pools.wire.client), SSE
-events split as they are read (pools.wire.sse) and parsed with orjson, each token timed when its
+The client: keep-alive connections through httpx (loadtest.live.client, wire.client), SSE
+events split as they are read (wire.sse) and parsed with orjson, each token timed when its
 bytes are read.
 """
 
@@ -45,10 +45,10 @@ from loadtest.workloads import WorkloadError
 from loadtest.workloads.prompts import prompt_text
 from pools.config import SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, SLOClass
-from pools.wire.client import ClientError
-from pools.wire.sse import SseSplitter, json_events, output_text
 from topology.configfile import format_validation, load_yaml_file
 from topology.errors import ParseError
+from wire.client import ClientError
+from wire.sse import SseSplitter, json_events, output_text
 
 DEFAULT_KEY = "isle-dev-key"
 CHAT_PATH = "/v1/chat/completions"

@@ -8,14 +8,14 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
+from isleserve.settings import AppArgs, plan_for, resolve_topology
 from loadtest.live.deploy import ROOT
 from loadtest.model import RequestResult, TraceRequest
 from loadtest.sim.cluster import simulate
 from loadtest.sim.model import SimConfig
-from pools.wire import client
-from pools.wire.promtext import parse
-from router.appconfig import AppArgs, plan_for, resolve_topology
 from router.decision import Profile, check_profile
+from wire import client
+from wire.promtext import parse
 
 
 def modelled(results: Sequence[RequestResult], time_scale: float) -> list[RequestResult]:

@@ -1,7 +1,7 @@
 """The offline simulator: a discrete-event simulation of a whole deployment on a virtual clock.
 
 What runs is the product's own code, unchanged: the policy's plan, each replica's batching core
-(`pools.engine.core`, with its exact decode fast-forward) and the router's decisions (`decide`,
+(`simengine.core`, with its exact decode fast-forward) and the router's decisions (`decide`,
 `pd_decide`) on candidates built as the live router builds them (load as of the last scrape, its
 own in-flight counts and latency). Modelled: KV transfers sharing NICs and links
 (`loadtest.sim.network`), link faults slowing the TP groups they cross, lost nodes. As live: a
@@ -39,10 +39,10 @@ from loadtest.sim.model import (
 )
 from loadtest.sim.network import Network, legs
 from loadtest.sim.replica import Phase, SimReplica, build_replicas
-from pools import costmodel
-from pools.engine.core import DecodeRun
+from physics import costmodel
 from router.admission import Admission
 from router.decision import Candidate, PDDecision, Profile, RouteRequest, decide
+from simengine.core import DecodeRun
 from topology import GpuRef
 
 PREFIX_BLOCKS = 4

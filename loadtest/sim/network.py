@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pools.costmodel import kv_rate_gb_s, kv_setup_ms
+from physics.costmodel import kv_rate_gb_s, kv_setup_ms
 from topology import GpuRef, Topology, path
 from topology.paths import Path
 

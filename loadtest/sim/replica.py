@@ -1,4 +1,4 @@
-"""One simulated replica: the engine's own batching core (`pools.engine.core`) on a virtual clock,
+"""One simulated replica: the engine's own batching core (`simengine.core`) on a virtual clock,
 with the router-side state the live router keeps about it (in flight, latency, last scrape)."""
 
 from __future__ import annotations
@@ -6,13 +6,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-from pools import catalog
-from pools.costmodel import LOCAL, LinkCost
-from pools.engine.core import DecodeRun, EngineConfig, EngineCore, StepResult
-from pools.gangcost import GangCost, gang_cost
+from physics import catalog
+from physics.costmodel import LOCAL, LinkCost
+from physics.gang import GangCost
+from pools.ganglinks import gang_cost
 from pools.model import ExpertChoice, PlacementPlan, ReplicaPlacement
 from pools.routing import ReplicaEndpoint, dp_ranks, rank_id, table_from_plan
 from router.decision import Candidate, ReplicaLoad
+from simengine.core import DecodeRun, EngineConfig, EngineCore, StepResult
 from topology import GpuRef, Topology, bottleneck
 
 
@@ -102,7 +103,7 @@ def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, 
                   max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                   kv_capacity_tokens: int | None = None, gang: GangCost | None = None) -> SimReplica:
     """The engine for `endpoint`: the replica `p`, or one data-parallel rank of the gang `p` (its
-    steps priced as the gang's, `gang` or `pools.gangcost.gang_cost`)."""
+    steps priced as the gang's, `gang` or `pools.ganglinks.gang_cost`)."""
     pool = plan.pool(p.pool)
     gang = gang or gang_cost(topology, plan, p)
     nodes = frozenset(n for n, _ in p.gpu_refs())

@@ -6,7 +6,7 @@ compression, truncation, an SLO-class mix) and the prompt text a request is sent
     WorkloadError (ValueError)   input that is not a workload we can read; the message names
                                  the file and line, or the spec key, and what is wrong
 
-Imports `loadtest.model` and `pools.engine.text` only.
+Imports `loadtest.model` and `wire.text` only.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The text a `TraceRequest` is sent as: its prompt tokens long as the simulated engine and the
-router read a one-message chat prompt (`pools.wire.prompt`: 4 bytes a token, two more for the
+router read a one-message chat prompt (`wire.prompt`: 4 bytes a token, two more for the
 `<|user|>` tag), so the engine sees the trace's prompt length. Real
 tokenizers count this English-like filler at roughly the same rate.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 
 from loadtest.model import TraceRequest
-from pools.engine.text import BYTES_PER_TOKEN, VOCAB
+from wire.text import BYTES_PER_TOKEN, VOCAB
 
 CHAT_TAG_TOKENS = 2
 """Tokens the simulated engine counts for `<|user|>` around a one-message chat prompt."""

@@ -7,7 +7,7 @@ seconds from the earliest row; `transforms.finalize` sorts and numbers them.
   `hash_ids`: prefix blocks of 512 tokens; equal leading ids are a shareable prefix).
 - ShareGPT-style JSON (a list of `{"conversations": [{"from": "human"|"gpt", "value": ...}]}`):
   one request per conversation, its first human turn followed by a gpt turn (as `vllm bench
-  serve` takes it); token counts are estimated from the text with `pools.engine.text.count_tokens`
+  serve` takes it); token counts are estimated from the text with `wire.text.count_tokens`
   (4 bytes a token). It has no timestamps: `lengths_sharegpt` gives lengths only.
 
 Malformed input raises `WorkloadError` naming the file and line (the conversation for ShareGPT).
@@ -26,7 +26,7 @@ from typing import Any
 
 from loadtest.model import TraceRequest
 from loadtest.workloads import WorkloadError
-from pools.engine.text import count_tokens
+from wire.text import count_tokens
 
 MOONCAKE_BLOCK_TOKENS = 512
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

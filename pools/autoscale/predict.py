@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from pools import catalog, costmodel, sizing
+from physics import catalog, costmodel
+from pools import sizing
 from pools.model import PoolSpec, SLOClass
 from topology import Topology
 

@@ -1,9 +1,9 @@
-"""What an expert map does to a placed gang (the simulator's view, `pools.gangcost`; the plan's
+"""What an expert map does to a placed gang (the simulator's view, `physics.gang`; the plan's
 figures, `pools.placement.common.finish`)."""
 
 from __future__ import annotations
 
-from pools import catalog
+from physics import catalog
 from pools.experts.load import load_of
 from pools.experts.metrics import Gang, LayerStats, route
 from pools.experts.policies import POLICIES

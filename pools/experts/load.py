@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pools import catalog
+from physics import catalog
 
 
 @dataclass(frozen=True, slots=True)

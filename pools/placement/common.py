@@ -7,8 +7,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pools import catalog, costmodel
-from pools.costmodel import TIER_QUALITY as TIER_QUALITY  # noqa: PLC0414 (re-exported: the plan score's table)
+from physics import catalog, costmodel
+from physics.costmodel import TIER_QUALITY as TIER_QUALITY  # noqa: PLC0414 (re-exported: the plan score's table)
 from pools.model import (
     GangMember,
     PlacementPlan,

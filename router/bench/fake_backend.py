@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 
-from pools.wire.http import Request, Responder, serve
+from wire.http import Request, Responder, serve
 
 BODY = json.dumps({"id": "cmpl-fake", "object": "chat.completion", "created": 0, "model": "fake",
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok " * 16},

@@ -1,9 +1,9 @@
 """`python -m router bench --front-door`: the issue-15 attacks, run the same way against this
-project's connection layer (pools.wire.http) and the maintained candidates (uvicorn's httptools
+project's connection layer (wire.http) and the maintained candidates (uvicorn's httptools
 protocol, granian), each serving the same echo app on loopback. One row per probe: what the app
 was handed or what the client got, and whether that is what nginx would do.
 
-`python -m router.bench.probes --serve PORT` runs our side (the echo handler on pools.wire.http).
+`python -m router.bench.probes --serve PORT` runs our side (the echo handler on wire.http).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pools.wire.http import Request, Responder, serve
+from wire.http import Request, Responder, serve
 
 Probe = Callable[[int], str]
 """A probe against a server on 127.0.0.1:PORT; returns 'ok' or what went wrong, in a few words."""
@@ -160,7 +160,7 @@ async def _serve(port: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m router.bench.probes")
-    parser.add_argument("--serve", type=int, required=True, help="port for the echo app on pools.wire.http")
+    parser.add_argument("--serve", type=int, required=True, help="port for the echo app on wire.http")
     import uvloop
 
     uvloop.run(_serve(parser.parse_args().serve))

@@ -30,10 +30,10 @@ from typing import Any
 
 import yaml
 
-from pools import native
-from pools.supervisor import Child, ChildExited, ChildNotReady, Output, ReadyLine, ReadyProbe
 from router.bench import load
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
+from wire import native
+from wire.supervisor import Child, ChildExited, ChildNotReady, Output, ReadyLine, ReadyProbe
 
 SIDE = Path(".bench")
 
@@ -235,7 +235,7 @@ def main(fmt: str, reps: int, seconds: float, workers: int = 2, servers: bool = 
     if fmt == "json":
         print(json.dumps(figures))
         return 0
-    print(f"ours: request path {figures['ours']['request_path']} (pools/native.py)")
+    print(f"ours: request path {figures['ours']['request_path']} (wire/native.py)")
     print(f"{'proxy':<12} {'req/s':>9} {'CPU ms/1k':>10} {'+p50 ms':>8} {'+p99 ms':>8} {'stream/s':>9} "
           f"{'CPU ms/1k':>10} {'+TTFC p99':>10} {'+chunk p99':>11}")
     for name, f in figures.items():

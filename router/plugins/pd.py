@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from pools import catalog, costmodel
+from physics import catalog, costmodel
 from router.plugins.filters import usable_of
 from router.plugins.model import Candidate, ReplicaLoad, RouteRequest
 from router.plugins.timing import PluginTimer

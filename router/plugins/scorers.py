@@ -6,7 +6,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 
-from pools.costmodel import TIER_QUALITY
+from physics.costmodel import TIER_QUALITY
 from router.plugins.model import Candidate, RouteRequest, Scorer
 from router.plugins.params import Params
 
@@ -39,7 +39,7 @@ class KvUsageScorer(Scorer):
 
 
 class LinkTierScorer(Scorer):
-    """The quality of the replica's TP group tier (`pools.costmodel.TIER_QUALITY`)."""
+    """The quality of the replica's TP group tier (`physics.costmodel.TIER_QUALITY`)."""
 
     def __init__(self, tiers: Mapping[str, float], unknown: float) -> None:
         self.tiers = dict(tiers)

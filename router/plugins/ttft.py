@@ -1,5 +1,5 @@
 """Predicted time to first token on a replica, from the cost model over the replica's own links
-(`pools.costmodel`, the same physics the planner, the simulated engine and the simulator use) and
+(`physics.costmodel`, the same physics the planner, the simulated engine and the simulator use) and
 its load as the router sees it. The PD profile prices prefill/decode pairs and the best mixed
 replica with these, so both sides of "PD or mixed?" are predicted the same way.
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from pools import catalog, costmodel
-from pools.catalog import GpuSpec, ModelSpec
-from pools.costmodel import LinkCost
+from physics import catalog, costmodel
+from physics.catalog import GpuSpec, ModelSpec
+from physics.costmodel import LinkCost
 from pools.routing import ReplicaEndpoint
 from router.plugins.model import ReplicaLoad
 from topology import GpuRef, Topology

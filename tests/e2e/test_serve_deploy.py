@@ -29,11 +29,11 @@ import openai
 import pytest
 import yaml
 
+from isleserve.run import write_token
 from loadtest.live.deploy import free_ports, port_in_use, session_pids
-from pools.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyProbe, Stop
 from router.config import DEV_ADMIN_KEY, DEV_KEY
-from router.run import write_token
 from tests.conftest import ROOT
+from wire.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyProbe, Stop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 BIN = Path(sys.executable).parent

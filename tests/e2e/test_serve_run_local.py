@@ -22,10 +22,10 @@ import openai
 import pytest
 
 from loadtest.live.deploy import session_pids
-from pools.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyLine, Stop
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 from tests.security.listeners import grpc_statuses, http_answer, listeners, process_tree, ray_services
+from wire.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyLine, Stop
 
 pytestmark = pytest.mark.e2e
 BASE = "http://127.0.0.1:8000"

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from control.backend import LocalBackend
+from control.controller import ControllerCore, ControllerSpec
+from control.spec import AutoscaleSpec
 from pools.autoscale.policy import AutoscalingConfig
-from pools.controller.backend import LocalBackend
-from pools.controller.controller import ControllerCore, ControllerSpec
-from pools.controller.spec import AutoscaleSpec
 from pools.model import PoolSpec
 from tests.conftest import ROOT
 

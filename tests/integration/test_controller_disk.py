@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pools.controller.backend import LocalBackend, Replica
-from pools.controller.controller import ControllerCore, ControllerSpec
-from pools.controller.replica import ReplicaProcess
-from pools.controller.spec import EngineLaunch
+from control.backend import LocalBackend, Replica
+from control.controller import ControllerCore, ControllerSpec
+from control.replicas.sim import ReplicaProcess
+from control.spec import EngineLaunch
 from pools.model import PoolSpec
 from router.routes import health_body
 from tests.conftest import ROOT

@@ -14,9 +14,9 @@ import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
 
-from pools.engine.text import VOCAB
 from tests.engines import EngineProcess, running_engine
 from tests.integration.test_engine_vllm_compat import HI, MODEL, TOOLS, _close_clients, client, get, post
+from wire.text import VOCAB
 
 pytestmark = pytest.mark.integration
 __all__ = ["_close_clients"]

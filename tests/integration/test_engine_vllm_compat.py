@@ -15,8 +15,8 @@ from typing import Any
 import openai
 import pytest
 
-from pools.engine.text import VOCAB
 from tests.engines import EngineProcess, running_engine
+from wire.text import VOCAB
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-3.1-8b"

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from pools.wire import http
-from pools.wire.http import Request, Responder, ServerLimits
-from pools.wire.reader import error_body
+from wire import http
+from wire.http import Request, Responder, ServerLimits
+from wire.reader import error_body
 
 pytestmark = pytest.mark.integration
 ATTACKER, VICTIM = "127.0.0.2", "127.0.0.3"

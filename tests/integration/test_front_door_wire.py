@@ -1,4 +1,4 @@
-"""The connection layer (pools/wire/http.py) against careless and hostile clients on raw loopback
+"""The connection layer (wire/http.py) against careless and hostile clients on raw loopback
 sockets: one case per failure found from outside (issue 15), each of which failed before the
 fix — unread pipelining bounded, caps with 503 + Retry-After, trailers never merged, Host
 required, one answer to an Upgrade, no chunked stream to HTTP/1.0, half-close answered,
@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from pools.wire import http
-from pools.wire.http import HttpProtocol, Request, Responder, ServerLimits
-from pools.wire.limits import raise_fd_limit
+from wire import http
+from wire.http import HttpProtocol, Request, Responder, ServerLimits
+from wire.limits import raise_fd_limit
 
 pytestmark = pytest.mark.integration
 BIG = b"x" * 20000

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import ray
 
-from pools.controller.actors import get_or_create_controller
-from pools.controller.spec import ControllerSpec
+from control.actors import get_or_create_controller
+from control.spec import ControllerSpec
 from pools.model import PoolSpec
 from pools.routing import RoutingTable
 from tests.conftest import ROOT

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from pools.wire import http
-from pools.wire.http import Request, Responder, ServerLimits
+from wire import http
+from wire.http import Request, Responder, ServerLimits
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,10 @@ import httpx
 import openai
 import pytest
 
-from pools.controller.actors import HEALTH_INTERVAL_S
-from pools.controller.backend import LocalBackend
-from pools.controller.controller import ControllerCore, ControllerSpec
-from pools.controller.replica import ReplicaProcess
+from control.actors import HEALTH_INTERVAL_S
+from control.backend import LocalBackend
+from control.controller import ControllerCore, ControllerSpec
+from control.replicas.sim import ReplicaProcess
 from pools.model import PoolSpec
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.conftest import ROOT

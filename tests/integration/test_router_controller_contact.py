@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pools.controller.alarms import Alarms
+from control.state.alarms import Alarms
 from router.cli import table_from_config
 from router.config import DEV_ADMIN_KEY, DEV_KEY, RouterConfig, sha256
 from router.contact import ControllerContact

@@ -18,9 +18,9 @@ from typing import Any
 import openai
 import pytest
 
-from pools.engine.text import TokenText
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.engines import EngineProcess, running_router, start_engine, stop_engine
+from wire.text import TokenText
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-3.1-8b"

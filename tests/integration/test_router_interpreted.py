@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pools import native
+from wire import native
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""pools.supervisor with real child processes (`python -c ...`): ready on a line, a URL or a probe;
+"""wire.supervisor with real child processes (`python -c ...`): ready on a line, a URL or a probe;
 an early exit and a slow start fail with the child's last lines; a child that ignores SIGTERM is
 killed after its grace, with what it started; output never blocks the child; and a child does
 not outlive a starter that is killed outright."""
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pools.supervisor import (
+from tests.conftest import ROOT
+from wire.supervisor import (
     Child,
     ChildExited,
     ChildNotReady,
@@ -29,7 +30,6 @@ from pools.supervisor import (
     Stop,
     session_pids,
 )
-from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -165,7 +165,7 @@ def test_a_cancelled_wait_leaves_it_running_and_the_async_wait(started: list[Chi
 STARTER = f"""
 import sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from pools.supervisor import Child, ReadyLine
+from wire.supervisor import Child, ReadyLine
 child = Child([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"], ready=ReadyLine("up"))
 child.start().wait_ready(20)
 print(child.pid, flush=True)

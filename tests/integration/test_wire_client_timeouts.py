@@ -1,4 +1,4 @@
-"""pools.wire.client against real loopback sockets: a server that never answers is a TimedOut
+"""wire.client against real loopback sockets: a server that never answers is a TimedOut
 within the timeout (sync and async), a port nobody listens on is Unreachable, a health probe
 of either is False."""
 
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pools.wire import client
-from pools.wire.client import AsyncClient, TimedOut, Unreachable
+from wire import client
+from wire.client import AsyncClient, TimedOut, Unreachable
 
 pytestmark = pytest.mark.integration
 

@@ -20,13 +20,13 @@ import pytest
 import ray
 import yaml
 
-from pools.controller.actors import get_or_create_controller
-from pools.controller.discovery import ray_nodes
-from pools.controller.nodecheck import NODE_LABEL
-from router.appconfig import AppArgs, parse_app_args
+from control.actors import get_or_create_controller
+from control.discovery import ray_nodes
+from control.nodecheck import NODE_LABEL
+from isleserve.app import RouterThread, controller_spec
+from isleserve.settings import AppArgs, parse_app_args
+from isleserve.status import collect, render
 from router.config import DEV_ADMIN_KEY, DEV_KEY
-from router.serve import RouterThread, controller_spec
-from router.status import collect, render
 from tests.conftest import ROOT
 from tests.ray.test_controller_cluster import PAIRS, Product, _alive
 from tests.raycluster import fake_cluster

@@ -20,9 +20,9 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from pools.controller.actors import get_or_create_controller
-from pools.controller.controller import ControllerSpec
-from pools.controller.measure import BenchPolicy
+from control.actors import get_or_create_controller
+from control.benches.schedule import BenchPolicy
+from control.controller import ControllerSpec
 from pools.model import PoolSpec
 from pools.nodelabels import node_labels, node_resources
 from tests.conftest import ROOT

@@ -30,12 +30,12 @@ import ray
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
-from pools.controller.actors import get_or_create_controller
-from pools.controller.discovery import ray_nodes
-from pools.controller.nodecheck import NODE_LABEL
-from router.appconfig import AppArgs, parse_app_args
+from control.actors import get_or_create_controller
+from control.discovery import ray_nodes
+from control.nodecheck import NODE_LABEL
+from isleserve.app import RouterThread, controller_spec
+from isleserve.settings import AppArgs, parse_app_args
 from router.config import DEV_ADMIN_KEY, DEV_KEY
-from router.serve import RouterThread, controller_spec
 from tests.conftest import ROOT
 from tests.raycluster import fake_cluster
 from topology import read_source

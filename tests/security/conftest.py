@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pools.supervisor import Child, ChildError, ReadyLine
 from router.config import sha256
 from tests.conftest import ROOT
 from tests.engines import ROUTER_READY_S, EngineProcess, start_engine, stop_engine
+from wire.supervisor import Child, ChildError, ReadyLine
 
 MODEL = "llama-3.1-8b"
 USER_KEY = "sk-isle-test-user-7f3c9a1e5b"

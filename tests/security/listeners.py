@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from pools.wire.client import is_loopback
+from wire.client import is_loopback
 
 LISTEN = "0A"
 

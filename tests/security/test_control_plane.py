@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from pools.controller.deploysecrets import TOKEN_FILE, drawn_secret
-from pools.controller.statefiles import DiskFiles
-from pools.engine.routes import ADMIN_TOKEN_ENV, API_KEY_ENV
-from pools.supervisor import Child, ReadyLine
-from pools.wire import client
+from control.state.files import DiskFiles
+from control.state.secrets import TOKEN_FILE, drawn_secret
 from tests.conftest import ROOT
+from wire import client
+from wire.openai import ADMIN_TOKEN_ENV, API_KEY_ENV
+from wire.supervisor import Child, ReadyLine
 
 pytestmark = pytest.mark.integration
 ENGINE = ["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--port", "0"]

@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from router.appconfig import app_args_from_serve_config
+from isleserve.settings import app_args_from_serve_config
 from router.cli import table_from_config
 from router.config import RouterConfig, sha256
 from router.server import Router

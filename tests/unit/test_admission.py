@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from pools.model import SLOClass
-from pools.wire.errors import ApiError
 from router.admission import Admission
+from wire.errors import ApiError
 
 pytestmark = pytest.mark.unit
 

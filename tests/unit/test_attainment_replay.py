@@ -1,5 +1,5 @@
 """DistServe's vLLM-baseline chatbot benchmark replayed through the simulated engine
-(`pools.replay`): what a user of `python -m pools fidelity` relies on. The workload, the scoring
+(`loadtest.fidelity.replay`): what a user of `python -m pools fidelity` relies on. The workload, the scoring
 and the engine's vLLM v0 scheduling are checked here; how close the physics lands is the report's
 answer (except at light load, where the engine is nearly idle)."""
 
@@ -9,8 +9,11 @@ import statistics
 
 import pytest
 
-from pools import catalog, cost, costmodel, fidelity, replay
-from pools.engine.core import EngineCore
+from loadtest.fidelity import replay
+from loadtest.fidelity import report as fidelity
+from physics import catalog, costmodel
+from physics import queries as cost
+from simengine.core import EngineCore
 
 pytestmark = pytest.mark.unit
 

@@ -100,8 +100,8 @@ def test_a_report_with_any_figure_out_of_bounds_is_refused_whole(path: tuple[Any
 
 
 def test_reports_beyond_the_rate_are_dropped_and_counted() -> None:
-    from pools.controller.autoscaling import REPORT_BURST, REPORTS_PER_S, Autoscaling
-    from pools.controller.spec import AutoscaleSpec
+    from control.autoscaling import REPORT_BURST, REPORTS_PER_S, Autoscaling
+    from control.spec import AutoscaleSpec
 
     now = [0.0]
     scaler = Autoscaling(AutoscaleSpec(), clock=lambda: now[0])

@@ -95,7 +95,7 @@ def test_the_simulator_gets_what_was_sent_on_the_engines_clock() -> None:
 @pytest.mark.unit
 def test_live_configuration_takes_policy_pools_classes_and_routing(tmp_path: Path) -> None:
     doc, index, base = base_serve_config(LOCAL)
-    assert doc["applications"][index]["import_path"] == "router.serve:build"
+    assert doc["applications"][index]["import_path"] == "isleserve.app:build"
     scenario = load_scenario(DEFAULT_SCENARIO)
     assert local_misfit(scenario, base) is None
     args = live_args(base, scenario, "ray-pack", True, LiveOptions(router_port=18123), tmp_path / "state")

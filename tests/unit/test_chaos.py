@@ -25,10 +25,10 @@ from loadtest.chaos.driver import ChaosRecord, _Sse
 from loadtest.chaos.load import RequestFactory, duplicated_tokens, expected_words
 from loadtest.chaos.report import ERRORED, HUNG, LOST, classified, classify, fault_windows, memory, shedding, totals
 from loadtest.chaos.spec import ChaosSpec, LinkDegrade, Overload, WorkloadShape, load_chaos_spec
-from pools.engine.text import TokenText
 from pools.model import SLOClass
 from tests.conftest import ROOT
 from topology.errors import ParseError
+from wire.text import TokenText
 
 pytestmark = pytest.mark.unit
 CLASSES = {"interactive": SLOClass(name="interactive", priority=0, ttft_ms=500, tpot_ms=50),

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from isleserve.settings import app_args_from_serve_config, parse_app_args, plan_for, resolve_topology
 from pools.config import load_pools
 from pools.placement.validate import validate_plan
-from router.appconfig import app_args_from_serve_config, parse_app_args, plan_for, resolve_topology
 from tests.conftest import ROOT
 from tests.fakes import fake_nvml
 from topology import Topology, read_source

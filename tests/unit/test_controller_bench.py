@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from pools.controller.backend import Discovery, LocalBackend
-from pools.controller.benchrun import bench_here, rounds
-from pools.controller.controller import ControllerCore, ControllerSpec
-from pools.controller.measure import BenchPolicy, Measured, Subject, due, subjects
-from pools.controller.nodecheck import RayNode
+from control.backend import Discovery, LocalBackend
+from control.benches.local import bench_here, rounds
+from control.benches.schedule import BenchPolicy, Measured, Subject, due, subjects
+from control.controller import ControllerCore, ControllerSpec
+from control.nodecheck import RayNode
 from pools.model import PoolSpec
 from tests.conftest import ROOT
 from topology import GpuRef, Topology, path, read_source

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from pools.controller.alarms import Alarms
+from control.state.alarms import Alarms
 from router.contact import (
     SILENCE_LIMIT_S,
     UNREACHABLE,

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pools.controller.backend import Discovery, LocalBackend, Replica
-from pools.controller.controller import ControllerCore, ControllerSpec
-from pools.controller.nodecheck import RayNode
-from pools.controller.replica import ReplicaProcess
-from pools.controller.spec import EngineLaunch
+from control.backend import Discovery, LocalBackend, Replica
+from control.controller import ControllerCore, ControllerSpec
+from control.nodecheck import RayNode
+from control.replicas.sim import ReplicaProcess
+from control.spec import EngineLaunch
 from pools.model import PoolSpec
 from tests.conftest import ROOT
 

@@ -1,4 +1,4 @@
-"""How a router shows its controller's health (pools.controller.alarms, carried in the plan view
+"""How a router shows its controller's health (control.state.alarms, carried in the plan view
 it follows): `/health` says "degraded" with the reasons (HTTP 200 all the same: the data plane
 serves), `/metrics` has `isle_controller_*`; a router with no controller says nothing of one."""
 
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from pools.controller.alarms import Alarms
+from control.state.alarms import Alarms
 from router.metrics import RouterMetrics
 from router.routes import controller_health, health_body
 

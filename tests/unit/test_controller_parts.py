@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from pools.controller import health, nodecheck, state
-from pools.controller.pinning import gpu_resource, host_affinity, pin_for, visible_devices
-from pools.controller.rollout import changes
-from pools.controller.table import build_table
+from control import nodecheck
+from control.state import marks as health
+from control.state import saved as state
+from control.table import build_table
 from pools.model import PlacementRequest, PoolSpec
 from pools.nodelabels import node_labels, node_resources
+from pools.pinning import gpu_resource, host_affinity, pin_for, visible_devices
 from pools.placement import get_policy
 from pools.placement.replan import Move, replan
+from pools.placement.rollout import changes
 from tests.conftest import ROOT
 from topology import Fabric, Gpu, LinkKind, Topology, read_source
 from topology.model import Node
@@ -150,7 +152,7 @@ def test_state_round_trip(tmp_path: Path) -> None:
 
 
 def test_discovered_nodes_merge_into_one_cluster_topology() -> None:
-    from pools.controller.discovery import merge
+    from control.discovery import merge
 
     declared = read_source(PAIRS)
     ray_a = _ray_node(declared, "a", "ray-a")

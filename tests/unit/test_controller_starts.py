@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from pools.controller import nodecheck
-from pools.controller.backend import Discovery, LocalBackend, Replica
-from pools.controller.controller import ControllerCore, ControllerSpec
-from pools.controller.nodecheck import RayNode
-from pools.controller.spec import EngineLaunch
+from control import nodecheck
+from control.backend import Discovery, LocalBackend, Replica
+from control.controller import ControllerCore, ControllerSpec
+from control.nodecheck import RayNode
+from control.spec import EngineLaunch
 from pools.model import PoolSpec
 from tests.conftest import ROOT
 from topology import read_source

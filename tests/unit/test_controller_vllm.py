@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from pools.controller.backend import LocalBackend, Replica
-from pools.controller.controller import ControllerCore, ControllerSpec
-from pools.controller.ports import PortInUse, PortPlan, PortRange
-from pools.controller.spec import EngineLaunch, VllmSettings
+from control.backend import LocalBackend, Replica
+from control.controller import ControllerCore, ControllerSpec
+from control.spec import EngineLaunch
 from pools.model import PoolSpec
+from pools.ports import PortInUse, PortPlan, PortRange
+from pools.vllmconfig import VllmSettings
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from pools import catalog
-from pools.cli import main
+from physics import catalog
+from pools.__main__ import main
 
 pytestmark = pytest.mark.unit
 MODELS = ("llama-2-7b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.3-70b", "llama-3.1-405b", "opt-13b",

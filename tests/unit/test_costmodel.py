@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import pytest
 
-from pools import catalog, costmodel
-from pools.collectives import BUS_EFFICIENCY
-from pools.costmodel import LinkCost
+from physics import catalog, costmodel
+from physics.collectives import BUS_EFFICIENCY
+from physics.costmodel import LinkCost
 from topology import GpuRef, bottleneck, path, read_source
 
 pytestmark = pytest.mark.unit

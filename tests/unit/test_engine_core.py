@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from pools import catalog, costmodel
-from pools.costmodel import LinkCost
-from pools.engine.core import EngineConfig, EngineCore
-from pools.engine.run import link_of_kind
+from physics import catalog, costmodel
+from physics.costmodel import LinkCost
+from simengine.cli import link_of_kind
+from simengine.core import EngineConfig, EngineCore
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pools.engine.core import EngineCore
-from pools.engine.run import link_of_kind
+from simengine.cli import link_of_kind
+from simengine.core import EngineCore
 from tests.unit.test_engine_core import engine
 
 pytestmark = pytest.mark.unit

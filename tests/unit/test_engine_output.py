@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pools.engine import guided, tokens
-from pools.engine.output import Output, check_stop_strings
-from pools.engine.protocol import Sampling
-from pools.engine.text import VOCAB, TokenText, count_tokens
+from simengine import guided, tokens
+from simengine.output import Output, check_stop_strings
+from simengine.protocol import Sampling
+from wire.text import VOCAB, TokenText, count_tokens
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pools.cli import main
+from pools.__main__ import main
 from pools.experts.load import synthetic, validate
 from pools.experts.metrics import Gang, replicas, route
 from pools.experts.policies import POLICIES, eplb, topology
@@ -130,7 +130,7 @@ def test_experts_command_compares_the_three_policies(tmp_path: Path, capsys: pyt
 def test_a_pool_can_ask_for_its_expert_map_with_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`experts:` in a pool: the plan JSON carries each EP gang's map figures, `isle status`
     shows them, and a redundancy that does not split over the gang is a config error."""
-    from router.status import render
+    from isleserve.status import render
 
     cluster = Path(__file__).resolve().parents[2] / "configs" / "clusters" / "moe-rdma.yaml"
     pools = tmp_path / "pools.yaml"

@@ -15,7 +15,6 @@ import pytest
 from pools.model import DEFAULT_SLO_CLASSES, PlacementRequest, PoolSpec, SLOClass
 from pools.placement import get_policy
 from pools.routing import ReplicaEndpoint, RoutingTable, table_from_plan
-from pools.wire.errors import ApiError
 from router.admission import Admission
 from router.call import read_call
 from router.config import PDConfig, RouterConfig, parse_router_config
@@ -29,6 +28,7 @@ from router.workers import read_view, view_bytes
 from tests.conftest import ROOT
 from topology import read_source
 from topology.errors import ParseError
+from wire.errors import ApiError
 
 pytestmark = pytest.mark.unit
 CLASSES = {c.name: c for c in DEFAULT_SLO_CLASSES}

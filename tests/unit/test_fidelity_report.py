@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from pools import fidelity
-from pools.cli import main
+from loadtest.fidelity import report as fidelity
+from pools.__main__ import main
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The front door's bookkeeping (pools/wire/limits.py) without sockets: which address a client
+"""The front door's bookkeeping (wire/limits.py) without sockets: which address a client
 counts under, the router's default shares, admission per address and in all, eviction of the
 longest idle connection at the cap, bytes taken against both caps, and the /metrics families
 summed over workers (router/metrics.py)."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client.core import Metric
 
-from pools.wire.limits import CAUSES, ServerLimits, client_key, client_share
 from router.config import RouterConfig
 from router.metrics import RouterMetrics, front_door_families
+from wire.limits import CAUSES, ServerLimits, client_key, client_share
 
 pytestmark = pytest.mark.unit
 

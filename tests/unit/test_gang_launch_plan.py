@@ -13,15 +13,17 @@ from typing import Any
 
 import pytest
 
-from pools.controller import gang, state
-from pools.controller.backend import Replica
-from pools.controller.controller import ControllerCore, ControllerSpec
-from pools.controller.launching import build_launch
-from pools.controller.spec import EngineLaunch, VllmSettings
-from pools.engine import run
-from pools.gangcost import gang_cost
+from control.backend import Replica
+from control.controller import ControllerCore, ControllerSpec
+from control.launch import gang
+from control.launch.build import build_launch
+from control.spec import EngineLaunch
+from control.state import saved as state
+from pools.ganglinks import gang_cost
 from pools.model import PlacementPlan, PlacementRequest, PoolSpec
 from pools.placement import get_policy
+from pools.vllmconfig import VllmSettings
+from simengine import cli as run
 from tests.unit.test_controller_starts import PAIRS, FakeReplica, HeldBackend
 from topology import read_source
 

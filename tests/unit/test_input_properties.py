@@ -16,10 +16,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from isleserve.settings import parse_app_args
 from loadtest.workload import load_workload
 from loadtest.workloads import WorkloadError
 from pools.config import load_pools
-from router.appconfig import parse_app_args
 from router.config import RouterConfig, load_router_config, parse_router_config
 from topology.errors import ParseError
 from topology.readers import read_source

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from pools.wire.openai import ApiError
 from router.auth import Auth, Principal
 from router.config import parse_router_config
 from router.keys import Keyring, Stored, salted, sha256_hex
 from tests.conftest import ROOT
 from topology.errors import ParseError
+from wire.openai import ApiError
 
 pytestmark = pytest.mark.unit
 

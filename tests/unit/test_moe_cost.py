@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from pools import catalog, costmodel, fidelity
-from pools.cli import main
-from pools.moecost import GangLinks, a2a_us, default_imbalance, moe_step
-from pools.pipeline import pipeline_step
+from loadtest.fidelity import report as fidelity
+from physics import catalog, costmodel
+from physics.moecost import GangLinks, a2a_us, default_imbalance, moe_step
+from physics.pipeline import pipeline_step
+from pools.__main__ import main
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pools import native
+from wire import native
 
 pytestmark = pytest.mark.unit
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -92,7 +92,7 @@ def test_a_failed_build_is_not_retried_until_the_sources_change(tmp_path: Path) 
 
 
 def test_interpreted_on_request_loads_the_python_sources() -> None:
-    code = ("import pools.native as n, router.server as s, pools.wire.http as h; "
+    code = ("import wire.native as n, router.server as s, wire.http as h; "
             "print(n.state(), s.__file__.endswith('.py'), h.__file__.endswith('.py'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, native.ENV: "1"}).stdout.split()

@@ -16,18 +16,18 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
-from pools.engine import protocol, responses, serving, tokenize
-from pools.engine.toolcall import ToolSetup
 from pools.model import PlacementRequest, PoolSpec
 from pools.placement import get_policy
 from pools.routing import table_from_plan
-from pools.wire import openai as wire
-from pools.wire.errors import ApiError
 from router import routes
 from router.server import GENERATE_PATHS
 from router.state import Replicas
+from simengine import protocol, responses, serving, tokenize
+from simengine.toolcall import ToolSetup
 from tests.conftest import ROOT
 from topology import read_source
+from wire import openai as wire
+from wire.errors import ApiError
 
 pytestmark = pytest.mark.unit
 
@@ -184,7 +184,7 @@ def test_the_request_schema_takes_what_the_engine_takes(kind: str, body: dict[st
 
 
 def test_the_wire_models_bounds_are_the_engines() -> None:
-    """One definition of each limit (pools.wire.openai) serves the engine and the document: a
+    """One definition of each limit (wire.openai) serves the engine and the document: a
     body at the engine's limits is valid, one past them is not."""
     base: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert valid("ChatCompletionRequest", {**base, "stop": ["x"] * wire.MAX_STOP_STRINGS})

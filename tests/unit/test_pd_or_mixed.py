@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from pools import catalog, costmodel
+from physics import catalog, costmodel
 from pools.model import DEFAULT_SLO_CLASSES
 from pools.routing import ReplicaEndpoint
 from router.decision import Candidate, ReplicaLoad, RouteRequest, pd_decide, pd_pair, pd_route

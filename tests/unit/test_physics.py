@@ -10,8 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from pools import catalog, collectives, cost, costmodel, fidelity
-from pools.costmodel import LinkCost
+from loadtest.fidelity import report as fidelity
+from physics import catalog, collectives, costmodel
+from physics import queries as cost
+from physics.costmodel import LinkCost
 
 pytestmark = pytest.mark.unit
 H100 = catalog.gpu("h100-sxm")

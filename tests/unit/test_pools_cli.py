@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pools.bench import placement as bench
+from pools import bench
 from pools.model import SLOClass
 from pools.sizing import parse_workload, size
 from tests.conftest import ROOT, TOPO_DIR, shared_path

@@ -1,4 +1,4 @@
-"""One reading of the prompt (pools.wire.prompt) for every shape the OpenAI API and vLLM accept:
+"""One reading of the prompt (wire.prompt) for every shape the OpenAI API and vLLM accept:
 the engine counts from it and the router routes on it, so the two can never disagree."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from pools.engine.text import count_tokens
-from pools.wire.errors import ApiError
-from pools.wire.prompt import MEDIA_TOKENS, chat_prompt, completion_prompts, read_prompts
+from wire.errors import ApiError
+from wire.prompt import MEDIA_TOKENS, chat_prompt, completion_prompts, read_prompts
+from wire.text import count_tokens
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""pools.wire.promtext on vLLM 0.32's /metrics text: gauges and counters by name and labels,
+"""wire.promtext on vLLM 0.32's /metrics text: gauges and counters by name and labels,
 histograms as sum, count and buckets, the load the router and the replicas read, and text that
 is not Prometheus refused."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from pools.engine.metrics import EngineMetrics, Finished
-from pools.wire.promtext import LOAD, EngineLoad, Histogram, MetricsError, engine_load, parse
 from router.state import parse_vllm_metrics
+from simengine.metrics import EngineMetrics, Finished
+from wire.promtext import LOAD, EngineLoad, Histogram, MetricsError, engine_load, parse
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
-"""What the product checks and fixes about the Ray it starts or joins (router.raysecurity,
-router.raylocal, router.run): a refused build when Ray runs code for anyone on a routable
+"""What the product checks and fixes about the Ray it starts or joins (isleserve.raysecurity,
+isleserve.raylocal, isleserve.run): a refused build when Ray runs code for anyone on a routable
 address, Serve's replica gRPC port bound to the node's address, the local head's environment,
 and the run's token file."""
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from router.raylocal import TOKEN_FILE, secure_env
-from router.raysecurity import exposure_problem, node_bound
-from router.run import write_token
+from isleserve.raylocal import TOKEN_FILE, secure_env
+from isleserve.raysecurity import exposure_problem, node_bound
+from isleserve.run import write_token
 
 pytestmark = pytest.mark.unit
 

@@ -11,10 +11,10 @@ import orjson
 import pytest
 
 from pools.model import SLOClass
-from pools.wire.errors import ApiError
-from pools.wire.prompt import read_prompts
 from router.call import Call, read_call
 from router.cost import COMPLETION_DEFAULT_MAX_TOKENS, CostLimits, check, measure
+from wire.errors import ApiError
+from wire.prompt import read_prompts
 
 pytestmark = pytest.mark.unit
 BATCH = SLOClass(name="batch", priority=2, ttft_ms=30000, tpot_ms=500, sheddable=True)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pools.model import SLOClass
-from pools.wire.errors import ApiError
 from router.call import read_call
+from wire.errors import ApiError
 
 pytestmark = pytest.mark.unit
 SLO = SLOClass(name="standard", priority=1, ttft_ms=2000, tpot_ms=100)

@@ -13,11 +13,11 @@ import pytest
 
 from pools.model import SLOClass
 from pools.routing import ReplicaEndpoint, RoutingTable
-from pools.wire.openai import ApiError
 from router.admission import Admission
 from router.metrics import RouterMetrics
 from router.workers import read_view, view_bytes
 from topology import read_source
+from wire.openai import ApiError
 
 pytestmark = pytest.mark.unit
 
@@ -96,8 +96,8 @@ def test_each_worker_admits_its_share_of_a_class_limit() -> None:
 
 
 def test_a_sibling_that_misses_a_scrape_counts_with_its_last_answer(tmp_path: Path) -> None:
-    from pools.wire.http import Request, Responder, serve_unix
     from router.workers import Siblings, socket_path
+    from wire.http import Request, Responder, serve_unix
 
     def answer(request: Request, response: Responder) -> None:
         response.send(200, orjson.dumps({"families": {"isle_router_requests": [[["standard", "ok"], 7.0]]}}))

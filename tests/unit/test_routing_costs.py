@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pools import catalog, costmodel
-from pools.costmodel import TIER_QUALITY, LinkCost
+from physics import catalog, costmodel
+from physics.costmodel import TIER_QUALITY, LinkCost
 from pools.placement import common
 from topology import GpuRef, LinkKind, Path, bottleneck, read_source
 from topology.kinds import DEFAULTS

@@ -1,4 +1,4 @@
-"""The Serve replica's follow loop (router.serve.RouterThread._follow) against a fake controller
+"""The Serve replica's follow loop (isleserve.app.RouterThread._follow) against a fake controller
 and a fake `ray.get` that advances an injected clock: every call has a timeout (an actor being
 restarted must not stop the loop), a controller silent past the limit makes the router degraded,
 and its next answer clears it."""
@@ -12,7 +12,7 @@ import pytest
 from ray import exceptions as ray_exceptions
 from ray.exceptions import GetTimeoutError
 
-from router import serve
+from isleserve import app as serve
 from router.cli import table_from_config
 from router.config import DEV_ADMIN_KEY, DEV_KEY, RouterConfig, sha256
 from router.contact import ControllerContact

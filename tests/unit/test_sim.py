@@ -157,7 +157,7 @@ def test_sizing_candidates_are_checked_in_the_simulator(capsys: pytest.CaptureFi
 
 
 def test_sim_command_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
-    from loadtest.sim.cli import main
+    from loadtest.simulate import main
 
     assert main([str(ROOT / "configs/scenarios/pcie-pairs.yaml"), "--policy", "ray-pack", "--rate", "1"]) == 0
     out = capsys.readouterr().out

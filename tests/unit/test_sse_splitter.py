@@ -1,4 +1,4 @@
-"""pools.wire.sse: complete `data:` payloads out of bytes cut anywhere, LF or CRLF, multi-line
+"""wire.sse: complete `data:` payloads out of bytes cut anywhere, LF or CRLF, multi-line
 data, comments and other fields skipped, [DONE] noticed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pools.wire.sse import DONE, SseSplitter
+from wire.sse import DONE, SseSplitter
 
 pytestmark = pytest.mark.unit
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from pools.controller import state
-from pools.controller.alarms import Alarms
-from pools.controller.events import EventLog
-from pools.controller.health import LinkMark
-from pools.controller.liveness import answers_within
-from pools.controller.persist import StateKeeper
-from pools.controller.statefiles import DiskFiles, StateDirError, default_state_dir, private_dir
+from control.replicas.liveness import answers_within
+from control.state import saved as state
+from control.state.alarms import Alarms
+from control.state.events import EventLog
+from control.state.files import DiskFiles, StateDirError, default_state_dir, private_dir
+from control.state.marks import LinkMark
+from control.state.persist import StateKeeper
 from pools.model import PlacementRequest, PoolSpec
 from pools.placement import get_policy
 from tests.conftest import ROOT
@@ -43,8 +43,8 @@ def test_the_default_is_per_user_never_a_shared_tmp_path(tmp_path: Path) -> None
 
 
 def test_the_app_config_and_the_spec_default_to_it() -> None:
-    from pools.controller.spec import ControllerSpec
-    from router.appconfig import app_args_from_serve_config
+    from control.spec import ControllerSpec
+    from isleserve.settings import app_args_from_serve_config
 
     args = app_args_from_serve_config(str(ROOT / "configs/local.yaml"))
     assert args.state_dir == default_state_dir() and "/tmp/isleserve" not in args.state_dir

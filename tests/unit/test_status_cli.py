@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from router.status import main
+from isleserve.status import main
 
 pytestmark = pytest.mark.unit
 

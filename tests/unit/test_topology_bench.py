@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pools.costmodel import LinkCost
+from physics.costmodel import LinkCost
 from tests.conftest import ROOT, run_cli
 from topology import GpuRef, bottleneck, path, read_source
 from topology.bench.plan import Probe, plan_probes

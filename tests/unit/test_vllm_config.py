@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 import yaml
 
-from pools.controller.ports import EnginePorts, NoFreePort, PortPlan, PortRange, allocate
-from pools.controller.spec import EngineLaunch, VllmLaunch, VllmSettings
-from pools.vllm import command, environment
-from pools.vllm.launch import cpu_threads_bind, server_for
-from router.appconfig import app_args_from_serve_config, parse_app_args
-from router.serve import controller_spec
+from control.replicas.vllm import command, environment
+from control.replicas.vllm.launch import cpu_threads_bind, server_for
+from control.spec import EngineLaunch, VllmLaunch
+from isleserve.app import controller_spec
+from isleserve.settings import app_args_from_serve_config, parse_app_args
+from pools.ports import EnginePorts, NoFreePort, PortPlan, PortRange, allocate
+from pools.vllmconfig import VllmSettings
 from tests.conftest import ROOT
 from topology.errors import ParseError
 

@@ -1,4 +1,4 @@
-"""`pools.vllm.gang`: a planned gang's vLLM launches, node by node, on placements the real planner
+"""`control.replicas.vllm.gang`: a planned gang's vLLM launches, node by node, on placements the real planner
 makes (HGX H100 nodes on InfiniBand), and `python -m pools launch` end to end."""
 
 from __future__ import annotations
@@ -8,19 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from pools.cli import main
-from pools.model import PlacementRequest, PoolSpec, ReplicaPlacement, Role
-from pools.placement import place
-from pools.vllm.gang import (
+from control.replicas.vllm.gang import (
     EplbSettings,
     GangSettings,
     RankGroupLaunch,
     all2all_backend,
     gang_launches,
-    placement_from_json,
     ray_bundles,
     ray_stage_order_kept,
 )
+from pools.__main__ import main
+from pools.model import PlacementRequest, PoolSpec, ReplicaPlacement, Role, placement_from_json
+from pools.placement import place
 from topology import read_source
 
 pytestmark = pytest.mark.unit

@@ -12,12 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from pools.controller.pinning import pin_for
-from pools.controller.spec import EngineLaunch
+from control.replicas.vllm import (
+    EngineStartError,
+    VllmProcess,
+    VllmServer,
+    command,
+    environment,
+    free_port,
+    from_launch,
+)
+from control.replicas.vllm.replica import VllmReplica, busy_requests
+from control.spec import EngineLaunch
 from pools.model import PlacementRequest, PoolSpec, ReplicaPlacement
+from pools.pinning import pin_for
 from pools.placement import get_policy
-from pools.vllm import EngineStartError, VllmProcess, VllmServer, command, environment, free_port, from_launch
-from pools.vllm.replica import VllmReplica, busy_requests
 from topology import read_source
 
 pytestmark = pytest.mark.integration
@@ -239,7 +247,7 @@ def test_a_dead_engine_is_restarted_as_a_new_kv_peer(fake: Callable[..., VllmPro
 HOLDER = """
 import sys, time
 from pathlib import Path
-from pools.vllm import VllmProcess, VllmServer, free_port
+from control.replicas.vllm import VllmProcess, VllmServer, free_port
 server = VllmServer(replica_id="fake-held", model="/models/none", served_model_name="none", port=free_port(),
                     role="decode", side_channel_port=free_port(), extra_env={"FAKE_MODE": "serve"})
 proc = VllmProcess(server, sys.argv[1], log_path=Path(sys.argv[2]), ready_timeout_s=20.0, die_with_starter=True)

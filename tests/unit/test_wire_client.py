@@ -1,4 +1,4 @@
-"""pools.wire.client against a fake upstream (httpx.MockTransport): only http:// loopback URLs
+"""wire.client against a fake upstream (httpx.MockTransport): only http:// loopback URLs
 are called, timeouts and transport failures become this module's errors with the URL and the
 limit in the message, the bearer key and JSON go out, documents and streams come back."""
 
@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from pools.wire import client
-from pools.wire.client import AsyncClient, Client, ClientError, NotJson, RefusedUrl, StatusError, TimedOut, Unreachable
+from wire import client
+from wire.client import AsyncClient, Client, ClientError, NotJson, RefusedUrl, StatusError, TimedOut, Unreachable
 
 pytestmark = pytest.mark.unit
 

@@ -17,9 +17,9 @@ from loadtest.model import TraceRequest
 from loadtest.workload import DATA_DIR, NAMED, load_workload, parse_config
 from loadtest.workloads import WorkloadError, synthetic, traces, transforms
 from loadtest.workloads.prompts import prompt_text
-from pools.engine.text import count_tokens
-from pools.wire.prompt import read_prompts
 from tests.conftest import shared_path
+from wire.prompt import read_prompts
+from wire.text import count_tokens
 
 pytestmark = pytest.mark.unit
 FULL = {"azure-conv": ("azure_llm_2023_conv.csv", 19366, 3501.7),
@@ -206,7 +206,7 @@ def test_synthetic_rate_scale_means_the_same_as_for_traces() -> None:
 def test_prompt_text_has_the_prompt_tokens_and_shares_prefix_blocks() -> None:
     for tokens in (3, 17, 512, 5000):
         text = prompt_text(TraceRequest(index=1, arrival_s=0, prompt_tokens=tokens, output_tokens=1), "t")
-        # what the engine and the router read it as: one reading (pools.wire.prompt)
+        # what the engine and the router read it as: one reading (wire.prompt)
         assert read_prompts({"messages": [{"role": "user", "content": text}]})[0].tokens == tokens
         assert text.isascii()
     a = TraceRequest(index=0, arrival_s=0, prompt_tokens=1500, output_tokens=1, prefix_blocks=(0, 1, 2))

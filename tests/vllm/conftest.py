@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from pools.supervisor import Child, ChildError, ReadyLine
-from pools.vllm import VllmProcess, VllmServer
+from control.replicas.vllm import VllmProcess, VllmServer
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.conftest import ROOT
+from wire.supervisor import Child, ChildError, ReadyLine
 
 VENV = Path(os.environ.get("ISLE_VLLM_VENV", ROOT / ".venv-vllm"))
 PYTHON = VENV / "bin" / "python"

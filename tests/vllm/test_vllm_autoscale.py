@@ -17,9 +17,9 @@ import pytest
 import ray
 import yaml
 
-from pools.controller.actors import get_or_create_controller
-from router.appconfig import AppArgs, parse_app_args
-from router.serve import RouterThread, controller_spec
+from control.actors import get_or_create_controller
+from isleserve.app import RouterThread, controller_spec
+from isleserve.settings import AppArgs, parse_app_args
 from tests.conftest import ROOT
 from tests.raycluster import fake_cluster
 from tests.vllm.conftest import READY_TIMEOUT_S, SERVED

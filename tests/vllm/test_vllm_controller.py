@@ -22,12 +22,12 @@ import pytest
 import ray
 import yaml
 
-from pools.controller.actors import get_or_create_controller
-from pools.controller.discovery import ray_nodes
-from pools.controller.pinning import gpu_resource
-from router.appconfig import AppArgs, parse_app_args
+from control.actors import get_or_create_controller
+from control.discovery import ray_nodes
+from isleserve.app import RouterThread, controller_spec
+from isleserve.settings import AppArgs, parse_app_args
+from pools.pinning import gpu_resource
 from router.config import DEV_KEY
-from router.serve import RouterThread, controller_spec
 from tests.conftest import ROOT
 from tests.raycluster import fake_cluster
 from tests.vllm.conftest import READY_TIMEOUT_S, SERVED

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from control.replicas.vllm.gang import EplbSettings, GangSettings, gang_launches
 from pools.model import PlacementRequest, PoolSpec, ReplicaPlacement
 from pools.placement import place
-from pools.vllm.gang import EplbSettings, GangSettings, gang_launches
 from tests.vllm.conftest import PYTHON
 from topology import read_source
 

@@ -22,12 +22,12 @@ from itertools import pairwise
 from topology.errors import ParseError
 from topology.kinds import LinkKind
 from topology.model import Gpu, Link, Nic, Node
+from topology.nvswitch import upgrade_nvswitch
 from topology.readers.build import (
     PCIE_CODES,
     NicLevels,
     link_for_cell,
     nics_from_levels,
-    upgrade_nvswitch,
 )
 from topology.readers.cpus import numa_node_of
 from topology.readers.smi_layout import TAB_WIDTH, Header, Matrix, Word, is_cell, read_matrix

@@ -1,0 +1,149 @@
+"""`isle status`: what a running deployment is doing, read from its router's admin API — nodes
+and their NVLink islands, pools, replicas with their GPUs and health, the plan's policy and the
+routing table's version.
+
+    isle status [--url http://127.0.0.1:8000] [--admin-key KEY] [--format text|json]
+
+The admin key comes from --admin-key, else $ISLE_ADMIN_KEY, else the development admin key of
+the local configs (`isle-dev-admin`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from router.config import DEV_ADMIN_KEY
+from topology.islands import islands
+from topology.serialize import from_dict
+from wire.client import Client, ClientError, RefusedUrl, StatusError
+
+
+def collect(base: str, key: str) -> dict[str, Any]:
+    """The deployment's state as one JSON document (topology and plan are optional on a router).
+    `base` may be another host's: an operator asks the router where it runs."""
+    with Client(base, key=key, timeout_s=10, remote_ok=True) as admin:
+        state: dict[str, Any] = {"url": base, "replicas": admin.get_json("/admin/replicas")}
+        for name in ("plan", "topology"):
+            try:
+                state[name] = admin.get_json(f"/admin/{name}")
+            except StatusError as err:
+                if err.status != 404:
+                    raise
+                state[name] = None
+    return state
+
+
+def render(state: dict[str, Any]) -> str:
+    """A person's view of `collect`'s document."""
+    lines = []
+    plan, table = state["plan"], state["replicas"]
+    policy = plan["policy"] if plan else "-"
+    fingerprint = plan["topology_fingerprint"][:12] if plan else "-"
+    lines.append(f"deployment {state['url']}: routing table v{table['version']}, policy {policy}, "
+                 f"topology {fingerprint}")
+    if state["topology"] is not None:
+        topology = from_dict(state["topology"])
+        lines.append("nodes:")
+        by_node: dict[str, list[str]] = {}
+        for island in islands(topology):
+            kind = island.kind.name.lower() if island.kind is not None else "single"
+            gpus = ",".join(str(ref.index) for ref in island.gpus)
+            by_node.setdefault(island.gpus[0].node, []).append(f"{island.id.split('/')[-1]}[{gpus}] {kind}")
+        for node in topology.nodes:
+            unhealthy = sum(1 for link in node.links if not link.health.healthy)
+            health = f", {unhealthy} unhealthy link(s)" if unhealthy else ""
+            lines.append(f"  {node.name} ({node.machine or '?'}, {len(node.gpus)} GPUs{health}): "
+                         + "  ".join(by_node.get(node.name, [])))
+    if plan is not None:
+        pools = Counter(p["pool"] for p in plan["placements"])
+        unplaced = f", {len(plan['unplaced'])} unplaced" if plan["unplaced"] else ""
+        lines.append("pools: " + ", ".join(f"{name} x{count}" for name, count in pools.items()) + unplaced)
+        for p in plan["placements"]:
+            if p.get("members"):
+                domains = "one NVLink domain" if p.get("in_domain") else f"across {p['island'].count('+') + 1} domains"
+                line = f"  gang {p['replica_id']}: {len(p['members'])} rank groups, {domains} ({p['tier']})"
+                if p.get("experts"):
+                    e = p["experts"]
+                    line += (f"; experts {e['policy']} (+{e['redundant']} redundant): balancedness "
+                             f"{e['balancedness']:.2f}, {e['cross_domain_share']:.0%} of pairs cross domains")
+                lines.append(line)
+    lines.extend(_controller_lines(plan.get("controller") if plan else None))
+    lines.append("replicas:")
+    for r in table["replicas"]:
+        health = "healthy" if r["healthy"] and not r["breaker_open"] else "UNHEALTHY"
+        if r["draining"]:
+            health += ", draining"
+        gpus = ",".join(str(g) for g in r["gpus"])
+        lines.append(f"  {r['replica_id']:<14} {r['pool']:<10} {r['role']:<8} {r['node']}:[{gpus}] {r['tier']:<8} "
+                     f"{health}; running {r['running']:g}, waiting {r['waiting']:g}, in flight {r['inflight']}, "
+                     f"kv {r['kv_usage']:.0%}")
+    return "\n".join(lines) + "\n"
+
+
+def _controller_lines(view: dict[str, Any] | None) -> list[str]:
+    """The controller's own view: Ray nodes missing their labels, marked links, lost nodes, moves."""
+    if not view:
+        return []
+    lines = []
+    problems = view.get("node_check", {}).get("problems", {})
+    if problems:
+        lines.append("node check (Ray labels and resources, see `python -m pools node-labels`):")
+        lines.extend(f"  {node}: {'; '.join(why)}" for node, why in sorted(problems.items()))
+    for what, key in (("marked links", "marked_links"), ("lost nodes", "lost_nodes"), ("draining", "draining")):
+        if view.get(key):
+            lines.append(f"{what}: " + ", ".join(":".join(map(str, x)) if isinstance(x, list) else str(x)
+                                                for x in view[key]))
+    starting = view.get("starting")
+    if isinstance(starting, dict) and starting:  # replica -> why (restart, move, resume)
+        lines.append("starting: " + ", ".join(f"{rid} ({why})" for rid, why in sorted(starting.items())))
+    return lines + _autoscaling_lines(view.get("autoscaling"))
+
+
+def _autoscaling_lines(auto: dict[str, Any] | None) -> list[str]:
+    """Each autoscaled pool's counts and what the autoscaler saw, then its last decisions."""
+    if not auto:
+        return []
+    lines = [f"autoscaling (a decision every {auto.get('interval_s', 0):g} s):"]
+    for name, p in sorted(auto.get("pools", {}).items()):
+        capacity = f"; one replica carries {p['capacity_rps']:g} req/s" if p.get("capacity_rps") else ""
+        lines.append(f"  {name}: {p['placed']} placed, {p['serving']} serving, wanted {p['wanted']} "
+                     f"(min {p['min']}, max {p['max']}); {p['request_rate']:g} req/s sent, {p['in_flight']:g} in "
+                     f"flight{capacity}; scaled out {p['scaled_out']}, in {p['scaled_in']} times")
+    for d in auto.get("decisions", [])[-5:]:
+        where = ", ".join(f"{x['replica_id']} on {x['node']}:{x['gpus']} ({x['tier']})" for x in d.get("placed", []))
+        gone = ", ".join(d.get("removed", []))
+        lines.append(f"  {d['ago_s']:g} s ago, {d['pool']}: {d['reason']}"
+                     + (f" -> started {where}" if where else "") + (f" -> draining {gone}" if gone else "")
+                     + (f" ({d['missing']} found no free GPUs)" if d.get("missing") else ""))
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="isle status", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the router's base URL")
+    parser.add_argument("--admin-key", default=None, help="admin API key (default: $ISLE_ADMIN_KEY, else the dev key)")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    args = parser.parse_args(argv)
+    key = args.admin_key or os.environ.get("ISLE_ADMIN_KEY") or DEV_ADMIN_KEY
+    base = args.url.rstrip("/")
+    try:
+        state = collect(base, key)
+    except RefusedUrl as err:
+        print(f"isle status: --url {err}", file=sys.stderr)
+        return 2
+    except StatusError as err:
+        hint = " (check --admin-key or $ISLE_ADMIN_KEY)" if err.status in (401, 403) else ""
+        print(f"isle status: {base} answered HTTP {err.status}{hint}", file=sys.stderr)
+        return 1
+    except ClientError as err:
+        print(f"isle status: cannot reach the router at {base} ({err}); is the product running?",
+              file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(state, indent=2) + "\n" if args.format == "json" else render(state))
+    return 0

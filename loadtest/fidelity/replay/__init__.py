@@ -1,0 +1,93 @@
+"""Benchmarks replayed through the simulated engine (`simengine.core`, virtual time) and scored
+as their authors score them: what `loadtest.fidelity.report` prices calibration points with that no single
+step time answers.
+
+- `sharegpt`: DistServe's vLLM-baseline chatbot benchmark (OPT-13B, ShareGPT, one A100-SXM-80GB):
+  its 100 requests, Figure 8's arrivals, DistServe's own measured runs
+  (physics/data/distserve_opt13b_sharegpt.yaml) and its scoring (TTFT and TPOT SLO attainment);
+- `overheads`: the measured engine's fixed costs per step (vLLM 0.1.7 driven through Ray,
+  `vllm017_ray`), derived from DistServe's rate-1 measured run alone (`derive_step_overheads`);
+- `distserve`: the engine as DistServe ran its vLLM baseline (`distserve_config`), the replay in
+  virtual time (`run`, `replay`, `predicted_attainment`) and its alignment with a measured run
+  (`alignment`); nothing is tuned to the published curve;
+- `closedloop`: a closed-loop benchmark (`closed_loop`: C clients sending I-in / O-out requests
+  back to back, the mean ITL a client such as AIPerf reports), for loaded-system decode points, on
+  an engine as TensorRT-LLM's defaults set it (`trtllm_config`, `closed_loop_itl_ms`).
+
+The public names of all four are re-exported here (`from pools import replay;
+replay.predicted_attainment(...)`).
+"""
+
+from loadtest.fidelity.replay.closedloop import (
+    TRTLLM_FREE_GPU_MEMORY_FRACTION,
+    TRTLLM_MAX_BATCH_SIZE,
+    TRTLLM_MAX_NUM_TOKENS,
+    TRTLLM_TOKENS_PER_BLOCK,
+    ClientRequest,
+    ClosedLoop,
+    closed_loop,
+    closed_loop_itl_ms,
+    trtllm_config,
+)
+from loadtest.fidelity.replay.distserve import (
+    BLOCK_SIZE,
+    GPU_MEMORY_UTILIZATION,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    alignment,
+    distserve_config,
+    predicted_attainment,
+    replay,
+    run,
+)
+from loadtest.fidelity.replay.overheads import (
+    VLLM017_RAY_DECODE_STEP_MS,
+    VLLM017_RAY_PREFILL_STEP_MS,
+    StepOverheads,
+    derive_step_overheads,
+    vllm017_ray,
+)
+from loadtest.fidelity.replay.sharegpt import (
+    SOURCE,
+    TPOT_SLO_S,
+    TTFT_SLO_S,
+    Measured,
+    Outcome,
+    Replay,
+    Workload,
+    workload,
+)
+
+__all__ = [
+    "BLOCK_SIZE",
+    "GPU_MEMORY_UTILIZATION",
+    "MAX_NUM_BATCHED_TOKENS",
+    "MAX_NUM_SEQS",
+    "SOURCE",
+    "TPOT_SLO_S",
+    "TRTLLM_FREE_GPU_MEMORY_FRACTION",
+    "TRTLLM_MAX_BATCH_SIZE",
+    "TRTLLM_MAX_NUM_TOKENS",
+    "TRTLLM_TOKENS_PER_BLOCK",
+    "TTFT_SLO_S",
+    "VLLM017_RAY_DECODE_STEP_MS",
+    "VLLM017_RAY_PREFILL_STEP_MS",
+    "ClientRequest",
+    "ClosedLoop",
+    "Measured",
+    "Outcome",
+    "Replay",
+    "StepOverheads",
+    "Workload",
+    "alignment",
+    "closed_loop",
+    "closed_loop_itl_ms",
+    "derive_step_overheads",
+    "distserve_config",
+    "predicted_attainment",
+    "replay",
+    "run",
+    "trtllm_config",
+    "vllm017_ray",
+    "workload",
+]

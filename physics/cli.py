@@ -1,0 +1,109 @@
+"""The `cost` subcommand of `python -m pools` (the answers: `physics.queries`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    from physics import queries as cost
+
+    if args.what == "prefill":
+        out = cost.prefill(args.model, args.gpu, args.tp, args.tokens, args.context, args.dtype, args.link)
+    elif args.what == "decode":
+        out = cost.decode(args.model, args.gpu, args.tp, args.batch, args.context, args.dtype, args.link)
+    elif args.what == "collective":
+        out = cost.collective(args.op, args.bytes, args.gpus, args.link, args.gpu, args.gbps, args.gpus_per_node,
+                              nvls=not args.no_nvls)
+    elif args.what == "kv":
+        out = cost.kv(args.model, args.tokens, args.link, args.gbps, args.tp)
+    elif args.what == "moe":
+        out = cost.moe(args.model, args.gpu, args.tp, args.dp, args.phase, args.link, tokens=args.tokens or 0,
+                       prompts=args.prompts, batch=args.batch or 0, context=args.context, domain_gpus=args.domain_gpus,
+                       gbps=args.gbps, imbalance=args.imbalance, overlap=args.overlap, expert_parallel=not args.no_ep)
+    else:
+        out = cost.pp(args.model, args.gpu, args.tp, args.pp, args.phase, args.boundary.split(","),
+                      tokens=args.tokens or 0, batch=args.batch or 0, context=args.context, gbps=args.gbps,
+                      dtype=args.dtype, link_name=args.link)
+    if args.format == "json":
+        print(json.dumps(out))
+    else:
+        value = f"{out['us']:.2f} us" if "us" in out else f"{out['ms']:.3f} ms"
+        print(f"{args.what}: {value}  ({', '.join(f'{k}={v}' for k, v in out.items() if k not in ('ms', 'us'))})")
+    return 0
+
+
+def add_cost_parsers(sub: Any) -> None:
+    """`cost`: one subcommand per kind of answer."""
+    p = sub.add_parser("cost", help="what the cost model predicts (prefill, decode, collective, kv, moe, pp)")
+    kinds = p.add_subparsers(dest="what", required=True)
+    for what in ("prefill", "decode"):
+        q = kinds.add_parser(what, help=f"one {what} " + ("of N new tokens after C cached" if what == "prefill"
+                                                         else "step of B sequences with C tokens of context each"))
+        q.add_argument("--model", required=True)
+        q.add_argument("--gpu", required=True)
+        q.add_argument("--tp", type=int, required=True)
+        if what == "prefill":
+            q.add_argument("--tokens", type=int, required=True)
+            q.add_argument("--context", type=int, default=0)
+        else:
+            q.add_argument("--batch", type=int, required=True)
+            q.add_argument("--context", type=int, required=True)
+        q.add_argument("--dtype", choices=["bf16", "fp8"], default="bf16")
+        q.add_argument("--link", default="nvswitch", help="the TP group's link kind (default nvswitch)")
+    q = kinds.add_parser("collective", help="one NCCL collective; --bytes per GPU as nccl-tests counts it")
+    q.add_argument("--op", required=True, choices=["allreduce", "allgather", "reducescatter", "alltoall"])
+    q.add_argument("--bytes", type=int, required=True)
+    q.add_argument("--gpus", type=int, required=True)
+    q.add_argument("--link", required=True, choices=["nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "tcp"])
+    q.add_argument("--gpu")
+    q.add_argument("--gbps", type=float, help="per-GPU network rate in Gbit/s (rdma, tcp)")
+    q.add_argument("--gpus-per-node", type=int, help="rdma/tcp: GPUs per node (default 8 when more than 8, else 1)")
+    q.add_argument("--no-nvls", action="store_true", help="as NCCL_NVLS_ENABLE=0: no NVLink SHARP all-reduce")
+    q = kinds.add_parser("kv", help="moving the KV cache of N tokens between two replicas")
+    q.add_argument("--model", required=True)
+    q.add_argument("--tokens", type=int, required=True)
+    q.add_argument("--link", required=True, choices=["nvlink", "pcie", "rdma", "tcp"])
+    q.add_argument("--gbps", type=float, help="the NIC rate in Gbit/s (rdma, tcp)")
+    q.add_argument("--tp", type=int, default=1, help="rank pairs moving their shards at once, each over its own link")
+    _gang_parsers(kinds)
+    for q in (kinds.choices[name] for name in ("prefill", "decode", "collective", "kv", "moe", "pp")):
+        q.add_argument("--format", choices=["json", "text"], default="text")
+    p.set_defaults(func=cmd_cost)
+
+
+def _gang_parsers(kinds: Any) -> None:
+    q = kinds.add_parser("moe", help="one step of an MoE gang: DP attention ranks + expert parallelism")
+    q.add_argument("--model", required=True, help="a catalogue MoE model")
+    q.add_argument("--gpu", required=True)
+    q.add_argument("--tp", type=int, default=1, help="TP size of each DP rank (default 1)")
+    q.add_argument("--dp", type=int, required=True, help="data-parallel ranks (EP size = tp x dp)")
+    q.add_argument("--phase", required=True, choices=["prefill", "decode"])
+    q.add_argument("--tokens", type=int, help="prefill: new prompt tokens per DP rank")
+    q.add_argument("--prompts", type=int, default=1, help="prefill: prompts those tokens come from (default 1)")
+    q.add_argument("--batch", type=int, help="decode: sequences per DP rank")
+    q.add_argument("--context", type=int, default=0, help="cached tokens per sequence")
+    q.add_argument("--link", required=True, choices=["nvlink", "rdma", "cross-rail", "tcp"],
+                   help="nvlink: one NVLink domain; rdma: rail-aligned NICs; cross-rail: via the spine; tcp")
+    q.add_argument("--domain-gpus", type=int, help="GPUs of the gang per NVLink domain across a network (default 8)")
+    q.add_argument("--gbps", type=float, help="per-GPU NIC rate in Gbit/s (rdma, cross-rail, tcp)")
+    q.add_argument("--imbalance", type=float, help="busiest over mean GPU expert load (default: uniform routing's)")
+    q.add_argument("--overlap", action="store_true", help="two-batch overlap: compute hides the all-to-all")
+    q.add_argument("--no-ep", action="store_true", help="experts split by TP inside each rank (no all-to-all)")
+    q = kinds.add_parser("pp", help="a prefill or decode cycle over pipeline stages")
+    q.add_argument("--model", required=True)
+    q.add_argument("--gpu", required=True)
+    q.add_argument("--tp", type=int, default=1)
+    q.add_argument("--pp", type=int, required=True, help="pipeline stages")
+    q.add_argument("--phase", required=True, choices=["prefill", "decode"])
+    q.add_argument("--tokens", type=int, help="prefill: prompt tokens")
+    q.add_argument("--batch", type=int, help="decode: sequences in flight")
+    q.add_argument("--context", type=int, default=0, help="decode: tokens of context per sequence")
+    q.add_argument("--boundary", required=True,
+                   help="link kind at the stage boundaries: one for all, or a comma list of pp-1 "
+                        "(nvswitch, nvlink, xgmi, pcie, sys, rdma, tcp)")
+    q.add_argument("--gbps", type=float, help="NIC rate in Gbit/s for rdma/tcp boundaries")
+    q.add_argument("--dtype", choices=["bf16", "fp8"], default="bf16")
+    q.add_argument("--link", default="nvswitch", help="each stage's TP group link kind (default nvswitch)")

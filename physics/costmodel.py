@@ -1,0 +1,296 @@
+"""The analytic cost model: one physics for the planner, the simulated engine and the simulator.
+Every constant names the published measurement that sets it (physics/data/calibration.yaml holds
+the points; `python -m pools fidelity` prints model against measurement).
+
+A forward pass (one engine step) of T tokens on TP=t: prefill chunks (n new tokens after c
+cached ones each) and decodes (one token each, reading their context):
+    compute   2 P_active T / (t F mfu)  +  sum over chunks 4 L H (n^2/2 + n c) / (t F_bf16 mfu)
+              (the weights' FLOPs for every token; each sequence's causal attention over its own
+              context: a chunk attends over its earlier tokens, a mixed step sums per sequence)
+    memory    (W / t + KV(all contexts read) / t) / (HBM mbu)       (weights read once per step)
+    time      max(compute, memory)  +  a per-step constant  +  2 L all-reduces of T H 2 bytes
+F is the FP8 rate for FP8 weights on parts that have one. The per-step constant is a decode
+step's CUDA-graph replay, scheduling and sampling, or, for a step with prefill in it (run
+eagerly), a launch cost per layer. Prefill-decode interference follows: a decode step that shares
+the GPU with a prefill chunk takes the chunk's compute time (Sarathi-Serve's hybrid batches).
+
+All-reduces are priced as NCCL prices them (`physics.collectives`: ring / tree / NVLS, LL / LL128 /
+Simple, bus efficiency below the line). KV transfer: the bytes over the path at the share of its
+line a transfer engine reaches, plus a setup per transfer on a network (`kv_transfer_ms`).
+
+Link health is already in the path: a degraded link carries less bandwidth and more latency
+(`topology.Link.effective_*`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from physics.catalog import GpuSpec, ModelSpec
+from physics.collectives import BUS_EFFICIENCY, Hw, collective_us
+from topology import GpuRef, LinkKind, Path, Topology, bottleneck
+from topology.kinds import DEFAULTS
+
+BF16 = 2
+MIN_GB_S = 0.01
+"""Floor for a path's bandwidth: a dead link is very slow, not a division by zero."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Efficiency:
+    prefill_mfu: float = 0.62
+    """Share of peak BF16 tensor FLOPs a long prefill reaches: TensorRT-LLM v0.5 and LMDeploy
+    LLaMA-2 7B/70B 2048-token TTFTs on A100 (calibration points trtllm05-a100-*, lmdeploy-*-ftl)."""
+    fp8_mfu: float = 0.50
+    """Share of peak FP8 FLOPs: FP8 GEMMs reach less of their (doubled) peak. NIM 1.8 Llama-3.3-70B
+    FP8 TP2 on H100, 5000-token TTFT 406.8 ms (nim-h100-llama3.3-70b-tp2-fp8-p5000)."""
+    decode_mbu: float = 0.75
+    """Share of peak HBM bandwidth a decode step reaches (gpt-fast saw ~1700 of 2039 GB/s;
+    LMDeploy LLaMA-2-7B batch-1 per-token latency 9 ms on A100: lmdeploy-a100-llama2-7b-b1-*)."""
+    decode_mfu: float = 0.35
+    step_overhead_ms: float = 1.0
+    """Per decode step: CUDA-graph replay, scheduler, sampling."""
+    prefill_layer_overhead_ms: float = 0.13
+    """Per layer of a step that prefills (run eagerly, not from a CUDA graph: kernel launches and
+    the small GEMMs' ramp): TensorRT-LLM v0.5 LLaMA-7B FP8 on H100 takes 7 ms for 128 tokens,
+    where compute and weight reads are 2.7 ms (trtllm05-h100-llama2-7b-p128); 32 layers."""
+
+
+DEFAULT = Efficiency()
+
+_HW: dict[LinkKind, Hw] = {LinkKind.NVSWITCH: "nvlink", LinkKind.NVLINK: "nvlink", LinkKind.XGMI: "nvlink",
+                           LinkKind.RDMA: "net", LinkKind.TCP: "net"}
+"""NCCL's hardware class of a link kind (tuning.cc: NVLink, PCI, network); PCIe kinds are PCI."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkCost:
+    """The TP group's bottleneck link (per direction) and how NCCL would use it."""
+
+    bandwidth_gb_s: float
+    latency_us: float
+    hw: Hw = "nvlink"
+    switched: bool = False
+    """An NVSwitch (NVLS all-reduce possible when the GPU has it)."""
+
+    @classmethod
+    def of(cls, path: Path) -> LinkCost:
+        return cls(bandwidth_gb_s=path.bandwidth_gb_s, latency_us=path.latency_us, hw=_HW.get(path.kind, "pci"),
+                   switched=path.kind is LinkKind.NVSWITCH)
+
+
+LOCAL = LinkCost(bandwidth_gb_s=float("inf"), latency_us=0.0)
+TP_LINK_FALLBACK = LinkCost(bandwidth_gb_s=DEFAULTS[LinkKind.NVSWITCH].bandwidth_gb_s,
+                            latency_us=DEFAULTS[LinkKind.NVSWITCH].latency_us, switched=True)
+"""A TP group's bottleneck when no topology knows its GPUs: placement keeps a TP group inside one
+NVLink island (DESIGN.md), so the island's default link (topology.kinds: H100 SXM NVSwitch,
+18 x 25 = 450 GB/s per direction, 0.5 us)."""
+KV_SAME_NODE_FALLBACK = Path(kind=LinkKind.NVSWITCH, tier="nvlink", bandwidth_gb_s=DEFAULTS[LinkKind.NVSWITCH]
+                             .bandwidth_gb_s, latency_us=DEFAULTS[LinkKind.NVSWITCH].latency_us,
+                             via="assumed: one NVLink island")
+"""The KV path between two replicas on one node when no topology knows their GPUs: the node's
+NVLink island (the default HGX machine, topology.kinds NVSWITCH)."""
+KV_CROSS_NODE_FALLBACK = Path(kind=LinkKind.RDMA, tier="rdma", bandwidth_gb_s=DEFAULTS[LinkKind.RDMA].bandwidth_gb_s,
+                              latency_us=DEFAULTS[LinkKind.RDMA].latency_us, via="assumed: one RDMA NIC pair")
+"""... on other (or unnamed) nodes: one RDMA NIC pair (topology.kinds RDMA: InfiniBand NDR,
+50 GB/s, 3 us)."""
+
+TIER_QUALITY = {"local": 1.0, "nvlink": 1.0, "pcie": 0.45, "numa": 0.3, "rdma": 0.2, "tcp": 0.08, "rack": 0.05}
+"""How good a TP group's tier is, in [0, 1] (the placement score and the router's
+link-tier-scorer). Inside a node it is this cost model's own ratio: a prefill of 8192 tokens of
+llama-3.1-8b at TP=2 on H100 runs 0.38x (NODE) to 0.47x (PIX) as fast over the PCIe default
+links as over NVSwitch, and 0.29x over the cross-socket (SYS) one (topology.kinds defaults;
+tests/unit/test_routing_costs.py checks it). Across nodes it is held below that ratio (by the
+same measure rdma 0.62, tcp 0.27): a TP group spread over nodes also shares their NICs with KV
+transfers and other traffic, and is lost with either node."""
+
+
+def allreduce_ms(message_bytes: float, tp: int, link: LinkCost, gpu: GpuSpec | None = None) -> float:
+    """One all-reduce of a TP group over its bottleneck link (`physics.collectives`); a group
+    whose bottleneck is a network spans two nodes, the link being the one NIC path between them."""
+    if tp <= 1 or link.bandwidth_gb_s == float("inf"):
+        return 0.0
+    nvls = link.switched and gpu is not None and gpu.nvls
+    if link.hw == "net":
+        return collective_us("allreduce", message_bytes, tp, TP_LINK_FALLBACK.bandwidth_gb_s, "net", nodes=2,
+                             node_gb_s=link.bandwidth_gb_s, net_latency_us=link.latency_us) / 1e3
+    return collective_us("allreduce", message_bytes, tp, link.bandwidth_gb_s, link.hw, nvls=nvls) / 1e3
+
+
+def prefill_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, tokens: int,
+               eff: Efficiency = DEFAULT, context_tokens: int = 0) -> float:
+    """`tokens` new prompt tokens after `context_tokens` already in the cache (a later chunk of a
+    chunked prefill, or a prefix-cache hit), alone in a step."""
+    return forward_ms(model, gpu, tp, link, ((max(tokens, 1), max(context_tokens, 0)),), 0, 0, eff)
+
+
+def forward_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, chunks: Sequence[tuple[int, int]],
+               decodes: int, decode_context: int, eff: Efficiency = DEFAULT) -> float:
+    """One engine step (module docstring): prefill `chunks` as (new tokens, cached tokens before
+    them) and `decodes` sequences with `decode_context` tokens of context in all."""
+    if not chunks:
+        return DecodeStep.of(model, gpu, tp, link, decodes, eff).ms(decode_context) if decodes else 0.0
+    new = pairs = cached = 0.0
+    for n, c in chunks:
+        new += n
+        pairs += n * n / 2 + n * c
+        cached += c
+    tokens = new + decodes
+    flops = 2 * model.active_params_b * 1e9 * tokens
+    rate = gpu.tflops(model.weight_bytes) * 1e12 * (eff.fp8_mfu if gpu.tflops(model.weight_bytes)
+                                                     != gpu.bf16_tflops else eff.prefill_mfu)
+    compute_s = flops / (tp * rate) + 4 * model.layers * pairs * model.hidden / (
+        tp * gpu.bf16_tflops * 1e12 * eff.prefill_mfu)
+    memory_s = (model.weights_gb * 1e9 + model.kv_bytes_per_token() * (cached + decode_context)) / (
+        tp * gpu.hbm_gb_s * 1e9 * eff.decode_mbu)
+    comm_ms = model.layers * 2 * allreduce_ms(tokens * model.hidden * BF16, tp, link, gpu)
+    return max(compute_s, memory_s) * 1e3 + model.layers * eff.prefill_layer_overhead_ms + comm_ms
+
+
+def decode_step_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, batch: int,
+                   context_tokens: int, eff: Efficiency = DEFAULT) -> float:
+    return DecodeStep.of(model, gpu, tp, link, batch, eff).ms(context_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStep:
+    """A decode-only step's cost for a fixed batch, as a function of the context it reads (the
+    simulator evaluates it for hundreds of consecutive steps): `forward_ms` without chunks."""
+
+    weights_bytes: float
+    kv_per_token: float
+    tp: int
+    hbm_bytes_s: float
+    compute_s: float
+    fixed_ms: float
+
+    @classmethod
+    def of(cls, model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, batch: int,
+           eff: Efficiency = DEFAULT) -> DecodeStep:
+        return _decode_step(model, gpu, tp, link, max(batch, 1), eff)
+
+    def ms(self, context_tokens: int) -> float:
+        memory_s = (self.weights_bytes + self.kv_per_token * context_tokens / self.tp) / self.hbm_bytes_s
+        return max(memory_s, self.compute_s) * 1e3 + self.fixed_ms
+
+
+@functools.lru_cache(maxsize=16384)
+def _decode_step(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, b: int, eff: Efficiency) -> DecodeStep:
+    compute_s = 2 * model.active_params_b * 1e9 * b / (tp * gpu.tflops(model.weight_bytes) * 1e12 * eff.decode_mfu)
+    comm_ms = model.layers * 2 * allreduce_ms(b * model.hidden * BF16, tp, link, gpu)
+    return DecodeStep(weights_bytes=model.weights_gb * 1e9 / tp, kv_per_token=model.kv_bytes_per_token(), tp=tp,
+                      hbm_bytes_s=gpu.hbm_gb_s * 1e9 * eff.decode_mbu, compute_s=compute_s,
+                      fixed_ms=comm_ms + eff.step_overhead_ms)
+
+
+def kv_bytes(model: ModelSpec, tokens: int) -> float:
+    return model.kv_bytes_per_token() * tokens
+
+
+KV_LINE_EFFICIENCY = 0.87
+"""Share of a network line a KV transfer reaches on large transfers: Mooncake's transfer engine
+moved 40 GB at 87 GB/s over 4 x 200 Gb/s RoCE (calibration point mooncake-te-40GB-4x200g-roce).
+Inside a node, the NVLink/PCIe share nccl-tests reach (`physics.collectives.BUS_EFFICIENCY`)."""
+KV_RAIL_GB_S = 23.75
+"""What one NIC carries of a KV transfer at most, whatever its line: Mooncake's transfer engine
+reached 190 GB/s over 8 x 400 Gb/s RoCE, 23.75 GB/s per NIC of a 50 GB/s line
+(mooncake-te-40GB-8x400g-roce): past that the engine, not the wire, is the bound."""
+KV_SETUP_MS = 0.4
+"""Per transfer over a network: request, block-list exchange and completion notice. vLLM's
+Mooncake connector moved 128 tokens of Qwen3-8B (19 MB) in 0.54 ms, 0.1 ms of it bytes
+(mooncake-pd-kv-128tok)."""
+
+
+def kv_rate_gb_s(path: Path) -> float:
+    """The bandwidth a KV transfer gets from `path` (module docstring of the constants above)."""
+    line = max(path.bandwidth_gb_s, MIN_GB_S)
+    if path.kind.is_network:
+        return min(line * KV_LINE_EFFICIENCY, KV_RAIL_GB_S)
+    return line * BUS_EFFICIENCY["pci" if _HW.get(path.kind, "pci") == "pci" else "nvlink"]
+
+
+def kv_setup_ms(path: Path) -> float:
+    return path.latency_us * 1e-3 + (KV_SETUP_MS if path.kind.is_network else 0.0)
+
+
+def kv_transfer_ms(model: ModelSpec, tokens: int, path: Path) -> float:
+    """The KV of `tokens` over one path (a TP=1 pair, or one rank's shard: `kv_handover_ms`)."""
+    if path.tier == "local":
+        return 0.0
+    return kv_bytes(model, tokens) / (kv_rate_gb_s(path) * 1e9) * 1e3 + kv_setup_ms(path)
+
+
+def located(topology: Topology | None, gpus: Sequence[GpuRef]) -> bool:
+    """The topology knows every one of these GPUs (so paths between them can be priced)."""
+    return topology is not None and bool(gpus) and all(
+        topology.has_node(g.node) and topology.node(g.node).has_gpu(g.index) for g in gpus)
+
+
+def group_link(topology: Topology | None, gpus: Sequence[GpuRef], tp: int) -> LinkCost:
+    """The bottleneck of a TP group: the worst link among its GPUs (`topology.bottleneck`), or
+    `TP_LINK_FALLBACK` when the topology does not know them."""
+    if tp <= 1 or len(gpus) == 1:
+        return LOCAL
+    if topology is None or not located(topology, gpus):
+        return TP_LINK_FALLBACK
+    return LinkCost.of(bottleneck(topology, gpus))
+
+
+def kv_handover_ms(model: ModelSpec, tokens: int, paths: Sequence[Path]) -> float:
+    """KV of `tokens` moved as the engines move it: each prefill TP rank sends its shard to the
+    decode rank of the same index, all at once (`paths`: one per rank pair). Pairs carried by the
+    same link or NIC pair (the same `Path.via`) share its bandwidth; the slowest carrier and the
+    worst latency decide. No paths, or only local ones: nothing moves."""
+    ms_per_byte, latency_ms = kv_handover_rate(paths)
+    return kv_bytes(model, tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0
+
+
+def kv_handover_rate(paths: Sequence[Path]) -> tuple[float, float]:
+    """`kv_handover_ms` as (ms per byte of the whole KV, latency ms): a function of the paths
+    alone, so a router can remember it per replica pair."""
+    moving = [p for p in paths if p.tier != "local"]
+    if not moving:
+        return 0.0, 0.0
+    carried: dict[str, tuple[int, float]] = {}
+    for p in moving:
+        rate = kv_rate_gb_s(p)
+        count, bandwidth = carried.get(p.via, (0, rate))
+        carried[p.via] = (count + 1, min(bandwidth, rate))
+    share = 1.0 / len(paths)
+    slowest_s = max(count * share / (bandwidth * 1e9) for count, bandwidth in carried.values())
+    return slowest_s * 1e3, max(kv_setup_ms(p) for p in moving)
+
+
+def weights_per_gpu_gb(model: ModelSpec, tp: int, pp: int = 1, ep: int = 1) -> float:
+    """One GPU's share of the weights: layers split over `pp` stages; inside a stage the routed
+    experts over max(tp, ep) GPUs (expert parallelism: tp x dp), everything else over tp (each
+    data-parallel rank holds its own copy)."""
+    if model.moe is None:
+        return model.weights_gb / (tp * pp)
+    experts = model.routed_params_b * model.expert_bytes
+    return (model.dense_params_b * model.weight_bytes / tp + experts / max(tp, ep)) / pp
+
+
+def kv_shards(model: ModelSpec, tp: int, pp: int = 1) -> int:
+    """GPUs one sequence's KV is split over: layers over stages, heads over TP, except MLA's one
+    latent KV, which every TP rank keeps whole (vLLM replicates it)."""
+    return (1 if model.attention == "mla" else tp) * pp
+
+
+def kv_capacity_tokens(model: ModelSpec, gpu: GpuSpec, tp: int, memory_utilization: float = 0.9,
+                       activation_reserve_gb: float = 2.0, pp: int = 1, ep: int = 1) -> int:
+    """Tokens of KV cache the replica (one data-parallel rank of a gang) can hold (vLLM's
+    gpu_memory_utilization semantics)."""
+    free_gb = gpu.memory_gb * memory_utilization - weights_per_gpu_gb(model, tp, pp, ep) - activation_reserve_gb
+    if free_gb <= 0:
+        return 0
+    return int(free_gb * 1e9 * kv_shards(model, tp, pp) / model.kv_bytes_per_token())
+
+
+def fits(model: ModelSpec, gpu_memory_gb: float, tp: int, memory_utilization: float = 0.9,
+         min_kv_tokens: int = 4096, pp: int = 1, ep: int = 1) -> bool:
+    """Weights fit with room for at least `min_kv_tokens` of cache (one long request)."""
+    free_gb = gpu_memory_gb * memory_utilization - weights_per_gpu_gb(model, tp, pp, ep) - 2.0
+    return free_gb * 1e9 * kv_shards(model, tp, pp) >= min_kv_tokens * model.kv_bytes_per_token()

@@ -1,0 +1,334 @@
+"""Mixture-of-experts steps on an expert-parallel gang, in the cost model's one physics.
+
+A step of a data-parallel-attention + expert-parallel gang (vLLM `--data-parallel-size D
+--enable-expert-parallel`, EP = tp x dp): every DP rank runs attention and the dense part (the
+shared expert, the dense layers, the embeddings) on its own tokens; every MoE layer then
+dispatches each token to its experts, runs the expert GEMMs, and combines the results back:
+
+    dense      max(2 P_dense T / (tp F mfu) + attention FLOPs / (tp F_bf16 mfu),
+                   (W_dense / tp + KV read) / (HBM mbu))                    (as `costmodel`)
+    experts    per MoE layer, the busiest GPU's share: max(2 x 3 H F_e x pairs x imbalance / (F mfu),
+               experts it holds that some token picked x 3 H F_e bytes / (HBM mbu))
+    dispatch,  per MoE layer each: `a2a_us` over the gang's links (DeepEP's kernels: the
+    combine    high-throughput ones at prefill, the low-latency ones at decode)
+    step       dense + all-reduces + MoE layers x (dispatch + experts + combine) + per-step constant
+               (with two-batch overlap, `overlap`: `OVERLAP_EFFICIENCY` of the shorter of compute
+               and all-to-all hides under the other)
+
+The ranks run in lockstep (every MoE layer is a barrier), so the busiest GPU sets the pace: the
+expert load's `imbalance` (max over mean GPU load) is what an expert placement changes.
+
+All-to-all (`a2a_us`). Each (token, expert) pair is a message of H elements. Its destination
+is a uniformly chosen rank: inside this rank's NVLink domain, over NVLink; outside, over the
+rank's own NIC. Both move at once, and the slower one decides, plus a fixed latency:
+    low latency       every pair sent on its own (no deduplication)
+    high throughput   a token crosses the network once per remote domain it touches (DeepEP's
+                      normal kernels send it to the same-rail GPU of that node, which forwards
+                      it over NVLink), at most `groups_per_token` domains (group-limited routing)
+Fitted to DeepEP's published V1 tables (H800, NVLink 8 lanes = 200 GB/s per direction, one
+ConnectX-7 400 Gb/s NIC per GPU; deepseek-ai/DeepEP docs/legacy.md, calibration points
+deepep-*): the same two efficiencies and one latency reproduce the low-latency dispatch at EP 8
+to 256 (77-194 us) and combine (114-360 us) within 10%.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from physics.catalog import GpuSpec, ModelSpec
+from physics.collectives import collective_us
+from physics.costmodel import BF16, DEFAULT, LOCAL, Efficiency, LinkCost, allreduce_ms, kv_shards
+
+Mode = Literal["high-throughput", "low-latency"]
+Carrier = Literal["nvlink", "rdma", "cross-rail", "tcp"]
+CARRIERS: tuple[Carrier, ...] = ("nvlink", "rdma", "cross-rail", "tcp")
+
+A2A_NVLINK_EFFICIENCY = 0.77
+"""Share of a GPU's NVLink line an all-to-all reaches: DeepEP intranode normal dispatch 153 GB/s
+and combine 158 GB/s on H800 (200 GB/s line); its low-latency EP8 dispatch (77 us for 7.57 MB,
+7/8 of it to peers) gives 0.78 (calibration points deepep-ht-ep8-*, deepep-ll-ep8-*). DeepEP V2 on
+B200: 726 GB/s logical of 900 (0.71 of the line once the local eighth is taken out)."""
+A2A_NET_EFFICIENCY = 0.92
+"""Share of the NIC's line: least-squares slope of DeepEP's low-latency dispatch latency over the
+bytes that leave the node, EP 16..256 (46 GB/s of 50); its combine agrees (EP16 195 us, EP64 314)."""
+A2A_LATENCY_US = 35.0
+"""Fixed cost of one dispatch or combine call (the intercept of the same fit): kernel launch,
+the per-expert counts exchange and completion flags."""
+CROSS_RAIL_FACTOR = 0.5
+"""A gang whose NICs are not on the same rails: its traffic climbs to the spine, whose share of
+the line is the fabric's default oversubscription (`topology.Fabric.inter_rack_bandwidth_factor`)."""
+CROSS_RAIL_LATENCY_US = 2.0
+"""One more switch tier each way (`topology.Fabric.inter_rack_latency_us`)."""
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128
+"""Bytes per element of an FP8 dispatch: the value plus one FP32 scale per 128 (DeepEP's format);
+BF16 models dispatch BF16. Combine is BF16 always (DeepEP, DeepSeek's inference overview)."""
+MLA_QK_DIM = 192
+MLA_V_DIM = 128
+"""DeepSeek-V3 MLA per-head dims at prefill (qk_nope 128 + qk_rope 64; v 128); at decode the
+absorbed form attends over the 576-wide latent (kv_lora_rank 512 + rope 64) and returns 512."""
+OVERLAP_EFFICIENCY = 0.5
+"""Share of the shorter of compute and all-to-all that two-batch overlap hides (SGLang's TBO,
+vLLM's --enable-dbo): SGLang's ablation on 96 H100 (lmsys blog 2025-05-05) measured +25.5 % decode
+and +27-35 % prefill throughput from TBO; in this model's DeepSeek-V3 steps of those settings that
+is 0.43 and 0.54 of the shorter part (split halves run less efficiently; launches serialise)."""
+MLA_DECODE_MFU = 0.67
+"""Share of peak BF16 an MLA decode kernel reaches when compute-bound: FlashMLA 660 TFLOPS on H800
+SXM5 (989 peak; deepseek-ai/FlashMLA README, 2025-04-22 update). 128 heads share one latent, so
+MLA decode attention is compute-bound where GQA's is memory-bound."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GangLinks:
+    """Where an EP gang's all-to-all runs, seen from one rank."""
+
+    carrier: Carrier
+    """nvlink: the whole gang in one NVLink domain; rdma: across domains, NICs on the same rails;
+    cross-rail: across domains through the spine; tcp: across domains over sockets."""
+    domain_ranks: int
+    """GPUs of the gang in this rank's NVLink domain (itself included)."""
+    nvlink_gb_s: float
+    """The GPU's NVLink line, per direction."""
+    nic_gb_s: float = 50.0
+    """The rank's NIC line, per direction (400 Gb/s)."""
+    nic_latency_us: float = 3.0
+    outside_share: float | None = None
+    """Share of the (token, expert) pairs that leave the rank's domain, when an expert map says
+    it (`pools.experts`); None: experts spread uniformly over the ranks."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoEStep:
+    """One step of an EP gang, per part (ms), as every rank sees it."""
+
+    dense_ms: float
+    experts_ms: float
+    dispatch_ms: float
+    combine_ms: float
+    allreduce_ms: float
+    overhead_ms: float
+    total_ms: float
+    imbalance: float
+    tokens_per_rank: int
+
+    @property
+    def a2a_share(self) -> float:
+        """Share of the step spent in dispatch and combine (0..1)."""
+        return (self.dispatch_ms + self.combine_ms) / self.total_ms if self.total_ms > 0 else 0.0
+
+
+def remote_domains(domains: int, k: int, groups_per_token: int) -> float:
+    """Expected domains other than its own a token's `k` experts fall in (uniform routing,
+    at most `groups_per_token` domains when routing is group-limited and groups map to domains)."""
+    if domains <= 1:
+        return 0.0
+    touched = domains * (1.0 - (1.0 - 1.0 / domains) ** k)
+    if groups_per_token > 1:
+        touched = min(touched, float(groups_per_token))
+    return touched * (domains - 1) / domains
+
+
+def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, links: GangLinks, mode: Mode,
+           groups_per_token: int = 0) -> float:
+    """One dispatch (or combine) of `tokens` tokens per rank, each to `k` of `ep` ranks (module
+    docstring). `groups_per_token`: DeepSeek's group-limited routing (0: none)."""
+    if ep <= 1 or tokens <= 0:
+        return 0.0
+    token_bytes = hidden * element_bytes
+    d = max(1, min(links.domain_ranks, ep))
+    inside = tokens * k * token_bytes * (d - 1) / ep
+    if links.outside_share is not None and links.carrier not in ("nvlink", "tcp"):
+        share = min(max(links.outside_share, 0.0), 1.0)
+        inside = tokens * k * token_bytes * max(0.0, 1.0 - share - 1.0 / ep)
+        if mode == "low-latency":
+            outside = tokens * k * token_bytes * share
+        else:
+            outside = tokens * token_bytes * remote_domains(ep // d, k, groups_per_token) * share / max(
+                (ep - d) / ep, 1e-9)
+        net = links.nic_gb_s * A2A_NET_EFFICIENCY * (CROSS_RAIL_FACTOR if links.carrier == "cross-rail" else 1.0)
+        latency = A2A_LATENCY_US + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
+        return latency + max(inside / (links.nvlink_gb_s * A2A_NVLINK_EFFICIENCY * 1e9), outside / (net * 1e9)) * 1e6
+    if links.carrier == "tcp":
+        nodes = max(1, ep // d)
+        return collective_us("alltoall", tokens * k * token_bytes, ep, links.nvlink_gb_s, "net", nodes=nodes,
+                             node_gb_s=links.nic_gb_s * d, net_latency_us=links.nic_latency_us)
+    if links.carrier == "nvlink" or d >= ep:
+        outside = 0.0
+    elif mode == "low-latency":
+        outside = tokens * k * token_bytes * (ep - d) / ep
+    else:
+        outside = tokens * token_bytes * remote_domains(ep // d, k, groups_per_token)
+    net = links.nic_gb_s * A2A_NET_EFFICIENCY * (CROSS_RAIL_FACTOR if links.carrier == "cross-rail" else 1.0)
+    latency = A2A_LATENCY_US + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
+    seconds = max(inside / (links.nvlink_gb_s * A2A_NVLINK_EFFICIENCY * 1e9), outside / (net * 1e9))
+    return latency + seconds * 1e6
+
+
+def default_imbalance(pairs: float, ep: int) -> float:
+    """Max over mean GPU load when `pairs` (token, expert) choices fall uniformly on `ep` GPUs:
+    the expected maximum of `ep` Poisson loads of mean m is about m + sqrt(2 m ln ep)."""
+    if ep <= 1 or pairs <= 0:
+        return 1.0
+    mean = pairs / ep
+    return min(1.0 + math.sqrt(2.0 * math.log(ep) / mean), float(ep))
+
+
+def attention_flops(model: ModelSpec, pairs: float, decode: bool) -> float:
+    """FLOPs of attention over `pairs` (query, cached key) pairs in every layer."""
+    if model.attention == "mla":
+        latent = model.head_dim
+        per = 2 * model.heads * (latent + latent - 64) if decode else 2 * model.heads * (MLA_QK_DIM + MLA_V_DIM)
+    else:
+        per = 4 * model.heads * model.head_dim
+    return float(per) * pairs * model.layers
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """The parts of a step that do not depend on the context its sequences read."""
+
+    experts_ms: float
+    dispatch_ms: float
+    combine_ms: float
+    allreduce_ms: float
+    overhead_ms: float
+    imbalance: float
+
+
+def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, tokens: int, prefill: bool,
+           tp_link: LinkCost, imbalance: float | None, expert_parallel: bool, eff: Efficiency) -> _Fixed:
+    moe = model.moe
+    assert moe is not None
+    rate = gpu.tflops(model.weight_bytes) * 1e12
+    mfu = (eff.fp8_mfu if rate != gpu.bf16_tflops * 1e12 else eff.prefill_mfu) if prefill else eff.decode_mfu
+    hbm = gpu.hbm_gb_s * 1e9 * eff.decode_mbu
+    ep = tp * dp if expert_parallel else tp
+    pairs = float(tokens * (dp if expert_parallel else 1) * moe.experts_per_token)
+    load = imbalance if imbalance is not None else default_imbalance(pairs, ep)
+    per_expert = moe.expert_params(model.hidden)
+    touched = moe.routed_experts / ep * (1.0 - math.exp(-pairs / moe.routed_experts))
+    expert_compute_s = 2 * per_expert * pairs / ep * load / (rate * mfu)
+    expert_memory_s = touched * per_expert * model.expert_bytes / hbm
+    experts_ms = moe.moe_layers * max(expert_compute_s, expert_memory_s) * 1e3
+    dispatch_ms = combine_ms = 0.0
+    if expert_parallel and ep > 1:
+        mode: Mode = "high-throughput" if prefill else "low-latency"
+        groups = moe.groups_per_token if moe.groups > 1 else 0
+        dispatch_bytes = FP8_DISPATCH_BYTES if model.weight_bytes == 1 else float(BF16)
+        dispatch_ms = moe.moe_layers * a2a_us(tokens, model.hidden, moe.experts_per_token, dispatch_bytes, ep,
+                                              links, mode, groups) / 1e3
+        combine_ms = moe.moe_layers * a2a_us(tokens, model.hidden, moe.experts_per_token, float(BF16), ep, links,
+                                             mode, groups) / 1e3
+    reduces = model.layers * 2 - (moe.moe_layers if expert_parallel else 0)
+    ar_ms = reduces * allreduce_ms(tokens * model.hidden * BF16, tp, tp_link, gpu) if tp > 1 else 0.0
+    overhead_ms = model.layers * eff.prefill_layer_overhead_ms if prefill else eff.step_overhead_ms
+    return _Fixed(experts_ms=experts_ms, dispatch_ms=dispatch_ms, combine_ms=combine_ms, allreduce_ms=ar_ms,
+                  overhead_ms=overhead_ms, imbalance=load)
+
+
+def _assemble(dense_ms: float, f: _Fixed, tokens: int, overlap: bool) -> MoEStep:
+    compute_ms = dense_ms + f.experts_ms + f.allreduce_ms
+    a2a_ms = f.dispatch_ms + f.combine_ms
+    hidden = OVERLAP_EFFICIENCY * min(compute_ms, a2a_ms) if overlap else 0.0
+    return MoEStep(dense_ms=dense_ms, experts_ms=f.experts_ms, dispatch_ms=f.dispatch_ms, combine_ms=f.combine_ms,
+                   allreduce_ms=f.allreduce_ms, overhead_ms=f.overhead_ms,
+                   total_ms=compute_ms + a2a_ms - hidden + f.overhead_ms, imbalance=f.imbalance,
+                   tokens_per_rank=tokens)
+
+
+def _attn_mfu(model: ModelSpec, eff: Efficiency, rate_mfu: float) -> float:
+    return MLA_DECODE_MFU if model.attention == "mla" else rate_mfu
+
+
+def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks,
+                chunks: Sequence[tuple[int, int]], decodes: int, decode_context: int, *, tp_link: LinkCost = LOCAL,
+                imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
+                eff: Efficiency = DEFAULT) -> MoEStep:
+    """One engine step of every DP rank at once, each with prefill `chunks` as (new tokens, cached
+    tokens before them) and `decodes` sequences reading `decode_context` tokens in all (the
+    `costmodel.forward_ms` contract). `expert_parallel` False: the experts are split by TP inside
+    each rank (no all-to-all). Every rank is taken to carry the same load (the router balances
+    them; ranks are in lockstep at every MoE layer)."""
+    if model.moe is None:
+        raise ValueError(f"{model.name} is a dense model: no expert layers to price")
+    if not chunks:
+        if decodes <= 0:
+            return _assemble(0.0, _Fixed(0.0, 0.0, 0.0, 0.0, 0.0, 1.0), 0, overlap)
+        return moe_decode(model, gpu, tp, dp, links, decodes, tp_link, imbalance, overlap, expert_parallel,
+                          eff).step(decode_context)
+    new = pairs = cached = 0.0
+    for n, c in chunks:
+        new += n
+        pairs += n * n / 2 + n * c
+        cached += c
+    tokens = int(new) + decodes
+    rate = gpu.tflops(model.weight_bytes) * 1e12
+    mfu = eff.fp8_mfu if rate != gpu.bf16_tflops * 1e12 else eff.prefill_mfu
+    bf16 = tp * gpu.bf16_tflops * 1e12
+    compute_s = (2 * model.dense_active_params_b * 1e9 * tokens / (tp * rate * mfu)
+                 + attention_flops(model, pairs, False) / (bf16 * eff.prefill_mfu)
+                 + attention_flops(model, float(decode_context), True) / (bf16 * _attn_mfu(model, eff, eff.decode_mfu)))
+    memory_s = (model.dense_params_b * 1e9 * model.weight_bytes / tp
+                + model.kv_bytes_per_token() * (cached + decode_context) / kv_shards(model, tp)) / (
+        gpu.hbm_gb_s * 1e9 * eff.decode_mbu)
+    fixed = _fixed(model, gpu, tp, dp, links, tokens, True, tp_link, imbalance, expert_parallel, eff)
+    return _assemble(max(compute_s, memory_s) * 1e3, fixed, tokens, overlap)
+
+
+@dataclass(frozen=True, slots=True)
+class MoEDecode:
+    """A decode-only step of a fixed batch as a function of the context it reads (what the
+    simulator's fast-forward evaluates step after step): `moe_forward` without chunks."""
+
+    compute_s: float
+    attn_s_per_token: float
+    weights_s: float
+    kv_s_per_token: float
+    fixed: _Fixed
+    batch: int
+    overlap: bool
+
+    def step(self, context_tokens: int) -> MoEStep:
+        dense_s = max(self.compute_s + self.attn_s_per_token * context_tokens,
+                      self.weights_s + self.kv_s_per_token * context_tokens)
+        return _assemble(dense_s * 1e3, self.fixed, self.batch, self.overlap)
+
+    def ms(self, context_tokens: int) -> float:
+        return self.step(context_tokens).total_ms
+
+
+@functools.lru_cache(maxsize=16384)
+def moe_decode(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, batch: int, tp_link: LinkCost,
+               imbalance: float | None, overlap: bool, expert_parallel: bool, eff: Efficiency) -> MoEDecode:
+    if model.moe is None:
+        raise ValueError(f"{model.name} is a dense model: no expert layers to price")
+    b = max(batch, 1)
+    rate = gpu.tflops(model.weight_bytes) * 1e12
+    hbm = gpu.hbm_gb_s * 1e9 * eff.decode_mbu
+    per_pair = attention_flops(model, 1.0, True) / (tp * gpu.bf16_tflops * 1e12 * _attn_mfu(model, eff,
+                                                                                              eff.decode_mfu))
+    return MoEDecode(compute_s=2 * model.dense_active_params_b * 1e9 * b / (tp * rate * eff.decode_mfu),
+                     attn_s_per_token=per_pair, weights_s=model.dense_params_b * 1e9 * model.weight_bytes / tp / hbm,
+                     kv_s_per_token=model.kv_bytes_per_token() / kv_shards(model, tp) / hbm,
+                     fixed=_fixed(model, gpu, tp, dp, links, b, False, tp_link, imbalance, expert_parallel, eff),
+                     batch=b, overlap=overlap)
+
+
+def moe_step(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, *, prefill_tokens: int = 0,
+             prefill_context: int = 0, prefill_sequences: int = 1, decodes: int = 0, decode_context: int = 0,
+             tp_link: LinkCost = LOCAL, imbalance: float | None = None, overlap: bool = False,
+             expert_parallel: bool = True, eff: Efficiency = DEFAULT) -> MoEStep:
+    """`moe_forward` for the cost command: `prefill_tokens` new prompt tokens per rank (of
+    `prefill_sequences` prompts of equal length, each after `prefill_context` cached tokens), or
+    `decodes` sequences reading `decode_context` tokens each."""
+    if prefill_tokens > 0:
+        seqs = max(1, min(prefill_sequences, prefill_tokens))
+        base, extra = divmod(prefill_tokens, seqs)
+        chunks = [(base + (1 if k < extra else 0), prefill_context) for k in range(seqs)]
+        return moe_forward(model, gpu, tp, dp, links, chunks, 0, 0, tp_link=tp_link, imbalance=imbalance,
+                           overlap=overlap, expert_parallel=expert_parallel, eff=eff)
+    return moe_forward(model, gpu, tp, dp, links, (), decodes, decodes * decode_context, tp_link=tp_link,
+                       imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel, eff=eff)

