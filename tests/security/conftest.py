@@ -19,7 +19,7 @@ import yaml
 
 from router.config import sha256
 from tests.conftest import ROOT
-from tests.engines import ROUTER_READY_S, EngineProcess, start_engine, stop_engine
+from tests.support.engines import ROUTER_READY_S, EngineProcess, start_engine, stop_engine
 from wire.supervisor import Child, ChildError, ReadyLine
 
 MODEL = "llama-3.1-8b"

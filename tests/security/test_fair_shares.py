@@ -26,7 +26,7 @@ import openai
 import pytest
 
 from router.config import sha256
-from tests.engines import EngineProcess, running_router, start_engine, stop_engine, wait_until_idle
+from tests.support.engines import EngineProcess, running_router, start_engine, stop_engine, wait_until_idle
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "llama-3.1-8b"

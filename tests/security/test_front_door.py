@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines import EngineProcess
 from tests.security.conftest import LONG, MODEL, USER_KEY, Deployment, assert_openai_error, call
+from tests.support.engines import EngineProcess
 
 pytestmark = pytest.mark.integration
 

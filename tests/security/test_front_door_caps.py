@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
-from tests.engines import running_router, start_engine, stop_engine
+from tests.support.engines import running_router, start_engine, stop_engine
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-3.1-8b"

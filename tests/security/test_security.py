@@ -17,7 +17,6 @@ from router.cli import table_from_config
 from router.config import RouterConfig, sha256
 from router.server import Router
 from tests.conftest import ROOT
-from tests.engines import wait_until_idle
 from tests.security.conftest import (
     ADMIN_KEY,
     BATCH_KEY,
@@ -31,6 +30,7 @@ from tests.security.conftest import (
     assert_openai_error,
     call,
 )
+from tests.support.engines import wait_until_idle
 
 pytestmark = pytest.mark.integration
 GENERATE = ("/v1/chat/completions", "/v1/completions")

@@ -21,7 +21,7 @@ from control.actors import get_or_create_controller
 from isleserve.app import RouterThread, controller_spec
 from isleserve.settings import AppArgs, parse_app_args
 from tests.conftest import ROOT
-from tests.raycluster import fake_cluster
+from tests.support.raycluster import fake_cluster
 from tests.vllm.conftest import READY_TIMEOUT_S, SERVED
 from tests.vllm.test_vllm_controller import CONFIG, IGNORE_EOS, Deployed, _alive
 from topology import read_source

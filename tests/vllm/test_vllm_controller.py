@@ -29,7 +29,7 @@ from isleserve.settings import AppArgs, parse_app_args
 from pools.pinning import gpu_resource
 from router.config import DEV_KEY
 from tests.conftest import ROOT
-from tests.raycluster import fake_cluster
+from tests.support.raycluster import fake_cluster
 from tests.vllm.conftest import READY_TIMEOUT_S, SERVED
 from topology import read_source
 
