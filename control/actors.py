@@ -20,10 +20,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from control.backend import Discovery, Replica, engine_for
 from control.benches.schedule import Subject
 from control.benches.tasks import bench_on_ray
-from control.controller import CONTROLLER_NAME, NAMESPACE, ControllerCore, ControllerSpec
+from control.controller import CONTROLLER_NAME, NAMESPACE, ControllerCore
 from control.discovery import discover_cluster, ray_nodes
 from control.nodecheck import RayNode
-from control.spec import EngineLaunch
+from control.spec import ControllerSpec, EngineLaunch
 from control.state import saved as state
 from pools.nodelabels import PREFIX
 from pools.routing import RoutingTable

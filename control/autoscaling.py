@@ -2,11 +2,12 @@
 `interval_s` on the controller's health loop (`decide`: the pure policy of
 `pools.autoscale.policy` on observations from `pools.autoscale.observe`, with the sizing model's
 capacity from `pools.autoscale.predict`), and what operators read (`status`: each pool's counts,
-what the autoscaler saw, and its last decisions with their reasons). The controller acts on the
-decisions (`act`) with the start and drain code re-placement uses: a new replica is a move's
-replacement with nothing to replace (started on a worker thread, installed and published once
-up); a removed one leaves the plan and the table at once, finishes what it serves and stops once
-idle. Nothing here blocks: a decision is arithmetic on what the reports said.
+what the autoscaler saw, and its last decisions with their reasons). A tick returns its changes
+(`decide_changes`: a new plan, `start` and `retire` changes) and the controller applies them
+through `ControllerCore.apply`, the method re-plans use: a new replica is a move's replacement
+with nothing to replace (started on a worker thread, installed and published once up); a retired
+one leaves the plan and the table at once, finishes what it serves and stops once idle. Nothing
+here blocks: a decision is arithmetic on what the reports said.
 """
 
 from __future__ import annotations
@@ -14,18 +15,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from control.fleet import Fleet, Running
-from control.spec import AutoscaleSpec, ControllerSpec
+from control.fleet import Running
+from control.spec import AutoscaleSpec
 from pools.autoscale.actions import grow, shrink, with_count
 from pools.autoscale.observe import Window, parse_report
 from pools.autoscale.policy import Action, AutoscalerState, PoolObservation, on_tick
 from pools.autoscale.predict import replica_capacity
 from pools.model import PlacementPlan, ReplicaPlacement, SLOClass
 from pools.placement.rollout import Change
-from pools.routing import RoutingTable
 from topology import Topology
 
 log = logging.getLogger("isleserve.controller")
@@ -163,93 +164,89 @@ class Autoscaling:
                 "decisions": [{**d, "ago_s": round(now - d["time"], 1)} for d in self.decisions]}
 
 
-class Core(Protocol):
-    """What acting needs of the controller (`control.controller.ControllerCore` is one)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetView:
+    """What a decision reads of the controller, as plain values (`ControllerCore.fleet_view`)."""
 
-    spec: ControllerSpec
-    clock: Callable[[], float]
-    plan: PlacementPlan | None
-    topology: Topology | None
-    table: RoutingTable
-    fleet: Fleet
-    autoscaling: Autoscaling
+    plan: PlacementPlan
+    topology: Topology
+    running: Mapping[str, ReplicaPlacement]
+    """Installed replicas by id (draining ones included)."""
+    draining: frozenset[str]
+    held: tuple[ReplicaPlacement, ...]
+    """Replicas holding GPUs and ids outside the plan (`held_elsewhere`)."""
+    starting: frozenset[str]
+    """Replicas whose start is in flight."""
+    health: Mapping[str, float]
+    """Each replica's health score in the published table."""
 
     @property
-    def running(self) -> dict[str, Running]: ...
-    @property
-    def retiring(self) -> list[Running]: ...
-    def _record(self, kind: str, payload: dict[str, Any]) -> None: ...
-    def _apply(self, c: Change) -> None: ...
+    def serving(self) -> dict[str, int]:
+        """Per pool, the replicas taking traffic (installed, not draining)."""
+        counts: dict[str, int] = {}
+        for rid, p in self.running.items():
+            if rid not in self.draining:
+                counts[p.pool] = counts.get(p.pool, 0) + 1
+        return counts
 
 
-def serving_counts(core: Core) -> dict[str, int]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """What one autoscaling tick wants: the plan after it and the changes that get there (new
+    replicas start, removed ones retire), applied by `ControllerCore.apply` like any re-plan, and
+    the events to record."""
+
+    plan: PlacementPlan
+    changes: tuple[Change, ...] = ()
+    events: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+
+def serving_counts(running: Mapping[str, Running]) -> dict[str, int]:
     """Per pool, the replicas taking traffic (installed, not draining)."""
     counts: dict[str, int] = {}
-    for r in list(core.running.values()):  # read on call threads too: a copy made in one step
+    for r in list(running.values()):  # read on call threads too: a copy made in one step
         if not r.draining:
             counts[r.placement.pool] = counts.get(r.placement.pool, 0) + 1
     return counts
 
 
-def held_elsewhere(core: Core) -> list[ReplicaPlacement]:
+def held_elsewhere(plan: PlacementPlan | None, running: Mapping[str, Running], retiring: Sequence[Running],
+                   starting: Mapping[str, ReplicaPlacement]) -> list[ReplicaPlacement]:
     """Replicas that hold GPUs and ids outside the plan: retiring ones, starts in flight, and
     running ones the plan has elsewhere (the old copy of a move) or not at all (kept draining)."""
-    planned = {p.replica_id: p for p in core.plan.placements} if core.plan is not None else {}
-    return [*(r.placement for r in core.retiring), *core.fleet.starts.targets().values(),
-            *(r.placement for rid, r in list(core.running.items()) if planned.get(rid) != r.placement)]
+    planned = {p.replica_id: p for p in plan.placements} if plan is not None else {}
+    return [*(r.placement for r in retiring), *starting.values(),
+            *(r.placement for rid, r in list(running.items()) if planned.get(rid) != r.placement)]
 
 
-def act(core: Core) -> bool:
-    """One decision, acted on; True when it changed what runs (the table is published then)."""
-    assert core.plan is not None and core.topology is not None
-    lost = _forget_lost_starts(core)
-    actions = core.autoscaling.decide(core.plan, core.topology, serving_counts(core), core.spec.slo_classes)
-    for a in actions:
-        if a.delta > 0:
-            _scale_out(core, a)
-        else:
-            _scale_in(core, a)
-    return bool(actions) or lost
-
-
-def _forget_lost_starts(core: Core) -> bool:
-    """An autoscaled replica in the plan that neither runs nor is being started (its start failed,
-    or a restarted controller stopped it) leaves the plan: the pool's count says what serves, and
-    the next decision adds again if the load wants it."""
-    assert core.plan is not None
-    lost = [p for p in core.plan.placements if p.pool in core.spec.autoscale.pools
-            and p.replica_id not in core.running and p.replica_id not in core.fleet.starts.flight]
+def decide_changes(autoscaling: Autoscaling, view: FleetView, policy: str, classes: Mapping[str, SLOClass]
+                   ) -> Decision | None:
+    """One tick: the policy's actions turned into a new plan and its changes; None when nothing
+    changes. An autoscaled replica in the plan that neither runs nor is being started (its start
+    failed, or a restarted controller stopped it) leaves the plan first: the pool's count says what
+    serves, and the next decision adds again if the load wants it."""
+    plan = view.plan
+    events: list[tuple[str, dict[str, Any]]] = []
+    lost = [p for p in plan.placements if p.pool in autoscaling.spec.pools
+            and p.replica_id not in view.running and p.replica_id not in view.starting]
     for p in lost:
-        core.plan = with_count(core.plan, p.pool, tuple(x for x in core.plan.placements if x is not p))
-        core._record("autoscale_start_lost", {"replica_id": p.replica_id, "pool": p.pool, "node": p.node,
-                                             "gpus": list(p.gpus)})
-    return bool(lost)
-
-
-def _scale_out(core: Core, a: Action) -> None:
-    """New replicas on the GPUs nobody holds, placed by the deployment's placement policy."""
-    assert core.plan is not None and core.topology is not None
-    core.plan, placed, missing = grow(core.plan, core.topology, a.pool, a.delta, core.spec.policy,
-                                      held_elsewhere(core))
-    core._record("autoscale", core.autoscaling.record(a, {"missing": missing, "placed": [
-        {"replica_id": p.replica_id, "node": p.node, "gpus": list(p.gpus), "tier": p.tier} for p in placed]}))
-    for p in placed:
-        core._apply(Change(replica_id=p.replica_id, order="start", old=None, new=p, reason=a.reason))
-
-
-def _scale_in(core: Core, a: Action) -> None:
-    """The replicas whose removal costs least (`pools.autoscale.actions.removal_order`) leave the
-    plan and the table; a start still in flight for one is dropped."""
-    assert core.plan is not None
-    health = {r.replica_id: r.health_score for r in core.table.replicas}
-    draining = frozenset(rid for rid, r in list(core.running.items()) if r.draining)
-    core.plan, gone = shrink(core.plan, a.pool, -a.delta, core.autoscaling.inflight(), health, draining)
-    now = core.clock()
-    for rid in gone:
-        core.fleet.starts.drop(rid, f"scaled in: {a.reason}")
-        r = core.running.pop(rid, None)
-        if r is not None:
-            r.draining, r.idle_from = True, now + IDLE_GRACE_S
-            r.retire_by = now + core.spec.autoscale.drain_timeout_s
-            core.retiring.append(r)
-    core._record("autoscale", core.autoscaling.record(a, {"removed": gone}))
+        plan = with_count(plan, p.pool, tuple(x for x in plan.placements if x is not p))
+        events.append(("autoscale_start_lost", {"replica_id": p.replica_id, "pool": p.pool, "node": p.node,
+                                                "gpus": list(p.gpus)}))
+    actions = autoscaling.decide(plan, view.topology, view.serving, classes)
+    if not actions and not lost:
+        return None
+    changes: list[Change] = []
+    for a in actions:
+        if a.delta > 0:  # new replicas on the GPUs nobody holds, placed by the deployment's policy
+            plan, placed, missing = grow(plan, view.topology, a.pool, a.delta, policy, list(view.held))
+            events.append(("autoscale", autoscaling.record(a, {"missing": missing, "placed": [
+                {"replica_id": p.replica_id, "node": p.node, "gpus": list(p.gpus), "tier": p.tier} for p in placed]})))
+            changes.extend(Change(replica_id=p.replica_id, order="start", old=None, new=p, reason=a.reason)
+                           for p in placed)
+        else:  # the replicas whose removal costs least (`pools.autoscale.actions.removal_order`)
+            plan, gone = shrink(plan, a.pool, -a.delta, autoscaling.inflight(), view.health, view.draining)
+            changes.extend(Change(replica_id=rid, order="retire", old=view.running.get(rid), new=None,
+                                  reason=f"scaled in: {a.reason}") for rid in gone)
+            events.append(("autoscale", autoscaling.record(a, {"removed": gone})))
+    return Decision(plan=plan, changes=tuple(changes), events=tuple(events))

@@ -31,12 +31,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from control import nodecheck
-from control.autoscaling import Autoscaling, act, held_elsewhere, serving_counts
+from control.autoscaling import IDLE_GRACE_S, Autoscaling, FleetView, decide_changes, held_elsewhere, serving_counts
 from control.backend import Backend
 from control.benching import BenchKeeper
 from control.fleet import Fleet, Running
@@ -60,7 +60,7 @@ from pools.routing import RoutingTable
 from topology import Topology
 
 CONTROLLER_NAME, NAMESPACE = "isleserve-controller", "isleserve"
-__all__ = ["CONTROLLER_NAME", "NAMESPACE", "ControllerCore", "ControllerSpec", "Running"]
+__all__ = ["CONTROLLER_NAME", "NAMESPACE", "ControllerCore"]
 log = logging.getLogger("isleserve.controller")
 
 
@@ -305,27 +305,44 @@ class ControllerCore:
             return []  # the plan already fits this graph (scores may differ: see _read_counters)
         self._record("topology", {"reason": why, "previous": old.fingerprint(), "lost_nodes": sorted(self.lost),
                                   "marks": [m.key for m in self.marks.values()]})
-        result = replan(self.plan, new, previous=old, held=held_elsewhere(self))
+        result = replan(self.plan, new, previous=old, held=self._held())
         where = {**{rid: r.placement for rid, r in self.running.items()}, **self.fleet.starts.targets()}
         todo = changes(where, result.plan, result.moves)
-        self.plan = result.plan
         self._record("plan", {**result.plan.to_json(), "reason": why, "moves": [c.to_json() for c in todo]})
-        for c in todo:
-            if c.old is not None and c.replica_id in self.running:
-                self.running[c.replica_id].draining = True
-        if todo:
-            self._record("drain", {"replicas": [c.replica_id for c in todo if c.old is not None], "reason": why})
-        self._publish()  # routers stop sending interactive traffic to them now
-        for c in todo:
-            self._apply(c)
+        self.apply(result.plan, todo, why)
         self.last_changes = todo
         self._publish()
         return todo
 
-    def _apply(self, c: Change) -> None:
-        """Submit the replacement (installed by a later pass, once it is up); a start still in
-        flight for the replica is dropped, never installed over this newer decision."""
-        self.fleet.starts.drop(c.replica_id, f"superseded: {c.reason}")
+    def apply(self, plan: PlacementPlan, todo: Sequence[Change], why: str) -> None:
+        """Install `plan` and carry out its changes: the one way a re-plan (a topology change) and
+        the autoscaler change what runs. Replicas leaving their GPUs drain first (published to the
+        routers before anything starts); replacements and new replicas start on worker threads and
+        are installed once up (`fleet.starts`); retired ones leave the table at once, finish what
+        they serve and stop once idle. The caller publishes the table after."""
+        self.plan = plan
+        moving = [c for c in todo if c.old is not None and c.order != "retire"]
+        for c in moving:
+            if c.replica_id in self.running:
+                self.running[c.replica_id].draining = True
+        if moving:
+            self._record("drain", {"replicas": [c.replica_id for c in moving], "reason": why})
+            self._publish()  # routers stop sending interactive traffic to them now
+        for c in todo:
+            self._submit(c)
+
+    def _submit(self, c: Change) -> None:
+        """Submit one change. A start still in flight for the replica is dropped, never installed
+        over this newer decision; a replacement is installed by a later pass, once it is up."""
+        self.fleet.starts.drop(c.replica_id, f"superseded: {c.reason}" if c.order != "retire" else c.reason)
+        if c.order == "retire":
+            r = self.running.pop(c.replica_id, None)
+            if r is not None:
+                now = self.clock()
+                r.draining, r.idle_from = True, now + IDLE_GRACE_S
+                r.retire_by = now + self.spec.autoscale.drain_timeout_s
+                self.retiring.append(r)
+            return
         old = self.running.get(c.replica_id)
         if c.order == "keep-draining" or c.new is None:
             self._record("move", {**c.to_json(), "result": "no room: kept running, drained"})
@@ -336,6 +353,29 @@ class ControllerCore:
             self.running.pop(c.replica_id)
             stop_first = old.replica
         self.fleet.starts.move(c, self._launch(c.new, self.fleet.generation(c.replica_id)), stop_first)
+
+    def _held(self) -> list[ReplicaPlacement]:
+        return held_elsewhere(self.plan, self.running, self.retiring, self.fleet.starts.targets())
+
+    def fleet_view(self) -> FleetView:
+        """What the autoscaler decides on: plain values, read in one step."""
+        assert self.plan is not None and self.topology is not None
+        running = dict(self.running)
+        return FleetView(plan=self.plan, topology=self.topology,
+                         running={rid: r.placement for rid, r in running.items()},
+                         draining=frozenset(rid for rid, r in running.items() if r.draining),
+                         held=tuple(self._held()), starting=frozenset(self.fleet.starts.flight),
+                         health={r.replica_id: r.health_score for r in self.table.replicas})
+
+    def _autoscale(self) -> bool:
+        """One autoscaling tick, applied; True when it changed what runs (the table is published then)."""
+        decision = decide_changes(self.autoscaling, self.fleet_view(), self.spec.policy, self.spec.slo_classes)
+        if decision is None:
+            return False
+        for kind, payload in decision.events:
+            self._record(kind, payload)
+        self.apply(decision.plan, decision.changes, "autoscale")
+        return True
 
     def check(self) -> RoutingTable:
         """One pass of the health loop."""
@@ -351,7 +391,7 @@ class ControllerCore:
             self.topology = self._effective()
             changed = True  # routers follow the table's version to the measured topology
         if self.autoscaling.due():
-            changed = act(self) or changed
+            changed = self._autoscale() or changed
         changed = changed or self.alarms.signature() != self.published_alarms  # the routers' /health follows
         return self._publish() if changed else self.table
 
@@ -364,7 +404,7 @@ class ControllerCore:
             refused = self.autoscaling.refused
             if refused & (refused - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: a flood does not flood the log
                 log.warning("autoscaling: load report refused (%d so far): %s", refused, err)
-        return self.autoscaling.status(self.plan, serving_counts(self)) if self.autoscaling.enabled else {}
+        return self.autoscaling.status(self.plan, serving_counts(self.running)) if self.autoscaling.enabled else {}
 
     def _bench_due(self) -> bool:
         """Run the benches that are due; True when something new was measured."""
@@ -422,7 +462,7 @@ class ControllerCore:
                 "marked_links": [list(m.key) for m in self.marks.values()], "lost_nodes": sorted(self.lost),
                 "last_moves": [c.to_json() for c in self.last_changes], "events": str(self.events.path),
                 "bench": self.bench.status(), "health": self.alarms.health(),
-                **({"autoscaling": self.autoscaling.status(self.plan, serving_counts(self))}
+                **({"autoscaling": self.autoscaling.status(self.plan, serving_counts(self.running))}
                    if self.autoscaling.enabled else {})}
 
     def shutdown(self) -> None:

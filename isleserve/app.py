@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from control.benches.schedule import BenchPolicy
-from control.controller import ControllerSpec
-from control.spec import AutoscaleSpec
+from control.spec import AutoscaleSpec, ControllerSpec
 from isleserve.raysecurity import bind_serve_grpc_to_node, check_exposure
 from isleserve.run import ready_line
 from isleserve.settings import AppArgs, parse_app_args
@@ -133,7 +132,7 @@ class RouterThread:
                                                       self.controller.topology.remote()])
                     await self.router.set_view(table, topology, plan)  # and to the router's other workers
                 report = await self.router.load_report()
-                status: Any = await self._get(self.controller.observe.remote(report))
+                status: Any = await self._get(self.controller.observe.remote(report.to_json()))
                 self.router.metrics.autoscaling = dict(status)
             except self.ray.exceptions.RayError as err:  # a controller restarting: keep the last table
                 contact.failed(err)

@@ -36,7 +36,8 @@ from isleserve.raylocal import READY_PREFIX, TOKEN_FILE, secure_env
 from isleserve.settings import app_args_from_serve_config
 from topology.errors import ParseError
 from wire import client
-from wire.supervisor import Child, ChildError, Group, Output, ReadyLine, ReadyProbe, Stop
+from wire.processes import ChildError, Group, Output, ReadyLine, ReadyProbe, Stop
+from wire.supervisor import Child
 
 READY_TIMEOUT_S = 600.0
 RAY_READY_TIMEOUT_S = 120.0

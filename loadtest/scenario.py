@@ -17,7 +17,7 @@ from loadtest.sim.model import Fault
 from pools.config import AutoscalingPoolConfig, PoolConfig, SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
 from router.config import PDConfig, ProfileConfig
-from router.decision import Profile, check_profile
+from router.plugins.profile import Profile, check_profile
 from topology import GpuRef, Topology, read_source
 from topology.configfile import load_yaml_file, validate_mapping
 

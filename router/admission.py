@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pools.model import SLOClass
 from router.plugins.filters import has_headroom, healthy, serves_class, usable
 from router.plugins.model import Candidate, RouteRequest
-from wire.openai import ApiError
+from wire.errors import ApiError
 
 OVERLOAD_WAITING = 8.0
 """Requests waiting per replica (engine queue + a quarter of the router's in-flight) at which

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pools.model import SLOClass
 from router.config import RouterConfig
 from router.keys import Keyring
-from wire.openai import ApiError
+from wire.errors import ApiError
 
 SEEN_KEYS = 1024
 

@@ -15,8 +15,9 @@ import orjson
 
 from pools.model import Role, SLOClass
 from router.cost import CostLimits, RequestCost, check, check_sequences, measure
-from router.decision import RouteRequest
+from router.plugins.model import RouteRequest
 from wire import openai as wire
+from wire.errors import ApiError
 from wire.fields import as_int
 from wire.prompt import Prompt, read_prompts
 
@@ -53,12 +54,12 @@ def peek(body: dict[str, Any], max_tokens_limit: int) -> tuple[str, tuple[Prompt
     400 for a missing model or a token limit over the router's."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise wire.ApiError(400, "'model' is required", param="model")
+        raise ApiError(400, "'model' is required", param="model")
     prompts = read_prompts(body)
     for key in ("max_tokens", "max_completion_tokens"):
         limit = as_int(body.get(key))  # as the engine (vLLM's lax pydantic) reads it: 1e9 is 10**9
         if limit is not None and limit > max_tokens_limit:
-            raise wire.ApiError(400, f"'{key}' is {limit}, over this router's limit of {max_tokens_limit}", param=key)
+            raise ApiError(400, f"'{key}' is {limit}, over this router's limit of {max_tokens_limit}", param=key)
     return model, prompts, body.get("stream") is True
 
 
@@ -74,9 +75,9 @@ def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_
     `contexts`: each model's max_model_len as its engines said (the default max_tokens stays
     within it: vLLM refuses a max_tokens above it)."""
     if len(raw) > max_body_bytes:
-        raise wire.ApiError(413, f"request body over {max_body_bytes} bytes")
+        raise ApiError(413, f"request body over {max_body_bytes} bytes")
     if len(raw) > SCAN_ABOVE_BYTES and raw.count(b"[") + raw.count(b"{") > MAX_JSON_CONTAINERS:
-        raise wire.ApiError(400, f"request body holds over {MAX_JSON_CONTAINERS} JSON arrays and objects")
+        raise ApiError(400, f"request body holds over {MAX_JSON_CONTAINERS} JSON arrays and objects")
     body = wire.load_body(raw)
     if limits is not None:
         check_sequences(body, limits)  # before a prompt is read: a million-entry list costs seconds to read
@@ -95,7 +96,7 @@ def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_
     try:
         payload = orjson.dumps(body)
     except orjson.JSONEncodeError:  # parses, but nests deeper than it can be written again
-        raise wire.ApiError(400, "request body nests too deeply (JSON deeper than 254 levels cannot be "
+        raise ApiError(400, "request body nests too deeply (JSON deeper than 254 levels cannot be "
                                  "forwarded)") from None
     key = prompts[0].key  # the prefix a replica's cache may hold: the first prompt's
     blocks = min(len(key) // PREFIX_BLOCK_CHARS, PREFIX_BLOCKS)

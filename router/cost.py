@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from wire import openai as wire
+from wire.errors import ApiError
 from wire.fields import as_int
 from wire.prompt import Prompt
 
@@ -104,8 +104,8 @@ def measure(body: dict[str, Any], prompts: Sequence[Prompt], *, chat: bool, stre
                        response_bytes=text_bytes + entries * LOGPROB_ENTRY_BYTES, defaulted=defaulted)
 
 
-def _too_many(sequences: int, limits: CostLimits) -> wire.ApiError:
-    return wire.ApiError(400, f"this request asks for {sequences} sequences (n x prompts), over this router's limit "
+def _too_many(sequences: int, limits: CostLimits) -> ApiError:
+    return ApiError(400, f"this request asks for {sequences} sequences (n x prompts), over this router's limit "
                               f"of {limits.max_sequences} per request", param="n", cause="sequences")
 
 
@@ -125,15 +125,15 @@ def check(cost: RequestCost, limits: CostLimits) -> None:
     if cost.sequences > limits.max_sequences:
         raise _too_many(cost.sequences, limits)
     if cost.tokens > limits.max_request_tokens:
-        raise wire.ApiError(400, f"this request may process {cost.tokens} tokens (n x prompts x (prompt + max_tokens "
+        raise ApiError(400, f"this request may process {cost.tokens} tokens (n x prompts x (prompt + max_tokens "
                                  f"{cost.max_tokens})), over this router's limit of {limits.max_request_tokens} per "
                                  "request; lower n or max_tokens", param="max_tokens", cause="request_tokens")
     if cost.logprob_entries > limits.max_logprob_entries:
-        raise wire.ApiError(400, f"this request may return {cost.logprob_entries} logprob entries (sequences x "
+        raise ApiError(400, f"this request may return {cost.logprob_entries} logprob entries (sequences x "
                                  "tokens x (1 + top logprobs)), over this router's limit of "
                                  f"{limits.max_logprob_entries} per request; lower max_tokens or the logprobs asked",
                             param="logprobs", cause="logprobs")
     if cost.response_bytes > limits.max_response_bytes:
-        raise wire.ApiError(400, f"this request's response may reach {cost.response_bytes} bytes, over this "
+        raise ApiError(400, f"this request's response may reach {cost.response_bytes} bytes, over this "
                                  f"router's limit of {limits.max_response_bytes} per request; lower n or max_tokens",
                             param="max_tokens", cause="response_bytes")

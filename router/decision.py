@@ -10,18 +10,12 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from router.plugins.filters import healthy, usable, usable_of
-from router.plugins.model import Candidate, Filter, Keyed, Ranked, ReplicaLoad, RouteRequest, Scorer
-from router.plugins.pd import PDDecision, PDRoute, pd_decide, pd_pair, pd_route
-from router.plugins.profile import DEFAULT_FILTERS, Profile, check_profile
-from router.plugins.registry import PLUGINS
+from router.plugins.filters import usable_of
+from router.plugins.model import Candidate, Filter, Keyed, Ranked, RouteRequest, Scorer
+from router.plugins.profile import Profile
 from router.plugins.timing import PluginTimer
 
-__all__ = [
-    "DEFAULT_FILTERS", "PLUGINS", "RANKED_KEEP", "Candidate", "PDDecision", "PDRoute", "PluginTimer", "Profile",
-    "Ranked", "ReplicaLoad", "RouteDecision", "RouteRequest", "check_profile", "decide", "healthy", "pd_decide",
-    "pd_pair", "pd_route", "usable", "usable_of",
-]
+__all__ = ["RANKED_KEEP", "RouteDecision", "decide"]
 
 RANKED_KEEP = 16
 """A decision names this many best candidates with their scores (retries and logs use the top)."""

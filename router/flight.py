@@ -21,17 +21,18 @@ from collections.abc import Callable, Mapping
 
 from router.call import Call
 from router.config import UpstreamConfig
-from router.decision import Candidate
 from router.metrics import HistogramSeries, RouterMetrics
+from router.plugins.model import Candidate
 from router.relay import RelayPool, UpstreamProtocol, request_bytes
 from router.state import Replicas
 from router.timing import TAIL, reported_timing, token_events
 from router.upstream import UpstreamError
 from wire import openai as wire
-from wire.http import Responder
+from wire.errors import ApiError
+from wire.responder import Responder
 
 log = logging.getLogger("isleserve.router")
-Ended = tuple[str, "wire.ApiError | None"]
+Ended = tuple[str, "ApiError | None"]
 _UNSET = HistogramSeries(())
 Clock = Callable[[], float]
 """Seconds on a monotonic clock (time.perf_counter in the router; a test may pass its own)."""
@@ -104,19 +105,19 @@ class Flight:
         self.head_at = 0.0
         self.itl = _UNSET  # the series of this class, pool and tier, from the first chunk on
         self.outcome = ""
-        self.error: wire.ApiError | None = None
+        self.error: ApiError | None = None
 
     # trying replicas
     def begin(self) -> None:
         if not self.order:
-            self._fail(wire.ApiError(503, "no healthy replica can serve this request now", "service_unavailable"))
+            self._fail(ApiError(503, "no healthy replica can serve this request now", "service_unavailable"))
             return
         self._next()
 
     def _next(self) -> None:
         r = self.ctx
         if self.tried >= len(self.order) or self.tried > r.upstream.retries:
-            self._fail(wire.ApiError(502, f"upstream failed: {self.last}", "bad_gateway"))
+            self._fail(ApiError(502, f"upstream failed: {self.last}", "bad_gateway"))
             return
         cand = self.cand = self.order[self.tried]
         self.tried += 1
@@ -309,13 +310,13 @@ class Flight:
             conn.abort()
         self._end("client_timeout" if self.response.timed_out else "cancelled")
 
-    def _fail(self, error: wire.ApiError) -> None:
+    def _fail(self, error: ApiError) -> None:
         if self.waiter is None and not self.response.started:
             self.response.send(error.status, error.body(), headers=[("retry-after", "1")] if error.status == 503
                                else ())
         self._end("error", error)
 
-    def _end(self, outcome: str, error: wire.ApiError | None = None) -> None:
+    def _end(self, outcome: str, error: ApiError | None = None) -> None:
         if self.ended:
             return
         self.ended = True

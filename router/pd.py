@@ -19,13 +19,15 @@ from pools.model import Role
 from router import relay
 from router.call import Call
 from router.config import PDConfig
-from router.decision import Candidate, PDDecision, PluginTimer, pd_decide
 from router.flight import FlightContext, fly
+from router.plugins.model import Candidate
+from router.plugins.pd import PDDecision, pd_decide
+from router.plugins.timing import PluginTimer
 from router.relay import RelayPool
 from router.upstream import UpstreamError
 from topology import Topology
-from wire import openai as wire
-from wire.http import Responder
+from wire.errors import ApiError
+from wire.responder import Responder
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 """Runs clean-up apart from the request that needed it (which may be cancelled)."""
@@ -85,12 +87,12 @@ async def _prefill(ctx: FlightContext, call: Call, pcand: Candidate, request_id:
             ex.abort()
     except UpstreamError as err:
         ctx.replicas.failed(rid, pcand.endpoint.url)
-        raise wire.ApiError(502, f"upstream failed: {err}", "bad_gateway") from None
+        raise ApiError(502, f"upstream failed: {err}", "bad_gateway") from None
     finally:
         ctx.replicas.closed(rid)
     if ex.status >= 500:
         ctx.replicas.failed(rid, pcand.endpoint.url)
-        raise wire.ApiError(502, f"upstream failed: {rid} answered {ex.status}", "bad_gateway")
+        raise ApiError(502, f"upstream failed: {rid} answered {ex.status}", "bad_gateway")
     ctx.replicas.ok(rid, (ctx.clock() - t0) * 1000)
     return ex.status, ex.body()
 
@@ -117,7 +119,7 @@ async def serve_pd(ctx: FlightContext, call: Call, pd: PDDecision, response: Res
             raise TypeError("kv_transfer_params is not an object")
     except (ValueError, KeyError, TypeError):
         spawn(_release_prefill(ctx.relay, pcand, request_id))
-        raise wire.ApiError(502, f"prefill replica {pcand.endpoint.replica_id} returned no kv_transfer_params",
+        raise ApiError(502, f"prefill replica {pcand.endpoint.replica_id} returned no kv_transfer_params",
                             "bad_gateway") from None
     handover = ctx.clock()
     second = orjson.dumps({**call.body, "kv_transfer_params": params})

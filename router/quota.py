@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from wire.openai import ApiError
+from wire.errors import ApiError
 
 BURST_S = 10.0
 """A bucket holds this many seconds of its rate when no burst is configured."""

@@ -19,7 +19,9 @@ from router.state import Replicas
 from router.upstream import UpstreamError
 from topology import Topology
 from wire import openai as wire
-from wire.http import Request, Responder
+from wire.errors import ApiError
+from wire.reader import Request
+from wire.responder import Responder
 
 GET, POST = ("GET", "HEAD"), ("POST",)
 ROUTES: dict[str, tuple[str, ...]] = {
@@ -42,13 +44,13 @@ def allowed(path: str) -> tuple[str, ...] | None:
     return found
 
 
-def wrong_method(method: str, path: str) -> wire.ApiError | None:
+def wrong_method(method: str, path: str) -> ApiError | None:
     """405 for a known path asked with a method it does not take (None: the method is right, or
     the path is unknown)."""
     methods = allowed(path)
     if methods is None or method in methods:
         return None
-    return wire.ApiError(405, f"method {method} not allowed on {path} (allowed: {', '.join(methods)})",
+    return ApiError(405, f"method {method} not allowed on {path} (allowed: {', '.join(methods)})",
                          "method_not_allowed", cause="method_not_allowed", headers=(("allow", ", ".join(methods)),))
 
 
@@ -76,7 +78,7 @@ def model_body(models: Collection[str], path: str) -> bytes:
     """`GET /v1/models/{id}`: the model as OpenAI's retrieve answers it, or 404."""
     model = unquote(path[len(MODELS_PREFIX):])
     if model not in models:
-        raise wire.ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     return json.dumps({"id": model, "object": "model", "created": 0, "owned_by": "isleserve"}).encode()
 
 
@@ -85,7 +87,7 @@ async def forward(ctx: FlightContext, request: Request, response: Responder) -> 
     (another on a connect error, timeout or 5xx); the engine's answer goes back as it is."""
     try:
         await _forward(ctx, request, response)
-    except wire.ApiError as err:
+    except ApiError as err:
         send_error(response, err)
 
 
@@ -93,9 +95,9 @@ async def _forward(ctx: FlightContext, request: Request, response: Responder) ->
     body = wire.load_body(request.body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise wire.ApiError(400, "'model' is required", param="model")
+        raise ApiError(400, "'model' is required", param="model")
     if model not in ctx.replicas.served:
-        raise wire.ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     order = sorted((c for c in ctx.replicas.snapshot() if c.endpoint.model == model and c.endpoint.healthy
                     and not c.load.breaker_open), key=lambda c: (c.endpoint.role != "mixed", c.load.inflight))
     last = "no healthy replica of the model"
@@ -118,7 +120,7 @@ async def _forward(ctx: FlightContext, request: Request, response: Responder) ->
         ctx.replicas.ok(rid, (ctx.clock() - t0) * 1000)
         response.send(ex.status, ex.body(), ex.content_type, headers=[("x-isle-replica", rid)])
         return
-    raise wire.ApiError(502 if order else 503, f"upstream failed: {last}", "bad_gateway" if order else
+    raise ApiError(502 if order else 503, f"upstream failed: {last}", "bad_gateway" if order else
                         "service_unavailable")
 
 
@@ -137,15 +139,15 @@ def admin_view(path: str, replicas: Replicas, worker: int, topology: Topology | 
              "latency_ms": round(s.latency_ms, 3)} for s in replicas.states.values()]}
     if path == "/admin/topology":
         if topology is None:
-            raise wire.ApiError(404, "this router was started without a topology", "not_found_error")
+            raise ApiError(404, "this router was started without a topology", "not_found_error")
         from topology.serialize import to_dict
 
         return to_dict(topology)
     if path == "/admin/plan":
         if plan is None:
-            raise wire.ApiError(404, "this router was started without a placement plan", "not_found_error")
+            raise ApiError(404, "this router was started without a placement plan", "not_found_error")
         return plan
-    raise wire.ApiError(404, f"no admin route {path}", "not_found_error")
+    raise ApiError(404, f"no admin route {path}", "not_found_error")
 
 
 def served_document(classes: list[str], max_tokens_limit: int) -> bytes:
@@ -155,7 +157,7 @@ def served_document(classes: list[str], max_tokens_limit: int) -> bytes:
     return openapi.document(classes, max_tokens_limit)
 
 
-def send_error(response: Responder, err: wire.ApiError) -> None:
+def send_error(response: Responder, err: ApiError) -> None:
     """`err` as the client gets it (unless the response has begun), with its headers and
     Retry-After for 429 and 503."""
     if not response.started:

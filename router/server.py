@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from pools.autoscale.report import LoadReport, PoolLoad
 from pools.model import SLOClass
 from pools.routing import RoutingTable
 from router import routes
@@ -32,11 +33,15 @@ from router.auth import Auth
 from router.call import Call, read_call
 from router.config import RouterConfig
 from router.contact import ControllerContact, Silence, router_health
-from router.decision import Candidate, PDDecision, PluginTimer, Profile, RouteDecision, check_profile, decide
+from router.decision import RouteDecision, decide
 from router.flight import Clock, Flight, FlightContext, fly
 from router.metrics import BUCKETS, RouterMetrics
 from router.pd import holding_roles, pd_choice, serve_pd
 from router.plugins.filters import class_servable
+from router.plugins.model import Candidate
+from router.plugins.pd import PDDecision
+from router.plugins.profile import Profile, check_profile
+from router.plugins.timing import PluginTimer
 from router.quota import Quotas
 from router.relay import RelayPool
 from router.routes import send_error
@@ -45,7 +50,10 @@ from router.upstream import Pool
 from router.workers import Siblings, Workers, read_silence, read_view, socket_path, view_bytes
 from topology import Topology
 from wire import openai as wire
-from wire.http import Request, Responder, serve
+from wire.errors import ApiError
+from wire.http import serve
+from wire.reader import Request
+from wire.responder import Responder
 
 log = logging.getLogger("isleserve.router")
 GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
@@ -177,7 +185,7 @@ class Router:
             self.silence = read_silence(request.body)
             response.send(200, b"{}")
         else:
-            send_error(response, wire.ApiError(404, f"no route {request.method} {request.path}", "not_found_error"))
+            send_error(response, ApiError(404, f"no route {request.method} {request.path}", "not_found_error"))
         return None
 
     async def _metrics(self, response: Responder) -> None:
@@ -185,30 +193,35 @@ class Router:
         peers = await self.siblings.snapshots()
         response.send(200, self.metrics.render(peers), METRICS_TYPE)
 
-    async def load_report(self) -> dict[str, Any]:
-        """What the controller's autoscaler reads (`pools.autoscale.observe`): per pool, the engines'
+    async def load_report(self) -> LoadReport:
+        """What the controller's autoscaler reads (`pools.autoscale.report`): per pool, the engines'
         load as this worker last scraped it, the requests in flight per replica (this worker's),
         and every worker's request counts and TTFT/TPOT histograms (cumulative, by class)."""
         peers = await self.siblings.snapshots() if self.siblings is not None else []
         m = self.metrics
-        pools: dict[str, dict[str, Any]] = {}
+        gauges: dict[str, list[float]] = {}
+        inflight: dict[str, dict[str, int]] = {}
         for state in self.replicas.states.values():
             ep = state.endpoint
-            p = pools.setdefault(ep.pool, {"running": 0.0, "waiting": 0.0, "sent": 0, "inflight": {}})
-            p["running"] += state.running
-            p["waiting"] += state.waiting
+            g = gauges.setdefault(ep.pool, [0.0, 0.0])
+            g[0] += state.running
+            g[1] += state.waiting
             key = ep.gang or ep.replica_id  # a gang's ranks count as the one replica they are
-            p["inflight"][key] = p["inflight"].get(key, 0) + state.inflight
-        for (pool,), c in m.sent.merged([x["families"].get(m.sent.name, []) for x in peers]).items():
-            pools.setdefault(pool, {"running": 0.0, "waiting": 0.0, "sent": 0, "inflight": {}})["sent"] = int(c.value)
-        report: dict[str, Any] = {"buckets": list(BUCKETS), "pools": pools}
+            mine = inflight.setdefault(ep.pool, {})
+            mine[key] = mine.get(key, 0) + state.inflight
+        sent = {pool: int(c.value) for (pool,), c in m.sent.merged(
+            [x["families"].get(m.sent.name, []) for x in peers]).items()}
+        pools = {pool: PoolLoad(running=gauges.get(pool, [0.0, 0.0])[0], waiting=gauges.get(pool, [0.0, 0.0])[1],
+                                sent=sent.get(pool, 0), inflight=inflight.get(pool, {}))
+                 for pool in (*gauges, *(p for p in sent if p not in gauges))}
+        series: dict[str, dict[tuple[str, str], tuple[int, ...]]] = {}
         for key, family in (("ttft", m.ttft), ("tpot", m.tpot)):
             summed: dict[tuple[str, str], list[int]] = {}
             for (cls, pool, _tier), h in family.merged([x["families"].get(family.name, []) for x in peers]).items():
                 counts = summed.setdefault((cls, pool), [0] * len(h.counts))
                 summed[(cls, pool)] = [a + b for a, b in zip(counts, h.counts, strict=True)]
-            report[key] = [[cls, pool, counts] for (cls, pool), counts in sorted(summed.items())]
-        return report
+            series[key] = {k: tuple(v) for k, v in summed.items()}
+        return LoadReport(buckets=tuple(BUCKETS), pools=pools, ttft=series["ttft"], tpot=series["tpot"])
 
     def _publish_health(self) -> None:
         self.metrics.healthy = {c.endpoint.replica_id: 1.0 if c.endpoint.healthy and not c.load.breaker_open else 0.0
@@ -272,8 +285,8 @@ class Router:
                 view = routes.admin_view(path, self.replicas, self.worker, self.topology, self.plan)
                 response.send(200, json.dumps(view).encode())
             else:
-                raise wire.ApiError(404, f"no route {method} {path}", "not_found_error")
-        except wire.ApiError as err:
+                raise ApiError(404, f"no route {method} {path}", "not_found_error")
+        except ApiError as err:
             send_error(response, err)
         return None
 
@@ -288,7 +301,7 @@ class Router:
             return None
         try:
             self.auth.user(headers)
-        except wire.ApiError as err:
+        except ApiError as err:
             self.refused(None, err)
             return err.status, err.body()
         return None
@@ -308,7 +321,7 @@ class Router:
             slo = self.auth.slo_class(principal, request.headers.get("x-slo-class"))
             call = self._parse(request, slo, principal.tenant)
             if call.route.model not in self.replicas.served:
-                raise wire.ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model",
+                raise ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model",
                                     cause="unknown_model")
             started = self.clock()
             snapshot = self.replicas.snapshot()
@@ -319,12 +332,12 @@ class Router:
             self.quotas.enter(call.tenant, slo.name, call.cost.tokens if call.cost is not None else 0)
             try:
                 admitted = self.admission.enter(slo)
-            except wire.ApiError:
+            except ApiError:
                 self.quotas.leave(call.tenant)
                 raise
             if not admitted:
                 return self._waiting(call, response, started, queued=True)
-        except wire.ApiError as err:
+        except ApiError as err:
             self.refused(slo, err)
             raise
         try:
@@ -345,7 +358,7 @@ class Router:
         self.quotas.leave(call.tenant)
         self.metrics.child(self.metrics.requests, call.slo.name, outcome).inc()
 
-    def refused(self, slo: SLOClass | None, err: wire.ApiError) -> None:
+    def refused(self, slo: SLOClass | None, err: ApiError) -> None:
         """A request the router answered itself with `err` before any engine saw it: counted once,
         as `shed` (429) or `rejected`, with its cause."""
         m = self.metrics
@@ -396,7 +409,7 @@ class Router:
         if queued:
             try:
                 await self.admission.wait(slo)
-            except wire.ApiError as err:
+            except ApiError as err:
                 self.quotas.leave(call.tenant)
                 self.refused(slo, err)
                 send_error(response, err)
@@ -413,7 +426,7 @@ class Router:
         except asyncio.CancelledError:
             outcome = "client_timeout" if response.timed_out else "cancelled"
             raise
-        except wire.ApiError as err:
+        except ApiError as err:
             outcome = "rejected" if err.status < 500 else "error"
             send_error(response, err)
         finally:
@@ -423,7 +436,7 @@ class Router:
         if pd is not None:
             try:
                 return await serve_pd(self.flights, call, pd, response, started, self.request_id(), self.spawn)
-            except wire.ApiError as err:
+            except ApiError as err:
                 if response.started or err.status < 500:
                     raise
                 log.debug("PD pair %s/%s failed before the first byte (%s): a mixed replica serves it",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pools.routing import ReplicaEndpoint, RoutingTable
-from router.decision import Candidate, ReplicaLoad
+from router.plugins.model import Candidate, ReplicaLoad
 from router.upstream import Pool, UpstreamError
 from wire.promtext import engine_load
 

@@ -33,7 +33,8 @@ from pools.routing import ReplicaEndpoint, RoutingTable
 from router.contact import Silence
 from topology import Topology
 from topology.serialize import from_dict, to_dict
-from wire.supervisor import Child, ChildError, Output, ReadyLine, Stop
+from wire.processes import ChildError, Output, ReadyLine, Stop
+from wire.supervisor import Child
 
 log = logging.getLogger("isleserve.router")
 START_TIMEOUT_S = 30.0

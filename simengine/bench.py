@@ -24,8 +24,9 @@ from typing import Any
 from physics import catalog, costmodel
 from simengine.cli import link_of_kind
 from wire.client import AsyncClient
+from wire.processes import ChildError, Output, ReadyLine
 from wire.sse import DONE, SseSplitter
-from wire.supervisor import Child, ChildError, Output, ReadyLine
+from wire.supervisor import Child
 
 MODEL, GPU = "llama-3.1-8b", "h100-sxm"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from wire.client import AsyncClient, ClientError, origin
-from wire.openai import ApiError
+from wire.errors import ApiError
 
 CLAIM_TIMEOUT_S = 5.0
 

@@ -37,7 +37,7 @@ from physics.catalog import GpuSpec, ModelSpec
 from physics.costmodel import Efficiency, LinkCost
 from physics.gang import GangCost
 from simengine import fastforward
-from simengine.fastforward import DecodeRun as DecodeRun  # noqa: PLC0414 (re-exported: the simulator's)
+from simengine.fastforward import DecodeRun
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

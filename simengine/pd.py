@@ -18,7 +18,7 @@ from typing import Any
 from physics import costmodel
 from physics.catalog import ModelSpec
 from topology import GpuRef, Topology, path
-from wire.openai import ApiError
+from wire.errors import ApiError
 
 REQUIRED = ("remote_engine_id", "remote_host", "remote_port", "remote_request_id")
 

@@ -14,7 +14,8 @@ import orjson
 
 from wire.errors import ApiError, error_body
 from wire.fields import VALIDATION, Errors
-from wire.http import Request, Responder
+from wire.reader import Request
+from wire.responder import Responder
 
 ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/chat/completions": ("POST",),

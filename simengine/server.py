@@ -37,7 +37,9 @@ from simengine.tokenize import detokenize, tokenize
 from simengine.toolcall import ToolSetup
 from topology import Topology
 from wire.errors import ApiError, error_body
-from wire.http import Request, Responder, serve
+from wire.http import serve
+from wire.reader import Request
+from wire.responder import Responder
 
 log = logging.getLogger("isleserve.engine")
 GIVEN_UP_MAX = 4096

@@ -25,7 +25,7 @@ from simengine.faults import Faults
 from simengine.output import Output, Token
 from simengine.protocol import EngineRequest
 from simengine.responses import DONE, Choice, Chunks, full
-from wire.http import Responder
+from wire.responder import Responder
 from wire.text import seed_for
 
 

@@ -34,18 +34,14 @@ Connection semantics, as nginx and Envoy have them:
 
 from __future__ import annotations
 
-__all__ = ["IDLE_TIMEOUT_S", "MAX_HEADER_COUNT", "MAX_HEAD_BYTES", "SINGLE", "Handler", "HeadCheck", "HttpProtocol",
-           "Request", "Responder", "ServerLimits", "serve"]
+__all__ = ["Handler", "HttpProtocol", "serve"]
 
 import asyncio
 from collections.abc import Awaitable, Callable
 
 from wire.deadline import Deadline
-from wire.limits import IDLE_TIMEOUT_S, ServerLimits, client_key
+from wire.limits import ServerLimits, client_key
 from wire.reader import (
-    MAX_HEAD_BYTES,
-    MAX_HEADER_COUNT,
-    SINGLE,
     HeadCheck,
     Request,
     RequestReader,

@@ -10,11 +10,9 @@ from typing import Any
 
 import orjson
 
-from wire.errors import ApiError, error_body
-from wire.prompt import chat_text
+from wire.errors import ApiError
 
-__all__ = ["DONE", "INT64", "MAX_LOGPROBS", "MAX_STOP_STRINGS", "ApiError", "chat_text", "error_body",
-           "load_body", "models_body", "sse", "usage"]
+__all__ = ["DONE", "INT64", "MAX_LOGPROBS", "MAX_STOP_STRINGS", "load_body", "models_body", "sse", "usage"]
 
 JSON = dict[str, Any]
 API_KEY_ENV = "VLLM_API_KEY"

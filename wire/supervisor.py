@@ -52,33 +52,16 @@ from wire.processes import (
     Output,
     Ready,
     ReadyLine,
-    ReadyProbe,
     ReadyUrl,
     Stop,
     file_tail,
     follow_starter,
     live_pids,
     output_target,
-    session_pids,
-    tail_block,
     url_answers,
 )
 
-__all__ = [
-    "Child",
-    "ChildError",
-    "ChildExited",
-    "ChildNotReady",
-    "Group",
-    "Output",
-    "ReadyLine",
-    "ReadyProbe",
-    "ReadyUrl",
-    "Stop",
-    "session_pids",
-    "tail_block",
-    "url_answers",
-]
+__all__ = ["Child"]
 
 log = logging.getLogger("isleserve.supervisor")
 TAIL_LINES = 40

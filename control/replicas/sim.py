@@ -19,8 +19,9 @@ from pools.pinning import pin_cpus
 from topology.readers.cpus import format_cpu_list
 from wire import client
 from wire.openai import ADMIN_TOKEN_ENV, API_KEY_ENV
+from wire.processes import ChildError, ReadyLine, tail_block
 from wire.promtext import engine_load
-from wire.supervisor import Child, ChildError, ReadyLine, tail_block
+from wire.supervisor import Child
 
 log = logging.getLogger("isleserve.controller")
 

@@ -36,7 +36,6 @@ from loadtest.live.deploy import (
     ray_env,
     ray_head,
     serve_deploy,
-    session_pids,
     terminate_cleanly,
     undeploy,
     wait_router,
@@ -44,7 +43,8 @@ from loadtest.live.deploy import (
 from pools.nodelabels import node_labels, node_resources
 from router.config import DEV_KEY
 from topology import Topology, read_source
-from wire.supervisor import Child, ChildError, Group, ReadyLine, Stop
+from wire.processes import ChildError, Group, ReadyLine, Stop, session_pids
+from wire.supervisor import Child
 
 HEAD_RESOURCE = "node:__internal_head__"
 ROUTER_DEPLOYMENT = "isleserve-router"

@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 
-from loadtest.fidelity import replay
+from loadtest.fidelity.replay.closedloop import closed_loop_itl_ms
+from loadtest.fidelity.replay.distserve import predicted_attainment
+from loadtest.fidelity.replay.sharegpt import SOURCE
 from physics import catalog, moecost
 from physics import queries as cost
 
@@ -108,7 +110,7 @@ def predict(p: dict[str, Any]) -> tuple[float | None, str]:
     if kind == "decode" and unit == "ms" and model and gpu and int(p.get("concurrency") or 1) > 1:
         if not p.get("prompt_tokens") or not p.get("output_tokens"):
             return None, "a loaded-system ITL needs prompt_tokens and output_tokens to replay its closed loop"
-        return replay.closed_loop_itl_ms(model, gpu, int(p["tp"]), int(p["concurrency"]), int(p["prompt_tokens"]),
+        return closed_loop_itl_ms(model, gpu, int(p["tp"]), int(p["concurrency"]), int(p["prompt_tokens"]),
                                          int(p["output_tokens"]), dtype, p.get("link") or "nvswitch"), ""
     if kind == "decode" and unit in ("ms", "tokens/s") and model and gpu:
         answer = cost.decode(model, gpu, int(p["tp"]), int(p["batch"]), int(p.get("context") or 0), dtype)
@@ -145,9 +147,9 @@ def predict(p: dict[str, Any]) -> tuple[float | None, str]:
                           overlap=bool(p.get("overlap")))
         return answer["tokens_per_s_per_gpu"] * int(p.get("gpus_per_node") or 8), ""
     if kind == "attainment" and unit == "fraction" and model and gpu:
-        if not str(p.get("source", "")).startswith(replay.SOURCE) or "rate_rps" not in p:
+        if not str(p.get("source", "")).startswith(SOURCE) or "rate_rps" not in p:
             return None, "no replayable workload for this attainment point (loadtest.fidelity.replay has DistServe's)"
-        return replay.predicted_attainment(model, gpu, int(p.get("tp") or 1), float(p["rate_rps"])), ""
+        return predicted_attainment(model, gpu, int(p.get("tp") or 1), float(p["rate_rps"])), ""
     return None, f"no prediction for a {kind} point in {unit}"
 
 

@@ -33,8 +33,8 @@ import yaml
 
 from isleserve.settings import AppArgs, plan_for, resolve_topology
 from wire import client
-from wire.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyLine, ReadyUrl, Stop
-from wire.supervisor import session_pids as session_pids  # noqa: PLC0414 (re-exported: the chaos run's)
+from wire.processes import ChildExited, ChildNotReady, Group, Output, ReadyLine, ReadyUrl, Stop
+from wire.supervisor import Child
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]

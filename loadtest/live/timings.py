@@ -13,7 +13,7 @@ from loadtest.live.deploy import ROOT
 from loadtest.model import RequestResult, TraceRequest
 from loadtest.sim.cluster import simulate
 from loadtest.sim.model import SimConfig
-from router.decision import Profile, check_profile
+from router.plugins.profile import Profile, check_profile
 from wire import client
 from wire.promtext import parse
 

@@ -41,8 +41,11 @@ from loadtest.sim.network import Network, legs
 from loadtest.sim.replica import Phase, SimReplica, build_replicas
 from physics import costmodel
 from router.admission import Admission
-from router.decision import Candidate, PDDecision, Profile, RouteRequest, decide
-from simengine.core import DecodeRun
+from router.decision import decide
+from router.plugins.model import Candidate, RouteRequest
+from router.plugins.pd import PDDecision
+from router.plugins.profile import Profile
+from simengine.fastforward import DecodeRun
 from topology import GpuRef
 
 PREFIX_BLOCKS = 4

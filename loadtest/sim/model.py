@@ -10,7 +10,9 @@ from typing import Any
 from loadtest.model import OK, RequestResult, TraceRequest
 from pools.autoscale.policy import AutoscalingConfig
 from pools.model import ExpertChoice, PlacementPlan, SLOClass
-from router.decision import Candidate, PDDecision, Profile, RouteRequest, pd_decide
+from router.plugins.model import Candidate, RouteRequest
+from router.plugins.pd import PDDecision, pd_decide
+from router.plugins.profile import Profile
 from topology import Topology
 
 ARRIVAL, START, STEP_END, RUN_END, NET, KV_READY, SCRAPE, FAULT, DRAIN, AUTOSCALE, READY = range(11)

@@ -12,8 +12,9 @@ from physics.gang import GangCost
 from pools.ganglinks import gang_cost
 from pools.model import ExpertChoice, PlacementPlan, ReplicaPlacement
 from pools.routing import ReplicaEndpoint, dp_ranks, rank_id, table_from_plan
-from router.decision import Candidate, ReplicaLoad
-from simengine.core import DecodeRun, EngineConfig, EngineCore, StepResult
+from router.plugins.model import Candidate, ReplicaLoad
+from simengine.core import EngineConfig, EngineCore, StepResult
+from simengine.fastforward import DecodeRun
 from topology import GpuRef, Topology, bottleneck
 
 

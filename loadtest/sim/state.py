@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from loadtest.model import RequestResult
 from loadtest.sim.model import SimConfig, _Req
 from loadtest.sim.replica import SimReplica
-from router.decision import Candidate
+from router.plugins.model import Candidate
 from topology import Topology
 
 

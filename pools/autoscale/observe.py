@@ -1,16 +1,9 @@
 """What the live autoscaler sees: the router's load reports, kept over a sliding window and turned
 into one `PoolObservation` per pool (pure: reports and times in, observations out).
 
-A report (the router sends one every second, `router.server.Router.load_report`) holds
-cumulative figures, so a missed report loses nothing; a figure that went down means the router
-restarted and counts from zero again. One router sends them (the deployment runs one, whose
-workers' figures it merges):
-
-    {"buckets": [upper bounds of the latency histograms, s],
-     "pools": {POOL: {"running": float, "waiting": float, "sent": int,
-                      "inflight": {REPLICA: int}}},
-     "ttft": [[SLO_CLASS, POOL, [count per bucket, +Inf last]], ...],
-     "tpot": [...]}
+A report (`pools.autoscale.report.LoadReport`, its JSON form checked on the way in) comes every
+second from the one router the deployment runs, whose workers' figures it merges; its figures
+are cumulative.
 
 `running`/`waiting` are the engines' gauges as last scraped (averaged here over `look_back_s`,
 as Ray Serve averages over `look_back_period_s`); `sent` counts requests (and PD legs) the router
@@ -26,120 +19,32 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
 from typing import Any
 
 from pools.autoscale.policy import ClassLatency, PoolObservation, Role
+from pools.autoscale.report import Counts, LoadReport, PoolLoad
 from pools.model import SLOClass
-
-Counts = tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PoolLoad:
-    running: float = 0.0
-    waiting: float = 0.0
-    sent: int = 0
-    inflight: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
+    """A load report as the window keeps it: when it came, and what it said."""
+
     at_s: float
     bounds: tuple[float, ...] = ()
     pools: Mapping[str, PoolLoad] = field(default_factory=dict)
     ttft: Mapping[tuple[str, str], Counts] = field(default_factory=dict)
     tpot: Mapping[tuple[str, str], Counts] = field(default_factory=dict)
 
-
-MAX_POOLS = 256
-MAX_REPLICAS = 4096
-MAX_BUCKETS = 512
-MAX_SERIES = 4096
-MAX_GAUGE = 1e7
-"""Requests running or waiting in one pool: more than any deployment holds."""
-MAX_COUNT = 1 << 53
-"""A cumulative count (requests sent, observations in a bucket): still exact as a float."""
-
-
-def _bounded_name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= 256:
-        raise ValueError(f"{what} must be a non-empty string of at most 256 characters")
-    return value
-
-
-def _gauge(value: Any, what: str) -> float:
-    """A finite, non-negative number no larger than MAX_GAUGE (NaN and infinities refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what} must be a number")
-    number = float(value)
-    if not 0.0 <= number <= MAX_GAUGE:  # also false for NaN
-        raise ValueError(f"{what} must be finite, between 0 and {MAX_GAUGE:g} (got {value!r})")
-    return number
-
-
-def _count(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
-        raise ValueError(f"{what} must be a whole number between 0 and 2**53 (got {value!r})")
-    return value
-
-
-def _mapping(value: Any, what: str, most: int) -> dict[Any, Any]:
-    if not isinstance(value, dict):
-        raise ValueError(f"{what} must be an object")
-    if len(value) > most:
-        raise ValueError(f"{what} has {len(value)} entries (at most {most})")
-    return value
-
-
-def _bounds(raw: Any) -> tuple[float, ...]:
-    if not isinstance(raw, list) or len(raw) > MAX_BUCKETS:
-        raise ValueError(f"buckets must be a list of at most {MAX_BUCKETS} bounds")
-    bounds = tuple(_gauge(b, "a bucket bound") for b in raw)
-    if any(later <= earlier for earlier, later in pairwise(bounds)):
-        raise ValueError("bucket bounds must increase")
-    return bounds
-
-
-def _pool(name: Any, raw: Any) -> tuple[str, PoolLoad]:
-    where = f"pools[{name!r}]"
-    doc = _mapping(raw, where, 8)
-    inflight = _mapping(doc.get("inflight", {}), f"{where}.inflight", MAX_REPLICAS)
-    return _bounded_name(name, "a pool name"), PoolLoad(
-        running=_gauge(doc.get("running", 0.0), f"{where}.running"),
-        waiting=_gauge(doc.get("waiting", 0.0), f"{where}.waiting"),
-        sent=_count(doc.get("sent", 0), f"{where}.sent"),
-        inflight={_bounded_name(k, "a replica id"): _count(v, f"{where}.inflight[{k!r}]") for k, v in inflight.items()})
-
-
-def _series(raw: Any, key: str, buckets: int) -> dict[tuple[str, str], Counts]:
-    if not isinstance(raw, list) or len(raw) > MAX_SERIES:
-        raise ValueError(f"{key} must be a list of at most {MAX_SERIES} series")
-    out: dict[tuple[str, str], Counts] = {}
-    for entry in raw:
-        if not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[2], list):
-            raise ValueError(f"each {key} series is [SLO_CLASS, POOL, [counts]]")
-        klass, pool, counts = entry
-        if len(counts) != buckets:
-            raise ValueError(f"load report: {key} histograms need {buckets} counts (the bounds and +Inf)")
-        out[(_bounded_name(klass, "an SLO class"), _bounded_name(pool, "a pool name"))] = tuple(
-            _count(n, f"a {key} count") for n in counts)
-    return out
+    @staticmethod
+    def of(load: LoadReport, at_s: float) -> Report:
+        return Report(at_s=at_s, bounds=load.buckets, pools=load.pools, ttft=load.ttft, tpot=load.tpot)
 
 
 def parse_report(doc: Any, at_s: float) -> Report:
-    """A router's report (module docstring); ValueError when it is not one. Every figure is
-    checked: numbers finite and non-negative (no NaN, no infinity), counts whole, names short
-    strings, and every list and map of a bounded size, so a forged or broken report cannot
-    poison the window the autoscaler decides on."""
-    report = _mapping(doc, "a load report", 8)
-    unknown = set(report) - {"buckets", "pools", "ttft", "tpot"}
-    if unknown:
-        raise ValueError(f"load report: unknown keys {sorted(unknown)}")
-    bounds = _bounds(report.get("buckets", []))
-    pools = dict(_pool(name, raw) for name, raw in _mapping(report.get("pools", {}), "pools", MAX_POOLS).items())
-    return Report(at_s=at_s, bounds=bounds, pools=pools, ttft=_series(report.get("ttft", []), "ttft", len(bounds) + 1),
-                  tpot=_series(report.get("tpot", []), "tpot", len(bounds) + 1))
+    """A router's report in its JSON form (`LoadReport.from_json`: ValueError when it is not one),
+    stamped with when it came."""
+    return Report.of(LoadReport.from_json(doc), at_s)
 
 
 def quantile(bounds: Sequence[float], counts: Sequence[int], q: float) -> float | None:

@@ -10,7 +10,7 @@ from pools.experts.policies import POLICIES
 from pools.model import ExpertChoice, ExpertFigures, ReplicaPlacement
 from topology import Topology
 
-__all__ = ["ExpertChoice", "effect", "figures"]
+__all__ = ["effect", "figures"]
 
 
 def _stats(topology: Topology, placement: ReplicaPlacement, model_name: str, choice: ExpertChoice

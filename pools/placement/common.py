@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from physics import catalog, costmodel
-from physics.costmodel import TIER_QUALITY as TIER_QUALITY  # noqa: PLC0414 (re-exported: the plan score's table)
+from physics.costmodel import TIER_QUALITY
 from pools.model import (
     GangMember,
     PlacementPlan,

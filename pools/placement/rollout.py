@@ -17,7 +17,9 @@ from typing import Literal
 from pools.model import PlacementPlan, ReplicaPlacement
 from pools.placement.replan import Move
 
-Order = Literal["make-before-break", "break-before-make", "keep-draining", "start"]
+Order = Literal["make-before-break", "break-before-make", "keep-draining", "start", "retire"]
+"""How a change runs: a move (make-before-break or break-before-make), a replica kept draining where
+no room is left, a new replica (start), or one removed (retire: drained, stopped once idle)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,7 +8,9 @@ import asyncio
 import json
 import time
 
-from wire.http import Request, Responder, serve
+from wire.http import serve
+from wire.reader import Request
+from wire.responder import Responder
 
 BODY = json.dumps({"id": "cmpl-fake", "object": "chat.completion", "created": 0, "model": "fake",
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok " * 16},

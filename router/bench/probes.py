@@ -17,7 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from wire.http import Request, Responder, serve
+from wire.http import serve
+from wire.reader import Request
+from wire.responder import Responder
 
 Probe = Callable[[int], str]
 """A probe against a server on 127.0.0.1:PORT; returns 'ok' or what went wrong, in a few words."""

@@ -33,7 +33,8 @@ import yaml
 from router.bench import load
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from wire import native
-from wire.supervisor import Child, ChildExited, ChildNotReady, Output, ReadyLine, ReadyProbe
+from wire.processes import ChildExited, ChildNotReady, Output, ReadyLine, ReadyProbe
+from wire.supervisor import Child
 
 SIDE = Path(".bench")
 

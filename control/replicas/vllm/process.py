@@ -20,7 +20,8 @@ from pathlib import Path
 from control.replicas.vllm.command import VllmServer, command, environment
 from pools.pinning import pin_cpus
 from wire import client
-from wire.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyProbe, Stop
+from wire.processes import ChildExited, ChildNotReady, Group, Output, ReadyProbe, Stop
+from wire.supervisor import Child
 
 log = logging.getLogger("isleserve.vllm")
 READY_TIMEOUT_S = 600.0
