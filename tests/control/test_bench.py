@@ -17,8 +17,9 @@ import pytest
 from control.backend import Discovery, LocalBackend
 from control.benches.local import bench_here, rounds
 from control.benches.schedule import BenchPolicy, Measured, Subject, due, subjects
-from control.controller import ControllerCore, ControllerSpec
+from control.controller import ControllerCore
 from control.nodecheck import RayNode
+from control.spec import ControllerSpec
 from pools.model import PoolSpec
 from tests.conftest import ROOT
 from topology import GpuRef, Topology, path, read_source

@@ -13,7 +13,8 @@ import pytest
 from loadtest.model import RequestResult, TraceRequest
 from loadtest.sim.cluster import simulate
 from loadtest.sim.model import PDChoice, SimConfig
-from router.decision import Candidate, PDDecision, RouteRequest, pd_decide
+from router.plugins.model import Candidate, RouteRequest
+from router.plugins.pd import PDDecision, pd_decide
 from tests.loadtest.test_sim import config, workload
 from topology import Topology
 

@@ -4,6 +4,7 @@ by its decode pools' TTFT, and reports that are not reports."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -120,3 +121,25 @@ def test_reports_beyond_the_rate_are_dropped_and_counted() -> None:
     with pytest.raises(ValueError):
         scaler.observe(good)
     assert scaler.reports == taken + int(REPORTS_PER_S)
+
+
+def test_the_load_report_is_a_typed_value_with_a_checked_json_form() -> None:
+    import jsonschema
+
+    from pools.autoscale.report import SCHEMA, LoadReport, PoolLoad
+
+    report = LoadReport(buckets=(0.1, 0.5, 1.0), pools={
+        "decode": PoolLoad(running=3.0, waiting=1.5, sent=42, inflight={"decode-0": 2, "decode-1": 1}),
+        "prefill": PoolLoad(sent=40)}, ttft={("interactive", "decode"): (5, 3, 1, 0)},
+        tpot={("interactive", "decode"): (8, 1, 0, 0), ("batch", "decode"): (0, 0, 0, 2)})
+    doc = report.to_json()
+    jsonschema.validate(doc, SCHEMA)
+    assert json.loads(json.dumps(doc)) == doc  # plain JSON: what crosses from the router to the controller
+    assert LoadReport.from_json(doc) == report
+    for broken in ({**doc, "extra": 1}, {**doc, "buckets": [0.5, 0.1, 1.0]},
+                   {**doc, "ttft": [["interactive", "decode", [1, 2]]]},
+                   {**doc, "pools": {"decode": {"running": float("nan")}}}):
+        with pytest.raises(ValueError):
+            LoadReport.from_json(broken)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**doc, "extra": 1}, SCHEMA)

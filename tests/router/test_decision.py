@@ -8,16 +8,10 @@ import pytest
 
 from pools.model import DEFAULT_SLO_CLASSES
 from pools.routing import ReplicaEndpoint
-from router.decision import (
-    Candidate,
-    Profile,
-    ReplicaLoad,
-    RouteRequest,
-    check_profile,
-    decide,
-    pd_decide,
-    pd_pair,
-)
+from router.decision import decide
+from router.plugins.model import Candidate, ReplicaLoad, RouteRequest
+from router.plugins.pd import pd_decide, pd_pair
+from router.plugins.profile import Profile, check_profile
 from topology import read_source
 
 pytestmark = pytest.mark.unit

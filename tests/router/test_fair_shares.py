@@ -19,9 +19,11 @@ from router.admission import Admission
 from router.call import read_call
 from router.config import PDConfig, RouterConfig, parse_router_config
 from router.cost import CostLimits
-from router.decision import Candidate, Profile, ReplicaLoad, RouteRequest, decide, usable_of
+from router.decision import decide
 from router.pd import holding_roles
-from router.plugins.filters import DEFAULT_MAX_NUM_SEQS, has_headroom, serves_class
+from router.plugins.filters import DEFAULT_MAX_NUM_SEQS, has_headroom, serves_class, usable_of
+from router.plugins.model import Candidate, ReplicaLoad, RouteRequest
+from router.plugins.profile import Profile
 from router.quota import BURST_S, Quota, Quotas
 from router.state import Replicas, model_context
 from router.workers import read_view, view_bytes

@@ -10,8 +10,9 @@ import pytest
 from physics import catalog, costmodel
 from pools.model import DEFAULT_SLO_CLASSES
 from pools.routing import ReplicaEndpoint
-from router.decision import Candidate, ReplicaLoad, RouteRequest, pd_decide, pd_pair, pd_route
 from router.plugins import ttft
+from router.plugins.model import Candidate, ReplicaLoad, RouteRequest
+from router.plugins.pd import pd_decide, pd_pair, pd_route
 from topology import GpuRef, bottleneck, path, read_source
 
 pytestmark = pytest.mark.unit

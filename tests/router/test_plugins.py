@@ -14,8 +14,12 @@ import yaml
 from pools.model import DEFAULT_SLO_CLASSES
 from router.admission import Admission
 from router.config import ProfileConfig, parse_router_config
-from router.decision import Profile, ReplicaLoad, decide, pd_decide, pd_route, usable
+from router.decision import decide
 from router.metrics import RouterMetrics
+from router.plugins.filters import usable
+from router.plugins.model import ReplicaLoad
+from router.plugins.pd import pd_decide, pd_route
+from router.plugins.profile import Profile
 from router.plugins.registry import FILTER, PICKER, PLUGINS, SCORER
 from router.plugins.spec import PluginSpec
 from router.plugins.timing import PluginTimer

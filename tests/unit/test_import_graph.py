@@ -1,4 +1,8 @@
-"""The module graph of topology, pools, router and loadtest has no cycles and no upward edges.
+"""The house as docs/architecture.md draws it, checked on the code's own imports: no module cycle,
+no arrow up the layers, no two packages of one layer importing each other, no cycle among the
+entries (modules and subfolders) of any folder, no package holding more than 30 % of the product's
+lines, and pools and physics reaching no I/O module. import-linter (pyproject.toml) holds the same
+layers and the purity rule; this test also names what breaks them, as paths.
 
 Every import counts: module level, inside functions, and under `if TYPE_CHECKING:` (a cycle that
 only the type checker sees still ties the modules together). Relative imports are resolved, and
@@ -18,16 +22,31 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
-LAYERS = ("topology", "pools", "router", "loadtest")
-"""Lowest first: a module may import its own layer and the ones before it."""
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"topology", "wire"}),
+    frozenset({"physics"}),
+    frozenset({"pools"}),
+    frozenset({"router", "control", "simengine"}),
+    frozenset({"isleserve"}),
+    frozenset({"loadtest"}),
+)
+"""Lowest first: a module may import its own package and the layers below; packages of one layer
+never import each other. `python -m X` entries (`X.__main__`) and `isle.py` sit above them all."""
+PACKAGES = tuple(sorted(p for layer in LAYERS for p in layer))
+LAYER_OF = {p: i for i, layer in enumerate(LAYERS) for p in layer}
+IO_MODULES = ("ray", "asyncio", "socket", "subprocess", "threading", "httpx", "httptools", "uvloop",
+              "multiprocessing", "selectors")
+"""What decision code never reaches: Ray, event loops, sockets, threads, processes, HTTP."""
+PURE = ("pools", "physics")
+MAX_SHARE = 0.30
 
 Graph = Mapping[str, frozenset[str]]
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
-    """Module name -> file, for every module of the four packages."""
+    """Module name -> file, for every module of the product's packages."""
     out: dict[str, Path] = {}
-    for package in LAYERS:
+    for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -144,10 +163,87 @@ def cycles(graph: Graph) -> list[str]:
     return [" -> ".join(cycle_through(graph, c)) for c in strongly_connected(graph) if len(c) > 1]
 
 
+def is_entry(module: str) -> bool:
+    return module.endswith(".__main__")
+
+
 def upward_edges(graph: Graph) -> list[str]:
-    layer = {name: LAYERS.index(name.split(".")[0]) for name in graph}
-    return [f"{a} imports {b} ({b.split('.')[0]} is above {a.split('.')[0]})"
-            for a in sorted(graph) for b in sorted(graph[a]) if layer[b] > layer[a]]
+    """Edges to a higher layer, or to another package of the same layer (entries excepted)."""
+    out = []
+    for a in sorted(graph):
+        if is_entry(a):
+            continue
+        pa = a.split(".")[0]
+        for b in sorted(graph[a]):
+            pb = b.split(".")[0]
+            if pb != pa and LAYER_OF[pb] >= LAYER_OF[pa]:
+                out.append(f"{a} imports {b} ({pb} is {'above' if LAYER_OF[pb] > LAYER_OF[pa] else 'beside'} {pa})")
+    return out
+
+
+def folder_cycles(graph: Graph, files: Mapping[str, Path]) -> list[str]:
+    """Cycles among the entries of one folder: each edge a -> b counts, in the deepest folder holding
+    both, between the entry (module or subfolder) that holds a and the one that holds b; an edge to
+    or from that folder's own `__init__` is the package itself and does not count, nor does one
+    from a `python -m` entry."""
+    levels: dict[str, dict[str, set[str]]] = {}
+    for a, targets in graph.items():
+        if is_entry(a):
+            continue
+        for b in targets:
+            if b not in files:
+                continue
+            pa, pb = a.split("."), b.split(".")
+            common = 0
+            while common < min(len(pa), len(pb)) and pa[common] == pb[common]:
+                common += 1
+            if common in (len(pa), len(pb)):  # one is a package holding the other
+                continue
+            level = levels.setdefault(".".join(pa[:common]) or "<root>", {})
+            level.setdefault(pa[common], set()).add(pb[common])
+    out: list[str] = []
+    for folder, edges in sorted(levels.items()):
+        entries: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in edges.items()}
+        for ends in edges.values():
+            for t in ends:
+                entries.setdefault(t, frozenset())
+        out.extend(f"in {folder}: {c}" for c in cycles(entries))
+    return out
+
+
+def shares(root: Path = ROOT) -> dict[str, float]:
+    """Each package's share of the product's lines (its .py files over all of them and isle.py)."""
+    lines = {p: sum(len(f.read_text().splitlines()) for f in (root / p).rglob("*.py")) for p in PACKAGES}
+    total = sum(lines.values()) + len((root / "isle.py").read_text().splitlines())
+    return {p: n / total for p, n in lines.items()}
+
+
+def io_reached(graph: Graph, files: Mapping[str, Path], package: str) -> list[str]:
+    """Paths from `package`'s modules to an import of an I/O module, through our modules."""
+    direct = {m: sorted({n.split(".")[0] for n in _imported_names(files[m])} & set(IO_MODULES)) for m in files}
+    out = []
+    for start in sorted(m for m in graph if m.split(".")[0] == package and not is_entry(m)):
+        seen, frontier = {start: [start]}, [start]
+        while frontier:
+            node = frontier.pop()
+            if direct[node]:
+                out.append(" -> ".join([*seen[node], direct[node][0]]))
+                break
+            for nxt in sorted(graph[node]):
+                if nxt not in seen and nxt in files and not (node.split(".")[0] == "physics" and nxt == "wire"):
+                    seen[nxt] = [*seen[node], nxt]
+                    frontier.append(nxt)
+    return out
+
+
+def _imported_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
 
 
 GRAPH = import_graph()
@@ -158,9 +254,38 @@ def test_no_import_cycles() -> None:
     assert not found, "import cycles (move the shared part into a module both import):\n" + "\n".join(found)
 
 
-def test_no_module_imports_a_higher_layer() -> None:
+def test_no_module_imports_a_higher_layer_or_a_sibling_package() -> None:
     found = upward_edges(GRAPH)
-    assert not found, "layers are topology <- pools <- router <- loadtest:\n" + "\n".join(found)
+    assert not found, ("layers, lowest first: " + " <- ".join("|".join(sorted(x)) for x in LAYERS) + ":\n"
+                       + "\n".join(found))
+
+
+def test_no_cycle_among_the_entries_of_any_folder() -> None:
+    found = folder_cycles(GRAPH, module_files())
+    assert not found, "folder-level cycles:\n" + "\n".join(found)
+
+
+def test_no_package_holds_more_than_its_share() -> None:
+    found = {p: round(share, 3) for p, share in shares().items() if share > MAX_SHARE}
+    assert not found, f"packages over {MAX_SHARE:.0%} of the product's lines: {found}"
+
+
+@pytest.mark.parametrize("package", PURE)
+def test_decisions_reach_no_io_module(package: str) -> None:
+    found = io_reached(GRAPH, module_files(), package)
+    assert not found, f"{package} reaches I/O:\n" + "\n".join(found)
+
+
+def test_the_rules_catch_what_they_forbid() -> None:
+    graph: dict[str, frozenset[str]] = {
+        "pools.a": frozenset({"router.x"}), "router.x": frozenset(), "control.y": frozenset({"router.x"}),
+        "pools.__main__": frozenset({"control.y"})}
+    assert upward_edges(graph) == ["control.y imports router.x (router is beside control)",
+                                   "pools.a imports router.x (router is above pools)"]
+    files = {m: Path(m.replace(".", "/") + ".py") for m in ("t", "t.a", "t.b.c", "t.b.d")}
+    loop = {"t": frozenset({"t.a"}), "t.a": frozenset({"t.b.c"}), "t.b.c": frozenset({"t.a"}),
+            "t.b.d": frozenset()}
+    assert folder_cycles(loop, files) == ["in t: a -> b -> a"]
 
 
 def test_the_graph_sees_every_kind_of_import() -> None:
@@ -168,8 +293,8 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     assert "topology.readers.capture" in GRAPH["topology.readers"]  # module level
     assert "topology.readers.spec" in GRAPH["topology.readers"]  # inside a function
     assert "loadtest.scenario" in GRAPH["loadtest.report"]  # under `if TYPE_CHECKING:`
-    assert "pools" in GRAPH["router"]  # `import pools`
-    assert "physics.catalog" in GRAPH["pools.config"]  # `from pools import catalog`: the module
+    assert "wire" in GRAPH["router"]  # `import wire`
+    assert "physics.moecost" in GRAPH["physics.gang"]  # `from physics import moecost`: the module
 
 
 def test_relative_imports_resolve(tmp_path: Path) -> None:
@@ -179,8 +304,8 @@ def test_relative_imports_resolve(tmp_path: Path) -> None:
                        "topology/readers/spec.py": "def f() -> None:\n    from ..model import Y\n"}.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    for package in LAYERS[1:]:
-        (tmp_path / package).mkdir()
+    for package in PACKAGES:
+        (tmp_path / package).mkdir(exist_ok=True)
     graph = import_graph(tmp_path)
     assert graph == {"topology": {"topology.model"}, "topology.model": {"topology.readers.spec"},
                      "topology.readers": {"topology.model", "topology.readers.spec"},

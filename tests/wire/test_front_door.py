@@ -15,9 +15,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from tests.support.wait import wait_until_async
 from wire import http
-from wire.http import HttpProtocol, Request, Responder, ServerLimits
-from wire.limits import raise_fd_limit
+from wire.http import HttpProtocol
+from wire.limits import ServerLimits, raise_fd_limit
+from wire.reader import MAX_HEAD_BYTES, Request
+from wire.responder import Responder
 
 pytestmark = pytest.mark.integration
 BIG = b"x" * 20000
@@ -72,10 +75,7 @@ def _run(scenario: Callable[[int, ServerLimits], Awaitable[None]], limits: Serve
 
 async def _until_an_event(seconds: float) -> None:
     """Until the handler reports something (EVENTS), at most `seconds`."""
-    for _tick in range(int(seconds / 0.05)):
-        await asyncio.sleep(0.05)
-        if EVENTS:
-            return
+    await wait_until_async(lambda: bool(EVENTS), seconds, "an event from the handler")
 
 
 async def _read_all(reader: asyncio.StreamReader) -> bytes:
@@ -233,7 +233,7 @@ def test_100_continue_is_sent_only_for_the_request_being_served() -> None:
 def test_a_large_post_and_the_next_head_in_one_read_is_not_431() -> None:
     async def scenario(port: int, _: ServerLimits) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        body = b"b" * (http.MAX_HEAD_BYTES + 1000)
+        body = b"b" * (MAX_HEAD_BYTES + 1000)
         writer.write(b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
                      + b"GET /next HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
         data = await _read_all(reader)

@@ -29,7 +29,7 @@ def _tree(root: Path, build: bool = True) -> None:
         for module in (*native.COMPILED, native.GROUP + "__mypyc"):
             src = native.source(module, root)
             src.with_name(src.stem + SUFFIX).write_bytes(b"")
-        (root / "pools" / native.MANIFEST).write_text(json.dumps(native.fingerprint(root)))
+        (root / "wire" / native.MANIFEST).write_text(json.dumps(native.fingerprint(root)))
 
 
 def _edit(root: Path, module: str) -> None:
@@ -76,7 +76,7 @@ def test_a_half_built_tree_a_missing_library_or_manifest_or_a_leftover_is_stale(
     _extension(tmp_path, native.GROUP + "__mypyc").unlink()
     assert native.judge(tmp_path) == "stale"
     _tree(tmp_path)
-    (tmp_path / "pools" / native.MANIFEST).unlink()
+    (tmp_path / "wire" / native.MANIFEST).unlink()
     assert native.judge(tmp_path) == "stale"
     _tree(tmp_path)
     _extension(tmp_path, "pools.model").write_bytes(b"")  # a module compiled by an older build
@@ -85,7 +85,7 @@ def test_a_half_built_tree_a_missing_library_or_manifest_or_a_leftover_is_stale(
 
 def test_a_failed_build_is_not_retried_until_the_sources_change(tmp_path: Path) -> None:
     _tree(tmp_path, build=False)
-    (tmp_path / "pools" / native.MANIFEST).write_text(json.dumps({**native.fingerprint(tmp_path), "failed": "no cc"}))
+    (tmp_path / "wire" / native.MANIFEST).write_text(json.dumps({**native.fingerprint(tmp_path), "failed": "no cc"}))
     assert native.judge(tmp_path) == "interpreted" and native.up_to_date(tmp_path)
     _edit(tmp_path, "router.auth")
     assert not native.up_to_date(tmp_path)
