@@ -329,30 +329,7 @@ class ControllerCore:
             self._record("drain", {"replicas": [c.replica_id for c in moving], "reason": why})
             self._publish()  # routers stop sending interactive traffic to them now
         for c in todo:
-            self._submit(c)
-
-    def _submit(self, c: Change) -> None:
-        """Submit one change. A start still in flight for the replica is dropped, never installed
-        over this newer decision; a replacement is installed by a later pass, once it is up."""
-        self.fleet.starts.drop(c.replica_id, f"superseded: {c.reason}" if c.order != "retire" else c.reason)
-        if c.order == "retire":
-            r = self.running.pop(c.replica_id, None)
-            if r is not None:
-                now = self.clock()
-                r.draining, r.idle_from = True, now + IDLE_GRACE_S
-                r.retire_by = now + self.spec.autoscale.drain_timeout_s
-                self.retiring.append(r)
-            return
-        old = self.running.get(c.replica_id)
-        if c.order == "keep-draining" or c.new is None:
-            self._record("move", {**c.to_json(), "result": "no room: kept running, drained"})
-            return
-        stop_first = None  # the GPUs of the one serving decide, not only those of one being started
-        shared = old is not None and set(old.placement.gpu_refs()) & set(c.new.gpu_refs())
-        if old is not None and (c.order == "break-before-make" or shared):
-            self.running.pop(c.replica_id)
-            stop_first = old.replica
-        self.fleet.starts.move(c, self._launch(c.new, self.fleet.generation(c.replica_id)), stop_first)
+            self.fleet.submit(c, self._launch, self.spec.autoscale.drain_timeout_s, IDLE_GRACE_S)
 
     def _held(self) -> list[ReplicaPlacement]:
         return held_elsewhere(self.plan, self.running, self.retiring, self.fleet.starts.targets())

@@ -18,6 +18,7 @@ from control.launch.portbook import PortBook
 from control.spec import EngineLaunch
 from control.starts import Intent, Outcome, Restarted, Starts
 from pools.model import ReplicaPlacement
+from pools.placement.rollout import Change
 from pools.ports import EnginePorts, PortPlan
 
 log = logging.getLogger("isleserve.controller")
@@ -149,6 +150,32 @@ class Fleet:
                 keep.append(r)
         stopped, self.retiring = len(keep) != len(self.retiring), keep
         return stopped
+
+    def submit(self, c: Change, launch: Launch, retire_timeout_s: float, idle_grace_s: float) -> None:
+        """Carry out one change of a new plan (`ControllerCore.apply`). A start still in flight for
+        the replica is dropped, never installed over this newer decision; a replacement or a new
+        replica is installed by a later pass, once it is up; a retired replica leaves the serving
+        set at once, is not taken for idle for `idle_grace_s` (routers may still send it what they
+        had chosen it for) and stops once idle or after `retire_timeout_s`."""
+        self.starts.drop(c.replica_id, c.reason if c.order == "retire" else f"superseded: {c.reason}")
+        if c.order == "retire":
+            r = self.running.pop(c.replica_id, None)
+            if r is not None:
+                now = self.clock()
+                r.draining, r.idle_from = True, now + idle_grace_s
+                r.retire_by = now + retire_timeout_s
+                self.retiring.append(r)
+            return
+        old = self.running.get(c.replica_id)
+        if c.order == "keep-draining" or c.new is None:
+            self.record("move", {**c.to_json(), "result": "no room: kept running, drained"})
+            return
+        stop_first = None  # the GPUs of the one serving decide, not only those of one being started
+        shared = old is not None and set(old.placement.gpu_refs()) & set(c.new.gpu_refs())
+        if old is not None and (c.order == "break-before-make" or shared):
+            self.running.pop(c.replica_id)
+            stop_first = old.replica
+        self.starts.move(c, launch(c.new, self.generation(c.replica_id), None), stop_first)
 
     def stop_all(self) -> None:
         """Every replica, those being started included."""

@@ -323,3 +323,42 @@ def test_relative_imports_resolve(tmp_path: Path) -> None:
 ])
 def test_cycles_are_named_as_paths(graph: Graph, expected: list[str]) -> None:
     assert cycles(graph) == expected
+
+
+def private_crossings(files: Mapping[str, Path]) -> list[str]:
+    """Private names (`_x`, not dunders) one package takes from another: imported by name, or read
+    as an attribute of a module or object imported from the other package."""
+    out = []
+    for module, path in sorted(files.items()):
+        home = module.split(".")[0]
+        foreign: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module.split(".")[0] in LAYER_OF and node.module.split(".")[0] != home:
+                    for a in node.names:
+                        if a.name.startswith("_") and not a.name.startswith("__"):
+                            out.append(f"{module} imports {node.module}.{a.name}")
+                        foreign.add(a.asname or a.name)
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] in LAYER_OF and a.name.split(".")[0] != home:
+                        foreign.add(a.asname or a.name.split(".")[0])
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and isinstance(node.value, ast.Name) and node.value.id in foreign):
+                out.append(f"{module} reads {node.value.id}.{node.attr}")
+    return out
+
+
+def test_no_private_name_crosses_a_package_boundary() -> None:
+    found = private_crossings(module_files())
+    assert not found, "private names used across packages (make them public, or move the code):\n" + "\n".join(found)
+
+
+def test_a_private_crossing_is_seen(tmp_path: Path) -> None:
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control" / "a.py").write_text("from pools.b import _hidden\nimport pools.c as c\nc._x\n")
+    (tmp_path / "pools").mkdir()
+    (tmp_path / "pools" / "b.py").write_text("from pools.c import _fine\n")
+    files = {"control.a": tmp_path / "control" / "a.py", "pools.b": tmp_path / "pools" / "b.py"}
+    assert private_crossings(files) == ["control.a imports pools.b._hidden", "control.a reads c._x"]
