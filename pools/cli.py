@@ -21,7 +21,7 @@ from pools.config import PoolsConfig, load_pools
 from pools.expertscli import add_experts_parser
 from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest
 from pools.placement import POLICIES, get_policy
-from pools.placement.common import Layout, largest_domain
+from pools.placement.layout import Layout, largest_domain
 from pools.placement.replan import replan
 from topology import Topology, TopologyError
 from topology.readers import ReadOptions, read_source

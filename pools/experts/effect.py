@@ -1,5 +1,5 @@
 """What an expert map does to a placed gang (the simulator's view, `physics.gang`; the plan's
-figures, `pools.placement.common.finish`)."""
+figures, `pools.placement.layout.finish`)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 
 from pools.model import PlacementPlan, PlacementRequest, ReplicaPlacement
-from pools.placement.common import Layout, Work, finish, memory_fits, replicas_in_order
+from pools.placement.layout import Layout, Work, finish, memory_fits, replicas_in_order
 from topology import GpuRef
 
 

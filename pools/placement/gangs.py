@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pools.model import PoolSpec
-from pools.placement.common import Work
 from pools.placement.fallback import cross_island_group
 from pools.placement.islandstate import IslandSlot, Positions, carve, carve_many
+from pools.placement.layout import Work
 from topology import GpuRef, LinkKind, Topology
 
 SEARCH_BUDGET = 20000

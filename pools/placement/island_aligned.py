@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pools.model import PlacementPlan, PlacementRequest, PoolSpec, ReplicaPlacement
-from pools.placement.common import Layout, Work, finish, gpu_memory_gb, memory_fits, replicas_in_order
 from pools.placement.fallback import cross_island_group
 from pools.placement.gangs import DomainSearch, carriers, describe, detached_gpus, span
 from pools.placement.islandstate import IslandSlot, Positions, build_slots, carve_many
+from pools.placement.layout import Layout, Work, finish, gpu_memory_gb, memory_fits, replicas_in_order
 from topology import GpuRef
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest, ReplicaPlacement
 from pools.placement import get_policy
-from pools.placement.common import Layout, Work, finish
+from pools.placement.layout import Layout, Work, finish
 from pools.placement.validate import group_problems, tp_groups
 from topology import GpuRef, Island, Topology, is_clique, islands
 from topology.islands import island_of

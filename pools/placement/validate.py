@@ -17,7 +17,7 @@ from itertools import combinations
 
 from pools.model import PlacementPlan, PoolSpec, ReplicaPlacement
 from pools.placement import get_policy
-from pools.placement.common import memory_fits
+from pools.placement.layout import memory_fits
 from topology import GpuRef, Island, Topology, is_clique, islands, tier
 from topology.islands import island_of
 

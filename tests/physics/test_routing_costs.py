@@ -8,7 +8,6 @@ import pytest
 
 from physics import catalog, costmodel
 from physics.costmodel import TIER_QUALITY, LinkCost
-from pools.placement import common
 from topology import GpuRef, LinkKind, Path, bottleneck, read_source
 from topology.kinds import DEFAULTS
 
