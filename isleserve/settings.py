@@ -19,21 +19,17 @@ validated by pydantic with every problem reported at once, and the plan they wou
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from control.state.files import default_state_dir
 from pools.config import PoolConfig, PoolsConfig, SLOClassConfig
-from pools.model import PlacementPlan, PlacementRequest
-from pools.placement import POLICIES, get_policy
+from pools.placement import POLICIES
 from pools.vllmconfig import VllmAppConfig, VllmSettings, settings_for
 from router.config import RouterConfig
-from topology import Topology
 from topology.configfile import load_yaml_file, validate_mapping
 from topology.errors import ParseError
-from topology.readers import read_source
 
 
 class AutoscaleLoopConfig(BaseModel):
@@ -158,36 +154,3 @@ def app_args_from_serve_config(path: str) -> AppArgs:
         if isinstance(app, dict) and app.get("import_path") == "isleserve.app:build":
             return parse_app_args(app.get("args"), path)
     raise ParseError("no application with import_path isleserve.app:build", path)
-
-
-def resolve_topology(args: AppArgs, discover: Callable[[], Topology] | None = None,
-                     base: Path | None = None) -> Topology:
-    """The cluster topology: discovered (`nvml`, via `discover`: one task per Ray node) or read."""
-    if args.topology == "nvml":
-        if discover is None:
-            raise ParseError("topology nvml needs discovery on the cluster's nodes")
-        return discover()
-    source = Path(args.topology)
-    if not source.is_absolute() and base is not None and not source.exists():
-        source = base / source
-    return read_source(str(source))
-
-
-def plan_for(args: AppArgs, topology: Topology) -> PlacementPlan:
-    """The placement the deployment would make (no Ray needed): pools sized if `auto`."""
-    config = args.pools_config()
-    counts: dict[str, int] = {}
-    if config.auto_pairs():
-        from pools.sizing import size
-
-        classes = config.classes()
-        for prefill, decode in config.auto_pairs():
-            slos = [classes[c] for c in {*prefill.slo_classes, *decode.slo_classes}] or list(classes.values())
-            proposal = size(topology, str(prefill.model), args.workload, slos, None, prefill.tp, decode.tp)
-            counts[prefill.name], counts[decode.name] = proposal.prefill_replicas, proposal.decode_replicas
-    request = PlacementRequest(topology=topology, pools=config.pool_specs(counts), slo_classes=config.classes())
-    return get_policy(args.policy).place(request)
-
-
-def describe(plan: PlacementPlan) -> dict[str, Any]:
-    return plan.to_json()

@@ -31,7 +31,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from isleserve.settings import AppArgs, plan_for, resolve_topology
+from isleserve.planning import plan_for, resolve_topology
+from isleserve.settings import AppArgs
 from loadtest.live.compare import (
     LiveOptions,
     base_serve_config,

@@ -42,19 +42,14 @@ def _table(plan: PlacementPlan) -> str:
 
 
 def _auto_counts(config: PoolsConfig, topology: Topology, args: argparse.Namespace) -> dict[str, int]:
-    """Replica counts for `replicas: auto` pools, from pool sizing."""
-    from pools.sizing import size
+    """Replica counts for `replicas: auto` pools, from pool sizing (each pair's split on stderr)."""
+    from pools.sizing import auto_counts, size_auto_pairs
 
-    counts: dict[str, int] = {}
-    classes = config.classes()
-    for prefill, decode in config.auto_pairs():
-        slos = [classes[c] for c in {*prefill.slo_classes, *decode.slo_classes}] or list(classes.values())
-        proposal = size(topology, str(prefill.model), args.workload, slos, args.gpu, prefill.tp, decode.tp,
-                        prefill.dp if prefill.dp > 1 else None, decode.dp if decode.dp > 1 else None)
-        counts[prefill.name], counts[decode.name] = proposal.prefill_replicas, proposal.decode_replicas
-        print(f"auto: {prefill.name} x {proposal.prefill_replicas}, {decode.name} x {proposal.decode_replicas} "
+    sized = size_auto_pairs(config, topology, args.workload, args.gpu)
+    for prefill, decode, proposal in sized:
+        print(f"auto: {prefill} x {proposal.prefill_replicas}, {decode} x {proposal.decode_replicas} "
               f"({proposal.explanation[-1]})", file=sys.stderr)
-    return counts
+    return auto_counts(sized)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

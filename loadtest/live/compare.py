@@ -29,7 +29,8 @@ from typing import Any
 
 import yaml
 
-from isleserve.settings import AppArgs, parse_app_args, resolve_topology
+from isleserve.planning import resolve_topology
+from isleserve.settings import AppArgs, parse_app_args
 from loadtest.live.client import Target, loopback_target
 from loadtest.live.deploy import ROOT, Deployment, ray_deployment
 from loadtest.live.run import Driver, pick_model

@@ -31,7 +31,8 @@ from typing import Any
 
 import yaml
 
-from isleserve.settings import AppArgs, plan_for, resolve_topology
+from isleserve.planning import plan_for, resolve_topology
+from isleserve.settings import AppArgs
 from wire import client
 from wire.processes import ChildExited, ChildNotReady, Group, Output, ReadyLine, ReadyUrl, Stop
 from wire.supervisor import Child

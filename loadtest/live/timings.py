@@ -8,7 +8,8 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
-from isleserve.settings import AppArgs, plan_for, resolve_topology
+from isleserve.planning import plan_for, resolve_topology
+from isleserve.settings import AppArgs
 from loadtest.live.deploy import ROOT
 from loadtest.model import RequestResult, TraceRequest
 from loadtest.sim.cluster import simulate

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from isleserve.settings import app_args_from_serve_config, parse_app_args, plan_for, resolve_topology
+from isleserve.planning import plan_for, resolve_topology
+from isleserve.settings import app_args_from_serve_config, parse_app_args
 from pools.config import load_pools
 from pools.placement.validate import validate_plan
 from tests.conftest import ROOT
