@@ -41,7 +41,7 @@ def add_experts_parser(sub: Any) -> None:
     p.add_argument("--pool", required=True)
     p.add_argument("--replica", help="replica id (default: the pool's first)")
     p.add_argument("--load", required=True, help='{"layers": [[tokens per expert], ...]} or zipf:SKEW[:SEED]')
-    p.add_argument("--redundant", type=int, default=0, help="redundant experts R ((E + R) % EP == 0)")
+    p.add_argument("--redundant", type=int, default=0, help="redundant experts R ((E + R) %% EP == 0)")
     p.add_argument("--policy", default="topology", choices=sorted(POLICIES))
     p.add_argument("--topology", help="the plan's topology (default: domains from the plan's island labels)")
     p.add_argument("--gpu", help="GPU for the step time (default: the topology's, else h100-sxm)")
