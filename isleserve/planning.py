@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from isleserve.settings import AppArgs
+from pools.config import auto_counts, size_auto_pairs
 from pools.model import PlacementPlan, PlacementRequest
 from pools.placement import get_policy
-from pools.sizing import auto_counts, size_auto_pairs
 from topology import Topology
 from topology.errors import ParseError
 from topology.readers import read_source

@@ -43,7 +43,7 @@ def _table(plan: PlacementPlan) -> str:
 
 def _auto_counts(config: PoolsConfig, topology: Topology, args: argparse.Namespace) -> dict[str, int]:
     """Replica counts for `replicas: auto` pools, from pool sizing (each pair's split on stderr)."""
-    from pools.sizing import auto_counts, size_auto_pairs
+    from pools.config import auto_counts, size_auto_pairs
 
     sized = size_auto_pairs(config, topology, args.workload, args.gpu)
     for prefill, decode, proposal in sized:

@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from physics import catalog
 from pools.autoscale.policy import AutoscalingConfig
 from pools.model import DEFAULT_SLO_CLASSES, ExpertChoice, PoolSpec, SLOClass
+from pools.sizing import SizingProposal, size
 from pools.vllmconfig import VllmPoolConfig
+from topology import Topology
 from topology.configfile import load_yaml_file, validate_mapping
 from topology.errors import ParseError
 
@@ -217,3 +219,26 @@ def load_pools(path: str) -> PoolsConfig:
     raw = load_yaml_file(path, "pools file")
     return validate_mapping(PoolsConfig, raw, "pools file", "a pools file is a mapping with a top-level `pools:` list",
                             path)
+
+
+def size_auto_pairs(config: PoolsConfig, topology: Topology, workload: str, gpu_name: str | None = None
+                    ) -> list[tuple[str, str, SizingProposal]]:
+    """Every `replicas: auto` prefill/decode pair of a pools file, sized: (prefill pool, decode pool,
+    the proposal), with the pair's own TP sizes and gang ranks and its SLO classes (all of the
+    file's when it names none)."""
+    out = []
+    classes = config.classes()
+    for prefill, decode in config.auto_pairs():
+        slos = [classes[c] for c in {*prefill.slo_classes, *decode.slo_classes}] or list(classes.values())
+        proposal = size(topology, str(prefill.model), workload, slos, gpu_name, prefill.tp, decode.tp,
+                        prefill.dp if prefill.dp > 1 else None, decode.dp if decode.dp > 1 else None)
+        out.append((prefill.name, decode.name, proposal))
+    return out
+
+
+def auto_counts(sized: list[tuple[str, str, SizingProposal]]) -> dict[str, int]:
+    """Replica counts per pool from `size_auto_pairs`."""
+    counts: dict[str, int] = {}
+    for prefill, decode, proposal in sized:
+        counts[prefill], counts[decode] = proposal.prefill_replicas, proposal.decode_replicas
+    return counts

@@ -22,16 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from physics import catalog, costmodel, moecost
 from physics.catalog import GpuSpec, ModelSpec
 from physics.moecost import GangLinks
 from pools.model import SLOClass
 from topology import Topology, bottleneck, cliques, islands
-
-if TYPE_CHECKING:
-    from pools.config import PoolsConfig
 
 WORKLOADS: dict[str, tuple[int, int, str]] = {
     # name -> (mean prompt tokens, mean output tokens, source)
@@ -299,26 +295,3 @@ def _split(p: PhaseOption, d: PhaseOption, total_gpus: int) -> SizingProposal | 
             best = SizingProposal(prefill=p, decode=d, prefill_replicas=n_p, decode_replicas=n_d, gpus=gpus,
                                   goodput_rps=rate, goodput_per_gpu=rate / gpus, explanation=why)
     return best
-
-
-def size_auto_pairs(config: PoolsConfig, topology: Topology, workload: str, gpu_name: str | None = None
-                    ) -> list[tuple[str, str, SizingProposal]]:
-    """Every `replicas: auto` prefill/decode pair of a pools file, sized: (prefill pool, decode pool,
-    the proposal), with the pair's own TP sizes and gang ranks and its SLO classes (all of the
-    file's when it names none)."""
-    out = []
-    classes = config.classes()
-    for prefill, decode in config.auto_pairs():
-        slos = [classes[c] for c in {*prefill.slo_classes, *decode.slo_classes}] or list(classes.values())
-        proposal = size(topology, str(prefill.model), workload, slos, gpu_name, prefill.tp, decode.tp,
-                        prefill.dp if prefill.dp > 1 else None, decode.dp if decode.dp > 1 else None)
-        out.append((prefill.name, decode.name, proposal))
-    return out
-
-
-def auto_counts(sized: list[tuple[str, str, SizingProposal]]) -> dict[str, int]:
-    """Replica counts per pool from `size_auto_pairs`."""
-    counts: dict[str, int] = {}
-    for prefill, decode, proposal in sized:
-        counts[prefill], counts[decode] = proposal.prefill_replicas, proposal.decode_replicas
-    return counts

@@ -163,8 +163,12 @@ def cycles(graph: Graph) -> list[str]:
     return [" -> ".join(cycle_through(graph, c)) for c in strongly_connected(graph) if len(c) > 1]
 
 
+ENTRIES = frozenset({"router.serve"})
+"""Entry points by another name than `__main__`: Serve's old `import_path: router.serve:build`."""
+
+
 def is_entry(module: str) -> bool:
-    return module.endswith(".__main__")
+    return module.endswith(".__main__") or module in ENTRIES
 
 
 def upward_edges(graph: Graph) -> list[str]:
