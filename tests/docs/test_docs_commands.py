@@ -1,7 +1,8 @@
 """Every command of the docs' `sh` blocks runs for real and exits 0 (tests/docs/mdblocks.py gives
 the convention; the long-running ones are `sh parse-only` and tests/docs/test_docs_parse.py
 checks them). Each runs in bash from the repository root with .venv/bin first on PATH, as a
-user who followed the quickstart would, within TIMEOUT_S."""
+user who followed the quickstart would, within TIMEOUT_S. Each command stands alone (a line that
+needs an earlier one chains it with `&&`), so the order and parallelism of the run do not matter."""
 
 from __future__ import annotations
 
