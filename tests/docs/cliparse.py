@@ -145,6 +145,16 @@ def check_curl(words: Sequence[str]) -> str | None:
     return None
 
 
+def check_pip(words: Sequence[str]) -> str | None:
+    """`pip install NAME...`: only packages the project itself declares (pyproject.toml)."""
+    if words[1:2] != ["install"]:
+        return f"pip {' '.join(words[1:2])}: only `pip install` of the project's own dependencies"
+    declared = (ROOT / "pyproject.toml").read_text()
+    names = [w for w in words[2:] if not w.startswith("-")]
+    unknown = [n for n in names if f'"{n}' not in declared]
+    return f"pip install of packages pyproject.toml does not declare: {unknown}" if unknown or not names else None
+
+
 def check_python_code(code: str) -> str | None:
     try:
         tree = compile(code, "<doc>", "exec", flags=0x400, dont_inherit=True)  # PyCF_ONLY_AST
@@ -180,6 +190,8 @@ def check_parse_only(words: Sequence[str]) -> str | None:
         paths = [w for w in words[3:] if not w.startswith("-")]
         missing = [p for p in paths if not (ROOT / p.split("::")[0]).exists()]
         return f"no such test paths {missing}" if missing else None
+    if program == "pip":
+        return check_pip(words)
     if program == "bash":
         return None if (ROOT / words[1]).is_file() else f"no script {words[1]}"
     if program in ("export", "umask", "echo", "cd", "kill"):

@@ -24,13 +24,14 @@ pytestmark = pytest.mark.unit
 # real, and how
 REAL_RUNS: dict[str, str] = {
     "make run": "e2e/test_serve_run_local.py",           # `isle run configs/local.yaml`, what `make run` runs
-    "make test": "unit/test_import_graph.py",            # CI runs `make test` itself (.ci/run); one of its checks
+    "make test": "house/test_import_graph.py",           # CI runs `make test` itself (.ci/run); one of its checks
     "make test-vllm": "vllm/test_vllm_router.py",        # the vLLM tier `make test-vllm` runs
     "make vllm-env": "vllm/test_vllm_router.py",         # its environment, built by tests/vllm/setup.sh
     "isle run": "e2e/test_serve_run_local.py",           # starts `isle run`, probes every listener, stops it
     "isle status": "isleserve/test_status_cli.py",       # `isle status` against a router's admin API
     "curl": "e2e/test_serve_run_local.py",               # a chat completion against the running product
     "python -c": "e2e/test_serve_run_local.py",          # the openai client against the running product
+    "pip install": "e2e/test_serve_run_local.py",        # the dev venv has openai; the e2e test uses it
     "serve deploy": "e2e/test_serve_deploy.py",          # `serve deploy` on `ray start --head` with a token
     "serve status": "e2e/test_serve_deploy.py",
     "serve shutdown": "e2e/test_serve_deploy.py",
@@ -162,6 +163,7 @@ def test_test_files_the_docs_name_exist() -> None:
     ["curl", "http://example.com/v1/models"],
     ["python", "-c", "import no_such_module_here"],
     ["no-such-program", "--help"],
+    [".venv/bin/pip", "install", "no-such-package"],
 ], ids=" ".join)
 def test_the_parse_check_catches_what_it_should(words: list[str]) -> None:
     assert check_parse_only(words) is not None
