@@ -171,8 +171,18 @@ def check_python_code(code: str) -> str | None:
     return None
 
 
+def missing_repo_paths(words: Sequence[str]) -> list[str]:
+    """Arguments naming a file of the repository (configs/..., tests/...) that is not there."""
+    return [w for w in words if re.fullmatch(r"(configs|tests|docs)/[\w./-]+", w.split("::")[0])
+            and not (ROOT / w.split("::")[0]).exists()]
+
+
 def check_parse_only(words: Sequence[str]) -> str | None:
-    """None when this simple command's program exists and its arguments parse."""
+    """None when this simple command's program exists, the repository files it names are there,
+    and its arguments parse."""
+    missing = missing_repo_paths(words)
+    if missing:
+        return f"no such files in the repository: {missing}"
     program = words[0].removeprefix(".venv/bin/")
     ours = argparse_main(words)
     if ours is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.docs.cliparse import argparse_main, check_parse_only, check_usage, subcommand_words
+from tests.docs.cliparse import argparse_main, check_parse_only, check_usage, missing_repo_paths, subcommand_words
 from tests.docs.mdblocks import OTHER_KINDS, ROOT, SHELL_KINDS, Command, all_blocks, commands, simple_commands
 
 pytestmark = pytest.mark.unit
@@ -105,6 +105,8 @@ def test_usage_line_names_real_flags(command: Command) -> None:
     words = code.split()
     assert argparse_main(words) is not None, f"{command.id}: a synopsis of our own commands only"
     problem = check_usage(words, code)
+    missing = missing_repo_paths(words)
+    assert not missing, f"{command.id}: no such files {missing}"
     assert problem is None, f"{command.id}: {command.text}\n{problem}"
 
 
@@ -164,6 +166,7 @@ def test_test_files_the_docs_name_exist() -> None:
     ["python", "-c", "import no_such_module_here"],
     ["no-such-program", "--help"],
     [".venv/bin/pip", "install", "no-such-package"],
+    ["serve", "deploy", "configs/no-such.yaml"],
 ], ids=" ".join)
 def test_the_parse_check_catches_what_it_should(words: list[str]) -> None:
     assert check_parse_only(words) is not None
