@@ -150,9 +150,13 @@ def render() -> str:
     for kind in FILE_KINDS:
         schema = kind.model.model_json_schema()
         defs: Mapping[str, Schema] = schema.get("$defs", {})
+        name = kind.model.__name__
         out += [f"## {kind.title}", "", f"Files: {kind.files}. {kind.about}", ""]
-        out += model_table(kind.model.__name__, schema)
-        shown.add(kind.model.__name__)
+        if name in shown:
+            out += [f"Its keys are those of [{name}](#{_anchor(name)}) above.", ""]
+            continue
+        out += model_table(name, schema)
+        shown.add(name)
         todo = _refs(schema)
         while todo:
             name = todo.pop(0)
