@@ -127,13 +127,21 @@ def test_links_between_pages_resolve() -> None:
 
     from tests.docs.mdblocks import doc_files
 
+    def slugs(page: Path) -> set[str]:
+        """GitHub's anchors for a page's headings."""
+        heads = re.findall(r"^#+ (.+)$", page.read_text(), flags=re.MULTILINE)
+        return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
     broken = []
     for path in doc_files():
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text()):
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", path.read_text()):
             if "://" in target or target.startswith("mailto:"):
                 continue
-            if not (path.parent / target).exists():
+            page = path.parent / target if target else path
+            if not page.exists():
                 broken.append(f"{path.relative_to(ROOT)} -> {target}")
+            elif anchor and page.suffix == ".md" and anchor not in slugs(page):
+                broken.append(f"{path.relative_to(ROOT)} -> {target}#{anchor}")
     assert not broken, broken
 
 
