@@ -185,3 +185,13 @@ def test_the_usage_check_catches_a_flag_that_is_not_there() -> None:
     assert check_usage(line.split(), line) is not None
     good = "python -m pools cost decode --model M --gpu G --tp T --batch B --context C [--dtype bf16|fp8] --format json"
     assert check_usage(good.split(), good) is None
+
+
+def test_the_readme_links_every_page_and_the_decisions_index_every_decision() -> None:
+    readme = (ROOT / "README.md").read_text()
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert [p.name for p in pages if f"(docs/{p.name})" not in readme] == []
+    index = (ROOT / "docs" / "decisions" / "README.md").read_text()
+    decisions = sorted((ROOT / "docs" / "decisions").glob("*.md"))
+    assert [p.name for p in decisions if p.name != "README.md" and f"({p.name})" not in index] == []
+    assert len(readme.splitlines()) < 250
