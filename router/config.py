@@ -109,7 +109,7 @@ class ReplicaConfig(_Strict):
 
 
 class ProfileConfig(_Strict):
-    """A routing profile by plugin names (README: Routing); every plugin and parameter is checked
+    """A routing profile by plugin names (docs/router.md: Routing); every plugin and parameter is checked
     at load. A plugin with parameters is `{name, weight, parameters}` (llm-d's form)."""
 
     filters: list[str | PluginSpec] = Field(

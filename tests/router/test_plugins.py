@@ -9,7 +9,6 @@ from dataclasses import replace
 from itertools import count
 
 import pytest
-import yaml
 
 from pools.model import DEFAULT_SLO_CLASSES
 from router.admission import Admission
@@ -23,7 +22,6 @@ from router.plugins.profile import Profile
 from router.plugins.registry import FILTER, PICKER, PLUGINS, SCORER
 from router.plugins.spec import PluginSpec
 from router.plugins.timing import PluginTimer
-from tests.conftest import ROOT
 from tests.router.test_decision import cand, req
 from topology import ParseError
 
@@ -145,16 +143,3 @@ def test_timing_every_plugin_changes_no_decision() -> None:
     assert 'isle_router_plugin_duration_seconds_count{kind="profile-handler",plugin="pd-profile-handler"} 1.0' \
         in metrics.render().decode()
 
-
-def test_the_readme_documents_every_plugin_with_an_example_that_loads() -> None:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("- **Routing** (`profiles:`"):text.index("- **Prompt reading**")]
-    block = section[section.index("```yaml") + len("```yaml"):section.index("```", section.index("```yaml") + 7)]
-    parse_router_config({"require_keys": False, **yaml.safe_load(block)})
-    rows = {line.split("|")[1].strip().strip("`"): line.split("|")[4] for line in section.splitlines()
-            if line.strip().startswith("| `")}
-    assert set(rows) == set(PLUGINS)
-    for name, example in rows.items():
-        snippet = yaml.safe_load(example.split("`")[1])
-        assert name in str(snippet)
-        ProfileConfig.model_validate(snippet)
