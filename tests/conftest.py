@@ -1,14 +1,16 @@
 """What every test shares: the repository root, the shared real-machine data (../shared/data, or
-$ISLE_SHARED_DATA) and a skip that says so when it is absent, `python -m topology` as a user runs
-it, and the tier rule: every test carries one of TIERS (registered in pyproject.toml), from its
-file's `pytestmark` as a rule, or collection fails naming the file.
+$ISLE_SHARED_DATA) and a skip that says so when it is absent, and the tier rule: every test
+carries one of TIERS (registered in pyproject.toml), from its file's `pytestmark` as a rule, or
+collection fails naming the file.
+
+Tests mirror the code: tests/<package>/ holds the tests of that package, and its conftest.py that
+package's fakes and builders; helpers several packages use live in tests/support/ (engines and
+routers as processes, the fake Ray cluster, fake NVML, a full disk, `wait_until`).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +88,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if untiered:
         raise pytest.UsageError("tests without a tier: add `pytestmark = pytest.mark.<tier>` (one of "
                                 + ", ".join(sorted(TIERS)) + ") to " + ", ".join(untiered))
-
-
-def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `python -m topology ...` as a user would; never raises on a non-zero exit."""
-    return subprocess.run(
-        [sys.executable, "-m", "topology", *args],
-        cwd=ROOT, capture_output=True, text=True, input=stdin, timeout=120, check=False,
-    )

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +16,13 @@ from typing import Any
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 from control.actors import get_or_create_controller
 from control.benches.schedule import BenchPolicy
-from control.controller import ControllerSpec
-from pools.model import PoolSpec
-from pools.nodelabels import node_labels, node_resources
 from tests.conftest import ROOT
+from tests.control.conftest import controller_spec, mixed_pool
+from tests.support.raycluster import fake_cluster
+from tests.support.wait import wait_until
 from topology import GpuRef, Topology, path, read_source
 from topology.bench.record import load, node_fingerprint
 
@@ -56,26 +53,17 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     spec_path.write_text("name: two\nfabric: {technology: tcp-10}\nnodes:\n" +
                          "".join(f"  - {{name: {n}, capture: {capture}, gpu: l40s}}\n" for n in ("a", "b")))
     topology = read_source(str(spec_path))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                             "node_ip_address": "127.0.0.1"})
-    for node in topology.nodes:
-        cluster.add_node(num_cpus=1, num_gpus=0, node_ip_address="127.0.0.1", labels=node_labels(topology, node),
-                         resources=node_resources(topology, node))
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
-    spec = ControllerSpec(topology_source=str(spec_path), engine="sim", policy="island-aligned", time_scale=0.2,
-                          state_dir=str(work / "state"), counters_interval_s=0,
-                          pools=(PoolSpec(name="mixed", role="mixed", tp=1, replicas=1, model="llama-3.1-8b"),),
-                          bench=BenchPolicy(on_change=True, size_bytes=64 << 10, iters=2, timeout_s=120))
-    controller = get_or_create_controller(spec)
-    try:
-        ray.get(controller.deploy.remote(), timeout=300)
-        yield Deployed(controller=controller, state_dir=work / "state")
-    finally:
-        ray.get(controller.shutdown.remote(), timeout=60)
-        ray.kill(controller, no_restart=True)
-        ray.shutdown()
-        cluster.shutdown()  # type: ignore[no-untyped-call]
+    spec = controller_spec(work / "state", mixed_pool(1, tp=1, slo_classes=()), source=spec_path, time_scale=0.2,
+                           drain_timeout_s=30.0,
+                           bench=BenchPolicy(on_change=True, size_bytes=64 << 10, iters=2, timeout_s=120))
+    with fake_cluster(topology, [n.name for n in topology.nodes], num_gpus=0):
+        controller = get_or_create_controller(spec)
+        try:
+            ray.get(controller.deploy.remote(), timeout=300)
+            yield Deployed(controller=controller, state_dir=work / "state")
+        finally:
+            ray.get(controller.shutdown.remote(), timeout=60)
+            ray.kill(controller, no_restart=True)
 
 
 def test_each_node_and_the_pair_between_them_are_measured_at_deploy(deployed: Deployed) -> None:
@@ -103,11 +91,12 @@ def test_each_node_and_the_pair_between_them_are_measured_at_deploy(deployed: De
 def test_maintenance_on_a_node_measures_that_node_and_its_pair_again(deployed: Deployed) -> None:
     before = len(deployed.events("bench"))
     ray.get(deployed.controller.mark_link.remote("a", 0, 1, reason="test: maintenance"), timeout=120)
-    fresh: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 120
-    while len(fresh) < 2 and time.monotonic() < deadline:  # the health loop benches on its next pass
-        time.sleep(0.5)
+
+    def two_new() -> list[dict[str, Any]]:  # the health loop benches on its next pass
         fresh = deployed.events("bench")[before:]
+        return fresh if len(fresh) >= 2 else []
+
+    fresh = wait_until(two_new, 120, "two new bench records", interval_s=0.5)
     assert sorted(e["subject"] for e in fresh) == ["a", "a+b"]
     assert all(e["reason"].startswith("topology changed") for e in fresh)
     topology = deployed.topology()

@@ -38,6 +38,7 @@ from isleserve.settings import AppArgs, parse_app_args
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 from tests.support.raycluster import fake_cluster
+from tests.support.wait import wait_until
 from topology import read_source
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -183,19 +184,16 @@ def test_a_killed_engine_is_restarted_and_no_request_is_lost(product: Product) -
     results: list[str] = []
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(_ask, client, i) for i in range(40)]
-        while sum(f.done() for f in futures) < 8:
-            time.sleep(0.02)
+        wait_until(lambda: sum(f.done() for f in futures) >= 8, 60, "8 requests answered", interval_s=0.02)
         os.kill(victim["pid"], signal.SIGKILL)
         results = [f.result() for f in futures]  # raises if any request was lost
     assert results.count("ok") + results.count("stream-error") == 40 and results.count("ok") >= 36
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        info = product.replicas()[victim_id]
-        if info["restarts"] == 1 and info["pid"] not in (None, victim["pid"]):
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail(f"{victim_id} was not restarted: {product.replicas()[victim_id]}")
+
+    def restarted() -> dict[str, Any] | None:
+        info: dict[str, Any] = product.replicas()[victim_id]
+        return info if info["restarts"] == 1 and info["pid"] not in (None, victim["pid"]) else None
+
+    info = wait_until(restarted, 15, f"{victim_id} restarted", interval_s=0.5)
     assert info["ray_node_id"] == victim["ray_node_id"] and info["env"] == victim["env"]
     assert any(e["kind"] == "restart" and e["replica_id"] == victim_id for e in product.events())
     assert all(_ask(client, 100 + i) == "ok" for i in range(1, 7))
@@ -220,10 +218,9 @@ def test_a_marked_link_drains_and_replaces_the_replica(product: Product) -> None
     for w in workers:
         w.start()
     try:
-        before, deadline = _metric(old["url"], "vllm:prompt_tokens_total"), time.monotonic() + 15
-        while _metric(old["url"], "vllm:prompt_tokens_total") == before and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _metric(old["url"], "vllm:prompt_tokens_total") != before, "the replica had no traffic to lose"
+        before = _metric(old["url"], "vllm:prompt_tokens_total")
+        wait_until(lambda: _metric(old["url"], "vllm:prompt_tokens_total") != before, 15,
+                   "traffic on the replica (it must have some to lose)", interval_s=0.2)
         marked_at = time.monotonic()
         moves = ray.get(product.controller.mark_link.remote("a", 0, 1, reason="test: NVLink down"))
         assert [(m["replica_id"], m["order"]) for m in moves] == [(victim["replica_id"], "make-before-break")]
@@ -251,9 +248,7 @@ def test_a_marked_link_drains_and_replaces_the_replica(product: Product) -> None
                 if e["kind"] == "drain" or e.get("replica_id") == victim["replica_id"]]
 
     assert steps().index(("drain", None)) < steps().index(("replica_started", 1))  # drained, then replaced ...
-    deadline = time.monotonic() + 30
-    while ("stopped", 0) not in steps() and time.monotonic() < deadline:  # ... and the old one stops when idle
-        time.sleep(0.5)
+    wait_until(lambda: ("stopped", 0) in steps(), 30, "the old replica stopped", interval_s=0.5)  # ... when idle
     assert steps().index(("replica_started", 1)) < steps().index(("stopped", 0)) and not _alive(old["pid"])
     fingerprints = {e["fingerprint"] for e in product.events() if e["kind"] in ("topology", "plan")}
     assert len(fingerprints) == 2  # before and after the mark
@@ -274,17 +269,9 @@ def test_a_restarted_controller_reattaches_to_its_replicas(product: Product) -> 
     names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
     version = ray.get(product.controller.table.remote()).version
     ray.kill(product.controller, no_restart=False)  # the actor process dies; Ray starts it again
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            table = ray.get(product.controller.table.remote(), timeout=10)
-            if table.version > version:
-                break
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            pass
-        time.sleep(0.5)
-    else:
-        pytest.fail("the controller did not come back")
+    wait_until(lambda: ray.get(product.controller.table.remote(), timeout=10).version > version, 60,
+               "the controller back with a newer table", interval_s=0.5,
+               ignore=(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
     assert {rid: (r["actor_pid"], r["pid"], r["url"]) for rid, r in product.replicas().items()} == before
     assert sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)) == names  # no duplicates
     assert any(e["kind"] == "resumed" and sorted(e["reattached"]) == sorted(before) for e in product.events())

@@ -3,77 +3,30 @@ drain and re-place on a marked link, resume from the saved state."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from control.backend import Discovery, LocalBackend, Replica
-from control.controller import ControllerCore, ControllerSpec
-from control.nodecheck import RayNode
+from control.backend import LocalBackend
+from control.controller import ControllerCore
 from control.replicas.sim import ReplicaProcess
-from control.spec import EngineLaunch
-from pools.model import PoolSpec
 from tests.conftest import ROOT
+from tests.control.conftest import FakeBackend, controller_spec, engine_backend, events, health_status, mixed_pool
 
 pytestmark = pytest.mark.integration
-PAIRS = str(ROOT / "tests/data/pairs-cluster.yaml")
 
 
-class KeepingBackend(LocalBackend):
-    """Engines outlive a controller object (as detached replica actors outlive a controller
-    actor): `attach` finds them by their actor name."""
-
-    def __init__(self) -> None:
-        self.by_name: dict[str, ReplicaProcess] = {}
-
-    def session(self) -> str:
-        return "test-session"
-
-    def create(self, launch: EngineLaunch) -> Replica:
-        self.by_name[launch.actor_name] = ReplicaProcess(launch)
-        return self.by_name[launch.actor_name]
-
-    def attach(self, launch: EngineLaunch) -> Replica | None:
-        return self.by_name.get(launch.actor_name)
-
-
-def _spec(tmp_path: Path, source: str = PAIRS, replicas: int = 2) -> ControllerSpec:
-    return ControllerSpec(topology_source=source, engine="sim", policy="island-aligned", time_scale=0.05,
-                          state_dir=str(tmp_path), counters_interval_s=0, drain_timeout_s=5,
-                          pools=(PoolSpec(name="mixed", role="mixed", tp=2, replicas=replicas, model="llama-3.1-8b",
-                                          slo_classes=("interactive", "standard", "batch")),))
-
-
-def _events(tmp_path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-
-
-def _health(url: str) -> int:
-    with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
-        return int(resp.status)
-
-
-@pytest.fixture
-def backend() -> Iterator[KeepingBackend]:
-    b = KeepingBackend()
-    yield b
-    for r in b.by_name.values():
-        r.stop()
-    assert all(r.proc is None or r.proc.poll() is not None for r in b.by_name.values())
+Engines = FakeBackend[ReplicaProcess]
 
 
 def test_deploy_publish_and_restart_a_dead_engine(tmp_path: Path) -> None:
-    core = ControllerCore(_spec(tmp_path, str(ROOT / "configs/clusters/local-sim.yaml")), LocalBackend())
+    core = ControllerCore(controller_spec(tmp_path, source=ROOT / "configs/clusters/local-sim.yaml"), LocalBackend())
     try:
         table = core.deploy()
         assert table.version == 1 and {r.replica_id for r in table.replicas} == {"mixed-0", "mixed-1"}
         for r in table.replicas:
-            assert r.gpu_model == "h100-sxm" and r.tier == "nvlink" and len(r.gpus) == 2 and _health(r.url) == 200
+            assert r.gpu_model == "h100-sxm" and r.tier == "nvlink" and len(r.gpus) == 2 and health_status(r.url) == 200
         victim = core.running["mixed-0"].replica
         assert isinstance(victim, ReplicaProcess) and victim.proc is not None
         victim.proc.kill()
@@ -81,12 +34,12 @@ def test_deploy_publish_and_restart_a_dead_engine(tmp_path: Path) -> None:
         assert core.check().version == 1 and core.status()["starting"] == {"mixed-0": "restart"}  # submitted ...
         table = core.settle(timeout_s=30)  # ... and installed once up
         assert table.version == 2 and victim.restarts == 1 and core.status()["starting"] == {}
-        assert _health(next(r.url for r in table.replicas if r.replica_id == "mixed-0")) == 200
+        assert health_status(next(r.url for r in table.replicas if r.replica_id == "mixed-0")) == 200
         # started on a worker thread, the engine outlives its start (it dies with the thread that
         # started it, PR_SET_PDEATHSIG): the worker waits for the next start instead of ending
         with pytest.raises(subprocess.TimeoutExpired):
             victim.proc.wait(1.0)
-        kinds = [e["kind"] for e in _events(tmp_path)]
+        kinds = [e["kind"] for e in events(tmp_path)]
         assert kinds[:2] == ["topology", "plan"] and "restart" in kinds
     finally:
         procs = [r.replica.proc for r in core.running.values() if isinstance(r.replica, ReplicaProcess)]
@@ -94,8 +47,8 @@ def test_deploy_publish_and_restart_a_dead_engine(tmp_path: Path) -> None:
     assert all(p is not None and p.poll() is not None for p in procs)  # every engine stopped
 
 
-def test_marked_link_drains_then_replaces_before_stopping(tmp_path: Path, backend: KeepingBackend) -> None:
-    core = ControllerCore(_spec(tmp_path), backend)
+def test_marked_link_drains_then_replaces_before_stopping(tmp_path: Path, engines: Engines) -> None:
+    core = ControllerCore(controller_spec(tmp_path), engines)
     core.deploy()
     victim = next(rid for rid, r in core.running.items() if (r.placement.node, r.placement.gpus) == ("a", (0, 1)))
     old = core.running[victim]
@@ -104,62 +57,46 @@ def test_marked_link_drains_then_replaces_before_stopping(tmp_path: Path, backen
     assert core.running[victim] is old and old.draining  # drained at once, replaced once the new one is up
     core.settle(timeout_s=30)
     new = core.running[victim]
-    assert new.url != old.url and not new.draining and _health(new.url) == 200
+    assert new.url != old.url and not new.draining and health_status(new.url) == 200
     assert core.topology is not None and core.table.topology_fingerprint == core.topology.fingerprint()
-    assert _health(old.url) == 200  # the old one still finishes what it has ...
+    assert health_status(old.url) == 200  # the old one still finishes what it has ...
     core.check()  # ... and stops once idle
     assert isinstance(old.replica, ReplicaProcess) and old.replica.proc is not None
     assert old.replica.proc.poll() is not None and not core.retiring
-    events = _events(tmp_path)
-    drained = next(i for i, e in enumerate(events) if e["kind"] == "drain")
-    table_after_drain = events[drained + 1]
+    found = events(tmp_path)
+    drained = next(i for i, e in enumerate(found) if e["kind"] == "drain")
+    table_after_drain = found[drained + 1]
     assert table_after_drain["kind"] == "routing_table" and table_after_drain["draining"] == [victim]
-    started = next(i for i, e in enumerate(events) if e["kind"] == "replica_started" and e["generation"] == 1)
-    stopped = next(i for i, e in enumerate(events) if e["kind"] == "stopped")
+    started = next(i for i, e in enumerate(found) if e["kind"] == "replica_started" and e["generation"] == 1)
+    stopped = next(i for i, e in enumerate(found) if e["kind"] == "stopped")
     assert drained < started < stopped  # make before break
-    assert all(e["fingerprint"] for e in events) and len({e["fingerprint"] for e in events}) == 2
+    assert all(e["fingerprint"] for e in found) and len({e["fingerprint"] for e in found}) == 2
     with pytest.raises(ValueError, match="no link GPU0-GPU9"):
         core.mark_link("a", 0, 9)
 
 
-def test_a_new_controller_resumes_instead_of_starting_duplicates(tmp_path: Path, backend: KeepingBackend) -> None:
-    first = ControllerCore(_spec(tmp_path), backend)
+def test_a_new_controller_resumes_instead_of_starting_duplicates(tmp_path: Path, engines: Engines) -> None:
+    first = ControllerCore(controller_spec(tmp_path), engines)
     first.deploy()
     first.mark_link("a", 0, 1)
     first.settle(timeout_s=30)
     first.check()
     before = {rid: (r.url, r.placement) for rid, r in first.running.items()}
     version = first.table.version
-    second = ControllerCore(_spec(tmp_path), backend)  # the actor restarted: same spec, same state_dir
+    second = ControllerCore(controller_spec(tmp_path), engines)  # the actor restarted: same spec, same state_dir
     table = second.deploy()
     assert {rid: (r.url, r.placement) for rid, r in second.running.items()} == before
-    assert table.version == version + 1 and len(backend.by_name) == 3  # two replicas, one replaced: no new one
+    assert table.version == version + 1 and len(engines.by_name) == 3  # two replicas, one replaced: no new one
     assert second.marks == first.marks and second.topology is not None and first.topology is not None
     assert second.topology.fingerprint() == first.topology.fingerprint()
-    assert _events(tmp_path)[-2]["kind"] == "resumed"
-    other = ControllerCore(_spec(tmp_path, replicas=1), backend)  # other settings: a fresh deployment
+    assert events(tmp_path)[-2]["kind"] == "resumed"
+    other = ControllerCore(controller_spec(tmp_path, mixed_pool(1)), engines)  # other settings: a fresh deployment
     assert not other._resume()
 
 
-class TwoNodeBackend(KeepingBackend):
-    """Nodes a and b bound to two (listed, not running) Ray nodes; the test takes one away."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.alive = {"a": True, "b": True}
-
-    def discover(self, source: str) -> Discovery:
-        found = super().discover(source)
-        bound = {n: RayNode(node_id=f"ray-{n}") for n, up in self.alive.items() if up}
-        return Discovery(topology=found.topology, bindings=bound, simulated=True)
-
-    def nodes(self) -> list[RayNode] | None:
-        return [RayNode(node_id=f"ray-{n}", alive=up) for n, up in self.alive.items()]
-
-
 def test_a_lost_node_moves_its_replicas(tmp_path: Path) -> None:
-    backend = TwoNodeBackend()
-    core = ControllerCore(_spec(tmp_path), backend)
+    backend = engine_backend(nodes=("a", "b"))  # bound to two (listed, not running) Ray nodes
+    core = ControllerCore(controller_spec(tmp_path), backend)
     try:
         core.deploy()
         assert {r.placement.node for r in core.running.values()} == {"a"}
@@ -169,14 +106,13 @@ def test_a_lost_node_moves_its_replicas(tmp_path: Path) -> None:
         core.check()
         table = core.settle(timeout_s=30)
         assert {r.node for r in table.replicas} == {"b"} and all(r.healthy and not r.draining for r in table.replicas)
-        assert all(_health(r.url) == 200 for r in table.replicas)
-        topo = next(e for e in _events(tmp_path) if e["kind"] == "topology" and e["reason"] != "deploy")
+        assert all(health_status(r.url) == 200 for r in table.replicas)
+        topo = next(e for e in events(tmp_path) if e["kind"] == "topology" and e["reason"] != "deploy")
         assert topo["reason"] == "Ray node gone: a" and topo["lost_nodes"] == ["a"]
         assert core.status()["lost_nodes"] == ["a"]
     finally:
         core.shutdown()
-        for r in backend.by_name.values():
-            r.stop()
+        backend.stop_all()
 
 
 def test_a_node_lost_while_a_discovery_ran_is_still_lost(tmp_path: Path) -> None:
@@ -184,8 +120,8 @@ def test_a_node_lost_while_a_discovery_ran_is_still_lost(tmp_path: Path) -> None
     the nodes: the discovery no longer binds it, but the node is lost all the same (found by the
     chaos run: a restart in flight let a counters pass come first, and the lost node stayed in
     the table)."""
-    backend = TwoNodeBackend()
-    core = ControllerCore(_spec(tmp_path), backend)
+    backend = engine_backend(nodes=("a", "b"))  # bound to two (listed, not running) Ray nodes
+    core = ControllerCore(controller_spec(tmp_path), backend)
     try:
         core.deploy()
         backend.alive["a"] = False
@@ -196,19 +132,7 @@ def test_a_node_lost_while_a_discovery_ran_is_still_lost(tmp_path: Path) -> None
         assert core.status()["lost_nodes"] == ["a"] and {r.node for r in table.replicas} == {"b"}
     finally:
         core.shutdown()
-        for r in backend.by_name.values():
-            r.stop()
-
-
-class CountersBackend(KeepingBackend):
-    """Discovery reads a spec whose link counters the test changes (as NVML's would)."""
-
-    def __init__(self, spec: Path) -> None:
-        super().__init__()
-        self.spec = spec
-
-    def discover(self, source: str) -> Discovery:
-        return super().discover(str(self.spec))
+        backend.stop_all()
 
 
 def _pairs_spec(path: Path, degraded: str) -> None:
@@ -221,8 +145,8 @@ def _pairs_spec(path: Path, degraded: str) -> None:
 def test_link_counters_lower_a_score_then_move_a_replica(tmp_path: Path) -> None:
     spec = tmp_path / "cluster.yaml"
     _pairs_spec(spec, "")
-    backend, now = CountersBackend(spec), [0.0]
-    core = ControllerCore(replace(_spec(tmp_path), counters_interval_s=30), backend, clock=lambda: now[0])
+    backend, now = engine_backend(source=spec), [0.0]  # discovery reads link counters the test changes
+    core = ControllerCore(controller_spec(tmp_path, counters_interval_s=30), backend, clock=lambda: now[0])
     try:
         core.deploy()
         victim = next(rid for rid, r in core.running.items() if (r.placement.node, r.placement.gpus) == ("a", (0, 1)))
@@ -239,8 +163,7 @@ def test_link_counters_lower_a_score_then_move_a_replica(tmp_path: Path) -> None
         core.check()
         core.settle(timeout_s=30)
         assert core.running[victim].placement.node == "b"  # re-placed off the bad link
-        assert any(e["kind"] == "topology" and e["reason"] == "link counters changed" for e in _events(tmp_path))
+        assert any(e["kind"] == "topology" and e["reason"] == "link counters changed" for e in events(tmp_path))
     finally:
         core.shutdown()
-        for r in backend.by_name.values():
-            r.stop()
+        backend.stop_all()

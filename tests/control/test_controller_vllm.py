@@ -6,30 +6,27 @@ vLLM's served model, and a restarted controller reattaches on the same ports."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from control.backend import LocalBackend, Replica
-from control.controller import ControllerCore, ControllerSpec
-from control.spec import EngineLaunch
+from control.controller import ControllerCore
+from control.spec import ControllerSpec, EngineLaunch
 from pools.model import PoolSpec
 from pools.ports import PortInUse, PortPlan, PortRange
 from pools.vllmconfig import VllmSettings
-from tests.conftest import ROOT
+from tests.control.conftest import FakeBackend, controller_spec
 
 pytestmark = pytest.mark.unit
-PAIRS = str(ROOT / "tests/data/pairs-cluster.yaml")
 
 
 class FakeServer:
     """Holds its ports on its node while it runs, as a vLLM server would."""
 
-    def __init__(self, launch: EngineLaunch, backend: FakeVllmBackend) -> None:
-        self.launch, self.backend, self.running = launch, backend, False
+    def __init__(self, launch: EngineLaunch, hosts: FakeHosts) -> None:
+        self.launch, self.hosts, self.running = launch, hosts, False
 
     @property
     def ports(self) -> tuple[int, ...]:
@@ -37,9 +34,9 @@ class FakeServer:
         return self.launch.vllm.ports.all()
 
     def start(self) -> str:
-        held = self.backend.held(self.launch.node)
+        held = self.hosts.held(self.launch.node)
         for port in self.ports:
-            if port in held or (self.launch.node, port) in self.backend.foreign:
+            if port in held or (self.launch.node, port) in self.hosts.foreign:
                 raise PortInUse(self.launch.node, port)
         self.running = True
         assert self.launch.vllm is not None
@@ -66,28 +63,24 @@ class FakeServer:
         return {}
 
 
-class FakeVllmBackend(LocalBackend):
+class FakeHosts:
+    """Makes the fake vLLM servers, and knows which ports they hold on each node."""
+
     def __init__(self) -> None:
         self.servers: dict[str, FakeServer] = {}
-        self.created: list[EngineLaunch] = []
         self.foreign: set[tuple[str, int]] = set()
         """(node, port) held by processes the controller does not know."""
-
-    def session(self) -> str:
-        return "test-session"
 
     def held(self, node: str) -> set[int]:
         return {p for s in self.servers.values() if s.running and s.launch.node == node for p in s.ports}
 
-    def create(self, launch: EngineLaunch) -> Replica:
+    def __call__(self, launch: EngineLaunch) -> FakeServer:
         assert launch.vllm is not None, "engine vllm: every replica is a vLLM server"
-        self.created.append(launch)
         self.servers[launch.actor_name] = FakeServer(launch, self)
         return self.servers[launch.actor_name]
 
-    def attach(self, launch: EngineLaunch) -> Replica | None:
-        found = self.servers.get(launch.actor_name)
-        return found if found is not None and found.running else None
+
+Vllm = FakeBackend[FakeServer]
 
 
 SETTINGS = VllmSettings(model="/models/tiny", served_model_name="tiny", python="/v/bin/python")
@@ -97,16 +90,21 @@ POOLS = (PoolSpec(name="prefill", role="prefill", tp=1, replicas=2, model="llama
 
 
 def _spec(tmp_path: Path) -> ControllerSpec:
-    return ControllerSpec(topology_source=PAIRS, engine="vllm", policy="island-aligned", pools=POOLS,
-                          state_dir=str(tmp_path), counters_interval_s=0,
+    return controller_spec(tmp_path, *POOLS, engine="vllm", time_scale=1.0, drain_timeout_s=30.0,
                           vllm={p.name: replace(SETTINGS, served_model_name=f"tiny-{p.role}") for p in POOLS},
                           ports=PortPlan(http=PortRange(first=8100, last=8109),
                                          side_channel=PortRange(first=5600, last=5609)))
 
 
 @pytest.fixture
-def backend() -> Iterator[FakeVllmBackend]:
-    yield FakeVllmBackend()
+def hosts() -> FakeHosts:
+    return FakeHosts()
+
+
+@pytest.fixture
+def backend(hosts: FakeHosts) -> Vllm:
+    """`attach` finds a server only while it runs."""
+    return FakeBackend(hosts, attachable=lambda server: server.running)
 
 
 def _no_shared_ports(core: ControllerCore) -> None:
@@ -118,7 +116,7 @@ def _no_shared_ports(core: ControllerCore) -> None:
         assert len(ports) == len(set(ports)), f"node {node} hands out a port twice: {sorted(ports)}"
 
 
-def test_every_vllm_replica_gets_its_settings_and_its_own_ports(tmp_path: Path, backend: FakeVllmBackend) -> None:
+def test_every_vllm_replica_gets_its_settings_and_its_own_ports(tmp_path: Path, backend: Vllm) -> None:
     core = ControllerCore(_spec(tmp_path), backend)
     table = core.deploy()
     assert len(table.replicas) == 5 and {r.model for r in table.replicas} == {"tiny-prefill", "tiny-decode",
@@ -137,18 +135,18 @@ def test_every_vllm_replica_gets_its_settings_and_its_own_ports(tmp_path: Path, 
         set(core.running)
 
 
-def test_a_port_another_process_holds_is_skipped(tmp_path: Path, backend: FakeVllmBackend) -> None:
-    backend.foreign = {(node, 8100) for node in ("a", "b")} | {("a", 5600)}
+def test_a_port_another_process_holds_is_skipped(tmp_path: Path, hosts: FakeHosts, backend: Vllm) -> None:
+    hosts.foreign = {(node, 8100) for node in ("a", "b")} | {("a", 5600)}
     core = ControllerCore(_spec(tmp_path), backend)
     core.deploy()
     _no_shared_ports(core)
     held = {(r.launch.node, p) for r in core.running.values() if r.launch.vllm for p in r.launch.vllm.ports.all()}
-    assert not held & backend.foreign and len(backend.created) > len(core.running)
+    assert not held & hosts.foreign and len(backend.created) > len(core.running)
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert {(e["node"], e["port"]) for e in events if e["kind"] == "port_in_use"} <= backend.foreign
+    assert {(e["node"], e["port"]) for e in events if e["kind"] == "port_in_use"} <= hosts.foreign
 
 
-def test_a_restarted_controller_reattaches_on_the_same_ports(tmp_path: Path, backend: FakeVllmBackend) -> None:
+def test_a_restarted_controller_reattaches_on_the_same_ports(tmp_path: Path, backend: Vllm) -> None:
     first = ControllerCore(_spec(tmp_path), backend)
     first.deploy()
     before = {rid: (r.url, r.launch.vllm.ports if r.launch.vllm else None) for rid, r in first.running.items()}
@@ -161,7 +159,7 @@ def test_a_restarted_controller_reattaches_on_the_same_ports(tmp_path: Path, bac
 
 
 def test_a_moved_replica_never_takes_ports_its_predecessor_still_holds(tmp_path: Path,
-                                                                       backend: FakeVllmBackend) -> None:
+                                                                       backend: Vllm) -> None:
     core = ControllerCore(_spec(tmp_path), backend)
     core.deploy()
     victim = next(r for r in core.running.values() if r.placement.role == "mixed")
@@ -174,7 +172,7 @@ def test_a_moved_replica_never_takes_ports_its_predecessor_still_holds(tmp_path:
     assert moved.launch.vllm is not None and moved.launch.vllm.settings == victim.launch.vllm.settings  # type: ignore[union-attr]
 
 
-def test_a_vllm_controller_refuses_pools_without_settings(tmp_path: Path, backend: FakeVllmBackend) -> None:
+def test_a_vllm_controller_refuses_pools_without_settings(tmp_path: Path, backend: Vllm) -> None:
     spec = replace(_spec(tmp_path), vllm={"prefill": SETTINGS})
     with pytest.raises(ValueError, match=r"no vLLM settings for pools \['decode', 'mixed'\]"):
         ControllerCore(spec, backend)

@@ -8,59 +8,25 @@ never written through."""
 from __future__ import annotations
 
 import json
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from control.backend import LocalBackend, Replica
-from control.controller import ControllerCore, ControllerSpec
+from control.controller import ControllerCore
 from control.replicas.sim import ReplicaProcess
-from control.spec import EngineLaunch
-from pools.model import PoolSpec
+from control.spec import ControllerSpec
 from router.routes import health_body
-from tests.conftest import ROOT
+from tests.control.conftest import FakeBackend, controller_spec, health_status, mixed_pool
 from tests.support.diskfakes import FullDisk
 
 pytestmark = pytest.mark.integration
-PAIRS = str(ROOT / "tests/data/pairs-cluster.yaml")
 
 
-class KeepingBackend(LocalBackend):
-    """Engines outlive a controller object, as detached replica actors outlive a controller actor."""
-
-    def __init__(self) -> None:
-        self.by_name: dict[str, ReplicaProcess] = {}
-
-    def session(self) -> str:
-        return "test-session"
-
-    def create(self, launch: EngineLaunch) -> Replica:
-        self.by_name[launch.actor_name] = ReplicaProcess(launch)
-        return self.by_name[launch.actor_name]
-
-    def attach(self, launch: EngineLaunch) -> Replica | None:
-        return self.by_name.get(launch.actor_name)
-
-
-@pytest.fixture
-def backend() -> Iterator[KeepingBackend]:
-    b = KeepingBackend()
-    yield b
-    for r in b.by_name.values():
-        r.stop()
+Engines = FakeBackend[ReplicaProcess]
 
 
 def _spec(state_dir: Path) -> ControllerSpec:
-    return ControllerSpec(topology_source=PAIRS, engine="sim", policy="island-aligned", time_scale=0.05,
-                          state_dir=str(state_dir), counters_interval_s=0, drain_timeout_s=5,
-                          pools=(PoolSpec(name="mixed", role="mixed", tp=2, replicas=2, model="llama-3.1-8b"),))
-
-
-def _health(url: str) -> int:
-    with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
-        return int(resp.status)
+    return controller_spec(state_dir, mixed_pool(slo_classes=()))
 
 
 def _kill_and_restart(core: ControllerCore, rid: str) -> str:
@@ -74,7 +40,7 @@ def _kill_and_restart(core: ControllerCore, rid: str) -> str:
     assert core.status()["starting"] == {rid: "restart"}
     table = core.settle(timeout_s=30)
     url = next(r.url for r in table.replicas if r.replica_id == rid)
-    assert url != old and _health(url) == 200
+    assert url != old and health_status(url) == 200
     return url
 
 
@@ -90,10 +56,10 @@ def _router_health(core: ControllerCore) -> dict[str, object]:
     return doc
 
 
-def test_disk_full_then_freed_leaves_a_working_controller(tmp_path: Path, backend: KeepingBackend) -> None:
+def test_disk_full_then_freed_leaves_a_working_controller(tmp_path: Path, engines: Engines) -> None:
     state_dir = tmp_path / "state"
     disk = FullDisk(state_dir)
-    first = ControllerCore(_spec(state_dir), backend, files=disk)
+    first = ControllerCore(_spec(state_dir), engines, files=disk)
     first.deploy()
     assert first.status()["health"]["status"] == "ok" and _router_health(first) == {"status": "ok", "replicas": 2}
     good = _saved_version(state_dir)
@@ -111,13 +77,13 @@ def test_disk_full_then_freed_leaves_a_working_controller(tmp_path: Path, backen
     # the controller crashes; its restart finds the disk still full: it resumes from the last good
     # state (the replicas are found again by name), serves, and restarts engines
     last = first.table
-    second = ControllerCore(_spec(state_dir), backend, files=disk)
+    second = ControllerCore(_spec(state_dir), engines, files=disk)
     second.deploy()
     assert second.table.version <= last.version and second.table.supersedes(last)  # routers take it anyway
     assert set(second.running) == {"mixed-0", "mixed-1"}
     assert second.status()["health"]["status"] == "degraded"
     second.settle(timeout_s=30)  # mixed-0 restarted after the last good save: reattached by name or started
-    assert all(_health(r.url) == 200 for r in second.table.replicas)
+    assert all(health_status(r.url) == 200 for r in second.table.replicas)
     _kill_and_restart(second, "mixed-1")
     assert second.keeper.retry_due and _saved_version(state_dir) == good
 
@@ -133,14 +99,14 @@ def test_disk_full_then_freed_leaves_a_working_controller(tmp_path: Path, backen
     second.shutdown()
 
 
-def test_links_planted_in_the_state_dir_are_not_written_through(tmp_path: Path, backend: KeepingBackend) -> None:
+def test_links_planted_in_the_state_dir_are_not_written_through(tmp_path: Path, engines: Engines) -> None:
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     (state_dir / "state.json.tmp").symlink_to(victim)
     (state_dir / "events.jsonl").symlink_to(victim)
-    core = ControllerCore(_spec(state_dir), backend)
+    core = ControllerCore(_spec(state_dir), engines)
     try:
         core.deploy()
         assert victim.read_text() == "precious\n"

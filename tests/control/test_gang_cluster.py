@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,12 +19,13 @@ import pytest
 import ray
 
 from control.actors import get_or_create_controller
-from control.spec import ControllerSpec
 from pools.model import PoolSpec
 from pools.routing import RoutingTable
 from tests.conftest import ROOT
+from tests.control.conftest import ALL_CLASSES, controller_spec
 from tests.control.test_controller_cluster import _alive
 from tests.support.raycluster import fake_cluster
+from tests.support.wait import wait_until
 from topology import read_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.slow]
@@ -67,10 +67,9 @@ def _topology(directory: Path) -> str:
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gang]:
     directory = tmp_path_factory.mktemp("gang")
     source = _topology(directory)
-    spec = ControllerSpec(topology_source=source, engine="sim", policy="island-aligned", time_scale=0.05,
-                          state_dir=str(directory / "state"), counters_interval_s=0, drain_timeout_s=5,
-                          pools=(PoolSpec(name="moe", role="mixed", tp=1, dp=4, replicas=1, model=MODEL,
-                                          expert_parallel=True, slo_classes=("interactive", "standard", "batch")),))
+    spec = controller_spec(directory / "state", PoolSpec(name="moe", role="mixed", tp=1, dp=4, replicas=1, model=MODEL,
+                                                         expert_parallel=True, slo_classes=ALL_CLASSES),
+                           source=source)
     engines: list[int] = []
     with fake_cluster(read_source(source), ("a", "b"), num_gpus=2):
         controller = get_or_create_controller(spec)
@@ -104,14 +103,13 @@ def test_each_rank_is_an_endpoint_and_a_dead_rank_restarts_the_whole_gang(deploy
     assert [before[rid]["actor"] for rid in RANKS] == [f"isleserve-{rid}-g0" for rid in RANKS]
     assert {before[rid]["ray_node_labels"]["isle.io/node"] for rid in RANKS} == {"a", "b"}
     os.kill(before["moe-0-dp2"]["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 45
-    while time.monotonic() < deadline:
+    old_urls = {before[rid]["url"] for rid in RANKS}
+
+    def restarted() -> RoutingTable | None:
         table = deployed.table()
-        if all(r.url not in {before[rid]["url"] for rid in RANKS} for r in table.replicas):
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail(f"the gang was not restarted: {deployed.table()}")
+        return table if all(r.url not in old_urls for r in table.replicas) else None
+
+    table = wait_until(restarted, 45, "the gang restarted (every rank a new URL)", interval_s=0.5)
     after = deployed.ranks()
     assert [after[rid]["actor"] for rid in RANKS] == [f"isleserve-{rid}-g1" for rid in RANKS]  # all of them
     assert not [rid for rid in RANKS if _alive(before[rid]["pid"])]  # the living ranks were stopped too

@@ -13,18 +13,17 @@ from typing import Any
 
 import pytest
 
-from control.backend import Replica
-from control.controller import ControllerCore, ControllerSpec
+from control.controller import ControllerCore
 from control.launch import gang
 from control.launch.build import build_launch
-from control.spec import EngineLaunch
+from control.spec import ControllerSpec
 from control.state import saved as state
 from pools.ganglinks import gang_cost
 from pools.model import PlacementPlan, PlacementRequest, PoolSpec
 from pools.placement import get_policy
 from pools.vllmconfig import VllmSettings
 from simengine import cli as run
-from tests.control.test_starts import PAIRS, FakeReplica, HeldBackend
+from tests.control.conftest import PAIRS, FakeBackend, FakeReplica, HeldStarts, controller_spec, events
 from topology import read_source
 
 pytestmark = pytest.mark.unit
@@ -32,27 +31,8 @@ MOE = PoolSpec(name="moe", role="mixed", tp=1, dp=4, replicas=1, model="qwen3-30
                slo_classes=("interactive", "standard", "batch"))
 
 
-class NoStart(FakeReplica):
-    def start(self) -> str:
-        raise RuntimeError("engine did not start")
-
-
-class GangBackend(HeldBackend):
-    """Fake replicas; those named in `fail` do not start; `attach` finds what was created."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fail: set[str] = set()
-
-    def create(self, launch: EngineLaunch) -> Replica:
-        if launch.actor_name not in self.fail:
-            return super().create(launch)
-        self.created[launch.actor_name] = NoStart(launch, None, False)
-        return self.created[launch.actor_name]
-
-    def attach(self, launch: EngineLaunch) -> Replica | None:
-        found = self.created.get(launch.actor_name)
-        return found if found is not None and found.alive else None
+Gang = FakeBackend[FakeReplica]
+Deployed = tuple[ControllerCore, Gang, HeldStarts]
 
 
 def _plan() -> tuple[PlacementPlan, Any]:
@@ -61,13 +41,7 @@ def _plan() -> tuple[PlacementPlan, Any]:
 
 
 def _spec(tmp_path: Path) -> ControllerSpec:
-    return ControllerSpec(topology_source=PAIRS, engine="sim", policy="island-aligned", state_dir=str(tmp_path),
-                          counters_interval_s=0, drain_timeout_s=5, pools=(MOE,))
-
-
-def _events(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
-    found = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    return [e for e in found if e["kind"] == kind]
+    return controller_spec(tmp_path, MOE, time_scale=1.0)
 
 
 def _ranks(core: ControllerCore) -> gang.GangReplica:
@@ -77,12 +51,14 @@ def _ranks(core: ControllerCore) -> gang.GangReplica:
 
 
 @pytest.fixture
-def deployed(tmp_path: Path) -> Iterator[tuple[ControllerCore, GangBackend]]:
-    backend = GangBackend()
+def deployed(tmp_path: Path) -> Iterator[Deployed]:
+    """Fake replicas (those named in `starts.fail` do not start); `attach` finds a running one."""
+    starts = HeldStarts()
+    backend = FakeBackend(starts, nodes=("a", "b"), attachable=lambda r: r.alive)
     core = ControllerCore(_spec(tmp_path), backend)
     core.deploy()
     try:
-        yield core, backend
+        yield core, backend, starts
     finally:
         core.shutdown()
 
@@ -134,8 +110,8 @@ def test_the_saved_state_keeps_a_gangs_members(tmp_path: Path) -> None:
 
 
 def test_every_rank_is_published_and_a_rank_down_restarts_the_whole_gang(
-        deployed: tuple[ControllerCore, GangBackend], tmp_path: Path) -> None:
-    core, _ = deployed
+        deployed: Deployed, tmp_path: Path) -> None:
+    core, _, _ = deployed
     table = core.table
     assert [(r.replica_id, r.gang, r.dp_rank) for r in table.replicas] == [
         (f"moe-0-dp{k}", "moe-0", k) for k in range(4)]
@@ -147,32 +123,32 @@ def test_every_rank_is_published_and_a_rank_down_restarts_the_whole_gang(
     table = core.settle(timeout_s=10)
     assert [r.url for r in table.replicas] == [f"http://fake/isleserve-moe-0-dp{k}-g1" for k in range(4)]
     assert all(isinstance(r, FakeReplica) and r.stopped.is_set() for r in old)  # the living ranks too
-    restart = _events(tmp_path, "restart")[-1]
+    restart = events(tmp_path, "restart")[-1]
     assert restart["result"] == "the whole gang, new generation" and "rank moe-0-dp2 is down" in restart["error"]
 
 
 def test_a_rank_that_fails_to_start_stops_the_gang_and_says_why(
-        deployed: tuple[ControllerCore, GangBackend], tmp_path: Path) -> None:
-    core, backend = deployed
-    backend.fail.add("isleserve-moe-0-dp1-g1")
+        deployed: Deployed, tmp_path: Path) -> None:
+    core, backend, starts = deployed
+    starts.fail.add("isleserve-moe-0-dp1-g1")
     first = _ranks(core).members[0]
     assert isinstance(first, FakeReplica)
     first.alive = False
     core.check()
     core.settle(timeout_s=10)
-    failed = _events(tmp_path, "gang_failed")
+    failed = events(tmp_path, "gang_failed")
     assert failed == [{**failed[0], "replica_id": "moe-0", "rank": "moe-0-dp1", "reason": "engine did not start",
                        "stopped": ["moe-0-dp0"], "start": "restart", "generation": 1}]
-    assert backend.created["isleserve-moe-0-dp0-g1"].stopped.is_set()
-    assert "isleserve-moe-0-dp2-g1" not in backend.created  # the ranks after it never started
-    backend.fail.clear()
+    assert backend.by_name["isleserve-moe-0-dp0-g1"].stopped.is_set()
+    assert "isleserve-moe-0-dp2-g1" not in backend.by_name  # the ranks after it never started
+    starts.fail.clear()
     core.check()  # tried again, whole
     assert [r.url for r in core.settle(timeout_s=10).replicas] == [
         f"http://fake/isleserve-moe-0-dp{k}-g2" for k in range(4)]
 
 
-def test_a_lost_node_re_places_the_gang_as_a_unit(deployed: tuple[ControllerCore, GangBackend]) -> None:
-    core, backend = deployed
+def test_a_lost_node_re_places_the_gang_as_a_unit(deployed: Deployed) -> None:
+    core, backend, _ = deployed
     assert {m.node for m in core.running["moe-0"].placement.members} == {"a"}
     backend.alive["a"] = False
     core.check()
@@ -183,9 +159,9 @@ def test_a_lost_node_re_places_the_gang_as_a_unit(deployed: tuple[ControllerCore
     assert all(r.node == "b" and r.generation == 1 for r in _ranks(core).launch.ranks)
 
 
-def test_a_resumed_controller_reattaches_to_every_rank(deployed: tuple[ControllerCore, GangBackend],
+def test_a_resumed_controller_reattaches_to_every_rank(deployed: Deployed,
                                                         tmp_path: Path) -> None:
-    core, backend = deployed
+    core, backend, _ = deployed
     before = _ranks(core).members
     again = ControllerCore(_spec(tmp_path), backend)
     assert again._resume()

@@ -6,12 +6,10 @@ idle timeout (the kill closes its connection: the router retries or fails it cle
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,27 +19,20 @@ import pytest
 
 from control.actors import HEALTH_INTERVAL_S
 from control.backend import LocalBackend
-from control.controller import ControllerCore, ControllerSpec
+from control.controller import ControllerCore
 from control.replicas.sim import ReplicaProcess
-from pools.model import PoolSpec
+from control.spec import ControllerSpec
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
-from tests.conftest import ROOT
+from tests.control.conftest import controller_spec, events, health_status, mixed_pool
 from tests.support.engines import running_router
+from tests.support.wait import wait_until
 
-pytestmark = pytest.mark.integration
-PAIRS = str(ROOT / "tests/data/pairs-cluster.yaml")
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 DETECT_S = 10.0
 
 
 def _spec(state_dir: Path, time_scale: float = 1.0) -> ControllerSpec:
-    return ControllerSpec(topology_source=PAIRS, engine="sim", policy="island-aligned", time_scale=time_scale,
-                          state_dir=str(state_dir), counters_interval_s=0, drain_timeout_s=5,
-                          pools=(PoolSpec(name="mixed", role="mixed", tp=2, replicas=2, model="llama-3.1-8b"),))
-
-
-def _health(url: str) -> int:
-    with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
-        return int(resp.status)
+    return controller_spec(state_dir, mixed_pool(slo_classes=()), time_scale=time_scale)
 
 
 def _stream(url: str, key: str, outcome: dict[str, object]) -> None:
@@ -71,10 +62,7 @@ def test_a_stopped_engine_is_detected_and_restarted_within_10_s(tmp_path: Path) 
         outcome: dict[str, object] = {}
         request = threading.Thread(target=_stream, args=(old_url, core.engine_api_key, outcome), daemon=True)
         request.start()
-        deadline = time.monotonic() + 10
-        while not outcome.get("streaming") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert outcome.get("streaming"), outcome
+        wait_until(lambda: outcome.get("streaming"), 10, "the request streaming")
 
         os.kill(stopped_pid, signal.SIGSTOP)
         hung_at = time.monotonic()
@@ -87,15 +75,14 @@ def test_a_stopped_engine_is_detected_and_restarted_within_10_s(tmp_path: Path) 
                 break
         assert restarted_s is not None and restarted_s < DETECT_S, restarted_s
         new_url = core.running["mixed-0"].url
-        assert _health(new_url) == 200 and victim.hung == 1 and victim.restarts == 1
+        assert health_status(new_url) == 200 and victim.hung == 1 and victim.restarts == 1
         with pytest.raises(ProcessLookupError):  # killed, not left stopped
             os.kill(stopped_pid, 0)
         request.join(5)
         assert not request.is_alive() and str(outcome["result"]).startswith(("failed", "ended"))
         assert float(str(outcome["after_s"])) < DETECT_S + 2  # not the 60 s of a read timeout
-        assert _health(core.running["mixed-1"].url) == 200  # the other one was never touched
-        events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
-        assert any(e["kind"] == "restart" and e["replica_id"] == "mixed-0" for e in events)
+        assert health_status(core.running["mixed-1"].url) == 200  # the other one was never touched
+        assert any(e["replica_id"] == "mixed-0" for e in events(tmp_path / "state", "restart"))
     finally:
         if stopped_pid:
             with contextlib.suppress(ProcessLookupError):

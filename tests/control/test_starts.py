@@ -6,9 +6,7 @@ shutdown stops what is being started. Then the node check's wording and log leve
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,101 +15,24 @@ from typing import Any
 import pytest
 
 from control import nodecheck
-from control.backend import Discovery, LocalBackend, Replica
-from control.controller import ControllerCore, ControllerSpec
+from control.controller import ControllerCore
 from control.nodecheck import RayNode
-from control.spec import EngineLaunch
-from pools.model import PoolSpec
-from tests.conftest import ROOT
+from control.spec import ControllerSpec
+from tests.control.conftest import PAIRS, SLOW_START_S, FakeBackend, FakeReplica, HeldStarts, controller_spec, events
 from topology import read_source
 
 pytestmark = pytest.mark.unit
-PAIRS = str(ROOT / "tests/data/pairs-cluster.yaml")
-SLOW_START_S = 10.0
-"""A held start gives up after this long (the code before starts ran beside the loop waited for
-it inside a pass: the tests then fail instead of hanging)."""
+Held = FakeBackend[FakeReplica]
+Deployed = tuple[ControllerCore, Held, HeldStarts, str, str]
 
 
-class FakeReplica:
-    def __init__(self, launch: EngineLaunch, held: threading.Event | None, interruptible: bool) -> None:
-        self.launch, self.held, self.interruptible = launch, held, interruptible
-        self.alive, self.actor_dead = False, False
-        self.stopped = threading.Event()
-
-    @property
-    def url(self) -> str:
-        return f"http://fake/{self.launch.actor_name}"
-
-    def start(self) -> str:
-        if self.held is not None and not self.held.wait(SLOW_START_S):
-            raise RuntimeError("took 60 s")
-        if self.interruptible and self.stopped.is_set():
-            raise RuntimeError("stopped while starting")
-        self.alive = True
-        self.stopped.clear()
-        return self.url
-
-    def healthy(self) -> bool:
-        return self.alive
-
-    def ensure(self) -> str:
-        if self.actor_dead:
-            raise RuntimeError("actor died")
-        return self.url if self.alive else self.start()
-
-    def idle(self) -> bool:
-        return True
-
-    def stop(self) -> None:
-        self.alive = False
-        self.stopped.set()
-        if self.interruptible and self.held is not None:
-            self.held.set()  # as a killed actor ends its start
-
-    def info(self) -> dict[str, Any]:
-        return {}
-
-
-class HeldBackend(LocalBackend):
-    """Replicas whose start the test holds by (replica id, generation); nodes a and b bound to
-    Ray nodes the test can take away."""
-
-    def __init__(self) -> None:
-        self.held: dict[tuple[str, int], threading.Event] = {}
-        self.interruptible = False
-        self.created: dict[str, FakeReplica] = {}
-        self.alive = {"a": True, "b": True}
-
-    def session(self) -> str:
-        return "test-session"
-
-    def hold(self, rid: str, generation: int) -> threading.Event:
-        return self.held.setdefault((rid, generation), threading.Event())
-
-    def discover(self, source: str) -> Discovery:
-        found = super().discover(source)
-        bound = {n: RayNode(node_id=f"ray-{n}") for n, up in self.alive.items() if up}
-        return Discovery(topology=found.topology, bindings=bound, simulated=True)
-
-    def nodes(self) -> list[RayNode] | None:
-        return [RayNode(node_id=f"ray-{n}", alive=up) for n, up in self.alive.items()]
-
-    def create(self, launch: EngineLaunch) -> Replica:
-        held = self.held.get((launch.replica_id, launch.generation))
-        self.created[launch.actor_name] = FakeReplica(launch, held, self.interruptible)
-        return self.created[launch.actor_name]
+def held_backend(starts: HeldStarts) -> Held:
+    """Replicas whose start the test holds; nodes a and b bound to Ray nodes the test can take away."""
+    return FakeBackend(starts, nodes=("a", "b"), attachable=lambda _: False)
 
 
 def _spec(tmp_path: Path) -> ControllerSpec:
-    return ControllerSpec(topology_source=PAIRS, engine="sim", policy="island-aligned", state_dir=str(tmp_path),
-                          counters_interval_s=0, drain_timeout_s=5,
-                          pools=(PoolSpec(name="mixed", role="mixed", tp=2, replicas=2, model="llama-3.1-8b",
-                                          slo_classes=("interactive", "standard", "batch")),))
-
-
-def _events(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
-    found = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    return [e for e in found if e["kind"] == kind]
+    return controller_spec(tmp_path, time_scale=1.0)
 
 
 def _quick(call: Callable[[], Any]) -> Any:
@@ -133,17 +54,17 @@ def _passes(core: ControllerCore, done: Callable[[], bool], most: int = 4) -> in
 
 
 @pytest.fixture
-def deployed(tmp_path: Path) -> Iterator[tuple[ControllerCore, HeldBackend, str, str]]:
-    """Both replicas on node a: (core, backend, the one on a:0,1, the one on a:2,3)."""
-    backend = HeldBackend()
+def deployed(tmp_path: Path) -> Iterator[Deployed]:
+    """Both replicas on node a: (core, backend, its starts, the one on a:0,1, the one on a:2,3)."""
+    starts = HeldStarts()
+    backend = held_backend(starts)
     core = ControllerCore(_spec(tmp_path), backend)
     core.deploy()
     by_gpus = {r.placement.gpus: rid for rid, r in core.running.items() if r.placement.node == "a"}
     try:
-        yield core, backend, by_gpus[(0, 1)], by_gpus[(2, 3)]
+        yield core, backend, starts, by_gpus[(0, 1)], by_gpus[(2, 3)]
     finally:
-        for held in backend.held.values():
-            held.set()
+        starts.release_all()
         core.shutdown()
 
 
@@ -155,9 +76,9 @@ def _kill(core: ControllerCore, rid: str) -> FakeReplica:
 
 
 def test_a_killed_replica_restarts_while_a_slow_one_is_still_starting(
-        deployed: tuple[ControllerCore, HeldBackend, str, str], tmp_path: Path) -> None:
-    core, backend, slow, other = deployed
-    held = backend.hold(slow, 1)
+        deployed: Deployed, tmp_path: Path) -> None:
+    core, _, starts, slow, other = deployed
+    held = starts.hold(slow, 1)
     moves = _quick(lambda: core.mark_link("a", 0, 1, reason="test"))  # the replacement takes "60 s" to load
     assert [(m["replica_id"], m["order"]) for m in moves] == [(slow, "make-before-break")]
     assert core.status()["starting"] == {slow: "move"} and core.running[slow].draining
@@ -166,20 +87,20 @@ def test_a_killed_replica_restarts_while_a_slow_one_is_still_starting(
     assert _passes(core, lambda: core.running[other].launch.generation == 1) in (1, 2)
     row = next(r for r in core.table.replicas if r.replica_id == other)
     assert row.url == core.running[other].url == f"http://fake/isleserve-{other}-g1" and core.table.version > version
-    assert [e["result"] for e in _events(tmp_path, "restart") if e["replica_id"] == other] == ["new actor"]
+    assert [e["result"] for e in events(tmp_path, "restart") if e["replica_id"] == other] == ["new actor"]
     assert core.status()["starting"] == {slow: "move"} and core.running[slow].launch.generation == 0
     held.set()  # the slow one is up: installed, and its predecessor drains off
     core.settle(timeout_s=5)
     assert core.running[slow].placement.node == "b" and core.status()["starting"] == {}
     assert [r.placement.replica_id for r in core.retiring] == [slow]
-    assert [e["result"] for e in _events(tmp_path, "move")] == ["replacement serving"]
+    assert [e["result"] for e in events(tmp_path, "move")] == ["replacement serving"]
     assert {r.replica_id: r.node for r in core.table.replicas}[slow] == "b"
 
 
-def test_mark_link_returns_while_a_restart_is_in_flight(deployed: tuple[ControllerCore, HeldBackend, str, str],
+def test_mark_link_returns_while_a_restart_is_in_flight(deployed: Deployed,
                                                         tmp_path: Path) -> None:
-    core, backend, moved, slow = deployed
-    held = backend.hold(slow, 1)
+    core, _, starts, moved, slow = deployed
+    held = starts.hold(slow, 1)
     _kill(core, slow)
     _quick(core.check)
     assert core.status()["starting"] == {slow: "restart"}
@@ -190,45 +111,45 @@ def test_mark_link_returns_while_a_restart_is_in_flight(deployed: tuple[Controll
     held.set()
     core.settle(timeout_s=5)
     assert core.running[slow].launch.generation == 1 and core.running[slow].replica.healthy()
-    assert {e["generation"] for e in _events(tmp_path, "replica_started") if e["replica_id"] == slow} == {0, 1}
+    assert {e["generation"] for e in events(tmp_path, "replica_started") if e["replica_id"] == slow} == {0, 1}
 
 
 def test_a_start_replaced_by_a_newer_decision_is_stopped_not_installed(
-        deployed: tuple[ControllerCore, HeldBackend, str, str], tmp_path: Path) -> None:
-    core, backend, victim, _ = deployed
-    held = backend.hold(victim, 1)
+        deployed: Deployed, tmp_path: Path) -> None:
+    core, backend, starts, victim, _ = deployed
+    held = starts.hold(victim, 1)
     old = core.running[victim]
     core.mark_link("a", 0, 1, reason="test")  # its replacement starts on b ...
     backend.alive["b"] = False  # ... and node b leaves meanwhile: no room left, it keeps running drained
     _quick(core.check)
     assert core.lost == {"b"} and core.status()["starting"] == {}
-    assert _events(tmp_path, "start_dropped")[0]["replica_id"] == victim
-    assert _events(tmp_path, "move")[-1]["result"] == "no room: kept running, drained"
-    late = backend.created[f"isleserve-{victim}-g1"]
+    assert events(tmp_path, "start_dropped")[0]["replica_id"] == victim
+    assert events(tmp_path, "move")[-1]["result"] == "no room: kept running, drained"
+    late = backend.by_name[f"isleserve-{victim}-g1"]
     held.set()  # its start still ends, late: stopped, never installed
     core.settle(timeout_s=5)
     assert late.stopped.wait(5) and not late.alive
     assert core.running[victim] is old and old.draining and not core.retiring
-    assert not [e for e in _events(tmp_path, "replica_started") if e["generation"] == 1]
+    assert not [e for e in events(tmp_path, "replica_started") if e["generation"] == 1]
 
 
-def test_shutdown_stops_what_is_being_started(deployed: tuple[ControllerCore, HeldBackend, str, str],
+def test_shutdown_stops_what_is_being_started(deployed: Deployed,
                                               tmp_path: Path) -> None:
-    core, backend, victim, _ = deployed
-    backend.interruptible = True
-    backend.hold(victim, 1)
+    core, backend, starts, victim, _ = deployed
+    starts.interruptible = True
+    starts.hold(victim, 1)
     core.mark_link("a", 0, 1, reason="test")
-    starting = backend.created[f"isleserve-{victim}-g1"]
+    starting = backend.by_name[f"isleserve-{victim}-g1"]
     _quick(core.shutdown)  # the start ends once its replica is stopped
     assert starting.stopped.is_set() and not starting.alive and not core.running
-    assert not [r for r in backend.created.values() if r.alive]
-    assert [e["reason"] for e in _events(tmp_path, "start_dropped")] == ["shutdown"]
-    assert not [e for e in _events(tmp_path, "replica_started") if e["generation"] == 1]
+    assert not [r for r in backend.by_name.values() if r.alive]
+    assert [e["reason"] for e in events(tmp_path, "start_dropped")] == ["shutdown"]
+    assert not [e for e in events(tmp_path, "replica_started") if e["generation"] == 1]
 
 
 def test_simulated_nodes_without_a_ray_node_are_noted_at_info(tmp_path: Path,
                                                               caplog: pytest.LogCaptureFixture) -> None:
-    backend = HeldBackend()
+    backend = held_backend(HeldStarts())
     backend.alive = {}  # as on the simulated default (one local Ray): no Ray node carries a declared node
     core = ControllerCore(_spec(tmp_path), backend)
     with caplog.at_level(logging.INFO, logger="isleserve.controller"):

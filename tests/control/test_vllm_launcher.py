@@ -12,20 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from control.replicas.vllm import (
-    EngineStartError,
-    VllmProcess,
-    VllmServer,
-    command,
-    environment,
-    free_port,
-    from_launch,
-)
+from control.replicas.vllm.command import VllmServer, command, environment, from_launch
+from control.replicas.vllm.process import EngineStartError, VllmProcess, free_port
 from control.replicas.vllm.replica import VllmReplica, busy_requests
 from control.spec import EngineLaunch
 from pools.model import PlacementRequest, PoolSpec, ReplicaPlacement
 from pools.pinning import pin_for
 from pools.placement import get_policy
+from tests.support.wait import wait_until
 from topology import read_source
 
 pytestmark = pytest.mark.integration
@@ -247,7 +241,8 @@ def test_a_dead_engine_is_restarted_as_a_new_kv_peer(fake: Callable[..., VllmPro
 HOLDER = """
 import sys, time
 from pathlib import Path
-from control.replicas.vllm import VllmProcess, VllmServer, free_port
+from control.replicas.vllm.command import VllmServer
+from control.replicas.vllm.process import VllmProcess, free_port
 server = VllmServer(replica_id="fake-held", model="/models/none", served_model_name="none", port=free_port(),
                     role="decode", side_channel_port=free_port(), extra_env={"FAKE_MODE": "serve"})
 proc = VllmProcess(server, sys.argv[1], log_path=Path(sys.argv[2]), ready_timeout_s=20.0, die_with_starter=True)
@@ -261,7 +256,6 @@ time.sleep(600)
 def test_an_engine_stops_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
     """A replica actor killed outright (SIGKILL: no stop()) takes its vLLM server with it."""
     import subprocess
-    import time
 
     exe = tmp_path / "fake-python"
     exe.write_text(FAKE.format(python=sys.executable))
@@ -275,10 +269,8 @@ def test_an_engine_stops_when_the_process_that_started_it_is_killed(tmp_path: Pa
         assert _alive(engine)
         holder.kill()
         holder.wait(10)
-        deadline = time.monotonic() + 15
-        while _alive(engine) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(engine), "the engine outlived the process that started it"
+        wait_until(lambda: not _alive(engine), 15, "the engine gone with the process that started it",
+                   interval_s=0.1)
     finally:
         holder.kill()
         holder.wait(10)

@@ -30,10 +30,12 @@ import pytest
 import yaml
 
 from isleserve.run import write_token
-from loadtest.live.deploy import free_ports, port_in_use, session_pids
+from loadtest.live.deploy import free_ports, port_in_use
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
-from wire.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyProbe, Stop
+from tests.support.wait import wait_until
+from wire.processes import ChildExited, ChildNotReady, Group, Output, ReadyProbe, Stop, session_pids
+from wire.supervisor import Child
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 BIN = Path(sys.executable).parent
@@ -116,17 +118,14 @@ def _deploy(head: Head, config: str, timeout_s: float = 150) -> dict[str, object
     sent_at = time.time()
     deployed = head.cli("deploy", config)
     assert deployed.returncode == 0, deployed.stderr
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            app = head.status()
-            settled = app["status"] in ("RUNNING", "DEPLOY_FAILED")
-            if settled and float(str(app["last_deployed_time_s"])) >= sent_at:
-                return app
-        except (KeyError, TypeError, yaml.YAMLError):
-            pass  # not deployed yet
-        time.sleep(2)
-    pytest.fail(f"serve status did not settle: {head.cli('status').stdout}")
+
+    def settled() -> dict[str, object] | None:  # KeyError, TypeError, YAMLError: not deployed yet
+        app = head.status()
+        done = app["status"] in ("RUNNING", "DEPLOY_FAILED") and float(str(app["last_deployed_time_s"])) >= sent_at
+        return app if done else None
+
+    return wait_until(settled, timeout_s, "serve status settled", interval_s=2,
+                      ignore=(KeyError, TypeError, yaml.YAMLError), seen=lambda: head.cli("status").stdout)
 
 
 def test_a_failing_build_shows_the_products_message(head: Head, tmp_path: Path) -> None:
@@ -170,13 +169,15 @@ def test_a_redeploy_with_two_router_workers_serves_from_both(head: Head, tmp_pat
     assert app["status"] == "RUNNING", app["message"]
     assert len(_engines(head, b"router.worker")) == 1  # the Serve replica's router is the first worker
     seen: set[int] = set()
-    deadline = time.monotonic() + 30
-    while seen != {0, 1} and time.monotonic() < deadline:
+
+    def both_answer() -> bool:  # a new connection each: the kernel spreads them over both workers
         req = urllib.request.Request("http://127.0.0.1:8000/admin/replicas",
                                      headers={"authorization": f"Bearer {DEV_ADMIN_KEY}", "connection": "close"})
         with urllib.request.urlopen(req, timeout=10) as resp:
             seen.add(json.loads(resp.read())["worker"])
-    assert seen == {0, 1}
+        return seen == {0, 1}
+
+    wait_until(both_answer, 30, "both workers answer", interval_s=0)
     with openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=DEV_KEY, max_retries=0, timeout=30) as client:
         for _ in range(4):
             out = client.completions.create(model="llama-3.1-8b", prompt="hi", max_tokens=2)
@@ -191,8 +192,6 @@ def test_serve_shutdown_and_stop_controller_leave_nothing_running(head: Head) ->
     stop = subprocess.run([sys.executable, "-m", "pools", "stop-controller", "--address", head.address], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False, env=head.env)
     assert stop.returncode == 0, stop.stderr  # ... the product's own command stops them
-    deadline = time.monotonic() + 20
-    while (_engines(head) or port_in_use(8000)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not _engines(head) and not port_in_use(8000)
+    wait_until(lambda: not _engines(head) and not port_in_use(8000), 20, "engines stopped, port 8000 free",
+               interval_s=0.5)
     assert not _engines(head, b"router.worker")

@@ -27,7 +27,7 @@ from loadtest.model import RequestResult, TraceRequest
 from loadtest.scenario import load_scenario
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.serial]
 
 LOCAL = ROOT / "configs" / "local.yaml"
 PD_SCENARIO = f"""

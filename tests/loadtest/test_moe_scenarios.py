@@ -3,25 +3,19 @@ second per GPU at the SLOs (the README's table comes from the full runs)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from pathlib import Path
-
 import pytest
 
 from loadtest.compare import run_one, workload_for
-from loadtest.scenario import load_scenario
+from tests.loadtest.conftest import shortened
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "configs" / "scenarios"
 
 
 @pytest.mark.parametrize("name, rate, at_least", [("moe-nvl72", 10.0, 1.3), ("moe-rdma", 10.0, 1.3),
                                                   ("pp-pairs", 1.0, 1.05)])
 def test_island_aligned_serves_more_output_per_gpu_than_ray_pack(name: str, rate: float, at_least: float) -> None:
-    scenario = load_scenario(SCENARIOS / f"{name}.yaml")
-    short = {**scenario.config.workload, "duration_s": 20 if name != "pp-pairs" else 60}
-    scenario = replace(scenario, config=scenario.config.model_copy(update={"workload": short}))
+    scenario = shortened(name, 20 if name != "pp-pairs" else 60)
     workload = workload_for(scenario, rate)
     rows = {policy: run_one(scenario, policy, rate, workload) for policy in ("island-aligned", "ray-pack")}
     ours, theirs = rows["island-aligned"], rows["ray-pack"]
@@ -39,9 +33,7 @@ def test_island_aligned_serves_more_output_per_gpu_than_ray_pack(name: str, rate
 def test_expert_maps_compared_in_the_simulator() -> None:
     """moe-experts, shortened: the same plan with the topology-aware, EPLB and linear expert maps;
     rows say which map they ran with."""
-    scenario = load_scenario(SCENARIOS / "moe-experts.yaml")
-    short = {**scenario.config.workload, "duration_s": 15}
-    scenario = replace(scenario, config=scenario.config.model_copy(update={"workload": short}))
+    scenario = shortened("moe-experts", 15)
     workload = workload_for(scenario, 10.0)
     rows = {e: run_one(scenario, "island-aligned", 10.0, workload, e) for e in ("topology", "eplb", "linear")}
     assert {r["expert_policy"] for r in rows.values()} == {"topology", "eplb", "linear"}

@@ -10,10 +10,11 @@ import pytest
 
 from loadtest.compare import main
 from loadtest.workload import load_workload
+from tests.loadtest.conftest import SCENARIOS
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
-SCENARIO = Path(__file__).resolve().parents[2] / "configs" / "scenarios" / "load-step.yaml"
+SCENARIO = SCENARIOS / "load-step.yaml"
 
 
 def test_a_rate_step_multiplies_the_rate_where_it_says() -> None:

@@ -3,7 +3,6 @@ in-island assignment exists; Ray's default PACK crosses islands where index orde
 
 from __future__ import annotations
 
-from itertools import combinations
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,8 @@ from pools.model import PlacementPlan, PlacementRequest, PoolSpec
 from pools.placement import POLICIES, place
 from pools.placement.validate import validate_plan
 from tests.conftest import shared_path
-from topology import GpuRef, Topology, read_source
-from topology.islands import joined
+from tests.pools.conftest import feasible_in_island
+from topology import Topology, read_source
 from topology.readers.spec import parse_spec
 
 pytestmark = pytest.mark.unit
@@ -30,27 +29,6 @@ def capture(stem: str) -> Topology:
 
 def groups(plan: PlacementPlan) -> dict[str, tuple[int, ...]]:
     return {p.pool: p.gpus for p in plan.placements}
-
-
-def feasible_in_island(topology: Topology, tps: list[int]) -> bool:
-    """Brute force: can every replica get a pairwise-joined group of healthy GPUs?"""
-    free = frozenset(r for r in topology.gpu_refs() if topology.gpu(r).healthy)
-    memo: dict[tuple[frozenset[GpuRef], int], bool] = {}
-
-    def go(free: frozenset[GpuRef], i: int) -> bool:
-        if i == len(tps):
-            return True
-        if (free, i) in memo:
-            return memo[(free, i)]
-        ok = False
-        for group in combinations(sorted(free), tps[i]):
-            if all(joined(topology, a, b) for a, b in combinations(group, 2)) and go(free - set(group), i + 1):
-                ok = True
-                break
-        memo[(free, i)] = ok
-        return ok
-
-    return go(free, 0)
 
 
 def run(topology: Topology, pool_specs: tuple[PoolSpec, ...], policy: str) -> PlacementPlan:

@@ -12,7 +12,7 @@ from pools.model import PlacementRequest, PoolSpec
 from pools.placement import POLICIES, place
 from pools.placement.replan import replan
 from pools.placement.validate import group_problems, validate_plan
-from tests.pools.test_placement_machines import feasible_in_island
+from tests.pools.conftest import feasible_in_island
 from topology import GpuRef, LinkHealth, Topology, is_clique, read_source
 from topology.readers.spec import parse_spec
 

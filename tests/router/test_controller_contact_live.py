@@ -21,6 +21,7 @@ from router.cli import table_from_config
 from router.config import DEV_ADMIN_KEY, DEV_KEY, RouterConfig, sha256
 from router.contact import ControllerContact
 from router.server import Router
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-3.1-8b"
@@ -121,9 +122,8 @@ async def _every_worker() -> None:
         assert router.workers is not None
         (pid,) = router.workers.pids()
         os.kill(pid, signal.SIGKILL)  # a worker restarted meanwhile starts from the newest view
-        deadline = time.monotonic() + 20
-        while router.workers.pids() in ([], [pid]) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        workers = router.workers
+        await wait_until_async(lambda: workers.pids() not in ([], [pid]), 20, "a new worker", interval_s=0.1)
         assert await _answers(router.port) == {"degraded"}
         router.contact.answered()
         await router.set_silence(router.contact.silence())

@@ -5,10 +5,8 @@ mean "no token relayed", not "no head"."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +17,8 @@ import openai
 import pytest
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
-from tests.support.engines import EngineProcess, running_router, start_engine, stop_engine
+from tests.support.engines import EngineProcess, fault, running_router, start_engine, stop_engine
+from tests.support.wait import wait_until
 from wire.text import TokenText
 
 pytestmark = pytest.mark.integration
@@ -50,12 +49,6 @@ def pair(tmp_path: Path) -> Iterator[dict[str, Any]]:
             stop_engine(e)
 
 
-def _fault(engine: EngineProcess, spec: dict[str, Any]) -> None:
-    req = urllib.request.Request(f"{engine.base}/admin/faults", data=json.dumps(spec).encode(), method="POST")
-    with urllib.request.urlopen(req, timeout=5):
-        pass
-
-
 def _running(engine: EngineProcess) -> float:
     with urllib.request.urlopen(f"{engine.base}/metrics", timeout=5) as resp:
         text = resp.read().decode()
@@ -80,17 +73,16 @@ def _expected(seed: int) -> str:
 
 def test_streams_an_engine_accepted_but_never_started_go_to_another_replica(pair: dict[str, Any]) -> None:
     a = pair["engines"]["a"]
-    _fault(a, {"stall_s": 60})  # a takes requests (and answers their heads) but produces no token
+    fault(a, {"stall_s": 60})  # a takes requests (and answers their heads) but produces no token
     seeds = list(range(100, 106))
     with ThreadPoolExecutor(len(seeds)) as pool:
         futures = [pool.submit(_stream, pair["url"], s) for s in seeds]
-        deadline = time.monotonic() + 20
-        waiting = 0.0
-        while time.monotonic() < deadline:  # b serves its share; a holds the rest without a token
+
+        def a_holds_the_rest() -> float:  # b serves its share; a holds the rest without a token
             waiting = _running(a)
-            if waiting and waiting + sum(f.done() for f in futures) == len(seeds):
-                break
-            time.sleep(0.05)
+            return waiting if waiting and waiting + sum(f.done() for f in futures) == len(seeds) else 0.0
+
+        waiting = wait_until(a_holds_the_rest, 20, "a holds every request b did not serve")
         assert waiting >= 1 and not any(f.done() and f.exception() for f in futures)
         os.kill(a.proc.pid, signal.SIGKILL)
         results = [f.result() for f in futures]

@@ -14,7 +14,8 @@ import openai
 import pytest
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
-from tests.support.engines import EngineProcess, running_router, start_engine, stop_engine, wait_until_idle
+from tests.support.engines import EngineProcess, fault, running_router, start_engine, stop_engine, wait_until_idle
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-3.1-8b"
@@ -324,12 +325,6 @@ def test_retries_and_circuit_breaker(cluster: dict[str, Any]) -> None:
     assert states["m1"]["breaker_open"]
 
 
-def fault(engine: EngineProcess, spec: dict[str, Any]) -> None:
-    req = urllib.request.Request(f"{engine.base}/admin/faults", data=json.dumps(spec).encode(),
-                                 headers={"content-type": "application/json"})
-    urllib.request.urlopen(req, timeout=5).read()
-
-
 def running(engine: EngineProcess) -> float:
     text = urllib.request.urlopen(f"{engine.base}/metrics", timeout=5).read().decode()
     line = next(ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running"))
@@ -352,10 +347,8 @@ def test_client_disconnect_cancels_the_upstream_request(cluster: dict[str, Any])
         while b"data: {" not in got:  # headers first, then the first token
             got += sock.recv(65536)
         assert running(engines["m1"]) + running(engines["m2"]) == 1
-    deadline = time.monotonic() + 3
-    while running(engines["m1"]) + running(engines["m2"]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert running(engines["m1"]) + running(engines["m2"]) == 0  # the engine stopped generating
+    wait_until(lambda: running(engines["m1"]) + running(engines["m2"]) == 0, 3,
+               "the engine stopped generating")
     for name in ("m1", "m2"):
         fault(engines[name], {"clear": True})
 
@@ -434,14 +427,13 @@ def test_client_leaving_before_the_first_byte_frees_everything(cluster: dict[str
         sock.sendall(f"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {DEV_KEY}\r\n"
                      f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
         time.sleep(0.5)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def idle() -> bool:
         _status, data = get(f"{cluster['base']}/admin/replicas", DEV_ADMIN_KEY)
         inflight = sum(r["inflight"] for r in json.loads(data)["replicas"])
-        if inflight == 0 and running(engines["m1"]) + running(engines["m2"]) == 0:
-            break
-        time.sleep(0.1)
-    assert inflight == 0 and running(engines["m1"]) + running(engines["m2"]) == 0
+        return inflight == 0 and running(engines["m1"]) + running(engines["m2"]) == 0
+
+    wait_until(idle, 5, "nothing in flight at the router, nothing running on the engines", interval_s=0.1)
     for name in ("m1", "m2"):
         fault(engines[name], {"clear": True})
 
@@ -473,8 +465,6 @@ def test_no_retry_after_the_first_byte(cluster: dict[str, Any]) -> None:
         for ch in client(cluster).completions.create(model=MODEL, prompt="crash", max_tokens=50, stream=True):
             got.extend(c.text for c in ch.choices)
     assert 0 < len(got) < 50 and len(got) == len(set(zip(range(len(got)), got, strict=True)))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and all(engines[n].proc.poll() is None for n in ("m1", "m2")):
-        time.sleep(0.05)
+    wait_until(lambda: any(engines[n].proc.poll() is not None for n in ("m1", "m2")), 10, "a replica exited")
     # the replica died mid-stream; the client got an error, not a second copy of the tokens
     assert any(engines[n].proc.poll() == 17 for n in ("m1", "m2"))

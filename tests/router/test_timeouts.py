@@ -16,7 +16,7 @@ from router.cli import table_from_config
 from router.config import DEV_KEY, RouterConfig, sha256
 from router.server import Router
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 Upstream = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 STOP: list[asyncio.Event] = []
 """Set when a test ends: the upstreams that hang stop hanging."""

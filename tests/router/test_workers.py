@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.support.engines import EngineProcess, running_router, start_engine, stop_engine
+from tests.support.wait import wait_until, wait_until_async
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-3.1-8b"
@@ -98,23 +98,15 @@ def test_metrics_are_one_view_whichever_worker_answers(router: dict[str, Any]) -
 def test_a_killed_worker_is_replaced(router: dict[str, Any]) -> None:
     (worker,) = children(router["proc"].pid)
     os.kill(worker, signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        now = children(router["proc"].pid)
-        if now and now != [worker]:
-            break
-        time.sleep(0.2)
-    assert now and now != [worker]
-    seen = set()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            seen.add(json.loads(get(router["base"] + "/admin/replicas", DEV_ADMIN_KEY))["worker"])
-        except OSError:
-            time.sleep(0.1)  # the replacement is still starting
-        if seen == {0, 1}:
-            break
-    assert seen == {0, 1}
+    wait_until(lambda: (now := children(router["proc"].pid)) and now != [worker], 20, "a new worker",
+               interval_s=0.2)
+    seen: set[int] = set()
+
+    def both_answer() -> bool:  # a new connection each; OSError: the replacement is still starting
+        seen.add(json.loads(get(router["base"] + "/admin/replicas", DEV_ADMIN_KEY))["worker"])
+        return seen == {0, 1}
+
+    wait_until(both_answer, 20, "both workers answer", interval_s=0.01, ignore=(OSError,))
 
 
 def worker_dir(pid: int) -> Path:
@@ -130,11 +122,8 @@ def gone(pid: int) -> bool:
         return True
 
 
-def wait_gone(pids: list[int], timeout_s: float = 10) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not all(gone(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return all(gone(p) for p in pids)
+def wait_gone(pids: list[int], timeout_s: float = 10) -> None:
+    wait_until(lambda: all(gone(p) for p in pids), timeout_s, f"processes {pids} gone", interval_s=0.1)
 
 
 def test_stopping_the_leader_stops_every_worker(tmp_path: Path) -> None:
@@ -145,7 +134,7 @@ def test_stopping_the_leader_stops_every_worker(tmp_path: Path) -> None:
         assert len(workers) == 2
         dirs = {worker_dir(w) for w in workers}
         assert len(dirs) == 1 and all((d / "0.sock").exists() for d in dirs)
-    assert wait_gone(workers)
+    wait_gone(workers)
     assert not any(d.exists() for d in dirs)
 
 
@@ -156,23 +145,23 @@ def test_a_worker_left_alone_stops_and_cleans_up(tmp_path: Path) -> None:
         (worker,) = children(proc.pid)
         directory = worker_dir(worker)
         proc.kill()  # the leader dies without a word
-        assert wait_gone([worker])
+        wait_gone([worker])
         assert not directory.exists()
 
 
 async def _admin_from(port: int, worker: int, deadline_s: float = 20) -> dict[str, Any]:
     """/admin/replicas as the given worker answers it (new connections until that one answers)."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
+    async def ask() -> dict[str, Any] | None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(f"GET /admin/replicas HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {DEV_ADMIN_KEY}\r\n"
                      "connection: close\r\n\r\n".encode())
         raw = await asyncio.wait_for(reader.read(), 10)
         writer.close()
         answer: dict[str, Any] = json.loads(raw.split(b"\r\n\r\n", 1)[1])
-        if answer["worker"] == worker:
-            return answer
-    raise AssertionError(f"worker {worker} never answered")
+        return answer if answer["worker"] == worker else None
+
+    found: dict[str, Any] = await wait_until_async(ask, deadline_s, f"worker {worker} answers", interval_s=0)
+    return found
 
 
 def test_a_newer_table_reaches_every_worker() -> None:
@@ -204,9 +193,8 @@ async def _newer_table() -> None:
         assert router.workers is not None
         (pid,) = router.workers.pids()
         os.kill(pid, signal.SIGKILL)  # a worker restarted after the change starts from the newest view
-        deadline = time.monotonic() + 20
-        while router.workers.pids() in ([], [pid]) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        workers = router.workers
+        await wait_until_async(lambda: workers.pids() not in ([], [pid]), 20, "a new worker", interval_s=0.1)
         again = await _admin_from(router.port, 1)
         assert again["version"] == 5
     finally:

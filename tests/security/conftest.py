@@ -20,7 +20,8 @@ import yaml
 from router.config import sha256
 from tests.conftest import ROOT
 from tests.support.engines import ROUTER_READY_S, EngineProcess, start_engine, stop_engine
-from wire.supervisor import Child, ChildError, ReadyLine
+from wire.processes import ChildError, ReadyLine
+from wire.supervisor import Child
 
 MODEL = "llama-3.1-8b"
 USER_KEY = "sk-isle-test-user-7f3c9a1e5b"
@@ -148,3 +149,28 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         sock.close()
         for engine in engines.values():
             stop_engine(engine)
+
+
+def rss_mib(*pids: int) -> float:
+    """The resident memory of these processes together, in MiB."""
+    total = 0
+    for pid in pids:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
+        total += int(line.split()[1])
+    return total / 1024
+
+
+def open_fds(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def engine_state(engine: EngineProcess) -> tuple[float, float]:
+    """(requests running, KV cache usage) as the engine exports them."""
+    with urllib.request.urlopen(f"{engine.base}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    values = {}
+    for line in text.splitlines():
+        for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+            if line.startswith(name):
+                values[name] = float(line.rsplit(" ", 1)[1])
+    return values["vllm:num_requests_running"], values["vllm:kv_cache_usage_perc"]

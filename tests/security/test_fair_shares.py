@@ -28,7 +28,7 @@ import pytest
 from router.config import sha256
 from tests.support.engines import EngineProcess, running_router, start_engine, stop_engine, wait_until_idle
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial]
 MODEL = "llama-3.1-8b"
 USER_KEY, BATCH_KEY, ADMIN_KEY = "sk-fair-user-4c1d", "sk-fair-batch-8e2a", "sk-fair-admin-0b7f"
 MAX_NUM_SEQS = 64

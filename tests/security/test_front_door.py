@@ -11,56 +11,36 @@ import json
 import socket
 import struct
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from tests.security.conftest import LONG, MODEL, USER_KEY, Deployment, assert_openai_error, call
-from tests.support.engines import EngineProcess
+from tests.security.conftest import (
+    LONG,
+    MODEL,
+    USER_KEY,
+    Deployment,
+    assert_openai_error,
+    call,
+    engine_state,
+    open_fds,
+    rss_mib,
+)
+from tests.support.engines import fault
 
 pytestmark = pytest.mark.integration
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
-def _fds(pid: int) -> int:
-    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
 
 
 def _steady_fds(pid: int, interval_s: float = 1.0, wait_s: float = 10.0) -> int:
     """The router's open files once they stop changing over two scrape intervals."""
     deadline = time.monotonic() + wait_s
-    seen = _fds(pid)
+    seen = open_fds(pid)
     while time.monotonic() < deadline:
         time.sleep(2 * interval_s)
-        now = _fds(pid)
+        now = open_fds(pid)
         if now == seen:
             break
         seen = now
     return seen
-
-
-def _engine_state(engine: EngineProcess) -> tuple[float, float]:
-    """(requests running, KV cache usage) as the engine exports them."""
-    text = urllib.request.urlopen(f"{engine.base}/metrics", timeout=5).read().decode()
-    values = {}
-    for line in text.splitlines():
-        for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
-            if line.startswith(name):
-                values[name] = float(line.rsplit(" ", 1)[1])
-    return values["vllm:num_requests_running"], values["vllm:kv_cache_usage_perc"]
-
-
-def _fault(engine: EngineProcess, spec: dict[str, object]) -> None:
-    req = urllib.request.Request(f"{engine.base}/admin/faults", data=json.dumps(spec).encode(),
-                                 headers={"content-type": "application/json"})
-    urllib.request.urlopen(req, timeout=5).read()
 
 
 def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
@@ -71,7 +51,7 @@ def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
 def _settled(deployment: Deployment, names: tuple[str, ...], wait_s: float = 8.0) -> dict[str, tuple[float, float]]:
     deadline = time.monotonic() + wait_s
     while True:
-        states = {n: _engine_state(deployment.engines[n]) for n in names}
+        states = {n: engine_state(deployment.engines[n]) for n in names}
         if all(s == (0.0, 0.0) for s in states.values()) or time.monotonic() > deadline:
             return states
         time.sleep(0.1)
@@ -80,7 +60,7 @@ def _settled(deployment: Deployment, names: tuple[str, ...], wait_s: float = 8.0
 def test_unread_pipelining_keeps_the_router_memory_bounded(deployment: Deployment) -> None:
     pid = deployment.proc.pid
     _steady_fds(pid)  # the router's own keep-alive scrape connections, one per engine, are open
-    before_rss, before_fds = _rss_mib(pid), _fds(pid)
+    before_rss, before_fds = rss_mib(pid), open_fds(pid)
     request = b"GET /openapi.json HTTP/1.1\r\nhost: x\r\n\r\n"
     socks = []
     for _ in range(4):
@@ -95,12 +75,12 @@ def test_unread_pipelining_keeps_the_router_memory_bounded(deployment: Deploymen
             with contextlib.suppress(BlockingIOError):
                 sent += sock.send(request * 64)
         time.sleep(0.001)
-    grown = _rss_mib(pid) - before_rss
+    grown = rss_mib(pid) - before_rss
     assert grown < 64, f"router grew {grown:.0f} MiB under {sent // len(request)} unread pipelined requests"
     for sock in socks:
         sock.close()
     time.sleep(1.0)
-    assert _fds(pid) <= before_fds + 2  # the connections are gone
+    assert open_fds(pid) <= before_fds + 2  # the connections are gone
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -109,7 +89,7 @@ def test_a_client_leaving_at_any_point_of_a_pd_request_leaves_nothing_held(
         deployment: Deployment, stream: bool, reset: bool) -> None:
     prefill, decode = deployment.engines["p1"], deployment.engines["d1"]
     for engine in (prefill, decode):
-        _fault(engine, {"slowdown": 400})  # about 40 % of real time: prefill and decode take tens of ms
+        fault(engine, {"slowdown": 400})  # about 40 % of real time: prefill and decode take tens of ms
     try:
         body = json.dumps({"model": MODEL, "prompt": LONG + "leave", "max_tokens": 12, "stream": stream}).encode()
         for delay_s in (0.0, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16):
@@ -123,7 +103,7 @@ def test_a_client_leaving_at_any_point_of_a_pd_request_leaves_nothing_held(
         assert states == {"p1": (0.0, 0.0), "d1": (0.0, 0.0)}, states  # no request running, no KV held
     finally:
         for engine in (prefill, decode):
-            _fault(engine, {"clear": True})
+            fault(engine, {"clear": True})
     _status, _, replicas = call(deployment.base + "/admin/replicas", key="sk-isle-test-admin-9b1d3f5e7a")
     states_r = json.loads(replicas)["replicas"]
     assert not any(r["breaker_open"] for r in states_r) and sum(r["inflight"] for r in states_r) == 0

@@ -24,7 +24,9 @@ from typing import Any
 import pytest
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
+from tests.security.conftest import rss_mib
 from tests.support.engines import running_router, start_engine, stop_engine
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-3.1-8b"
@@ -49,14 +51,6 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 def _children(pid: int) -> list[int]:
     return [int(p) for task in Path(f"/proc/{pid}/task").iterdir() for p in (task / "children").read_text().split()]
-
-
-def _rss_mib(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
-        total += int(line.split()[1])
-    return total / 1024
 
 
 def _connect(port: int, source: str) -> socket.socket:
@@ -157,19 +151,14 @@ def test_bodies_in_small_chunks_cost_about_what_their_bytes_cost(router: dict[st
     per_body = MAX_BODY_BYTES - 8 * 1024
     body = (b"80\r\n" + b"z" * 128 + b"\r\n") * (per_body // 128)  # never the last chunk: the bodies stay held
     time.sleep(0.5)
-    before = _rss_mib(router["pids"])
+    before = rss_mib(*router["pids"])
     socks = [_connect(router["port"], f"127.0.0.{10 + i}") for i in range(10)]
     try:
         for sock in socks:
             sock.sendall(head + body)
-        held = 0.0
-        for _tick in range(100):
-            held = _front_door(router["base"])["buffered_bytes"]
-            if held >= 10 * per_body:
-                break
-            time.sleep(0.1)
-        assert held >= 10 * per_body
-        grown = _rss_mib(router["pids"]) - before
+        held: float = wait_until(lambda: (b := _front_door(router["base"])["buffered_bytes"]) >= 10 * per_body and b,
+                                 10, "every body held", interval_s=0.1)
+        grown = rss_mib(*router["pids"]) - before
         counted = held / (1 << 20)
         assert grown < 2 * counted + 4, f"router grew {grown:.1f} MiB for {counted:.1f} MiB of counted body"
     finally:

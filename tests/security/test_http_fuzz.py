@@ -26,8 +26,18 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from tests.security.conftest import ADMIN_KEY, LONG, MAX_BODY_BYTES, MODEL, USER_KEY, Deployment, call
-from tests.security.test_front_door import _engine_state, _fds, _rss_mib
+from tests.security.conftest import (
+    ADMIN_KEY,
+    LONG,
+    MAX_BODY_BYTES,
+    MODEL,
+    USER_KEY,
+    Deployment,
+    call,
+    engine_state,
+    open_fds,
+    rss_mib,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -220,7 +230,7 @@ class FrontDoor(RuleBasedStateMachine):
 @pytest.fixture(scope="module")
 def baseline(deployment: Deployment) -> tuple[int, float]:
     time.sleep(0.5)
-    return _fds(deployment.proc.pid), _rss_mib(deployment.proc.pid)
+    return open_fds(deployment.proc.pid), rss_mib(deployment.proc.pid)
 
 
 def test_stateful_fuzz_keeps_every_invariant(deployment: Deployment, baseline: tuple[int, float]) -> None:
@@ -230,10 +240,10 @@ def test_stateful_fuzz_keeps_every_invariant(deployment: Deployment, baseline: t
     # everything the clients left behind is gone: engines, router state, descriptors, memory
     deadline = time.monotonic() + 10
     while True:
-        engines = {n: _engine_state(e) for n, e in deployment.engines.items()}
+        engines = {n: engine_state(e) for n, e in deployment.engines.items()}
         _, _, raw = call(deployment.base + "/admin/replicas", key=ADMIN_KEY)
         replicas = json.loads(raw)["replicas"]
-        fds = _fds(deployment.proc.pid)
+        fds = open_fds(deployment.proc.pid)
         settled = (all(s == (0.0, 0.0) for s in engines.values()) and fds <= baseline[0] + 4
                    and sum(r["inflight"] for r in replicas) == 0)
         if settled or time.monotonic() > deadline:
@@ -242,4 +252,4 @@ def test_stateful_fuzz_keeps_every_invariant(deployment: Deployment, baseline: t
     assert all(s == (0.0, 0.0) for s in engines.values()), engines  # nothing running, no KV held
     assert not any(r["breaker_open"] for r in replicas) and sum(r["inflight"] for r in replicas) == 0, replicas
     assert fds <= baseline[0] + 4, (fds, baseline)
-    assert _rss_mib(deployment.proc.pid) - baseline[1] < 64
+    assert rss_mib(deployment.proc.pid) - baseline[1] < 64

@@ -14,12 +14,12 @@ import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
 
-from tests.simengine.test_vllm_compat import HI, MODEL, TOOLS, _close_clients, client, get, post
+from tests.simengine.conftest import ENGINE_FLAGS, MODEL, client, get, post
+from tests.simengine.test_vllm_compat import HI, TOOLS
 from tests.support.engines import EngineProcess, running_engine
 from wire.text import VOCAB
 
 pytestmark = pytest.mark.integration
-__all__ = ["_close_clients"]
 SCHEMA: Any = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
     "score": {"type": "number"}, "ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string"}},
@@ -27,16 +27,9 @@ SCHEMA: Any = {"type": "object", "properties": {
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[EngineProcess]:
-    with running_engine("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.02") as e:
-        yield e
-
-
-@pytest.fixture(scope="module")
 def tooled() -> Iterator[EngineProcess]:
     """vLLM started with --enable-auto-tool-choice --tool-call-parser hermes."""
-    with running_engine("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.02", "--tool-call-parser",
-                        "hermes", "--enable-auto-tool-choice") as e:
+    with running_engine(*ENGINE_FLAGS, "--tool-call-parser", "hermes", "--enable-auto-tool-choice") as e:
         yield e
 
 

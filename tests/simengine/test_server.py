@@ -20,6 +20,7 @@ MODEL = "llama-3.1-8b"
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[EngineProcess]:
+    """This module's own engine, TP 2 (in place of the session's, tests/simengine/conftest.py)."""
     with running_engine("--model", MODEL, "--gpu", "h100-sxm", "--tp", "2", "--time-scale", "0.05") as e:
         yield e
 

@@ -15,59 +15,21 @@ from typing import Any
 import openai
 import pytest
 
+from tests.simengine.conftest import ENGINE_FLAGS, MODEL, client, post
 from tests.support.engines import EngineProcess, running_engine
 from wire.text import VOCAB
 
 pytestmark = pytest.mark.integration
-MODEL = "llama-3.1-8b"
 HI: Any = [{"role": "user", "content": "hi"}]
 TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[EngineProcess]:
-    with running_engine("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.02") as e:
-        yield e
-
-
-@pytest.fixture(scope="module")
 def small() -> Iterator[EngineProcess]:
     """A KV cache of 512 tokens: max_model_len 512 (the context cut to the cache)."""
-    with running_engine("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.02",
-                        "--kv-capacity-tokens", "512") as e:
+    with running_engine(*ENGINE_FLAGS, "--kv-capacity-tokens", "512") as e:
         yield e
-
-
-_CLIENTS: list[openai.OpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _CLIENTS:
-        _CLIENTS.pop().close()
-
-
-def client(e: EngineProcess) -> openai.OpenAI:
-    c = openai.OpenAI(base_url=e.url, api_key="unused", max_retries=0, timeout=60)
-    _CLIENTS.append(c)
-    return c
-
-
-def post(url: str, body: Any, content_type: str = "application/json") -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": content_type})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        with err:
-            return err.code, json.loads(err.read())
-
-
-def get(url: str) -> tuple[int, Any]:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return resp.status, json.loads(resp.read())
 
 
 def metrics(e: EngineProcess) -> dict[str, float]:

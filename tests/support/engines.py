@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -16,7 +15,9 @@ from typing import Any
 import yaml
 
 from tests.conftest import ROOT
-from wire.supervisor import Child, ChildError, ChildExited, ChildNotReady, ReadyLine
+from tests.support.wait import wait_until
+from wire.processes import ChildError, ChildExited, ChildNotReady, ReadyLine
+from wire.supervisor import Child
 
 ROUTER_READY_S = 60.0
 
@@ -46,6 +47,14 @@ def start_engine(*args: str, timeout_s: float = 30.0) -> EngineProcess:
 
 def stop_engine(engine: EngineProcess) -> None:
     engine.proc.stop()  # SIGTERM, SIGKILL after 10 s
+
+
+def fault(engine: EngineProcess, spec: Mapping[str, object]) -> None:
+    """Set an engine's faults (its /admin/faults: engines here start with --admin-routes)."""
+    req = urllib.request.Request(f"{engine.base}/admin/faults", data=json.dumps(spec).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        resp.read()
 
 
 @contextmanager
@@ -79,14 +88,16 @@ def wait_until_idle(base: str, admin_key: str, replica_ids: Iterable[str], timeo
     and waiting, its requests in flight) is idle. The PD-or-mixed choice weighs that load, so a
     test that expects a long prompt to split waits for the last request's load to clear first:
     on a slow machine the router's last scrape can still show it."""
-    wanted, seen = set(replica_ids), ""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    wanted, rows = set(replica_ids), list[dict[str, Any]]()
+
+    def idle() -> bool:
+        nonlocal rows
         req = urllib.request.Request(f"{base}/admin/replicas", headers={"authorization": f"Bearer {admin_key}"})
         with urllib.request.urlopen(req, timeout=5) as resp:
             rows = [r for r in json.loads(resp.read())["replicas"] if r["replica_id"] in wanted]
-        seen = ", ".join(f"{r['replica_id']}: {r['running']}/{r['waiting']}/{r['inflight']}" for r in rows)
-        if len(rows) == len(wanted) and not any(r["running"] or r["waiting"] or r["inflight"] for r in rows):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"replicas not idle after {timeout_s} s (running/waiting/in flight): {seen}")
+        return len(rows) == len(wanted) and not any(r["running"] or r["waiting"] or r["inflight"] for r in rows)
+
+    def seen() -> str:
+        return ", ".join(f"{r['replica_id']}: {r['running']}/{r['waiting']}/{r['inflight']}" for r in rows)
+
+    wait_until(idle, timeout_s, "replicas idle (running/waiting/in flight)", seen=seen)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from physics.costmodel import LinkCost
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT
+from tests.topology.conftest import run_cli
 from topology import GpuRef, bottleneck, path, read_source
 from topology.bench.plan import Probe, plan_probes
 from topology.bench.record import BenchRecord, Measurement, apply, is_record, load, regressions, save

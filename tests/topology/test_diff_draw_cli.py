@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, first_capture, run_cli
+from tests.conftest import ROOT, first_capture
+from tests.topology.conftest import run_cli
 from topology.diff import diff
 from topology.model import Topology
 from topology.readers import read_node_text, read_source

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli, shared_path
+from tests.conftest import shared_path
+from tests.topology.conftest import run_cli
 from topology.export import node_capture
 from topology.kinds import LinkKind
 from topology.readers import ReadOptions, read_node_text

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import captures, no_captures, run_cli
+from tests.conftest import captures, no_captures
+from tests.topology.conftest import run_cli
 from topology.errors import ParseError
 from topology.readers import read_node_text
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import capture_params, captures, no_captures, run_cli, shared_path
+from tests.conftest import capture_params, captures, no_captures, shared_path
+from tests.topology.conftest import run_cli
 from topology.export import dumps, node_capture
 from topology.readers import read_node_text
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, first_capture, run_cli, shared_path
+from tests.conftest import ROOT, first_capture, shared_path
+from tests.topology.conftest import run_cli
 from topology.errors import ParseError
 from topology.export import node_capture
 from topology.islands import islands

@@ -17,11 +17,13 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from tests.support.wait import wait_until_async
 from wire import http
-from wire.http import Request, Responder, ServerLimits
-from wire.reader import error_body
+from wire.limits import ServerLimits
+from wire.reader import Request, error_body
+from wire.responder import Responder
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 ATTACKER, VICTIM = "127.0.0.2", "127.0.0.3"
 MAX_BODY_BYTES = 64 * 1024
 
@@ -66,10 +68,7 @@ async def _post(port: int, source: str, body: bytes) -> bytes:
 
 
 async def _settle(check: Callable[[], bool], seconds: float = 5.0) -> None:
-    for _tick in range(int(seconds / 0.02)):
-        if check():
-            return
-        await asyncio.sleep(0.02)
+    await wait_until_async(check, seconds, "the front door's counters", interval_s=0.02)
 
 
 def test_heads_that_declare_large_bodies_hold_nothing_and_refuse_no_one() -> None:

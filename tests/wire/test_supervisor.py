@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from wire.supervisor import (
-    Child,
+from tests.support.wait import wait_until
+from wire.processes import (
     ChildExited,
     ChildNotReady,
     Group,
@@ -30,6 +30,7 @@ from wire.supervisor import (
     Stop,
     session_pids,
 )
+from wire.supervisor import Child
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -42,11 +43,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _gone(pid: int, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not _alive(pid)
+def _gone(pid: int, timeout_s: float = 10.0) -> None:
+    wait_until(lambda: not _alive(pid), timeout_s, f"process {pid} gone")
 
 
 def _free_port() -> int:
@@ -129,7 +127,8 @@ def test_not_ready_in_time_stops_it_and_what_it_started(started: list[Child], tm
     with pytest.raises(ChildNotReady, match=r"^slow: not ready within 1 s \(it was stopped\)") as err:
         child.wait_ready(1.0)
     assert err.value.tail == ["still loading"] and not child.running()
-    assert _gone(int(pid_file.read_text()), 2.0) and session_pids(child.pid) == []
+    _gone(int(pid_file.read_text()), 2.0)
+    assert session_pids(child.pid) == []
 
 
 def test_sigterm_ignored_is_killed_after_the_grace(started: list[Child]) -> None:
@@ -179,4 +178,4 @@ def test_a_child_does_not_outlive_a_starter_killed_outright(started: list[Child]
     assert _alive(grandchild)
     starter.kill()  # SIGKILL: no stop(), no cleanup
     starter.wait(10)
-    assert _gone(grandchild), "the child outlived the process that started it"
+    _gone(grandchild)  # the child does not outlive the process that started it
