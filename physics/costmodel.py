@@ -102,7 +102,7 @@ TIER_QUALITY = {"local": 1.0, "nvlink": 1.0, "pcie": 0.45, "numa": 0.3, "rdma": 
 link-tier-scorer). Inside a node it is this cost model's own ratio: a prefill of 8192 tokens of
 llama-3.1-8b at TP=2 on H100 runs 0.38x (NODE) to 0.47x (PIX) as fast over the PCIe default
 links as over NVSwitch, and 0.29x over the cross-socket (SYS) one (topology.kinds defaults;
-tests/unit/test_routing_costs.py checks it). Across nodes it is held below that ratio (by the
+tests/physics/test_routing_costs.py checks it). Across nodes it is held below that ratio (by the
 same measure rdma 0.62, tcp 0.27): a TP group spread over nodes also shares their NICs with KV
 transfers and other traffic, and is lost with either node."""
 

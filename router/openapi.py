@@ -36,7 +36,8 @@ STREAM_WORDS = "server-sent events: `data: <{chunk} JSON>` per event, then `data
 def _description() -> str:
     return ("The OpenAI-compatible API of the isleserve router, generated from its pydantic models. Every key, "
             "admin included, comes as `Authorization: Bearer <key>`. Errors have OpenAI's shape. Connection limits "
-            f"(docs/security.md, Front door): a head over {MAX_HEAD_BYTES // 1024} KiB or {MAX_HEADER_COUNT} headers is 431, "
+            f"(docs/security.md, Front door): a head over {MAX_HEAD_BYTES // 1024} KiB or {MAX_HEADER_COUNT} headers "
+            "is 431, "
             "a Transfer-Encoding other than chunked 501, a repeated Host/Authorization/Content-Length/X-SLO-Class "
             "or HTTP/1.1 without Host 400, the router's connection or buffered-bytes cap 503 with Retry-After.")
 

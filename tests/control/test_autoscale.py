@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from control.backend import LocalBackend
-from control.controller import ControllerCore, ControllerSpec
-from control.spec import AutoscaleSpec
+from control.controller import ControllerCore
+from control.spec import AutoscaleSpec, ControllerSpec
 from pools.autoscale.policy import AutoscalingConfig
 from pools.model import PoolSpec
 from tests.conftest import ROOT

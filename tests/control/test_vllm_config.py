@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from control.replicas.vllm import command, environment
+from control.replicas.vllm.command import command, environment
 from control.replicas.vllm.launch import cpu_threads_bind, server_for
 from control.spec import EngineLaunch, VllmLaunch
 from isleserve.app import controller_spec

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from loadtest.chaos.report import openai_error
-from loadtest.live.deploy import RAY_ENV, session_pids
+from loadtest.live.deploy import RAY_ENV
 from tests.conftest import ROOT
+from wire.processes import session_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

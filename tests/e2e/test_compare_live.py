@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadtest.live.deploy import free_ports, port_in_use, session_pids
+from loadtest.live.deploy import free_ports, port_in_use
 from tests.conftest import ROOT
+from wire.processes import session_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

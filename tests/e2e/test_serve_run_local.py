@@ -21,11 +21,11 @@ from pathlib import Path
 import openai
 import pytest
 
-from loadtest.live.deploy import session_pids
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 from tests.security.listeners import grpc_statuses, http_answer, listeners, process_tree, ray_services
-from wire.supervisor import Child, ChildExited, ChildNotReady, Group, Output, ReadyLine, Stop
+from wire.processes import ChildExited, ChildNotReady, Group, Output, ReadyLine, Stop, session_pids
+from wire.supervisor import Child
 
 pytestmark = pytest.mark.e2e
 BASE = "http://127.0.0.1:8000"

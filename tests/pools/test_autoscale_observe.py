@@ -124,7 +124,7 @@ def test_reports_beyond_the_rate_are_dropped_and_counted() -> None:
 
 
 def test_the_load_report_is_a_typed_value_with_a_checked_json_form() -> None:
-    import jsonschema
+    import jsonschema  # type: ignore[import-untyped]
 
     from pools.autoscale.report import SCHEMA, LoadReport, PoolLoad
 

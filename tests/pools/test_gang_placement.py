@@ -13,7 +13,7 @@ import pytest
 
 from pools.model import PlacementPlan, PlacementRequest, PoolSpec
 from pools.placement import POLICIES, place
-from pools.placement.common import memory_fits
+from pools.placement.layout import memory_fits
 from pools.placement.validate import tp_groups, validate_plan
 from topology import GpuRef, Topology, is_clique, islands, tier
 from topology.paths import TIERS

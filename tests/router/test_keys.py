@@ -17,7 +17,7 @@ from router.config import parse_router_config
 from router.keys import Keyring, Stored, salted, sha256_hex
 from tests.conftest import ROOT
 from topology.errors import ParseError
-from wire.openai import ApiError
+from wire.errors import ApiError
 
 pytestmark = pytest.mark.unit
 

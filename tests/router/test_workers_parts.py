@@ -17,7 +17,7 @@ from router.admission import Admission
 from router.metrics import RouterMetrics
 from router.workers import read_view, view_bytes
 from topology import read_source
-from wire.openai import ApiError
+from wire.errors import ApiError
 
 pytestmark = pytest.mark.unit
 
@@ -97,7 +97,9 @@ def test_each_worker_admits_its_share_of_a_class_limit() -> None:
 
 def test_a_sibling_that_misses_a_scrape_counts_with_its_last_answer(tmp_path: Path) -> None:
     from router.workers import Siblings, socket_path
-    from wire.http import Request, Responder, serve_unix
+    from wire.http import serve_unix
+    from wire.reader import Request
+    from wire.responder import Responder
 
     def answer(request: Request, response: Responder) -> None:
         response.send(200, orjson.dumps({"families": {"isle_router_requests": [[["standard", "ok"], 7.0]]}}))

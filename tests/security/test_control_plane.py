@@ -20,7 +20,8 @@ from control.state.secrets import TOKEN_FILE, drawn_secret
 from tests.conftest import ROOT
 from wire import client
 from wire.openai import ADMIN_TOKEN_ENV, API_KEY_ENV
-from wire.supervisor import Child, ReadyLine
+from wire.processes import ReadyLine
+from wire.supervisor import Child
 
 pytestmark = pytest.mark.integration
 ENGINE = ["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--port", "0"]

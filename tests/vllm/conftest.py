@@ -20,10 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from control.replicas.vllm import VllmProcess, VllmServer
+from control.replicas.vllm.command import VllmServer
+from control.replicas.vllm.process import VllmProcess
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.conftest import ROOT
-from wire.supervisor import Child, ChildError, ReadyLine
+from wire.processes import ChildError, ReadyLine
+from wire.supervisor import Child
 
 VENV = Path(os.environ.get("ISLE_VLLM_VENV", ROOT / ".venv-vllm"))
 PYTHON = VENV / "bin" / "python"

@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from control.replicas.vllm import VllmProcess, free_port
+from control.replicas.vllm.process import VllmProcess, free_port
 from router.config import DEV_KEY
 from tests.vllm.conftest import SERVED, Router, cpu_server, router_config, start_all, start_router, stop_all
 

@@ -10,7 +10,9 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from wire import http
-from wire.http import Request, Responder, ServerLimits
+from wire.limits import ServerLimits
+from wire.reader import Request
+from wire.responder import Responder
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ detected from the content, never from the file name.
 
 Holds one module per source format (`smi`, `rocm`, `nccl`, `nvml`, `spec`, ...) and
 `capture` (one machine's capture -> Node). Imports nothing outside `topology`; the readers
-never import this package back (tests/unit/test_import_graph.py checks).
+never import this package back (tests/house/test_import_graph.py checks).
 """
 
 from __future__ import annotations
