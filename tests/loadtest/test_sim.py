@@ -4,7 +4,6 @@ clock. Checks what a user of `python -m loadtest compare` relies on."""
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,33 +15,13 @@ from loadtest.scenario import load_scenario
 from loadtest.sim.cluster import simulate
 from loadtest.sim.model import Fault, SimConfig, SimResult
 from loadtest.sim.network import Network
-from pools.model import DEFAULT_SLO_CLASSES, PlacementRequest, PoolSpec
+from pools.model import PlacementRequest, PoolSpec
 from pools.placement import get_policy
 from tests.conftest import ROOT
+from tests.loadtest.conftest import CLASSES, POOLS, config, workload
 from topology import read_source
 
 pytestmark = pytest.mark.sim
-
-CLASSES = {c.name: c for c in DEFAULT_SLO_CLASSES}
-TOPOLOGY = read_source(str(ROOT / "configs/clusters/local-sim.yaml"))
-POOLS = (PoolSpec(name="prefill", role="prefill", tp=2, replicas=1, model="llama-3.1-8b"),
-         PoolSpec(name="decode", role="decode", tp=2, replicas=1, model="llama-3.1-8b"),
-         PoolSpec(name="mixed", role="mixed", tp=2, replicas=2, model="llama-3.1-8b"))
-
-
-def workload(n: int = 300, rate: float = 10.0, seed: int = 1) -> list[TraceRequest]:
-    rng, t, out = random.Random(seed), 0.0, []
-    for i in range(n):
-        t += rng.expovariate(rate)
-        out.append(TraceRequest(index=i, arrival_s=t, prompt_tokens=rng.choice([80, 400, 2000]),
-                                output_tokens=rng.randint(5, 200), slo_class=rng.choice(list(CLASSES))))
-    return out
-
-
-def config(policy: str = "island-aligned", pools: tuple[PoolSpec, ...] = POOLS, **kw: object) -> SimConfig:
-    plan = get_policy(policy).place(PlacementRequest(topology=TOPOLOGY, pools=pools, slo_classes=CLASSES))
-    return replace(SimConfig(topology=TOPOLOGY, plan=plan, classes=CLASSES), **kw)  # type: ignore[arg-type]
-
 
 def by_index(result: SimResult) -> dict[int, tuple[object, ...]]:
     return {r.index: (r.outcome, r.replica, r.prefill_replica, round(r.ttft_s or 0, 9), round(r.e2e_s or 0, 9))

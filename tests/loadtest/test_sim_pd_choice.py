@@ -15,7 +15,7 @@ from loadtest.sim.cluster import simulate
 from loadtest.sim.model import PDChoice, SimConfig
 from router.plugins.model import Candidate, RouteRequest
 from router.plugins.pd import PDDecision, pd_decide
-from tests.loadtest.test_sim import config, workload
+from tests.loadtest.conftest import config, workload
 from topology import Topology
 
 pytestmark = pytest.mark.sim

@@ -22,7 +22,7 @@ from router.plugins.profile import Profile
 from router.plugins.registry import FILTER, PICKER, PLUGINS, SCORER
 from router.plugins.spec import PluginSpec
 from router.plugins.timing import PluginTimer
-from tests.router.test_decision import cand, req
+from tests.router.conftest import cand, req
 from topology import ParseError
 
 pytestmark = pytest.mark.unit
