@@ -26,7 +26,7 @@ from tests.support.wait import wait_until
 from topology import GpuRef, Topology, path, read_source
 from topology.bench.record import load, node_fingerprint
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow,
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.serial,
               pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch is not installed (the bench extra: torch==2.13.0)")]
 
