@@ -180,14 +180,8 @@ class FleetView:
     health: Mapping[str, float]
     """Each replica's health score in the published table."""
 
-    @property
-    def serving(self) -> dict[str, int]:
-        """Per pool, the replicas taking traffic (installed, not draining)."""
-        counts: dict[str, int] = {}
-        for rid, p in self.running.items():
-            if rid not in self.draining:
-                counts[p.pool] = counts.get(p.pool, 0) + 1
-        return counts
+    serving: Mapping[str, int]
+    """Per pool, the replicas taking traffic (`serving_counts`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

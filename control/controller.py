@@ -338,7 +338,7 @@ class ControllerCore:
         """What the autoscaler decides on: plain values, read in one step."""
         assert self.plan is not None and self.topology is not None
         running = dict(self.running)
-        return FleetView(plan=self.plan, topology=self.topology,
+        return FleetView(plan=self.plan, topology=self.topology, serving=serving_counts(running),
                          running={rid: r.placement for rid, r in running.items()},
                          draining=frozenset(rid for rid, r in running.items() if r.draining),
                          held=tuple(self._held()), starting=frozenset(self.fleet.starts.flight),
