@@ -164,6 +164,44 @@ def open_fds(pid: int) -> int:
     return len(list(Path(f"/proc/{pid}/fd").iterdir()))
 
 
+def _socket_ports(pid: int) -> dict[str, tuple[int, int]]:
+    """inode -> (local port, remote port) of every TCP socket in the process's network namespace."""
+    ports: dict[str, tuple[int, int]] = {}
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            cols = line.split()
+            local, remote, inode = cols[1], cols[2], cols[9]
+            ports[inode] = (int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def fds_held(pid: int, engine_ports: set[int]) -> tuple[int, int]:
+    """(descriptors other than connections to the engines, connections to the engines).
+    The router keeps idle keep-alive connections to each engine (bounded per engine), and how
+    many are left idle depends on how many requests overlapped, so a leak check on the clients'
+    side counts them apart."""
+    ports = _socket_ports(pid)
+    other = upstream = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = fd.readlink().name
+        except OSError:
+            continue  # closed while listing
+        inode = target.removeprefix("socket:[").removesuffix("]") if target.startswith("socket:[") else ""
+        if inode in ports and ports[inode][1] in engine_ports:
+            upstream += 1
+        else:
+            other += 1
+    return other, upstream
+
+
+def engine_ports(engines: dict[str, EngineProcess]) -> set[int]:
+    return {int(e.base.rsplit(":", 1)[1]) for e in engines.values()}
+
+
 def engine_state(engine: EngineProcess) -> tuple[float, float]:
     """(requests running, KV cache usage) as the engine exports them."""
     with urllib.request.urlopen(f"{engine.base}/metrics", timeout=5) as resp:
