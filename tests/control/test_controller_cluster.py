@@ -238,7 +238,12 @@ def test_a_marked_link_drains_and_replaces_the_replica(product: Product) -> None
         for w in workers:
             w.join(30)
     assert not failures, failures[:3]
-    new = product.replicas()[victim["replica_id"]]
+
+    def replaced() -> dict[str, Any] | None:  # the loop above also ends on a /metrics timeout on a loaded machine
+        now = product.replicas()[victim["replica_id"]]
+        return now if now["pid"] != old["pid"] else None
+
+    new = wait_until(replaced, 60, "the replacement replica", interval_s=0.5)
     placed = next(p for p in product.plan()["placements"] if p["replica_id"] == victim["replica_id"])
     assert (placed["node"], placed["gpus"]) == ("b", [2, 3]) and new["ray_node_id"] == product.ray_ids["b"]
     assert new["env"]["CUDA_VISIBLE_DEVICES"] == "2,3" and new["ray_resources"] == {"isle_gpu_b_2": 1.0,
