@@ -20,12 +20,13 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
 .PHONY: install install-run run survey test lint clean vllm-env test-vllm
 
-# `make run` needs the runtime only (and mypy, whose mypyc compiles the request path); `make test`
+# `make run` needs the runtime only (with mypy and the stubs its mypyc needs to compile the request
+# path, and the openai client for the quickstart); `make test`
 # adds the dev tools (pytest, torch for the bench, schemathesis, ...) to the same environment.
 $(RUN_STAMP): pyproject.toml setup.py
 	@test -f $(STAMP) || { $(PYTHON) -m venv $(VENV) && \
 	  $(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=68" && \
-	  $(BIN)/python -m pip install --quiet -e '.[native]'; }
+	  $(BIN)/python -m pip install --quiet -e '.[native,client]'; }
 	rm -f $(VENV)/.runtime-*
 	touch $(RUN_STAMP)
 
@@ -37,10 +38,12 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP) $(RUN_STAMP)
 
 # the request path (wire/native.py COMPILED) compiled with mypyc from the installed mypy; again
-# whenever the sources change (wire.native says so). If it cannot be compiled (no C compiler)
-# it runs interpreted, and the build is not retried until the sources change.
-NATIVE_BUILD = @$(BIN)/python -c "import wire.native as n; raise SystemExit(not n.up_to_date())" 2>/dev/null || \
-	  $(BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e .
+# whenever the sources change. A build that fails is shown (why, the log's tail, how to retry),
+# the product then runs interpreted, and the next make target tries again (wire/build.py).
+NATIVE_BUILD = @$(BIN)/python -m wire.build check 2>/dev/null || { mkdir -p out; \
+	  echo "isleserve: compiling the request path (mypyc; a minute or two)" >&2; \
+	  $(BIN)/python -m pip install --no-build-isolation --no-deps -e . >out/native-build.log 2>&1; \
+	  $(BIN)/python -m wire.build report out/native-build.log $$?; }
 
 install: $(STAMP)
 	$(NATIVE_BUILD)

@@ -2,7 +2,7 @@
 importable (the Makefile installs it, then builds without isolation so mypy sees the installed
 packages). Without mypyc (a plain isolated `pip install`) nothing changes; with ISLE_COMPILE=0,
 or if the build fails, the package is plain Python and runs the same source interpreted, and
-the manifest says so (the Makefile does not retry until the sources change). Metadata lives in
+the manifest says so (the next `make` target tries again: wire/build.py). Metadata lives in
 pyproject.toml."""
 
 from __future__ import annotations

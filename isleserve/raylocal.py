@@ -60,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, _stop)
     import ray
 
-    ray.init(_node_ip_address=LOOPBACK, _temp_dir=args.temp_dir, include_dashboard=args.dashboard,
+    # address="local": always a new head. With no address, ray.init() looks for a running cluster
+    # first (RAY_ADDRESS, then `ray_current_cluster` in the temp dir) and would join it
+    ray.init(address="local", _node_ip_address=LOOPBACK, _temp_dir=args.temp_dir, include_dashboard=args.dashboard,
              dashboard_host=LOOPBACK, log_to_driver=False, configure_logging=False)
     print(f"{READY_PREFIX}{ray.get_runtime_context().gcs_address}", flush=True)
     while not stop.wait(1.0):

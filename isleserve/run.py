@@ -1,6 +1,8 @@
 """`isle run [CONFIG]` (what `make run` does): Ray Serve's own `serve run CONFIG` (default
-configs/local.yaml, the simulated cluster) as a child, its output passed through, and around it
-what a user needs: one line when the endpoint answers
+configs/local.yaml, the simulated cluster) as a child, its output passed on (to stderr; once
+stopping, without the line Ray prints on every clean Serve shutdown), and around it what a user
+needs: which request path this tree runs (`isleserve: request path: compiled`), one line when
+the endpoint answers
 
     isleserve: OpenAI API on http://127.0.0.1:8000/v1, 4 replicas ready
 
@@ -35,7 +37,7 @@ from control.state.files import DiskFiles, private_dir
 from isleserve.raylocal import READY_PREFIX, TOKEN_FILE, secure_env
 from isleserve.settings import app_args_from_serve_config
 from topology.errors import ParseError
-from wire import client
+from wire import client, native
 from wire.processes import ChildError, Group, Output, ReadyLine, ReadyProbe, Stop
 from wire.supervisor import Child
 
@@ -82,11 +84,27 @@ def _ray_head(temp_dir: str, env: dict[str, str], dashboard: bool) -> Child:
                  stop=Stop(signal=signal.SIGTERM, grace_s=RAY_STOP_TIMEOUT_S, linger_s=2.0))
 
 
-def _serve_run(config: str, address: str, env: dict[str, str], answers: Callable[[], bool]) -> Child:
+BENIGN_ON_STOP = ("Task ServeController.graceful_shutdown failed",)
+"""What Ray prints on every clean `serve shutdown` (Serve kills its controller with `ray.kill` while
+its own graceful_shutdown call is pending, and the raylet reports the task as failed): not passed
+through once we are stopping."""
+
+
+def _passer(stopping: threading.Event) -> Callable[[str], None]:
+    def passed(line: str) -> None:
+        if stopping.is_set() and any(b in line for b in BENIGN_ON_STOP):
+            return
+        print(line.rstrip("\n"), file=sys.stderr, flush=True)
+
+    return passed
+
+
+def _serve_run(config: str, address: str, env: dict[str, str], answers: Callable[[], bool],
+               stopping: threading.Event) -> Child:
     return Child([_beside("serve"), "run", "--address", address, config], name="serve run",
                  ready=ReadyProbe(answers), env=env,
                  group=Group.OWN,  # Ctrl-C: ours alone
-                 stdout=Output.INHERIT, stderr=Output.INHERIT,  # its output passed through
+                 stdout=Output.CAPTURE, stderr=Output.STDOUT, on_line=_passer(stopping),  # its output passed on
                  parent_death=signal.SIGINT,  # we are killed outright: it still shuts Serve down
                  stop=Stop(signal=signal.SIGINT, grace_s=STOP_TIMEOUT_S, linger_s=None))
 
@@ -112,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     router = app.router
     host = "127.0.0.1" if router.host in ("0.0.0.0", "::", "") else router.host
+    # the replicas import the same tree with the same environment: they run what this process would
+    print(f"isleserve: request path: {native.explain()}", file=sys.stderr, flush=True)
     stopping = threading.Event()
     serving: list[Child] = []
 
@@ -170,7 +190,8 @@ def _serve(config: str, address: str, env: dict[str, str], host: str, port: int,
             replicas.append(found)
         return found is not None
 
-    child = _serve_run(config, address, env, answers).start()
+    # its lines come through a pipe now: unbuffered, so that they arrive as they are written
+    child = _serve_run(config, address, {**env, "PYTHONUNBUFFERED": "1"}, answers, stopping).start()
     serving.append(child)
     if stopping.is_set():  # a signal between the start and the line above
         child.terminate()

@@ -134,11 +134,8 @@ def read_manifest(root: Path = ROOT) -> dict[str, Any]:
 
 
 def up_to_date(root: Path = ROOT) -> bool:
-    """The last build (compiled, or failed and so interpreted) was made from these sources: no
-    need to build again (the Makefile asks)."""
-    recorded = read_manifest(root)
-    if recorded.get("failed"):
-        return _same_sources(recorded, root)
+    """The last build compiled these very sources: nothing to build (the Makefile asks). A build
+    that failed is not up to date: the next `make` target tries again, and shows why if it fails."""
     return judge(root) == "compiled"
 
 
@@ -198,3 +195,21 @@ def ensure() -> str:
 def state() -> str:
     """How this process runs the request path: 'compiled', 'interpreted' or 'stale'."""
     return ensure()
+
+
+def explain(root: Path = ROOT) -> str:
+    """`compiled`, or `interpreted (why; what to do)`: the start-up line's words. For this
+    process (as `ensure` decided) when `root` is the package's own tree."""
+    now = state() if root == ROOT else judge(root)
+    if now == "compiled":
+        return "compiled"
+    failed = str(read_manifest(root).get("failed") or "")
+    if root == ROOT and os.environ.get(ENV, "") not in ("", "0"):
+        why = f"{ENV} is set"
+    elif failed:
+        why = f"the build failed: {failed.strip().splitlines()[0][:200]}; `make install-run` tries again"
+    elif now == "stale":
+        why = "built from other sources; `make install-run` recompiles"
+    else:
+        why = "not compiled; `make install-run` compiles it"
+    return f"interpreted ({why})"

@@ -9,6 +9,9 @@ docs tests do with it.
                        the command's arguments must parse with the program's own parser
     ```sh usage        a synopsis: the program and subcommand must exist, and every --flag on
                        the line must be one the subcommand's --help lists
+    ```sh local        needs the deployment `make run` starts (configs/local.yaml, port 8000):
+                       parsed like parse-only, and run verbatim, one after another, against
+                       `isle run configs/local.yaml` by tests/e2e/test_serve_run_local.py
     ```yaml / ```json  must parse (YAML / JSON)
     ```text            anything else (output, layouts); not checked
 
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SHELL_KINDS = frozenset({"sh", "sh parse-only", "sh usage"})
+SHELL_KINDS = frozenset({"sh", "sh parse-only", "sh usage", "sh local"})
 OTHER_KINDS = frozenset({"yaml", "json", "text"})
 OPERATORS = frozenset({";", "|", "&&", "||", "(", ")", "&"})
 REDIRECTS = frozenset({">", ">>", "<"})

@@ -1,6 +1,6 @@
 """The docs' commands that are not run here parse, and their synopses name real flags.
 
-`sh parse-only` blocks (tests/docs/mdblocks.py gives the convention): each simple command's
+`sh parse-only` and `sh local` blocks (tests/docs/mdblocks.py gives the convention): each simple command's
 program exists and its arguments parse with the program's own parser (tests/docs/cliparse.py).
 What runs each of them for real is named in REAL_RUNS, by test file; a parse-only command whose
 program and subcommand are not there fails, so every one has a test that runs it.
@@ -31,7 +31,6 @@ REAL_RUNS: dict[str, str] = {
     "isle status": "isleserve/test_status_cli.py",       # `isle status` against a router's admin API
     "curl": "e2e/test_serve_run_local.py",               # a chat completion against the running product
     "python -c": "e2e/test_serve_run_local.py",          # the openai client against the running product
-    "pip install": "e2e/test_serve_run_local.py",        # the dev venv has openai; the e2e test uses it
     "serve deploy": "e2e/test_serve_deploy.py",          # `serve deploy` on `ray start --head` with a token
     "serve status": "e2e/test_serve_deploy.py",
     "serve shutdown": "e2e/test_serve_deploy.py",
@@ -75,14 +74,14 @@ def _test_file_exists(name: str) -> bool:
     return (ROOT / "tests" / name).is_file()
 
 
-PARSE_ONLY = commands("sh parse-only")
+PARSE_ONLY = commands("sh parse-only") + commands("sh local")
 USAGE = commands("sh usage")
 
 
 def test_every_block_has_a_known_kind() -> None:
     unknown = [f"{b.path.relative_to(ROOT)}:{b.line} ```{b.info}" for b in all_blocks()
                if b.info not in SHELL_KINDS | OTHER_KINDS]
-    assert not unknown, "fenced blocks must say sh, sh parse-only, sh usage, yaml, json or text"
+    assert not unknown, "fenced blocks must say sh, sh parse-only, sh usage, sh local, yaml, json or text"
 
 
 def test_the_docs_have_commands_of_each_kind() -> None:

@@ -1,7 +1,9 @@
 """The product as a user starts it (`make run`: `isle run configs/local.yaml`, Ray Serve's `serve
-run` inside): one line saying the endpoint is ready, then the OpenAI endpoint on
-http://127.0.0.1:8000/v1 with the development key, metrics, the admin plan, and a clean stop on
-SIGTERM: exit 0, no stack trace, no engine left behind."""
+run` inside), on a machine where another program already runs a Ray head (and RAY_ADDRESS names
+it): one line saying the endpoint is ready, the request path compiled, then the OpenAI endpoint
+on http://127.0.0.1:8000/v1 with the development key, every `sh local` command of the README and
+docs run verbatim, metrics, the admin plan, and a clean stop on SIGTERM: exit 0 within 15 s, no
+stack trace, no alarming line, no engine left behind, nothing of it in the other Ray."""
 
 from __future__ import annotations
 
@@ -21,10 +23,13 @@ from pathlib import Path
 import openai
 import pytest
 
+from loadtest.live.deploy import free_ports, port_in_use
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
+from tests.docs.mdblocks import commands
 from tests.security.listeners import grpc_statuses, http_answer, listeners, process_tree, ray_services
-from wire.processes import ChildExited, ChildNotReady, Group, Output, ReadyLine, Stop, session_pids
+from wire import native
+from wire.processes import ChildExited, ChildNotReady, Group, Output, ReadyLine, ReadyProbe, Stop, session_pids
 from wire.supervisor import Child
 
 pytestmark = pytest.mark.e2e
@@ -56,11 +61,52 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 READY = "isleserve: OpenAI API on http://127.0.0.1:8000/v1, 4 replicas ready"
+STOP_WITHIN_S = 15.0
+FOREIGN_PORTS = ("--port", "--ray-client-server-port", "--node-manager-port", "--object-manager-port",
+                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
+                 "--runtime-env-agent-port")
+ALARMING = ("Traceback", "graceful_shutdown failed", "ERROR", "Error:")
+
+
+def _foreign_processes(sid: int) -> list[str]:
+    """Command lines in the other program's Ray that a deployment would have started there."""
+    found = []
+    for pid in session_pids(sid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "Serve" in cmdline or "sim-engine" in cmdline or "isleserve" in cmdline:
+            found.append(cmdline[:120])
+    return found
 
 
 @pytest.fixture(scope="module")
-def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Child]:
+def foreign_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Child, str]]:
+    """Another program's Ray head on this machine, without authentication (the worst one to join):
+    `ray start --head --block`, in a temporary directory of its own (never the machine's /tmp/ray,
+    which other programs may use), with its address exported the way its user would."""
+    temp_dir = tmp_path_factory.mktemp("foreign-ray")
+    ports = dict(zip(FOREIGN_PORTS, free_ports(len(FOREIGN_PORTS)), strict=True))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+           "--temp-dir", str(temp_dir), "--num-cpus", "1", "--include-dashboard", "false", "--disable-usage-stats",
+           *(x for option, port in ports.items() for x in (option, str(port)))]
+    proc = Child(cmd, name="another program's ray head", ready=ReadyProbe(lambda: port_in_use(ports["--port"])),
+                 cwd=ROOT, env=env, group=Group.SESSION, stdout=Output.DEVNULL, stderr=Output.DEVNULL,
+                 stop=Stop(grace_s=30.0, linger_s=10.0)).start()
+    try:
+        proc.wait_ready(90, poll_s=0.5)
+        yield proc, f"127.0.0.1:{ports['--port']}"
+    finally:
+        proc.stop()
+        assert not session_pids(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def product(tmp_path_factory: pytest.TempPathFactory, foreign_ray: tuple[Child, str]) -> Iterator[Child]:
+    foreign, address = foreign_ray
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": address}
     isle = Path(sys.executable).parent / "isle"
     out = tmp_path_factory.mktemp("run") / "out.txt"
     # SIGTERM to it alone (a service manager's stop); SIGKILL to its session if it is still there after 90 s
@@ -80,10 +126,13 @@ def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Child]:
             assert resp.status == 200
         engines = _our_engines(proc.pid)
         assert len(engines) == 4  # prefill, decode and two mixed replicas
+        assert not _foreign_processes(foreign.pid), _foreign_processes(foreign.pid)  # nothing in the other Ray
         yield proc
     finally:
         engines = locals().get("engines", [])
+        stop_sent = time.monotonic()
         code = proc.stop()  # Ctrl-C is the same path
+        took_s = time.monotonic() - stop_sent
         deadline = time.monotonic() + 20
         while _alive(engines) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -92,8 +141,38 @@ def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Child]:
             os.kill(pid, signal.SIGKILL)
         text = out.read_text(errors="replace")
         assert not leftover, f"engines left behind: {leftover}"
-        assert code == 0 and "Traceback" not in text, (code, text[-3000:])
+        assert code == 0, (code, text[-3000:])
+        assert took_s < STOP_WITHIN_S, (took_s, text[-3000:])
+        tail = text[text.index("isleserve: stopping"):] if "isleserve: stopping" in text else text
+        assert not [w for w in ALARMING if w in tail], tail[-3000:]  # a clean stop says nothing alarming
+        assert "Traceback" not in text
         assert text.count(READY) == 1 and "no Ray node carries it" not in text
+        assert f"isleserve: request path: {native.explain()}" in text  # what the tree it runs is built as
+
+
+LOCAL_COMMANDS = commands("sh local")
+
+
+def _error_answer(out: str) -> bool:
+    """An OpenAI error body (curl exits 0 on an HTTP error)."""
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "error" in doc
+
+
+def test_every_local_command_of_the_docs_runs_verbatim(product: Child) -> None:
+    """README.md and docs/ commands that need the running deployment, as written, in order."""
+    assert len(LOCAL_COMMANDS) >= 5
+    failed = []
+    for command in LOCAL_COMMANDS:
+        done = subprocess.run(["bash", "-c", command.text], cwd=ROOT, capture_output=True, text=True, timeout=180,
+                              check=False)
+        if done.returncode != 0 or _error_answer(done.stdout):
+            failed.append(f"{command.id}: {command.text}\nexit {done.returncode}\n{done.stdout[-800:]}"
+                          f"\n{done.stderr[-800:]}")
+    assert not failed, "\n\n".join(failed)
 
 
 def test_chat_streams_metrics_and_admin(product: Child) -> None:

