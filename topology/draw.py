@@ -1,25 +1,39 @@
 """Draw a topology as SVG or PNG: nodes as panels, NUMA domains as bands, GPUs grouped by island,
 NVLink/XGMI coloured by kind (width by lanes), NVSwitch fabrics as a bar, PCIe switch pairs
-dotted, unhealthy links and GPUs in red, NICs under their nearest GPUs with the PCIe level,
-and optionally a placement plan's replicas outlined by role.
+dotted, unhealthy links and GPUs in red, NICs in lanes by their nearest GPUs with the PCIe level,
+the reader's notes under each node's name, and optionally a placement plan's replicas outlined
+by role. Where each thing goes is `topology.drawlayout`; no label overlaps another or is crossed
+by a line (tests/topology/test_draw_labels.py measures it on every shipped capture).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from topology.drawlayout import (
+    ARC_RAD,
+    GPU_RADIUS,
+    GPU_STEP,
+    INCH_PER_UNIT,
+    ISLAND_HALF,
+    LINE_SPACING,
+    NIC_H,
+    NIC_W,
+    UNIT_PER_PT,
+    Layout,
+    Panel,
+    TextSpot,
+    drawn,
+    layout,
+)
+from topology.drawtext import plan_groups
 from topology.errors import TopologyError
-from topology.islands import islands
 from topology.kinds import LinkKind
-from topology.model import Gpu, GpuRef, Island, Node, Topology
+from topology.model import Topology
 
-MAX_NODES = 24
-GPU_STEP = 1.5
-ROW_STEP = 2.6
-TOP = 1.9
 ISLAND_COLOURS = ["#cfe8ff", "#d8f5d0", "#ffe7c2", "#f3d5f7", "#fff3b0", "#d0f0ee", "#ffd6d6", "#e2e2f8"]
 KIND_COLOURS = {LinkKind.NVSWITCH: "#1a7f37", LinkKind.NVLINK: "#1a7f37", LinkKind.XGMI: "#0e7c86",
                 LinkKind.PIX: "#6e7781", LinkKind.PXB: "#8c959f", LinkKind.PHB: "#afb8c1",
@@ -28,199 +42,147 @@ ROLE_COLOURS = {"prefill": "#d4a72c", "decode": "#0969da", "mixed": "#8250df"}
 UNHEALTHY = "#cf222e"
 
 
-@dataclass(frozen=True, slots=True)
-class _Panel:
-    node: Node
-    x0: float
-    y0: float
-    width: float
-    height: float
-    pos: dict[int, tuple[float, float]]
-    rows: list[tuple[int | None, str | None]]
+DPI = 160
 
 
-def _layout_node(node: Node, isl: Sequence[Island], x0: float, y0: float) -> _Panel:
-    order = {g: k for k, i in enumerate(isl) for g in i.gpus}
-    # One band per socket: the NUMA node, or the CPU list where the capture has no NUMA column.
-    rows = sorted({_row_key(g) for g in node.gpus}, key=lambda r: (r[0] is None, r[0] or 0, r[1] or ""))
-    pos: dict[int, tuple[float, float]] = {}
-    widest = 1
-    for r, key in enumerate(rows):
-        members = sorted((g.index for g in node.gpus if _row_key(g) == key),
-                         key=lambda i: (order.get(GpuRef(node.name, i), 0), i))
-        widest = max(widest, len(members))
-        for k, idx in enumerate(members):
-            pos[idx] = (x0 + 1.2 + k * GPU_STEP, y0 - TOP - r * ROW_STEP)
-    switched = any(k.kind is LinkKind.NVSWITCH for k in node.links)
-    width = 1.2 + widest * GPU_STEP + (2.2 if switched and len(rows) > 2 else 0.6)
-    bottom = 1.3 if (node.nics and len(rows) == 1) or (switched and len(rows) == 1) else 0.3
-    height = TOP - 1.3 + len(rows) * ROW_STEP + bottom
-    return _Panel(node, x0, y0, width, height, pos, rows)
+def measure_text(text: str, size_pt: float, bold: bool = False) -> tuple[float, float]:
+    """A label's width and height in points, as matplotlib lays out its lines."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    props = FontProperties(size=size_pt, weight="bold" if bold else "normal")
+    widths = [TextToPath().get_text_width_height_descent(line, props, ismath=False)[0] * 1.04
+              for line in text.split("\n")]
+    return max(widths), size_pt * LINE_SPACING * len(widths)
 
 
-def _row_key(gpu: Gpu) -> tuple[int | None, str | None]:
-    return (gpu.numa_node, None if gpu.numa_node is not None else gpu.cpu_affinity)
+def _text(ax: Any, spot: TextSpot, **style: Any) -> None:
+    ax.text(spot.x, spot.y, spot.text, fontsize=spot.size_pt, ha=spot.ha, va=spot.va,
+            linespacing=LINE_SPACING - 0.1, **style)
 
 
-def _draw_panel(ax: Any, p: _Panel, isl: Sequence[Island], patches: Any) -> None:
-    node = p.node
+def _node_islands(layout_: Layout, p: Panel) -> list[str]:
+    return [i.id for i in layout_.islands if p.node.name in i.nodes]
+
+
+def _draw_panel(ax: Any, layout_: Layout, p: Panel, patches: Any) -> None:
     ax.add_patch(patches.FancyBboxPatch((p.x0, p.y0 - p.height), p.width, p.height, boxstyle="round,pad=0.05",
                                         fc="white", ec="#57606a", lw=1.2))
-    model = next((g.model for g in node.gpus if g.model), None) or node.machine or node.source_format
-    rack = f"  rack {node.rack}" if node.rack else ""
-    ax.text(p.x0 + 0.2, p.y0 - 0.35, f"{node.name}  ({model}){rack}", fontsize=9, weight="bold", va="center")
-    cpus = {_row_key(g): g.cpu_affinity for g in node.gpus}
-    for r, key in enumerate(p.rows):
-        y = p.y0 - TOP - r * ROW_STEP
-        ax.add_patch(patches.Rectangle((p.x0 + 0.1, y - 1.2), p.width - 0.2, 2.4, fc="#f6f8fa", ec="none"))
-        numa = key[0]
-        label = f"NUMA {numa if numa is not None else '?'}" + (f" · CPUs {cpus[key]}" if cpus.get(key) else "")
-        ax.text(p.x0 + 0.2, y - 1.1, label, fontsize=6, color="#57606a")
-    for k, i in enumerate(x for x in isl if node.name in x.nodes):
-        pts = [p.pos[g.index] for g in i.gpus if g.node == node.name]
+    _text(ax, p.title, weight="bold")
+    mine = _node_islands(layout_, p)
+    for spot, swatch in p.captions:
+        kind, _, what = (swatch or "").partition(":")
+        if kind == "island":
+            colour = ISLAND_COLOURS[mine.index(what) % len(ISLAND_COLOURS)]
+            ax.add_patch(patches.Rectangle((p.x0 + 0.2, spot.y - 0.07), 0.26, 0.14, fc=colour, ec="#8c959f", lw=0.6))
+        elif kind == "role":
+            ax.add_patch(patches.Rectangle((p.x0 + 0.2, spot.y - 0.07), 0.26, 0.14, fc="none",
+                                           ec=ROLE_COLOURS.get(what, "#8250df"), lw=1.6))
+        _text(ax, spot, color="#24292f" if swatch else "#9a6700")
+    for band in p.bands:
+        ax.add_patch(patches.Rectangle((p.x0 + 0.1, band.bottom), p.width - 0.2, band.top - band.bottom,
+                                       fc="#f6f8fa", ec="none"))
+        _text(ax, band.header, color="#57606a")
+    for k, island in enumerate(i for i in layout_.islands if p.node.name in i.nodes):
+        pts = [p.pos[g.index] for g in island.gpus if g.node == p.node.name]
         colour = ISLAND_COLOURS[k % len(ISLAND_COLOURS)]
-        for n, row_y in enumerate(sorted({q[1] for q in pts}, reverse=True)):
+        for row_y in sorted({q[1] for q in pts}, reverse=True):
             xs = [q[0] for q in pts if q[1] == row_y]
-            ax.add_patch(patches.FancyBboxPatch((min(xs) - 0.55, row_y - 0.55), max(xs) - min(xs) + 1.1, 1.1,
+            ax.add_patch(patches.FancyBboxPatch((min(xs) - 0.5, row_y - ISLAND_HALF + 0.05),
+                                                max(xs) - min(xs) + 1.0, 2 * ISLAND_HALF - 0.1,
                                                 boxstyle="round,pad=0.05", fc=colour, ec="#8c959f", lw=0.8))
-            tag = "NVL domain" if len(i.nodes) > 1 else ("" if i.fully_connected else "not a full mesh")
-            if n == 0 and len(i.gpus) > 1 and i.kind is not None and tag:
-                ax.text(max(xs) + 0.5, row_y - 0.68, f"{i.kind.label} island, {tag}", fontsize=5.5,
-                        color="#24292f", ha="right", va="top")
 
 
-def _draw_links(ax: Any, p: _Panel) -> None:
+def _shrink_pt() -> float:
+    return GPU_RADIUS / UNIT_PER_PT + 1.0
+
+
+def _draw_links(ax: Any, p: Panel) -> None:
     node = p.node
     switch_gpus: dict[int, list[bool]] = {}
     for link in node.links:
-        (xa, ya), (xb, yb) = p.pos[link.a], p.pos[link.b]
         bad = not link.health.healthy
         if link.kind is LinkKind.NVSWITCH:
             switch_gpus.setdefault(link.a, []).append(bad)
             switch_gpus.setdefault(link.b, []).append(bad)
             continue
-        if link.kind.is_gpu_fabric or link.kind in (LinkKind.PIX, LinkKind.PXB) or bad:
-            width = 0.6 + 0.5 * (link.lanes or 1) if link.kind.is_gpu_fabric else 0.6
-            style = "--" if bad else (":" if not link.kind.is_gpu_fabric else "-")
-            colour = UNHEALTHY if bad else KIND_COLOURS.get(link.kind, "#afb8c1")
-            rad = 0.35 if abs(ya - yb) < 0.01 and abs(xa - xb) > GPU_STEP + 0.1 else 0.0
-            ax.annotate("", xy=(xb, yb), xytext=(xa, ya), arrowprops={
-                "arrowstyle": "-", "color": colour, "lw": width, "linestyle": style,
-                "connectionstyle": f"arc3,rad={rad}", "shrinkA": 9, "shrinkB": 9})
-    if switch_gpus:
-        _draw_switch(ax, p, switch_gpus, max((k.lanes or 0) for k in node.links if k.kind is LinkKind.NVSWITCH))
+        if not drawn(link.kind, link.health.healthy):
+            continue
+        (xa, ya), (xb, yb) = sorted((p.pos[link.a], p.pos[link.b]))
+        width = 0.6 + 0.5 * (link.lanes or 1) if link.kind.is_gpu_fabric else 0.6
+        style = "--" if bad else (":" if not link.kind.is_gpu_fabric else "-")
+        colour = UNHEALTHY if bad else KIND_COLOURS.get(link.kind, "#afb8c1")
+        rad = ARC_RAD if abs(ya - yb) < 0.01 and abs(xa - xb) > GPU_STEP + 0.1 else 0.0
+        ax.annotate("", xy=(xb, yb), xytext=(xa, ya), arrowprops={
+            "arrowstyle": "-", "color": colour, "lw": width, "linestyle": style,
+            "connectionstyle": f"arc3,rad={rad}", "shrinkA": _shrink_pt(), "shrinkB": _shrink_pt()})
+    if switch_gpus and p.switch_bar:
+        lanes = max((k.lanes or 0) for k in node.links if k.kind is LinkKind.NVSWITCH)
+        _draw_switch(ax, p, switch_gpus, lanes)
 
 
-def _draw_switch(ax: Any, p: _Panel, switch_gpus: Mapping[int, list[bool]], lanes: int) -> None:
-    """Rows 1-2: a bar between (or under) the rows. More rows: a bar on the right, elbow stubs."""
+def _draw_switch(ax: Any, p: Panel, switch_gpus: Mapping[int, list[bool]], lanes: int) -> None:
+    """A bar between (or under) the rows with a stub to each GPU; more than two rows: a bar on
+    the right, each GPU's stub an elbow under it."""
+    assert p.switch_bar is not None
     green = KIND_COLOURS[LinkKind.NVSWITCH]
     row_ys = sorted({p.pos[g][1] for g in switch_gpus}, reverse=True)
     xs = [p.pos[g][0] for g in switch_gpus]
-    vertical = len(row_ys) > 2
+    vertical, at = p.switch_bar[0] == "v", p.switch_bar[1]
     if vertical:
-        bar_x = max(xs) + 1.1
-        ax.plot([bar_x, bar_x], [row_ys[-1] - 0.62, row_ys[0]], color=green, lw=3)
-        ax.text(bar_x + 0.1, row_ys[0] + 0.3, f"NVSwitch NV{lanes}", fontsize=6, color=green)
+        ax.plot([at, at], [row_ys[-1] - 0.62, row_ys[0]], color=green, lw=3)
+        ax.text(at + 0.12, row_ys[0] - 0.2, f"NVSwitch\nNV{lanes}", fontsize=6, color=green, va="top")
     else:
-        bar_y = (row_ys[0] + row_ys[1]) / 2 if len(row_ys) == 2 else row_ys[0] - 1.0
-        ax.plot([min(xs) - 0.3, max(xs) + 0.3], [bar_y, bar_y], color=green, lw=3)
-        ax.text(max(xs) + 0.45, bar_y, f"NVSwitch NV{lanes}", fontsize=6, va="center", color=green)
+        ax.plot([min(xs) - 0.3, max(xs) + 0.3], [at, at], color=green, lw=3)
+        ax.text(max(xs) + 0.45, at, f"NVSwitch NV{lanes}", fontsize=6, va="center", color=green)
     for g, states in switch_gpus.items():
         x, y = p.pos[g]
         bad = sum(states) > len(states) / 2
         style = {"color": UNHEALTHY if bad else green, "lw": 1.0, "ls": "--" if bad else "-", "zorder": 1}
         if vertical:
-            ax.plot([x, x, bar_x], [y - 0.4, y - 0.62, y - 0.62], **style)
+            ax.plot([x, x, at], [y - GPU_RADIUS, y - 0.62, y - 0.62], **style)
         else:
-            ax.plot([x, x], [y - 0.4 if bar_y < y else y + 0.4, bar_y], **style)
+            ax.plot([x, x], [y - GPU_RADIUS if at < y else y + GPU_RADIUS, at], **style)
 
 
-def _draw_gpus_and_nics(ax: Any, p: _Panel, patches: Any) -> None:
-    node = p.node
-    for g in node.gpus:
+def _draw_gpus_and_nics(ax: Any, p: Panel, patches: Any) -> None:
+    for g in p.node.gpus:
         x, y = p.pos[g.index]
-        ax.add_patch(patches.Circle((x, y), 0.4, fc="#ffffff" if g.healthy else "#ffebe9",
+        ax.add_patch(patches.Circle((x, y), GPU_RADIUS, fc="#ffffff" if g.healthy else "#ffebe9",
                                     ec=UNHEALTHY if not g.healthy else "#24292f", lw=1.2, zorder=3))
         ax.text(x, y, f"GPU{g.index}", fontsize=6.5, ha="center", va="center", zorder=4)
         if not g.healthy:
             ax.text(x + 0.3, y + 0.3, "✕", color=UNHEALTHY, fontsize=9, zorder=5)
-    slots: dict[tuple[float, float], int] = {}
-    bottom = p.y0 - p.height + 0.35
-    for nic in sorted(node.nics, key=lambda n: n.name):
-        near = [p.pos[i] for i in nic.nearest_gpus if i in p.pos]
-        everywhere = len(nic.nearest_gpus) == len(node.gpus) and len(node.gpus) > 2
-        x = sum(q[0] for q in near) / len(near) if near and not everywhere else p.x0 + p.width / 2
-        above = len(p.rows) > 1 and near and max(q[1] for q in near) >= p.y0 - TOP - 0.01
-        y = (max(q[1] for q in near) + 0.85 if above else min(q[1] for q in near) - 0.85) \
-            if near and not everywhere else bottom
-        k = slots.get((round(x, 1), round(y, 1)), 0)
-        slots[(round(x, 1), round(y, 1))] = k + 1
-        x += 0.5 * k
-        ax.add_patch(patches.Rectangle((x - 0.2, y - 0.13), 0.4, 0.26, fc="#fff8c5", ec="#9a6700", lw=0.8, zorder=3))
-        ax.text(x, y - 0.27, nic.name, fontsize=4.5, ha="center", va="top", rotation=0)
-        if not everywhere:
-            for gx, gy in near:
-                ax.plot([x, gx], [y + 0.13, gy - 0.4], color=KIND_COLOURS.get(nic.level, "#afb8c1"), lw=0.6,
-                        ls=":", zorder=1)
-        ax.text(x + 0.25, y + 0.05, nic.level.name, fontsize=4, color="#57606a")
+    for tile in p.tiles:
+        ax.add_patch(patches.Rectangle((tile.x - NIC_W / 2, tile.icon_y - NIC_H / 2), NIC_W, NIC_H, fc="#fff8c5",
+                                       ec="#9a6700", lw=0.8, zorder=3))
+        _text(ax, tile.label, color="#24292f")
+        edge = tile.icon_y + (-NIC_H / 2 if tile.above else NIC_H / 2)
+        for gpu in tile.gpus:
+            gx, gy = p.pos[gpu]
+            dx, dy = tile.x - gx, edge - gy
+            k = GPU_RADIUS / math.hypot(dx, dy)
+            ax.plot([tile.x, gx + dx * k], [edge, gy + dy * k], color=KIND_COLOURS.get(tile.level, "#afb8c1"),
+                    lw=0.7, ls=":", zorder=1)
 
 
-def _plan_groups(placement: Mapping[str, Any]) -> dict[str, list[int]]:
-    """A placement's GPUs per node: its group, a gang's members (one box per node), or a group
-    a baseline spread over nodes (`extra_nodes`)."""
-    out: dict[str, list[int]] = {}
-    members = placement.get("members") or [{"node": placement.get("node"), "gpus": placement.get("gpus", [])}]
-    for m in members:
-        out.setdefault(str(m.get("node")), []).extend(int(g) for g in m.get("gpus", []))
-    for node, gpus in (placement.get("extra_nodes") or {}).items():
-        if not placement.get("members"):
-            out.setdefault(str(node), []).extend(int(g) for g in gpus)
-    return out
-
-
-def _plan_label(placement: Mapping[str, Any]) -> str:
-    label = str(placement.get("replica_id", ""))
-    experts = placement.get("experts")
-    if placement.get("members"):
-        label += f" ({len(placement['members'])} ranks{'' if placement.get('in_domain') else ', spans domains'})"
-    if experts:
-        label += (f"; experts {experts.get('policy')}: balance {float(experts.get('balancedness', 0)):.2f}, "
-                  f"{float(experts.get('cross_domain_share', 0)):.0%} cross")
-    return label
-
-
-def _domain_share(placement: Mapping[str, Any], node: str) -> float | None:
-    """The expert-load share of the domain a gang's node belongs to (`<node>/islandN`)."""
-    loads = (placement.get("experts") or {}).get("domain_load") or {}
-    mine = [float(x) for d, x in loads.items() if str(d).startswith(f"{node}/")]
-    return mine[0] if len(mine) == 1 else None
-
-
-def _draw_plan(ax: Any, panels: Mapping[str, _Panel], plan: Mapping[str, Any], patches: Any) -> None:
+def _draw_plan(ax: Any, panels: Mapping[str, Panel], plan: Mapping[str, Any], patches: Any) -> None:
+    """Each placement outlined in its role's colour; its name is a caption of the panel."""
     for k, placement in enumerate(plan.get("placements", [])):
         colour = ROLE_COLOURS.get(str(placement.get("role")), "#8250df")
         pad = 0.48 + 0.04 * (k % 3)
-        labelled = False
-        for node, gpus in _plan_groups(placement).items():
+        for node, gpus in plan_groups(placement).items():
             panel = panels.get(node)
-            if panel is None:
-                continue
-            pts = [panel.pos[g] for g in gpus if g in panel.pos]
+            pts = [panel.pos[g] for g in gpus if g in panel.pos] if panel else []
             if not pts:
                 continue
             xs, ys = [q[0] for q in pts], [q[1] for q in pts]
             ax.add_patch(patches.FancyBboxPatch((min(xs) - pad, min(ys) - pad), max(xs) - min(xs) + 2 * pad,
                                                 max(ys) - min(ys) + 2 * pad, boxstyle="round,pad=0.02", fc="none",
                                                 ec=colour, lw=2.0, zorder=6))
-            text = _plan_label(placement) if not labelled else str(placement.get("replica_id", ""))
-            share = _domain_share(placement, node)
-            if share is not None:
-                text += f"; {share:.0%} of its expert load in this node's domain"
-            ax.text(min(xs) - pad, min(ys) - pad - 0.12, text, fontsize=5, color=colour, va="top", zorder=6)
-            labelled = True
 
 
-def _legend(ax: Any, with_plan: bool) -> None:
+def _legend(ax: Any, with_plan: bool, x: float, y: float) -> None:
     from matplotlib.lines import Line2D
 
     handles = [
@@ -228,51 +190,58 @@ def _legend(ax: Any, with_plan: bool) -> None:
         Line2D([], [], color=KIND_COLOURS[LinkKind.XGMI], lw=2, label="XGMI"),
         Line2D([], [], color=KIND_COLOURS[LinkKind.PIX], lw=1, ls=":", label="PCIe switch (PIX/PXB)"),
         Line2D([], [], color=UNHEALTHY, lw=1.5, ls="--", label="unhealthy link"),
-        Line2D([], [], marker="s", color="#9a6700", ls="", markerfacecolor="#fff8c5", label="NIC (level to GPUs)"),
+        Line2D([], [], marker="s", color="#9a6700", ls="", markerfacecolor="#fff8c5",
+               label="NIC: name · PCIe level to its GPUs"),
     ]
     if with_plan:
         handles += [Line2D([], [], color=c, lw=2, label=f"{role} replica") for role, c in ROLE_COLOURS.items()]
-    ax.legend(handles=handles, loc="upper left", fontsize=6, frameon=False, bbox_to_anchor=(0.0, 0.0), ncol=3)
+    ax.legend(handles=handles, loc="upper left", fontsize=6, frameon=False, bbox_to_anchor=(x, y),
+              bbox_transform=ax.transData, ncol=3, borderaxespad=0.0)
 
 
-def draw(topology: Topology, out: Path, plan: Mapping[str, Any] | None = None, title: str = "") -> None:
-    if out.suffix.lower() not in (".svg", ".png"):
-        raise TopologyError(f"--out must end in .svg or .png, got {out.name!r}")
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def figure(topology: Topology, plan: Mapping[str, Any] | None = None, title: str = "") -> Any:
+    """The drawing as a matplotlib figure (Agg), at INCH_PER_UNIT inches per layout unit."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib import patches
 
-    isl = islands(topology)
-    shown = topology.nodes[:MAX_NODES]
-    cols = 1 if len(shown) == 1 else min(3 if len(shown) > 4 else 2, len(shown))
-    panels: dict[str, _Panel] = {}
-    x, y, row_h, total_w = 0.0, 0.0, 0.0, 0.0
-    for k, node in enumerate(shown):
-        if k and k % cols == 0:
-            x, y, row_h = 0.0, y - row_h - 0.8, 0.0
-        panel = _layout_node(node, isl, x, y)
-        panels[node.name] = panel
-        x += panel.width + 0.8
-        row_h = max(row_h, panel.height)
-        total_w = max(total_w, x)
-    height = -y + row_h
-    fig, ax = plt.subplots(figsize=(max(6.0, total_w * 0.62), max(3.5, height * 0.62 + 0.8)))
-    for panel in panels.values():
-        _draw_panel(ax, panel, isl, patches)
+    lay = layout(topology, measure_text, plan)
+    islands_n = len(lay.islands)
+    more = f"  (+{lay.hidden_nodes} more nodes not drawn)" if lay.hidden_nodes else ""
+    heading = (f"{title}  ·  {_count(topology.gpu_count, 'GPU')}, {_count(islands_n, 'island')}  ·  "
+               f"fingerprint {topology.fingerprint()}{more}")
+    heading_w = measure_text(heading, 9)[0] * UNIT_PER_PT
+    left, top, bottom = lay.left, 0.75, -lay.height - 1.1
+    right = max(lay.width + 0.3, left + heading_w + 0.2)
+    fig = plt.figure(figsize=((right - left) * INCH_PER_UNIT, (top - bottom) * INCH_PER_UNIT), dpi=DPI)
+    ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
+    for panel in lay.panels:
+        _draw_panel(ax, lay, panel, patches)
         _draw_links(ax, panel)
         _draw_gpus_and_nics(ax, panel, patches)
     if plan:
-        _draw_plan(ax, panels, plan, patches)
-    more = f"  (+{len(topology.nodes) - len(shown)} more nodes not drawn)" if len(topology.nodes) > len(shown) else ""
-    ax.set_title(f"{title}  ·  {topology.gpu_count} GPUs, {len(isl)} islands  ·  fingerprint "
-                 f"{topology.fingerprint()}{more}", fontsize=9, loc="left")
-    _legend(ax, bool(plan))
-    ax.set_xlim(-0.3, total_w)
-    ax.set_ylim(-height - 0.3, 1.2)
+        _draw_plan(ax, {p.node.name: p for p in lay.panels}, plan, patches)
+    ax.text(left + 0.05, top - 0.3, heading, fontsize=9, va="center")
+    _legend(ax, bool(plan), left + 0.05, -lay.height - 0.25)
+    ax.set_xlim(left, right)
+    ax.set_ylim(bottom, top)
     ax.set_aspect("equal")
     ax.axis("off")
+    return fig
+
+
+def draw(topology: Topology, out: Path, plan: Mapping[str, Any] | None = None, title: str = "") -> None:
+    if out.suffix.lower() not in (".svg", ".png"):
+        raise TopologyError(f"--out must end in .svg or .png, got {out.name!r}")
+    fig = figure(topology, plan, title)
+    import matplotlib.pyplot as plt
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=160, bbox_inches="tight")
+    fig.savefig(out, dpi=DPI, bbox_inches="tight")
     plt.close(fig)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from tests.topology.conftest import run_cli
 from topology.export import node_capture
 from topology.kinds import LinkKind
 from topology.readers import ReadOptions, read_node_text
-from topology.readers.nccl import NcclHints, parse_nccl
+from topology.readers.nccl import NcclHints, parse_nccl, platform_of
 
 pytestmark = pytest.mark.unit
 
@@ -87,7 +88,8 @@ def test_without_a_hint_missing_nvlink_is_said_not_guessed(nccl_dir: Path) -> No
 
 
 def test_g5_classless_entries_use_sysfs_then_hints(nccl_dir: Path, tmp_path: Path) -> None:
-    text = (nccl_dir / "aws-g5.48xl-topo.xml").read_text()
+    shipped = (nccl_dir / "aws-g5.48xl-topo.xml").read_text()
+    text = re.sub(r"<!--.*?-->", "", shipped, flags=re.S)  # the same file without its header: no platform
     bare = parse_nccl(text, hints=NcclHints(sysfs_root=tmp_path))
     assert len(bare.gpus) == 0 and "9 PCI devices have no class" in bare.notes[0]
     # On the machine itself, sysfs names the classes (a fake sysfs tree stands in for it).
@@ -102,6 +104,25 @@ def test_g5_classless_entries_use_sysfs_then_hints(nccl_dir: Path, tmp_path: Pat
     assert [(n["name"], n["level"]) for n in got["nics"]] == [("0000:00:15.0", "PHB")]
     hinted = parse_nccl(text, hints=NcclHints(sysfs_root=None, pci_classes={"0000:00:15.0": "nic", "*": "gpu"}))
     assert node_capture(hinted)["gpu_count"] == 8 and len(hinted.nics) == 1
+
+
+def test_g5_static_file_is_read_as_the_platform_it_names(nccl_dir: Path, tmp_path: Path) -> None:
+    """aws-ofi-nccl's file says `g5.48xlarge` in its header: 8 A10G, the EFA the ninth bus id; said in a
+    note. On the machine itself sysfs still decides, and --pci-class overrides."""
+    text = (nccl_dir / "aws-g5.48xl-topo.xml").read_text()
+    assert platform_of(text) == "g5.48xlarge"
+    node = parse_nccl(text, hints=NcclHints(sysfs_root=tmp_path))
+    got = node_capture(node)
+    assert got["gpu_count"] == 8 and {g.model for g in node.gpus} == {"a10g"}
+    assert [(n["name"], n["level"], n["nearest_gpus"]) for n in got["nics"]] == [("0000:00:15.0", "PHB", [4, 5, 6, 7])]
+    assert [g.numa_node for g in node.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert len(node.notes) == 1 and "classified as the g5.48xlarge" in node.notes[0]
+    d = tmp_path / "bus/pci/devices/0000:00:16.0"
+    d.mkdir(parents=True)
+    (d / "class").write_text("0x020000\n")  # this machine says the first id is a NIC
+    assert len(parse_nccl(text, hints=NcclHints(sysfs_root=tmp_path)).gpus) == 7
+    told = parse_nccl(text, hints=NcclHints(sysfs_root=None, pci_classes={"*": "nic"}))
+    assert len(told.gpus) == 0 and len(told.nics) == 9
 
 
 def _keep_gpus(text: str, count: int) -> str:

@@ -10,7 +10,9 @@ What it often does not say is taken the way NCCL takes it, from the machine: sta
 usually omit NVLink (NCCL asks NVML at run time). Then the GPU model decides, from its PCI
 device id when the file has one, or from the `gpu` hint: an 8-GPU SXM baseboard is an
 NVSwitch fabric (A100/H100/B200) or a hybrid cube mesh (V100). Entries with no class at all
-are classified from sysfs when their bus id exists on this machine, or from explicit hints.
+are classified from sysfs when their bus id exists on this machine, or from explicit hints,
+or, for the static files AWS ships with its NCCL plugin (aws-ofi-nccl), from what AWS publishes
+about that platform (`PLATFORMS`, named by the file's own header comment).
 """
 
 from __future__ import annotations
@@ -40,6 +42,32 @@ class NcclHints:
     """Bus id -> 'gpu' | 'nic' | 'bridge' for entries the file leaves without a class; the key
     '*' gives the role of every such entry not named otherwise (after sysfs)."""
     sysfs_root: Path | None = Path("/sys")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Platform:
+    """What an instance type's static NCCL file leaves out: the GPU model and the role of each
+    bus id it lists without a class ('*': every other such id)."""
+
+    gpu: str
+    pci_classes: Mapping[str, str]
+    why: str
+
+
+PLATFORMS: dict[str, Platform] = {
+    # aws-ofi-nccl topology/g5.48xl-topo.xml: nine bus ids, no classes. AWS: 8x A10G and one
+    # EFA NIC, four GPUs a socket; the eight consecutive ids 00:16.0-00:1d.0 (four under each
+    # CPU) are the GPUs, so the ninth, 00:15.0 under CPU 1, is the EFA.
+    "g5.48xlarge": Platform(gpu="a10g", pci_classes={"0000:00:15.0": "nic", "*": "gpu"},
+                            why="8x A10G and one EFA NIC (0000:00:15.0)"),
+}
+_PLATFORM_HEADER = re.compile(r"Static pre-configured topology for `([\w.-]+)` platform type")
+
+
+def platform_of(text: str) -> str | None:
+    """The instance type an aws-ofi-nccl static file says it is for, when it is in PLATFORMS."""
+    found = _PLATFORM_HEADER.search(text)
+    return found.group(1) if found and found.group(1) in PLATFORMS else None
 
 
 @dataclass(slots=True)
@@ -86,11 +114,13 @@ def _role(cls: str | None) -> str | None:
 
 
 class _Walker:
-    def __init__(self, hints: NcclHints) -> None:
+    def __init__(self, hints: NcclHints, platform: Platform | None = None) -> None:
         self.hints = hints
+        self.platform = platform
         self.gpus: list[_Dev] = []
         self.nics: list[_Dev] = []
         self.unclassified: list[str] = []
+        self.from_platform: list[str] = []
 
     def cpu(self, el: ET.Element, key: int) -> None:
         numa_text = el.get("numaid")
@@ -131,6 +161,9 @@ class _Walker:
         elif role is None:
             role = (self.hints.pci_classes.get(busid) or _role(_sysfs_class(self.hints.sysfs_root, busid))
                     or self.hints.pci_classes.get("*"))
+            if role is None and self.platform is not None:
+                role = self.platform.pci_classes.get(busid) or self.platform.pci_classes.get("*")
+                self.from_platform += [busid] if role else []
         dev = _Dev(busid=busid, numa=numa, cpus=cpus, cpu_key=key, path=path, device_id=el.get("device"))
         if role == "gpu":
             if gpu_el is not None:
@@ -191,11 +224,13 @@ def _nvlink_links(gpus: list[_Dev]) -> list[Link]:
     return links
 
 
-def _facts(gpus: list[_Dev], hints: NcclHints) -> GpuFacts | None:
+def _facts(gpus: list[_Dev], hints: NcclHints, platform: Platform | None) -> GpuFacts | None:
     if hints.gpu:
         return gpu_facts(hints.gpu)
     ids = {g.device_id for g in gpus if g.device_id}
-    return by_pci_id(ids.pop()) if len(ids) == 1 else None
+    if len(ids) == 1:
+        return by_pci_id(ids.pop())
+    return gpu_facts(platform.gpu) if platform is not None and not ids and gpus else None
 
 
 def parse_nccl(text: str, node_name: str = "node0", hints: NcclHints | None = None) -> Node:
@@ -208,7 +243,9 @@ def parse_nccl(text: str, node_name: str = "node0", hints: NcclHints | None = No
         raise ParseError(f"malformed XML ({err})") from None
     if root.tag != "system":
         raise ParseError(f"not an NCCL topology: root element is <{root.tag}>, expected <system>")
-    walker = _Walker(hints)
+    platform_name = platform_of(text)
+    platform = PLATFORMS[platform_name] if platform_name else None
+    walker = _Walker(hints, platform)
     cpus = [c for c in root.iter("cpu")]
     if not cpus:
         raise ParseError("NCCL topology has no <cpu> element")
@@ -219,7 +256,7 @@ def parse_nccl(text: str, node_name: str = "node0", hints: NcclHints | None = No
         gpus.sort(key=lambda g: g.dev or 0)
     else:
         gpus.sort(key=lambda g: g.busid)  # NVML enumerates in PCI bus order
-    facts = _facts(gpus, hints)
+    facts = _facts(gpus, hints, platform)
     links = {(k.a, k.b): k for k in _nvlink_links(gpus)}
     if not links and facts is not None:
         links = {(k.a, k.b): k for k in baseboard_links(facts, len(gpus))}
@@ -252,6 +289,11 @@ def parse_nccl(text: str, node_name: str = "node0", hints: NcclHints | None = No
         for i, g in enumerate(gpus)
     )
     notes: list[str] = []
+    if walker.from_platform:
+        notes.append(
+            f"{len(walker.from_platform)} PCI devices have no class in the file; classified as the {platform_name} "
+            f"it says it is for ({platform.why if platform else ''}); --pci-class overrides"
+        )
     if walker.unclassified:
         notes.append(
             f"{len(walker.unclassified)} PCI devices have no class in the file and none on this machine "
