@@ -171,7 +171,8 @@ class ControllerCore:
         return launching.build_launch(self.plan, self.topology, self.bindings, p, generation,
                                       topology_source=self.spec.topology_source, time_scale=self.spec.time_scale,
                                       vllm=vllm, ports=ports, admin_routes=self.spec.engine_admin_routes,
-                                      admin_token=self.engine_admin_token, api_key=self.engine_api_key)
+                                      admin_token=self.engine_admin_token, api_key=self.engine_api_key,
+                                      engine_args=self.spec.engine_args.get(p.pool, ()))
 
     def _start_all(self, placements: tuple[ReplicaPlacement, ...]) -> None:
         """Every placement's replica at once, waiting for them (the first deploy); if one fails,

@@ -59,6 +59,9 @@ class EngineLaunch:
     only the router, which the controller gives it, can send it work."""
     gang: str = ""
     """One data-parallel rank of a gang: its `sim-engine --gang` JSON (control.launch.gang)."""
+    engine_args: tuple[str, ...] = ()
+    """The pool's serving flags (vLLM's tool-calling and reasoning flags, `pools.vllmconfig.
+    serving_args`), after the simulated engine's own."""
     ranks: tuple[EngineLaunch, ...] = ()
     """A gang: one launch per data-parallel rank (each its own engine and actor), started,
     restarted and stopped as a unit; `node` and `gpus` are then its first member's."""
@@ -77,7 +80,8 @@ class EngineLaunch:
         return ["-m", "pools", "sim-engine", "--model", self.model, "--gpu", self.gpu, "--tp", str(self.tp),
                 "--role", self.role, "--port", "0", "--time-scale", str(self.time_scale), "--topology",
                 self.topology_source, "--placement", placement, "--engine-id", self.replica_id,
-                *(("--gang", self.gang) if self.gang else ()), *(("--admin-routes",) if self.admin_routes else ())]
+                *(("--gang", self.gang) if self.gang else ()), *(("--admin-routes",) if self.admin_routes else ()),
+                *self.engine_args]
 
     def environment(self) -> dict[str, str]:
         """What a GPU engine gets from the plan (the simulated one ignores it, but carries it)."""
@@ -128,3 +132,5 @@ class ControllerSpec:
     """Pools that follow the load (none: every pool keeps its count)."""
     engine_admin_routes: bool = False
     """Simulated engines serve their fault-injection routes (tests and chaos runs only)."""
+    engine_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """engine sim: each pool's serving flags (`EngineLaunch.engine_args`)."""

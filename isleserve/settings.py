@@ -10,6 +10,7 @@ validated by pydantic with every problem reported at once, and the plan they wou
           policy: island-aligned
           pools: [{name: ..., role: ..., tp: ..., replicas: ..., model: ..., vllm: {model: ...}}]
           vllm: {venv: ..., ports: {http: [8100, 8199], side_channel: [5600, 5699]}}   # engine vllm
+          vllm: {tool_call_parser: hermes, enable_auto_tool_choice: true}   # either engine: tool calls
           bench_on_change: false                        # topology bench at deploy and after changes
           bench_interval_s: 0                           # and on a schedule (0: never)
           autoscaling: {interval_s: 5, look_back_s: 10, window_s: 60}   # pools with `autoscaling:`
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from control.state.files import default_state_dir
 from pools.config import PoolConfig, PoolsConfig, SLOClassConfig
 from pools.placement import POLICIES
-from pools.vllmconfig import VllmAppConfig, VllmSettings, settings_for
+from pools.vllmconfig import VllmAppConfig, VllmSettings, serving_args, settings_for
 from router.config import RouterConfig
 from topology.configfile import load_yaml_file, validate_mapping
 from topology.errors import ParseError
@@ -65,8 +66,9 @@ class AppArgs(BaseModel):
     drain_timeout_s: float = Field(default=30.0, gt=0,
                                    description="a replaced replica stops when idle, or after this long at the latest")
     vllm: VllmAppConfig = Field(default_factory=VllmAppConfig,
-                                description="engine vllm: settings every pool gets (pools[].vllm overrides them) "
-                                            "and the per-node port ranges")
+                                description="vLLM settings every pool gets (pools[].vllm overrides them) and the "
+                                            "per-node port ranges; simulated engines take the serving flags "
+                                            "(tool_call_parser, enable_auto_tool_choice, reasoning_parser)")
     bench_on_change: bool = Field(default=False, description="run the topology bench on every node at deploy and "
                                                              "after topology changes (nodes joined, replaced, "
                                                              "back; links marked)")
@@ -111,15 +113,17 @@ class AppArgs(BaseModel):
         if self.engine == "vllm" and not self.router.require_keys:
             raise ValueError("a vLLM (production) deployment must set router.require_keys")
         PoolsConfig(pools=self.pools, slo_classes=self.slo_classes)  # pool-level cross-checks
-        if self.engine == "vllm":
-            problems = []
-            for i, pool in enumerate(self.pools):
-                try:
+        problems = []
+        for i, pool in enumerate(self.pools):
+            try:
+                if self.engine == "vllm":
                     settings_for(self.vllm, pool.vllm, pool.model)
-                except ValueError as err:
-                    problems.append(f"pools[{i}] ({pool.name}): {err}")
-            if problems:
-                raise ValueError("; ".join(problems))
+                else:
+                    serving_args(self.vllm, pool.vllm)
+            except ValueError as err:
+                problems.append(f"pools[{i}] ({pool.name}): {err}")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def vllm_settings(self, resolve: Callable[[str], str] = lambda p: p) -> dict[str, VllmSettings]:
@@ -127,6 +131,13 @@ class AppArgs(BaseModel):
         if self.engine != "vllm":
             return {}
         return {p.name: settings_for(self.vllm, p.vllm, p.model, resolve) for p in self.pools}
+
+    def engine_args(self) -> dict[str, tuple[str, ...]]:
+        """Simulated engines: each pool's serving flags (vLLM's tool-calling and reasoning flags,
+        `pools.vllmconfig.serving_args`); a vLLM server has them in its settings' arguments."""
+        if self.engine != "sim":
+            return {}
+        return {p.name: serving_args(self.vllm, p.vllm) for p in self.pools}
 
     def pools_config(self) -> PoolsConfig:
         return PoolsConfig(pools=self.pools, slo_classes=self.slo_classes)

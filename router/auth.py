@@ -73,8 +73,12 @@ class Auth:
 
     def slo_class(self, principal: Principal, requested: str | None) -> SLOClass:
         """The class the request runs in: the header's, if the key is entitled to it; else the
-        key's strictest (lowest priority value) entitled class, or the configured default."""
-        if requested:
+        key's strictest (lowest priority value) entitled class, or the configured default. A header
+        that is there but empty is refused (400), as one naming no class."""
+        if requested is not None:
+            if not requested.strip():
+                raise ApiError(400, f"x-slo-class is empty: name one of {sorted(self.classes)} or leave the header "
+                                    "out", param="x-slo-class", cause="invalid_slo_class")
             if requested not in self.classes:
                 raise ApiError(400, f"unknown SLO class {requested!r}", param="x-slo-class")
             if requested not in principal.classes:

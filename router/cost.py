@@ -62,9 +62,11 @@ def _n(body: dict[str, Any]) -> int:
     return n if n is not None and n > 1 else 1
 
 
-def _max_tokens(body: dict[str, Any], chat: bool, default: int) -> tuple[int, bool]:
-    """The max_tokens the engine will apply, and whether the router must send it (none given)."""
-    for key in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):
+def _max_tokens(body: dict[str, Any], chat: bool, default: int, keys: tuple[str, ...] | None = None
+                ) -> tuple[int, bool]:
+    """The max_tokens the engine will apply, and whether the router must send it (none given).
+    `keys`: the fields that hold it, first given wins (default: the chat's or completion's)."""
+    for key in keys or (("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)):
         value = body.get(key)
         if value is not None:  # given: the engine applies it, or refuses it ("ten", 1.5) with its own 400
             got = as_int(value)
@@ -88,9 +90,11 @@ def _alternatives(body: dict[str, Any], chat: bool) -> int | None:
 
 
 def measure(body: dict[str, Any], prompts: Sequence[Prompt], *, chat: bool, stream: bool,
-            default_max_tokens: int) -> RequestCost:
+            default_max_tokens: int, token_keys: tuple[str, ...] | None = None) -> RequestCost:
+    """`token_keys`: where the body's max_tokens is (the Responses API's `max_output_tokens`),
+    default the chat's or the completion's fields."""
     sequences = _n(body) * len(prompts)
-    max_tokens, defaulted = _max_tokens(body, chat, default_max_tokens)
+    max_tokens, defaulted = _max_tokens(body, chat, default_max_tokens, token_keys)
     prompt_tokens = sum(p.tokens for p in prompts)
     n = sequences // max(len(prompts), 1)
     tokens = n * prompt_tokens + sequences * max_tokens

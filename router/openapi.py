@@ -42,14 +42,15 @@ def _description() -> str:
             "or HTTP/1.1 without Host 400, the router's connection or buffered-bytes cap 503 with Retry-After.")
 
 
-def limited(model: type[wire.SamplingRequest], max_tokens_limit: int) -> type[BaseModel]:
-    """`model` as this router takes it: max_tokens (and chat's max_completion_tokens) at most
+def limited(model: type[BaseModel], max_tokens_limit: int) -> type[BaseModel]:
+    """`model` as this router takes it: max_tokens (chat's max_completion_tokens, the Responses
+    API's max_output_tokens) at most
     its `max_tokens_limit` (the router answers 400 above it, before any engine sees it)."""
     words = (f"Absent: up to the model's context (vLLM); at most this router's `max_tokens_limit` "
              f"({max_tokens_limit}); with the prompt, at most the model's context (else 400, as vLLM).")
     bound = Annotated[int | None, Field(ge=1, le=max_tokens_limit, description=words)]
-    fields: dict[str, Any] = {name: (bound, None) for name in ("max_tokens", "max_completion_tokens")
-                              if name in model.model_fields}
+    fields: dict[str, Any] = {name: (bound, None) for name in ("max_tokens", "max_completion_tokens",
+                                                               "max_output_tokens") if name in model.model_fields}
     made: type[BaseModel] = create_model(model.__name__, __base__=model, __doc__=model.__doc__,
                                             __cls_kwargs__={"use_attribute_docstrings": False}, **fields)
     return made
@@ -121,6 +122,14 @@ def _api_paths(ref: dict[str, JSON], classes: list[str]) -> JSON:
         "/v1/completions": {"post": _generate(
             "create_completion", "completion", "text_completion", ref["CompletionRequest"], ref["CompletionResponse"],
             "CompletionStreamResponse", slo)},
+        "/v1/responses": {"post": _operation(
+            "create_response", "create a response (OpenAI's Responses API, as vLLM serves it)",
+            {"description": "a response (JSON), or its events as server-sent events when `stream` is true: "
+                            "`event: <type>` and `data: <event JSON>` each (response.created, ..., "
+                            "response.output_text.delta per token, ..., response.completed), no [DONE]",
+             "content": {"application/json": {"schema": ref["ResponsesResponse"]},
+                         "text/event-stream": {"schema": {"description": "Responses API streaming events"}}}},
+            GENERATE_ERRORS, tag="openai", body=ref["ResponsesRequest"], parameters=[slo])},
         "/tokenize": {"post": _operation(
             "tokenize", "token ids of a prompt (vLLM)", _json(ref["TokenizeResponse"], "the engine's answer"),
             TOKEN_ERRORS, tag="vllm", body=tokenize)},
@@ -180,6 +189,7 @@ def document(classes: list[str], max_tokens_limit: int) -> bytes:
     """The OpenAPI document (compact JSON) of a router with these SLO classes and this limit."""
     models: list[type[BaseModel]] = [
         limited(wire.ChatCompletionRequest, max_tokens_limit), limited(wire.CompletionRequest, max_tokens_limit),
+        limited(wire.ResponsesRequest, max_tokens_limit), wire.ResponsesResponse,
         wire.ChatCompletionResponse, wire.CompletionResponse, wire.ChatCompletionStreamResponse,
         wire.CompletionStreamResponse, wire.TokenizeCompletionRequest, wire.TokenizeChatRequest,
         wire.TokenizeResponse, wire.DetokenizeRequest, wire.DetokenizeResponse, wire.ModelList, wire.ModelCard,

@@ -25,7 +25,8 @@ from wire.responder import Responder
 
 GET, POST = ("GET", "HEAD"), ("POST",)
 ROUTES: dict[str, tuple[str, ...]] = {
-    "/v1/chat/completions": POST, "/v1/completions": POST, "/tokenize": POST, "/detokenize": POST,
+    "/v1/chat/completions": POST, "/v1/completions": POST, "/v1/responses": POST, "/tokenize": POST,
+    "/detokenize": POST,
     "/v1/models": GET, "/health": GET, "/metrics": GET, "/openapi.json": GET,
     "/admin/replicas": GET, "/admin/topology": GET, "/admin/plan": GET}
 MODELS_PREFIX = "/v1/models/"
@@ -74,12 +75,16 @@ def health_body(replicas: int, plan: Mapping[str, Any] | None, health: Mapping[s
                        **({"reasons": reasons} if reasons else {})}).encode()
 
 
-def model_body(models: Collection[str], path: str) -> bytes:
-    """`GET /v1/models/{id}`: the model as OpenAI's retrieve answers it, or 404."""
+def model_body(models: Collection[str], path: str, contexts: Mapping[str, int] | None = None) -> bytes:
+    """`GET /v1/models/{id}`: the model as OpenAI's retrieve answers it (with its largest
+    `max_model_len` once an engine said it, as `/v1/models`), or 404."""
     model = unquote(path[len(MODELS_PREFIX):])
     if model not in models:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-    return json.dumps({"id": model, "object": "model", "created": 0, "owned_by": "isleserve"}).encode()
+    card: dict[str, Any] = {"id": model, "object": "model", "created": 0, "owned_by": "isleserve"}
+    if (contexts or {}).get(model):
+        card["max_model_len"] = (contexts or {})[model]
+    return json.dumps(card).encode()
 
 
 async def forward(ctx: FlightContext, request: Request, response: Responder) -> None:
@@ -155,6 +160,27 @@ def served_document(classes: list[str], max_tokens_limit: int) -> bytes:
     models (`router.openapi`): its SLO class names as the `x-slo-class` values, its
     `max_tokens_limit` as the most tokens a request may ask."""
     return openapi.document(classes, max_tokens_limit)
+
+
+class ServedDocument:
+    """`/openapi.json` as the router serves it now: the most tokens a request may ask is the
+    router's `max_tokens_limit`, or less once the engines said their contexts and the largest is
+    smaller (the router refuses more, as vLLM: `router.call.context_tokens`). Built again only
+    when that bound changes."""
+
+    def __init__(self, classes: list[str], max_tokens_limit: int) -> None:
+        self.classes, self.max_tokens_limit = classes, max_tokens_limit
+        self._built: tuple[int, bytes] | None = None
+
+    def bound(self, contexts: Mapping[str, int]) -> int:
+        largest = max(contexts.values(), default=0)
+        return min(self.max_tokens_limit, largest) if largest > 0 else self.max_tokens_limit
+
+    def document(self, contexts: Mapping[str, int]) -> bytes:
+        bound = self.bound(contexts)
+        if self._built is None or self._built[0] != bound:
+            self._built = (bound, served_document(self.classes, bound))
+        return self._built[1]
 
 
 def send_error(response: Responder, err: ApiError) -> None:

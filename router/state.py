@@ -43,7 +43,8 @@ class ReplicaState:
 
     def candidate(self, now: float) -> Candidate:
         return Candidate(self.endpoint, ReplicaLoad(self.running, self.waiting, self.kv_usage, self.inflight,
-                                                    self.latency_ms, now < self.open_until, self.seqs))
+                                                    self.latency_ms, now < self.open_until, self.seqs,
+                                                    max(self.max_model_len, 0)))
 
 
 class Replicas:
@@ -60,6 +61,9 @@ class Replicas:
         self.states = {r.replica_id: ReplicaState(self._limited(r)) for r in table.replicas}
         self.contexts: dict[str, int] = {}
         """Each model's smallest max_model_len among its engines that said (`context`)."""
+        self.largest: dict[str, int] = {}
+        """Each model's largest max_model_len among its engines that said: the most a request of
+        it may need (`router.call.read_call`), what /v1/models reports."""
         self.breaker_failures, self.breaker_open_s = breaker_failures, breaker_open_s
 
     def follow(self, table: RoutingTable) -> None:
@@ -84,11 +88,13 @@ class Replicas:
 
     def _learn_contexts(self) -> None:
         known: dict[str, int] = {}
+        largest: dict[str, int] = {}
         for st in self.states.values():
             if st.max_model_len > 0:
                 model = st.endpoint.model
                 known[model] = min(known.get(model, st.max_model_len), st.max_model_len)
-        self.contexts = known
+                largest[model] = max(largest.get(model, 0), st.max_model_len)
+        self.contexts, self.largest = known, largest
 
     def mixed_for(self, slo_class: str) -> frozenset[str]:
         """Models with mixed replicas that serve `slo_class` (`filters.serves_class`): where a
@@ -169,6 +175,7 @@ class Replicas:
         if not s.max_model_len:  # asked until the engine answers; -1: it answered without one
             with contextlib.suppress(UpstreamError, ValueError):
                 s.max_model_len = model_context(await pool.text(s.endpoint.url, "/v1/models"), s.endpoint.model) or -1
+                s.cached = None
                 self._learn_contexts()
         with contextlib.suppress(UpstreamError, ValueError):
             values = parse_vllm_metrics(await pool.text(s.endpoint.url, "/metrics"))

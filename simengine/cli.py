@@ -134,6 +134,7 @@ def build(args: argparse.Namespace) -> SimEngine:
                               engine_id=args.engine_id or uuid.uuid4().hex[:8], role=args.role, host=args.host,
                               port=args.port, placement=placement, topology=topology, kv_hold_s=args.kv_hold_s,
                               tools=ToolSetup(args.tool_call_parser, args.enable_auto_tool_choice),
+                              reasoning_parser=args.reasoning_parser, source_model=args.model,
                               admin_routes=args.admin_routes, api_key=os.environ.get(API_KEY_ENV, "").strip(),
                               admin_token=os.environ.get(ADMIN_TOKEN_ENV, "") if args.admin_routes else "")
     return SimEngine(config, identity, time_scale=args.time_scale)
@@ -163,6 +164,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "the simulated model writes one format)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's: tool_choice 'auto' (needs --tool-call-parser)")
+    p.add_argument("--reasoning-parser", help="vLLM's (deepseek_r1, qwen3, ...): taken as vLLM takes it; the "
+                   "simulated model writes no reasoning")
     p.add_argument("--admin-routes", action="store_true",
                    help="serve /admin/faults and /admin/steps: fault injection and step records for tests and "
                         "chaos runs, never for production (anyone who reaches the port could fail every request)")

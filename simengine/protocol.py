@@ -15,7 +15,7 @@ from typing import Any
 
 from simengine import toolcall
 from wire.errors import ApiError
-from wire.fields import VALIDATION, Body, Errors, vllm_error
+from wire.fields import VALIDATION, Body, Errors, over_max_model_len, prompt_over_context, vllm_error
 from wire.openai import INT64, MAX_LOGPROBS, MAX_STOP_STRINGS
 from wire.prompt import Prompt, chat_prompt, completion_prompts
 
@@ -253,30 +253,38 @@ class Limits:
 
     model: str
     max_model_len: int
+    source: str = ""
+    """The model the engine loaded (vLLM's `--model`, its `model_config.model`; default `model`).
+    Every catalogue model is text-only: a prompt with an image, audio or video part is refused."""
+
+
+def not_multimodal(limits: Limits) -> ApiError:
+    """vLLM's answer to a media part for a text-only model: `MultiModalRegistry.create_processor`
+    raises ValueError("<model> is not a multimodal model"), which the server answers as 400
+    BadRequestError without a param (vllm/multimodal/registry.py, error_response.py)."""
+    return ApiError(400, f"{limits.source or limits.model} is not a multimodal model", "BadRequestError")
 
 
 def check(req: EngineRequest, body: JSON, limits: Limits, setup: toolcall.ToolSetup) -> list[int]:
     """What the server checks once the body is read, in vLLM's order: the model (`_check_model`,
     vllm/entrypoints/serve/engine/serving.py: 404, no model meaning the served one), the tool
-    setup (`render_chat`), the context (TokenizeParams, vllm/renderers/params.py), then the
-    sampling parameters. Returns each prompt's max_tokens (`get_max_tokens`,
+    setup (`render_chat`), media parts (`not_multimodal`), the context (TokenizeParams,
+    vllm/renderers/params.py), then the sampling parameters. Returns each prompt's max_tokens (`get_max_tokens`,
     vllm/entrypoints/serve/utils/api_utils.py: what was asked, at most the context left after
     the prompt; the context left when nothing was asked)."""
     if req.model and req.model != limits.model:
         raise ApiError(404, f"The model `{req.model}` does not exist. Valid aliases: {limits.model}.", "NotFoundError",
                        "model")
     toolcall.check_setup(req.tool_choice, setup)
+    if any(p.media for p in req.prompts):
+        raise not_multimodal(limits)
     asked, total, param = req.sampling.max_tokens, limits.max_model_len, req.max_tokens_param
     if asked is not None and asked > total:
-        raise vllm_error(f"{param}={asked} cannot be greater than max_model_len={total}. Please request fewer "
-                         "output tokens.", param, asked)
+        raise over_max_model_len(param, asked, total)
     out = []
     for prompt in req.prompts:
         if prompt.tokens > total:
-            raise vllm_error(f"This model's maximum context length is {total} tokens. However, your prompt "
-                             f"contains {prompt.tokens} input tokens, which exceeds this limit even without any "
-                             "output tokens. Please reduce the length of the input prompt.", "input_tokens",
-                             prompt.tokens)
+            raise prompt_over_context(prompt.tokens, total)
         out.append(total - prompt.tokens if asked is None else min(asked, total - prompt.tokens))
     for n in out:
         _verify(body, req.sampling, n)

@@ -20,6 +20,7 @@ from wire.responder import Responder
 ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/chat/completions": ("POST",),
     "/v1/completions": ("POST",),
+    "/v1/responses": ("POST",),
     "/v1/models": ("GET",),
     "/tokenize": ("POST",),
     "/detokenize": ("POST",),
@@ -34,7 +35,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
 ADMIN_PREFIX = "/admin/"
 UNAUTHORIZED = b'{"error":"Unauthorized"}'
 """vLLM's answer to a request under /v1 without the key (401)."""
-JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
+JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"})
 VLLM_VERSION = "0.32.0"
 
 

@@ -3,11 +3,12 @@
 A driver task runs the core: each step takes its cost-model duration x `time_scale` of wall
 time (scale 1 is real time), then its tokens go to the waiting responses. Routes, as vLLM serves
 them (`simengine.routes`; 404 for an unknown path, 405 with `Allow` for a known one):
-`/v1/chat/completions` and `/v1/completions` (vLLM's request checks and error shapes,
-`simengine.protocol`; stream or not, usage, n choices and lists of prompts, each choice its
-own sequence in the core; seed; max_tokens up to the context; stop strings and token ids,
-ignore_eos, min_tokens (`simengine.output`); logprobs; response_format and tools by guided
-decoding (`simengine.guided`, `simengine.toolcall`); priority; PD `kv_transfer_params`),
+`/v1/chat/completions`, `/v1/completions` and `/v1/responses` (`simengine.responsesapi`)
+(vLLM's request checks and error shapes, `simengine.protocol`; stream or not, usage, n
+choices and lists of prompts, each choice its own sequence in the core; seed; max_tokens up
+to the context; stop strings and token ids, ignore_eos, min_tokens (`simengine.output`);
+logprobs; response_format and tools by guided decoding (`simengine.guided`,
+`simengine.toolcall`); priority; PD `kv_transfer_params`),
 `/tokenize`, `/detokenize`, `/v1/models`, `/health`, `/version`, `/metrics` (vLLM's names,
 labels and buckets, `simengine.metrics`), and the loopback-only admin and PD routes
 `/admin/faults`, `/admin/steps`, `/internal/kv/release`.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from physics.costmodel import LinkCost
-from simengine import pd, protocol, routes
+from simengine import pd, protocol, responsesapi, routes
 from simengine.core import EngineConfig, EngineCore, StepResult
 from simengine.faults import Faults
 from simengine.metrics import EngineMetrics, Finished
@@ -43,6 +44,7 @@ from wire.responder import Responder
 
 log = logging.getLogger("isleserve.engine")
 GIVEN_UP_MAX = 4096
+ID_PREFIXES = {"chat": "chatcmpl", "completion": "cmpl", "responses": "resp"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +59,10 @@ class EngineIdentity:
     kv_hold_s: float = 60.0
     tools: ToolSetup = field(default_factory=ToolSetup)
     """`--tool-call-parser` and `--enable-auto-tool-choice`, off as in vLLM."""
+    reasoning_parser: str | None = None
+    """`--reasoning-parser`: taken as vLLM takes it; the simulated model writes no reasoning."""
+    source_model: str = ""
+    """The catalogue model it simulates (`--model`), as vLLM names the model it loaded."""
     admin_routes: bool = False
     """`/admin/faults` and `/admin/steps` (fault injection and step records for tests and chaos
     runs); without them those paths are unknown (404), as on a vLLM server."""
@@ -72,7 +78,8 @@ class SimEngine:
         self.config, self.id, self.time_scale = config, identity, time_scale
         self.core = EngineCore(config)
         self.limits = protocol.Limits(identity.served_model,
-                                      min(config.model.max_context, self.core.total_blocks * config.block_size))
+                                      min(config.model.max_context, self.core.total_blocks * config.block_size),
+                                      identity.source_model)
         """max_model_len: the model's context, cut to what the KV cache holds (vLLM's auto-fit)."""
         self.metrics = EngineMetrics(identity.served_model, self.limits.max_model_len)
         self.faults = Faults()
@@ -241,6 +248,8 @@ class SimEngine:
                 await self._generate(request, response, "chat")
             elif route == ("POST", "/v1/completions"):
                 await self._generate(request, response, "completion")
+            elif route == ("POST", "/v1/responses"):
+                await self._generate(request, response, "responses")
             elif route == ("POST", "/tokenize"):
                 response.send(200, json.dumps(tokenize(routes.json_body(request), self.limits)).encode())
             elif route == ("POST", "/detokenize"):
@@ -292,14 +301,15 @@ class SimEngine:
     async def _generate(self, request: Request, response: Responder, kind: str) -> None:
         if self.faults.fail_status:
             raise ApiError(self.faults.fail_status, "injected failure (admin fault fail_requests)", "server_error")
-        body = routes.json_body(request)
-        req = protocol.read(body, kind)
+        asked = routes.json_body(request)
+        body = responsesapi.as_chat(asked, self.limits.max_model_len) if kind == "responses" else asked
+        req = protocol.read(body, "chat" if kind == "responses" else kind)
         budgets = protocol.check(req, body, self.limits, self.id.tools)
         params = req.kv_transfer_params
         if params and req.sequences > 1:
             raise ApiError(400, "kv_transfer_params take one sequence: n=1 and one prompt", "BadRequestError",
                            "kv_transfer_params")
-        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{self.id.engine_id}-{next(self._ids)}"
+        rid = f"{ID_PREFIXES[kind]}-{self.id.engine_id}-{next(self._ids)}"
         live = Live(req=req, rid=rid, model=self.id.served_model,
                     choices=choices_for(req, rid, budgets, self.id.tools))
         ready_after, remote_prefill = 0.0, False
@@ -321,7 +331,11 @@ class SimEngine:
         log.debug("request %s: %d sequences, %d prompt tokens, max_tokens %s, priority %d", rid, len(live.choices),
                   live.choices[0].prompt_tokens, budgets, req.priority)
         try:
-            if req.stream:
+            if kind == "responses" and req.stream:
+                await responsesapi.stream(live, response, asked, self.faults)
+            elif kind == "responses":
+                await responsesapi.whole(live, response, asked, self._extra, self.faults)
+            elif req.stream:
                 await stream(live, response, self._extra, self.faults)
             else:
                 await whole(live, response, self._extra, self.faults)

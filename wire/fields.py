@@ -43,6 +43,19 @@ def vllm_error(message: str, parameter: str | None = None, value: Any = None) ->
     return ApiError(400, text, BAD_REQUEST, parameter)
 
 
+def over_max_model_len(param: str, asked: int, max_model_len: int) -> ApiError:
+    """vLLM's refusal of a max_tokens over the context (`get_max_tokens`)."""
+    return vllm_error(f"{param}={asked} cannot be greater than max_model_len={max_model_len}. Please request fewer "
+                      "output tokens.", param, asked)
+
+
+def prompt_over_context(prompt_tokens: int, max_model_len: int) -> ApiError:
+    """vLLM's refusal of a prompt longer than the context (TokenizeParams)."""
+    return vllm_error(f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+                      f"contains {prompt_tokens} input tokens, which exceeds this limit even without any output "
+                      "tokens. Please reduce the length of the input prompt.", "input_tokens", prompt_tokens)
+
+
 def _summary(value: Any) -> str:
     if isinstance(value, (list, tuple, dict)):
         return f"<{type(value).__name__} of {len(value)} items>"

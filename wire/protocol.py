@@ -179,6 +179,41 @@ class CompletionRequest(SamplingRequest):
     """Alternatives per token."""
 
 
+class InputText(Base):
+    type: Literal["input_text"]
+    text: str
+
+
+class ResponsesInputMessage(Base):
+    """An input item: a message (vLLM also takes function_call and function_call_output items,
+    images and files; the schema lists the plain ones)."""
+
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | Annotated[list[InputText], Field(min_length=1)]
+    type: Literal["message"] | Absent = None
+
+
+class ResponsesRequest(Base):
+    """vLLM 0.32's ResponsesRequest (OpenAI's Responses API), the fields the simulated engine
+    honours: the answer is text (function tools are read into the prompt; the simulated model
+    calls none)."""
+
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+
+    model: Text
+    """A model the router serves (`GET /v1/models`)."""
+    input: Text | Annotated[list[ResponsesInputMessage], Field(min_length=1)]
+    """A string (one user message) or a list of input items."""
+    instructions: str | None = None
+    """A system message before the input."""
+    max_output_tokens: MaxTokens = None
+    """Absent: up to the model's context; more than the context leaves is cut to it (vLLM)."""
+    stream: bool | None = False
+    temperature: Annotated[float | None, Field(ge=0, le=2)] = None
+    top_p: Annotated[float | None, Field(gt=0, le=1)] = None
+    user: str | None = None
+
+
 class TokenizeCompletionRequest(Base):
     """vLLM's TokenizeCompletionRequest: a prompt's token ids."""
 
@@ -334,6 +369,38 @@ class ChatCompletionStreamResponse(Base):
     usage: UsageInfo | None = None
 
 
+class OutputText(Base):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+
+
+class ResponsesOutputMessage(Base):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[OutputText]
+
+
+class ResponsesUsage(Base):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class ResponsesResponse(Base):
+    """vLLM 0.32's ResponsesResponse: the request's settings come back too (not listed)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    model: str
+    status: Literal["completed", "incomplete", "in_progress"]
+    output: list[ResponsesOutputMessage]
+    usage: ResponsesUsage | None = None
+
+
 class CompletionChunkChoice(Base):
     index: int
     text: str
@@ -371,6 +438,8 @@ class ModelCard(Base):
     object: Literal["model"]
     created: int | Absent = None
     owned_by: str | Absent = None
+    max_model_len: int | Absent = None
+    """The largest context among the model's engines, once one said it."""
 
 
 class ModelList(Base):
@@ -382,7 +451,8 @@ class ErrorInfo(Base):
     message: str
     type: str
     """vLLM's error type ("BadRequestError", "Bad Request" for a field of the wrong type,
-    "NotFoundError") or the router's ("invalid_request_error", "rate_limited", ...)."""
+    "NotFoundError"); the router's 400s are "BadRequestError" too, its others its own
+    ("authentication_error", "rate_limit_error", ...)."""
     param: str | None = None
     """The parameter at fault (vLLM: "body.<field>" for a field of the wrong type)."""
     code: int

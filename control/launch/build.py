@@ -39,9 +39,11 @@ class Started:
 def build_launch(plan: PlacementPlan, topology: Topology, bindings: Mapping[str, RayNode], p: ReplicaPlacement,
                  generation: int, *, topology_source: str, time_scale: float,
                  vllm: VllmSettings | None = None, ports: EnginePorts | None = None,
-                 admin_routes: bool = False, admin_token: str = "", api_key: str = "") -> EngineLaunch:
+                 admin_routes: bool = False, admin_token: str = "", api_key: str = "",
+                 engine_args: tuple[str, ...] = ()) -> EngineLaunch:
     """`vllm`: the pool's settings for a real vLLM server (`ports` then required), else a simulated
-    engine. A gang: one simulated engine per data-parallel rank (`EngineLaunch.ranks`)."""
+    engine (`engine_args`: its pool's serving flags). A gang: one simulated engine per
+    data-parallel rank (`EngineLaunch.ranks`)."""
     pool = plan.pool(p.pool)
     if pool.is_gang and p.members:
         if vllm is not None:
@@ -50,7 +52,7 @@ def build_launch(plan: PlacementPlan, topology: Topology, bindings: Mapping[str,
         ranks = tuple(dataclasses.replace(
             build_launch(plan, topology, bindings, gang.rank_placement(p, k), generation,
                          topology_source=topology_source, time_scale=time_scale, admin_routes=admin_routes,
-                         admin_token=admin_token, api_key=api_key),
+                         admin_token=admin_token, api_key=api_key, engine_args=engine_args),
             gang=gang.gang_arg(pool, p, k))
             for k in gang.ranks_of(p))
         return dataclasses.replace(ranks[0], replica_id=p.replica_id, gang="", ranks=ranks)
@@ -70,7 +72,7 @@ def build_launch(plan: PlacementPlan, topology: Topology, bindings: Mapping[str,
                         model=pool.model or (vllm.served_model_name if vllm else p.pool), gpu=gpu or "", tp=pool.tp,
                         node=p.node, gpus=p.gpus, topology_source=topology_source, time_scale=time_scale, pin=pin,
                         generation=generation, vllm=engine, admin_routes=admin_routes, admin_token=admin_token,
-                        api_key=api_key)
+                        api_key=api_key, engine_args=() if vllm is not None else engine_args)
 
 
 def ports_taken(launches: Iterable[EngineLaunch], node: str) -> set[int]:

@@ -12,6 +12,11 @@ Two rules keep classes apart (issue 28, fair shares):
   sequences if more), with the request's, stay within that share of the engine's max_num_seqs:
   the rest of the slots stay free for higher classes, so a batch key cannot fill an engine that
   interactive traffic needs.
+
+And one rule of what a replica can serve: `fits_context`, a replica whose context (its engine's
+max_model_len) cannot hold the request's prompt and max_tokens is not sent it (vLLM would refuse
+it, or cut its output short), when another replica of the model can (issue 30: an RTX 4090's
+27,008 tokens beside an H100's 131,072).
 """
 
 from __future__ import annotations
@@ -73,14 +78,26 @@ def has_headroom(req: RouteRequest, c: Candidate) -> bool:
     return share >= 1.0 or occupied(c) + req.seqs <= share * seq_limit(c)
 
 
+def fits_context(req: RouteRequest, c: Candidate) -> bool:
+    """The replica's context holds what the request needs there: a prefill leg its prompt and
+    the one token it writes, any other its longest prompt and max_tokens
+    (`RouteRequest.context_tokens`). A replica whose context is not known yet may take it."""
+    limit = c.load.context
+    if limit <= 0:
+        return True
+    need = req.prompt_tokens + 1 if c.endpoint.role == "prefill" else req.context_tokens
+    return need <= limit
+
+
 def usable_of(req: RouteRequest, snapshot: Sequence[Candidate], role: Role) -> list[Candidate]:
     """The replicas of the request's model in `role` that may take it: the default filters
-    (health, drain, role, SLO class, headroom) spelled out (this runs for every replica on every
+    (health, drain, role, SLO class, headroom, context) spelled out (this runs for every replica on every
     request; test_routing_plugins checks they agree)."""
     model, sheddable = req.model, req.slo_class.sheddable
     return [c for c in snapshot
             if (e := c.endpoint).model == model and e.role == role and e.healthy and not c.load.breaker_open
-            and (sheddable or not e.draining) and serves_class(req, c) and has_headroom(req, c)]
+            and (sheddable or not e.draining) and serves_class(req, c) and has_headroom(req, c)
+            and fits_context(req, c)]
 
 
 class HealthFilter(Filter):
@@ -118,6 +135,13 @@ class HeadroomFilter(Filter):
         return has_headroom(req, c)
 
 
+class ContextFilter(Filter):
+    """Replicas whose context holds the request (`fits_context`)."""
+
+    def keep(self, req: RouteRequest, c: Candidate) -> bool:
+        return fits_context(req, c)
+
+
 def health(p: Params) -> Filter:
     p.done()
     return HealthFilter()
@@ -142,3 +166,8 @@ def slo_class(p: Params) -> Filter:
 def headroom(p: Params) -> Filter:
     p.done()
     return HeadroomFilter()
+
+
+def context(p: Params) -> Filter:
+    p.done()
+    return ContextFilter()

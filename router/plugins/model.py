@@ -28,6 +28,8 @@ class ReplicaLoad(NamedTuple):  # built for every replica on every request: tupl
     breaker_open: bool = False
     seqs: int = 0
     """Sequences (n x prompts) of the requests this router has open on the replica right now."""
+    context: int = 0
+    """The engine's context (max_model_len) as its /v1/models said; 0: not known."""
 
 
 class Candidate(NamedTuple):
@@ -50,6 +52,10 @@ class RouteRequest(NamedTuple):
     seq_share: float = 1.0
     """The part of a replica's sequence slots the class may fill (`filters.has_headroom`); the
     rest is kept for higher classes."""
+    context_tokens: int = 0
+    """The context one of its sequences needs (`filters.fits_context`): its longest prompt and
+    max_tokens, at most the largest context among the model's engines (what vLLM would serve
+    there); 0: any context holds it."""
 
 
 class Ranked(NamedTuple):

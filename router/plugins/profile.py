@@ -19,7 +19,8 @@ from router.plugins.model import Filter, Picker, Scorer
 from router.plugins.registry import FILTER, PICKER, SCORER, UnknownPlugin
 from router.plugins.spec import PluginSpec
 
-DEFAULT_FILTERS = ("health-filter", "drain-filter", "role-filter", "slo-class-filter", "seq-headroom-filter")
+DEFAULT_FILTERS = ("health-filter", "drain-filter", "role-filter", "slo-class-filter", "seq-headroom-filter",
+                   "context-filter")
 DEFAULT_PICKER = "max-score-picker"
 
 FilterEntry = str | PluginSpec

@@ -26,6 +26,7 @@ PLUGINS: dict[str, Registration] = {
     "role-filter": Registration(FILTER, filters.role),
     "slo-class-filter": Registration(FILTER, filters.slo_class),
     "seq-headroom-filter": Registration(FILTER, filters.headroom),
+    "context-filter": Registration(FILTER, filters.context),
     "queue-depth-scorer": Registration(SCORER, scorers.queue_depth),
     "kv-usage-scorer": Registration(SCORER, scorers.kv_usage),
     "link-tier-scorer": Registration(SCORER, scorers.link_tier),

@@ -40,7 +40,7 @@ def test_every_config_form_builds_the_same_profile() -> None:
         {"scorers": {"queue-depth-scorer": {"weight": 2.0}, "prefix-affinity-scorer": {"parameters": {}}}},
         {"scorers": [{"name": "queue-depth-scorer", "weight": 2.0}, {"name": "prefix-affinity-scorer"}],
          "filters": ["health-filter", {"name": "drain-filter"}, {"name": "role-filter", "parameters": {}},
-                     "slo-class-filter", {"name": "seq-headroom-filter"}],
+                     "slo-class-filter", {"name": "seq-headroom-filter"}, "context-filter"],
          "picker": {"name": "max-score-picker"}},
     ]
     profiles = [ProfileConfig.model_validate(f).to_profile() for f in forms]

@@ -46,7 +46,8 @@ def test_the_token_limit_holds_for_every_way_of_writing_the_number(key: str, val
 
 
 def test_the_body_for_the_engine_has_the_routers_fields_only() -> None:
-    call = _read({"model": "m", "prompt": "x" * 300, "kv_transfer_params": {"do_remote_prefill": True}})
+    call = _read({"model": "m", "messages": [{"role": "user", "content": "x" * 300}],
+                  "kv_transfer_params": {"do_remote_prefill": True}})
     sent = json.loads(call.payload)
     assert "kv_transfer_params" not in sent and sent["priority"] == SLO.priority
     assert call.route.prompt_tokens > 0 and call.route.prefix_hash != 0
