@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loadtest.chartstyle import bar_style, legend_outside, pyplot, series_style
 from loadtest.scaling_report import section
 
 if TYPE_CHECKING:
@@ -160,63 +161,77 @@ def write_report(scenario: Scenario, rows: Sequence[Mapping[str, Any]], path: Pa
     path.write_text("\n".join(out))
 
 
-def write_plots(rows: Sequence[Mapping[str, Any]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def goodput_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """Goodput against offered load, a line per policy (styles: loadtest.chartstyle)."""
+    plt = pyplot()
     policies = list(dict.fromkeys(r["policy"] for r in rows))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for pol in policies:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for k, pol in enumerate(policies):
         mine = sorted((r for r in rows if r["policy"] == pol), key=lambda r: r["rate_rps"])
-        ax.plot([r["rate_rps"] for r in mine], [r["goodput_rps"] for r in mine], marker="o", label=pol)
+        ax.plot([r["rate_rps"] for r in mine], [r["goodput_rps"] for r in mine], label=pol,
+                **series_style(k, len(policies)))
     ax.set_xlabel("offered load (requests/s)")
     ax.set_ylabel("goodput (requests/s meeting their SLO)")
     ax.set_title("Goodput against offered load, per placement policy")
     ax.grid(alpha=0.3)
-    ax.legend()
+    legend_outside(ax, title="policy")
     fig.tight_layout()
-    fig.savefig(out / "goodput_vs_rate.png", dpi=110)
-    plt.close(fig)
+    return fig
 
+
+def latency_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """TTFT and TPOT p50/p99 per policy and tier at the top rate: horizontal bars, one row per
+    (policy, tier), so the row names never crowd each other however many there are."""
+    plt = pyplot()
     top = max(r["rate_scale"] for r in rows)
     at = [r for r in rows if r["rate_scale"] == top]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    names = [f"{r['policy']} · {tier}" for r in at for tier in r["summary"]["per_tier"]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 1.4 + 0.42 * max(len(names), 3)), sharey=True)
+    ys = list(range(len(names)))[::-1]
     for ax, key, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "tpot_ms", "TPOT")):
-        labels, p50, p99 = [], [], []
-        for r in at:
-            for tier, t in r["summary"]["per_tier"].items():
-                labels.append(f"{r['policy']}\n{tier}")
-                p50.append(_num(t[key]["median"]))
-                p99.append(_num(t[key]["p99"]))
-        xs = range(len(labels))
-        ax.bar([x - 0.2 for x in xs], p50, width=0.4, label="p50")
-        ax.bar([x + 0.2 for x in xs], p99, width=0.4, label="p99")
-        ax.set_xticks(list(xs), labels, fontsize=8)
-        ax.set_ylabel(f"{title} (ms)")
+        tiers = [t for r in at for t in r["summary"]["per_tier"].values()]
+        ax.barh([y + 0.2 for y in ys], [_num(t[key]["median"]) for t in tiers], height=0.4, label="p50",
+                **bar_style(0))
+        ax.barh([y - 0.2 for y in ys], [_num(t[key]["p99"]) for t in tiers], height=0.4, label="p99",
+                **bar_style(1))
+        ax.set_yticks(ys, names)
+        ax.set_xlabel(f"{title} (ms)")
         ax.set_title(f"{title} by topology tier (rate x{top:g})")
-        ax.legend()
-        ax.grid(alpha=0.3, axis="y")
+        ax.grid(alpha=0.3, axis="x")
+    legend_outside(axes[1])
     fig.tight_layout()
-    fig.savefig(out / "latency_by_tier.png", dpi=110)
-    plt.close(fig)
+    return fig
 
+
+def attainment_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """SLO attainment per class at the top rate, a bar per policy."""
+    plt = pyplot()
+    top = max(r["rate_scale"] for r in rows)
+    at = [r for r in rows if r["rate_scale"] == top]
     classes = sorted({c for r in at for c in r["slo_attainment"]})
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 + 0.35 * len(classes) * len(at)), 4.5))
     width = 0.8 / max(len(at), 1)
     for i, r in enumerate(at):
         ax.bar([j + i * width for j in range(len(classes))],
-               [_num(r["slo_attainment"].get(c, math.nan)) * 100 for c in classes], width=width, label=r["policy"])
+               [_num(r["slo_attainment"].get(c, math.nan)) * 100 for c in classes], width=width, label=r["policy"],
+               **bar_style(i))
     ax.set_xticks([j + width * (len(at) - 1) / 2 for j in range(len(classes))], classes)
     ax.set_ylabel("requests meeting their SLO (%)")
     ax.set_ylim(0, 105)
     ax.set_title(f"SLO attainment per class (rate x{top:g})")
-    ax.legend()
+    legend_outside(ax, title="policy")
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    fig.savefig(out / "slo_attainment.png", dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def write_plots(rows: Sequence[Mapping[str, Any]], out: Path) -> None:
+    plt = pyplot()
+    for name, build in (("goodput_vs_rate.png", goodput_figure), ("latency_by_tier.png", latency_figure),
+                        ("slo_attainment.png", attainment_figure)):
+        fig = build(rows)
+        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+        plt.close(fig)
 
 
 def _num(v: Any) -> float:

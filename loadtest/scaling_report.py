@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from loadtest.chartstyle import bar_style, legend_outside, pyplot, series_style
 from loadtest.model import RequestResult
 from loadtest.summary import met_slo
 from pools.model import PlacementPlan, SLOClass
@@ -112,22 +113,20 @@ def section(rows: Sequence[Mapping[str, Any]], classes: Sequence[str]) -> list[s
     return out
 
 
-def write_plots(rows: Sequence[Mapping[str, Any]], out: Any) -> None:
-    auto = [r for r in rows if "autoscaler" in r]
-    if not auto:
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def replicas_figure(auto: Sequence[Mapping[str, Any]]) -> Any:
+    """Replicas serving over time, a stepped line per autoscaler (and pool), styled apart
+    (loadtest.chartstyle) so that coinciding steps stay visible."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for r in auto:
-        pools = sorted({p["pool"] for p in r["timeline"]})
-        for pool in pools:
-            points = [p for p in r["timeline"] if p["pool"] == pool]
-            label = r["autoscaler"] + (f" {pool}" if len(pools) > 1 else "")
-            ax.step([p["t"] for p in points], [p["serving"] for p in points], where="post", label=label)
+    series = [(r, pool, len(pools) > 1) for r in auto for pools in [sorted({p["pool"] for p in r["timeline"]})]
+              for pool in pools]
+    for k, (r, pool, named) in enumerate(series):
+        points = [p for p in r["timeline"] if p["pool"] == pool]
+        label = r["autoscaler"] + (f" {pool}" if named else "")
+        every = max(1, len(points) // 8)
+        ax.plot([p["t"] for p in points], [p["serving"] for p in points], drawstyle="steps-post", label=label,
+                markevery=(min(k * every // max(len(series), 1), len(points) - 1), every),
+                **series_style(k, len(series)))
     peak = next((r["peak_s"] for r in auto if "peak_s" in r), None)
     if peak is not None:
         ax.axvspan(peak[0], peak[1], color="grey", alpha=0.12, label="peak of the load step")
@@ -135,31 +134,47 @@ def write_plots(rows: Sequence[Mapping[str, Any]], out: Any) -> None:
     ax.set_ylabel("replicas serving")
     ax.set_title("Replicas serving over the load step, per autoscaler")
     ax.grid(alpha=0.3)
-    ax.legend()
+    legend_outside(ax)
     fig.tight_layout()
-    fig.savefig(out / "autoscaling_replicas.png", dpi=110)
-    plt.close(fig)
+    return fig
 
+
+def summary_figure(auto: Sequence[Mapping[str, Any]]) -> Any:
+    """SLO attainment per class (bars; a black tick: at the peak) and GPU-hours, per autoscaler."""
+    plt = pyplot()
     classes = sorted({c for r in auto for c in r["attainment"]})
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     width = 0.8 / max(len(auto), 1)
     for i, r in enumerate(auto):
         xs = [j + i * width for j in range(len(classes))]
-        left.bar(xs, [r["attainment"].get(c, 0.0) * 100 for c in classes], width=width, label=f"{r['autoscaler']}")
+        left.bar(xs, [r["attainment"].get(c, 0.0) * 100 for c in classes], width=width, label=f"{r['autoscaler']}",
+                 **bar_style(i))
         if "attainment_peak" in r:
             left.scatter(xs, [r["attainment_peak"].get(c, 0.0) * 100 for c in classes], color="black", marker="_",
-                         s=200, zorder=3)
+                         s=200, zorder=3, label="at the peak" if i == 0 else None)
     left.set_xticks([j + width * (len(auto) - 1) / 2 for j in range(len(classes))], classes)
-    left.set_ylabel("requests meeting their SLO (%; black: at the peak)")
+    left.set_ylabel("requests meeting their SLO (%)")
     left.set_ylim(0, 105)
     left.set_title("SLO attainment per class")
-    left.legend()
     left.grid(alpha=0.3, axis="y")
-    right.bar([r["autoscaler"] for r in auto], [r["gpu_hours"] for r in auto],
-              color=[f"C{i}" for i in range(len(auto))])
+    for i, r in enumerate(auto):
+        right.bar([i], [r["gpu_hours"]], **bar_style(i))
+    right.set_xticks(range(len(auto)), [r["autoscaler"] for r in auto])
     right.set_ylabel("GPU-hours")
     right.set_title("GPUs held over the run")
     right.grid(alpha=0.3, axis="y")
+    handles, names = left.get_legend_handles_labels()
+    legend_outside(right, handles=handles, labels=names, title="autoscaler")
     fig.tight_layout()
-    fig.savefig(out / "autoscaling_summary.png", dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def write_plots(rows: Sequence[Mapping[str, Any]], out: Any) -> None:
+    auto = [r for r in rows if "autoscaler" in r]
+    if not auto:
+        return
+    plt = pyplot()
+    for name, build in (("autoscaling_replicas.png", replicas_figure), ("autoscaling_summary.png", summary_figure)):
+        fig = build(auto)
+        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+        plt.close(fig)

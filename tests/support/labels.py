@@ -32,6 +32,15 @@ class Label:
         return self.x0 < other.x1 and other.x0 < self.x1 and self.y0 < other.y1 and other.y0 < self.y1
 
 
+def _drawn_tick_labels(axis: Any) -> Iterable[Any]:
+    """The tick labels matplotlib draws: those of ticks inside the view (it keeps others)."""
+    lo, hi = sorted(axis.get_view_interval())
+    eps = (hi - lo) * 1e-9
+    for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+        if lo - eps <= tick.get_loc() <= hi + eps:
+            yield from (label for label in (tick.label1, tick.label2) if label.get_visible())
+
+
 def _texts(fig: Any) -> Iterable[Any]:
     for ax in fig.axes:
         yield from ax.texts
@@ -40,7 +49,8 @@ def _texts(fig: Any) -> Iterable[Any]:
         yield ax._right_title
         yield ax.xaxis.label
         yield ax.yaxis.label
-        yield from (t for t in ax.get_xticklabels() + ax.get_yticklabels())
+        for axis in (ax.xaxis, ax.yaxis):
+            yield from _drawn_tick_labels(axis)
         legend = ax.get_legend()
         if legend is not None:
             yield from legend.get_texts()
