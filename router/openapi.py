@@ -107,11 +107,15 @@ def _generate(op_id: str, summary: str, kind: str, body: JSON, answer: JSON, chu
     return _operation(op_id, f"create {summary}", ok, GENERATE_ERRORS, tag="openai", body=body, parameters=[slo])
 
 
-def _api_paths(ref: dict[str, JSON], classes: list[str]) -> JSON:
-    """The OpenAI API's routes and vLLM's (de)tokenize."""
+def _api_paths(ref: dict[str, JSON], classes: list[str], tokenize_key: bool) -> JSON:
+    """The OpenAI API's routes and vLLM's (de)tokenize (open as on vLLM, unless `tokenize_key`)."""
     slo = {"name": "x-slo-class", "in": "header", "required": False, "description": SLO_CLASS_WORDS,
            "schema": {"type": "string", "enum": classes}}
     model = {"name": "model", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+    token_errors = TOKEN_ERRORS if tokenize_key else tuple(e for e in TOKEN_ERRORS if e != 401)
+    token_words = ("needs a key (the router's `tokenize_auth: key`)" if tokenize_key else
+                   "open, as on vLLM (its --api-key guards only /v1, /v2, /inference); the router's "
+                   "`tokenize_auth: key` asks for a key")
     tokenize = {"anyOf": [ref["TokenizeCompletionRequest"], ref["TokenizeChatRequest"]],
                 "description": "vLLM's TokenizeCompletionRequest or TokenizeChatRequest; answered by a replica of "
                                "the model"}
@@ -132,10 +136,11 @@ def _api_paths(ref: dict[str, JSON], classes: list[str]) -> JSON:
             GENERATE_ERRORS, tag="openai", body=ref["ResponsesRequest"], parameters=[slo])},
         "/tokenize": {"post": _operation(
             "tokenize", "token ids of a prompt (vLLM)", _json(ref["TokenizeResponse"], "the engine's answer"),
-            TOKEN_ERRORS, tag="vllm", body=tokenize)},
+            token_errors, tag="vllm", body=tokenize, secured=tokenize_key, description=token_words)},
         "/detokenize": {"post": _operation(
             "detokenize", "text of token ids (vLLM)", _json(ref["DetokenizeResponse"], "the engine's answer"),
-            TOKEN_ERRORS, tag="vllm", body=ref["DetokenizeRequest"])},
+            token_errors, tag="vllm", body=ref["DetokenizeRequest"], secured=tokenize_key,
+            description=token_words)},
         "/v1/models": {"get": _operation(
             "list_models", "list models", _json(ref["ModelList"], "the served models"), (401,), tag="openai")},
         "/v1/models/{model}": {"get": _operation(
@@ -185,8 +190,9 @@ def _components(schemas: dict[str, JSON], ref: dict[str, JSON]) -> JSON:
     }
 
 
-def document(classes: list[str], max_tokens_limit: int) -> bytes:
-    """The OpenAPI document (compact JSON) of a router with these SLO classes and this limit."""
+def document(classes: list[str], max_tokens_limit: int, tokenize_key: bool = False) -> bytes:
+    """The OpenAPI document (compact JSON) of a router with these SLO classes and this limit
+    (`tokenize_key`: its `tokenize_auth` is `key`)."""
     models: list[type[BaseModel]] = [
         limited(wire.ChatCompletionRequest, max_tokens_limit), limited(wire.CompletionRequest, max_tokens_limit),
         limited(wire.ResponsesRequest, max_tokens_limit), wire.ResponsesResponse,
@@ -196,5 +202,6 @@ def document(classes: list[str], max_tokens_limit: int) -> bytes:
         wire.ErrorResponse, views.Health, views.ReplicasView, views.TopologyView, views.PlanView]
     ref, schemas = _schemas(models)
     doc = {"openapi": "3.1.0", "info": {"title": "isleserve router", "version": "1", "description": _description()},
-           "paths": {**_api_paths(ref, classes), **_service_paths(ref)}, "components": _components(schemas, ref)}
+           "paths": {**_api_paths(ref, classes, tokenize_key), **_service_paths(ref)},
+           "components": _components(schemas, ref)}
     return orjson.dumps(doc)

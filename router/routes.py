@@ -155,11 +155,11 @@ def admin_view(path: str, replicas: Replicas, worker: int, topology: Topology | 
     raise ApiError(404, f"no admin route {path}", "not_found_error")
 
 
-def served_document(classes: list[str], max_tokens_limit: int) -> bytes:
+def served_document(classes: list[str], max_tokens_limit: int, tokenize_key: bool = False) -> bytes:
     """The OpenAPI document this router serves at `/openapi.json`, generated from the pydantic
     models (`router.openapi`): its SLO class names as the `x-slo-class` values, its
-    `max_tokens_limit` as the most tokens a request may ask."""
-    return openapi.document(classes, max_tokens_limit)
+    `max_tokens_limit` as the most tokens a request may ask, whether /tokenize wants a key."""
+    return openapi.document(classes, max_tokens_limit, tokenize_key)
 
 
 class ServedDocument:
@@ -168,8 +168,8 @@ class ServedDocument:
     smaller (the router refuses more, as vLLM: `router.call.context_tokens`). Built again only
     when that bound changes."""
 
-    def __init__(self, classes: list[str], max_tokens_limit: int) -> None:
-        self.classes, self.max_tokens_limit = classes, max_tokens_limit
+    def __init__(self, classes: list[str], max_tokens_limit: int, tokenize_key: bool = False) -> None:
+        self.classes, self.max_tokens_limit, self.tokenize_key = classes, max_tokens_limit, tokenize_key
         self._built: tuple[int, bytes] | None = None
 
     def bound(self, contexts: Mapping[str, int]) -> int:
@@ -179,7 +179,7 @@ class ServedDocument:
     def document(self, contexts: Mapping[str, int]) -> bytes:
         bound = self.bound(contexts)
         if self._built is None or self._built[0] != bound:
-            self._built = (bound, served_document(self.classes, bound))
+            self._built = (bound, served_document(self.classes, bound, self.tokenize_key))
         return self._built[1]
 
 
