@@ -52,9 +52,10 @@ install-run: $(RUN_STAMP)
 	$(NATIVE_BUILD)
 
 # `isle run`: Ray Serve's `serve run configs/local.yaml`, one line when the endpoint is ready,
-# a clean stop (exit 0) on Ctrl-C or SIGTERM
+# a clean stop (exit 0) on Ctrl-C or SIGTERM; and when make ends (SIGTERM to make: make exits at
+# once, 143, without passing it on; isle run then stops by itself, --stop-with-parent)
 run: install-run
-	$(BIN)/isle run configs/local.yaml
+	$(BIN)/isle run --stop-with-parent configs/local.yaml
 
 survey: install
 	$(BIN)/isle topology survey $(CAPTURES) configs/clusters/*.yaml --out-dir out/topology

@@ -38,6 +38,7 @@ from isleserve.raylocal import READY_PREFIX, TOKEN_FILE, secure_env
 from isleserve.settings import app_args_from_serve_config
 from topology.errors import ParseError
 from wire import client, native
+from wire.lifecycle import follow_parent
 from wire.processes import ChildError, Group, Output, ReadyLine, ReadyProbe, Stop
 from wire.supervisor import Child
 
@@ -118,6 +119,9 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dashboard", action="store_true",
                         help="the local Ray also runs its dashboard and job API (127.0.0.1, token required), "
                              "for `serve status` and `ray job`")
+    parser.add_argument("--stop-with-parent", action="store_true",
+                        help="stop cleanly when the process that started this one ends (`make run` asks for it: "
+                             "GNU make, stopped by SIGTERM, exits without passing the signal on)")
     return parser.parse_args(argv)
 
 
@@ -146,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # in the children, and `serve run` would never hear its Ctrl-C; handled ones start as default
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
+    if args.stop_with_parent:
+        parent = os.getppid()
+        if follow_parent(signal.SIGTERM) and os.getppid() != parent:  # it ended before we asked
+            stop(signal.SIGTERM, None)
     head: Child | None = None
     temp_dir: str | None = None
     try:

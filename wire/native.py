@@ -188,7 +188,7 @@ def ensure() -> str:
             sys.meta_path.insert(0, _Interpreted(ROOT))
         if state == "stale":
             print("isleserve: the compiled request path does not match the sources: running it "
-                  "interpreted (slower); `make install` recompiles", file=sys.stderr)
+                  "interpreted (slower); `make install-run` or `make install` recompiles", file=sys.stderr)
     return _decided["state"]
 
 
