@@ -14,7 +14,7 @@ from typing import Any
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p")
 LINESTYLES: tuple[Any, ...] = ("-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (6, 2)),
                                (0, (3, 1, 1, 1, 1, 1)))
-WIDEST_LW = 4.0
+WIDEST_LW = 3.4
 NARROWEST_LW = 1.2
 LARGEST_MARKER = 11.0
 SMALLEST_MARKER = 4.5

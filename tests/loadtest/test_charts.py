@@ -24,7 +24,7 @@ def _rows() -> list[dict[str, Any]]:
     rows = []
     for k, policy in enumerate(POLICIES):
         for scale in (1, 2, 4, 8):
-            same = 2 if policy == "first-fit" else k  # first-fit places as ray-pack does: identical lines
+            same = 1 if policy == "first-fit" else k  # first-fit places as ray-pack (k = 1) does: identical lines
             per_tier = {t: {"ttft_ms": {"median": 40.0 * (j + 1), "p99": 300.0 * (j + 1) + same},
                             "tpot_ms": {"median": 8.0 + j, "p99": 30.0 + 5 * j}} for j, t in enumerate(TIERS)}
             rows.append({"policy": policy, "rate_scale": scale, "rate_rps": 5.0 * scale,
