@@ -57,7 +57,7 @@ install-run: $(RUN_STAMP)
 run: install-run
 	$(BIN)/isle run --stop-with-parent configs/local.yaml
 
-survey: install
+survey: install-run
 	$(BIN)/isle topology survey $(CAPTURES) configs/clusters/*.yaml --out-dir out/topology
 
 lint: install
