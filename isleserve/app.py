@@ -28,6 +28,7 @@ from pools.routing import RoutingTable
 from pools.sizing import parse_workload
 from router.contact import ControllerContact
 from router.server import Router
+from wire import native
 
 REPO = Path(__file__).resolve().parents[1]
 FOLLOW_INTERVAL_S = 1.0
@@ -68,7 +69,8 @@ def controller_spec(args: AppArgs) -> ControllerSpec:
                           pools=config.pool_specs(), slo_classes=config.classes(), time_scale=args.time_scale,
                           state_dir=args.state_dir, counters_interval_s=args.counters_interval_s,
                           drain_timeout_s=args.drain_timeout_s, vllm=vllm, ports=args.vllm.ports.plan(), bench=bench,
-                          autoscale=autoscale, engine_admin_routes=args.engine_admin_routes)
+                          autoscale=autoscale, engine_admin_routes=args.engine_admin_routes,
+                          engine_args=args.engine_args())
 
 
 class RouterThread:
@@ -94,6 +96,7 @@ class RouterThread:
         self.thread.start()
         if not self.ready.wait(30) or self.error is not None:
             raise RuntimeError(f"the router did not start: {self.error}")
+        log.info("request path: %s", native.explain())
         log.info(ready_line(args.router.host, self.router.port, len(table.replicas)))
 
     def _run(self) -> None:

@@ -98,6 +98,7 @@ class ReplicaConfig(_Strict):
     role: Literal["prefill", "decode", "mixed"] = "mixed"
     node: str = ""
     gpus: list[int] = Field(default_factory=list)
+    island: str = Field(default="", description="the NVLink island of its GPUs (a Prometheus target label)")
     tier: str = "local"
     tp: int = 1
     gpu_model: str | None = None
@@ -225,6 +226,10 @@ class RouterConfig(_Strict):
                                      "one slow client before the router stops reading its engine")
     metrics_auth: Literal["open", "admin"] = Field(default="open", description="`admin`: /metrics needs the admin "
                                                    "key (Prometheus: `authorization: {credentials: ...}`)")
+    tokenize_auth: Literal["vllm", "key"] = Field(
+        default="vllm", description="`/tokenize` and `/detokenize`: `vllm` answers them without a key, as vLLM "
+                                    "does (its --api-key guards only paths under /v1, /v2, /inference); `key`: "
+                                    "they need a user key like /v1")
     fair: FairConfig = Field(default_factory=FairConfig, description="fair shares under abuse: the per-request "
                              "cost bound, each class's share of a replica's sequence slots, key and class quotas")
     workers: int = Field(default=1, ge=1, le=64, description="processes serving the port (SO_REUSEPORT); a class's "
