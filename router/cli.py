@@ -13,13 +13,14 @@ from router.config import RouterConfig, load_router_config
 from router.keys import SALT_BYTES, salted
 from router.server import Router
 from topology import Topology, TopologyError, read_source
+from wire import native
 from wire.lifecycle import serve_until_signalled
 
 
 def table_from_config(config: RouterConfig) -> RoutingTable:
     return RoutingTable(version=1, replicas=tuple(
         ReplicaEndpoint(replica_id=r.replica_id, url=r.url, model=r.model, pool=r.pool, role=r.role, node=r.node,
-                        gpus=tuple(r.gpus), tier=r.tier, tp=r.tp, gpu_model=r.gpu_model,
+                        gpus=tuple(r.gpus), island=r.island, tier=r.tier, tp=r.tp, gpu_model=r.gpu_model,
                         catalog_model=r.catalog_model, slo_classes=tuple(r.slo_classes),
                         max_num_seqs=r.max_num_seqs or config.fair.replica_max_num_seqs) for r in config.replicas))
 
@@ -39,7 +40,18 @@ def bench(argv: Sequence[str]) -> int:
                         "and on granian: an ASGI app relaying through our relay, no routing")
     parser.add_argument("--front-door", action="store_true", help="instead: the front-door probes (issue 15's "
                         "attacks) against our connection layer, uvicorn and granian, each serving one echo app")
+    parser.add_argument("--scrape", type=int, metavar="REQUESTS", help="instead: the router's /metrics at "
+                        "configs/local.yaml's shape after REQUESTS requests (four simulated engines): its size and "
+                        "the time a scrape takes")
     args = parser.parse_args(argv)
+    if args.scrape is not None:
+        import tempfile
+        from pathlib import Path
+
+        from router.bench.scrape import main as scrape_main
+
+        with tempfile.TemporaryDirectory(prefix="isle-scrape-") as directory:
+            return scrape_main(args.format, args.scrape, max(50, args.reps * 100), Path(directory))
     from router.bench.run import main as bench_main
 
     return bench_main(args.format, args.reps, args.seconds, args.workers, args.servers, args.front_door)
@@ -88,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TopologyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    print(f"isleserve router: request path: {native.explain()}", file=sys.stderr, flush=True)
     try:
         import uvloop
 

@@ -123,6 +123,7 @@ class Flight:
         self.tried += 1
         r.replicas.opened(cand.endpoint.replica_id, self.call.route.seqs)
         r.metrics.child(r.metrics.sent, cand.endpoint.pool).inc()
+        r.metrics.child(r.metrics.replica_sent, cand.endpoint.replica_id).inc()
         self.status, self.bad, self.parts, self.streaming = 0, "", [], False
         up = r.upstream
         # an engine answers a non-stream request only when it is done: wait for the whole of it

@@ -15,7 +15,7 @@ answers.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -64,8 +64,13 @@ class CounterSeries:
 class Family:
     """A histogram or counter family: its series by label values."""
 
-    def __init__(self, name: str, doc: str, labels: Sequence[str], buckets: tuple[float, ...] | None = None) -> None:
+    def __init__(self, name: str, doc: str, labels: Sequence[str], buckets: tuple[float, ...] | None = None,
+                 exposed: Sequence[str] | None = None) -> None:
+        """`labels`: what each observation is kept by (the load report reads them all);
+        `exposed`: the labels `/metrics` shows, series summed over the others (default: all)."""
         self.name, self.doc, self.labels, self.buckets = name, doc, tuple(labels), buckets
+        self.exposed = tuple(labels if exposed is None else exposed)
+        self._keep = tuple(self.labels.index(label) for label in self.exposed)
         self.series: dict[tuple[str, ...], Any] = {}
 
     def labels_(self, *values: str) -> Any:
@@ -110,21 +115,59 @@ class Family:
                     h.sum += float(row[2])
         return out
 
-    def collect(self, peers: Sequence[list[list[Any]]] = ()) -> Metric:
+    def exposed_series(self, peers: Sequence[list[list[Any]]] = ()) -> dict[tuple[str, ...], Any]:
+        """Every worker's series summed over the labels `/metrics` does not show."""
         series = self.merged(peers) if peers else self.series
+        if len(self._keep) == len(self.labels):
+            return series
+        out: dict[tuple[str, ...], Any] = {}
+        for values, s in series.items():
+            key = tuple(values[i] for i in self._keep)
+            if self.buckets is None:
+                out.setdefault(key, CounterSeries()).value += s.value
+            else:
+                h = out.setdefault(key, HistogramSeries(self.buckets))
+                h.counts = [a + b for a, b in zip(h.counts, s.counts, strict=True)]
+                h.sum += s.sum
+        return out
+
+    def collect(self, peers: Sequence[list[list[Any]]] = ()) -> Metric:
+        series = self.exposed_series(peers)
         if self.buckets is None:
-            counter = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+            counter = CounterMetricFamily(self.name, self.doc, labels=self.exposed)
             for values, c in sorted(series.items()):
                 counter.add_metric(list(values), c.value)
             return counter
-        hist = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        hist = HistogramMetricFamily(self.name, self.doc, labels=self.exposed)
+        shown = shown_buckets(series.values(), len(self.buckets))
+        bounds = (*(_go(b) for b in self.buckets), "+Inf")
         for values, h in sorted(series.items()):
-            running, buckets = 0, []
-            for bound, count in zip((*self.buckets, float("inf")), h.counts, strict=True):
-                running += count
-                buckets.append((_go(bound), float(running)))
+            running, k, buckets = 0, 0, []
+            for i in shown:
+                while k <= i:
+                    running += h.counts[k]
+                    k += 1
+                buckets.append((bounds[i], float(running)))
             hist.add_metric(list(values), buckets, h.sum)
         return hist
+
+
+def shown_buckets(series: Iterable[HistogramSeries], bounds: int) -> list[int]:
+    """The buckets `/metrics` shows of a histogram family: those any of its series has an
+    observation in, each with the bucket below it (whose bound is the lower edge of the one
+    above: linear interpolation needs it), and +Inf. Every series of the family shows the same
+    bounds, so `sum by (le, ...)` over them adds like for like, and `histogram_quantile` of any
+    sum gives what it would give over all `bounds` buckets: a bucket left out holds nothing.
+    A bound shown stays shown (counts only grow): the series of a bucket never come and go.
+    Most latencies fill a few octaves of the 17 the bounds span, so this is a fraction of the
+    full layout (docs/operations.md: Metrics)."""
+    filled = [False] * (bounds + 1)
+    for h in series:
+        for i, count in enumerate(h.counts):
+            if count:
+                filled[i] = True
+    shown = [i for i in range(bounds) if filled[i] or filled[i + 1]]
+    return [*shown, bounds]
 
 
 class RouterMetrics:
@@ -132,9 +175,12 @@ class RouterMetrics:
         r = self.registry = CollectorRegistry()
         labels = ["slo_class", "pool", "tier"]
         self.ttft = Family("isle_router_ttft_seconds", "Time to first token seen by the router", labels, BUCKETS)
-        self.tpot = Family("isle_router_tpot_seconds", "Mean time per output token of a request", labels, BUCKETS)
-        self.itl = Family("isle_router_itl_seconds", "Gap between streamed chunks", labels, BUCKETS)
-        self.e2e = Family("isle_router_e2e_seconds", "Request latency end to end", labels, BUCKETS)
+        self.tpot = Family("isle_router_tpot_seconds", "Mean time per output token of a request (the SLO "
+                           "classes' tpot_ms: by class)", labels, BUCKETS, exposed=("slo_class",))
+        self.itl = Family("isle_router_itl_seconds", "Gap between output tokens of a stream (the engine's decode "
+                          "step: by pool)", labels, BUCKETS, exposed=("pool",))
+        self.e2e = Family("isle_router_e2e_seconds", "Request latency end to end, from its first byte to its last "
+                          "answered", labels, BUCKETS, exposed=("slo_class",))
         self.kv = Family("isle_router_kv_transfer_seconds", "Prefill-to-decode handover (PD)", labels, BUCKETS)
         self.requests = Family("isle_router_requests", "Requests by SLO class and outcome", ["slo_class", "outcome"])
         self.rejections = Family("isle_router_rejections", "Requests refused, by SLO class ('unknown' before the "
@@ -143,7 +189,12 @@ class RouterMetrics:
                                 "declared for it because none of their replicas could take them", ["slo_class"])
         self.sent = Family("isle_router_pool_requests", "Requests (and PD legs) sent to a pool's replicas, "
                            "retries included (the autoscaler's arrival rate)", ["pool"])
-        self.decision = Family("isle_router_decision_seconds", "Time to make a routing decision", [], FAST)
+        self.replica_sent = Family("isle_router_replica_requests", "Requests (and PD legs) sent to each replica, "
+                                   "retries included: which replicas receive traffic", ["replica"])
+        self.decision = Family("isle_router_decision_seconds", "Time to make a routing decision: kind=pd the "
+                               "PD-or-mixed choice with the pair's pricing (every request long enough to split), "
+                               "kind=replica the ranking of the class's replicas (every request not split)",
+                               ["kind"], FAST)
         self.plugins = Family("isle_router_plugin_duration_seconds", "Time of one routing plugin's stage in a "
                               "sampled decision (router/plugins/timing.py)", ["plugin", "kind"], PLUGIN)
         self.healthy: dict[str, float] = {}
@@ -173,7 +224,7 @@ class RouterMetrics:
 
     def families(self) -> tuple[Family, ...]:
         return (self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.rejections, self.sent,
-                self.fallbacks, self.decision, self.plugins)
+                self.replica_sent, self.fallbacks, self.decision, self.plugins)
 
     def snapshot(self) -> dict[str, Any]:
         """This worker's series as JSON, for the sibling that answers a scrape."""

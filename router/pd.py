@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Callable, Collection, Coroutine
 from typing import Any
 
@@ -35,13 +36,20 @@ RELEASE_TIMEOUT_S = 2.0
 
 
 def pd_choice(pd: PDConfig, call: Call, snapshot: list[Candidate], topology: Topology | None,
-              mixed: Collection[str], timer: PluginTimer | None = None) -> PDDecision | None:
+              mixed: Collection[str], timer: PluginTimer | None = None,
+              timed: Callable[[float], None] | None = None, clock: Callable[[], float] = time.perf_counter
+              ) -> PDDecision | None:
     """The prefill/decode pair for this request, or None: a mixed replica serves it whole.
-    `mixed`: the models with mixed replicas in the routing table."""
+    `mixed`: the models with mixed replicas in the routing table. `timed` gets the seconds
+    the choice took, for every request PD weighed (`isle_router_decision_seconds{kind="pd"}`)."""
     if not pd.enabled or call.many:
         return None
-    return pd_decide(call.route, snapshot, topology, min_prompt_tokens=pd.min_prompt_tokens,
-                     has_mixed=call.route.model in mixed, timer=timer)
+    t0 = clock()
+    out = pd_decide(call.route, snapshot, topology, min_prompt_tokens=pd.min_prompt_tokens,
+                    has_mixed=call.route.model in mixed, timer=timer)
+    if timed is not None:
+        timed(clock() - t0)
+    return out
 
 
 def holding_roles(pd: PDConfig, call: Call, mixed: Collection[str]) -> tuple[Role, ...]:
@@ -77,6 +85,7 @@ async def _prefill(ctx: FlightContext, call: Call, pcand: Candidate, request_id:
     rid = pcand.endpoint.replica_id
     ctx.replicas.opened(rid)
     ctx.metrics.child(ctx.metrics.sent, pcand.endpoint.pool).inc()
+    ctx.metrics.child(ctx.metrics.replica_sent, rid).inc()
     t0 = ctx.clock()
     try:
         ex = await relay.start(ctx.relay, pcand.endpoint.url, call.path, orjson.dumps(first), ctx.relay.headers,

@@ -27,7 +27,7 @@ import orjson
 from pools.autoscale.report import LoadReport, PoolLoad
 from pools.model import SLOClass
 from pools.routing import RoutingTable
-from router import routes
+from router import routes, targets
 from router.admission import Admission
 from router.auth import Auth
 from router.call import Call, read_call
@@ -56,7 +56,7 @@ from wire.reader import Request
 from wire.responder import Responder
 
 log = logging.getLogger("isleserve.router")
-GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
+GENERATE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/responses"))
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -93,7 +93,8 @@ class Router:
         self.rng = random.Random(config.seed)
         self.turns = itertools.count()
         self.profiles = {name: self._profile(name) for name in config.classes()}
-        self.openapi = routes.served_document(list(config.classes()), config.max_tokens_limit)
+        self.openapi = routes.ServedDocument(list(config.classes()), config.max_tokens_limit,
+                                             config.tokenize_auth == "key")
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.siblings: Siblings | None = None
@@ -127,7 +128,7 @@ class Router:
                                   on_error=lambda e: log.exception("handler error", exc_info=e),
                                   read_timeout_s=self.config.read_timeout_s, max_body_bytes=self.config.max_body_bytes,
                                   reuse_port=self.config.workers > 1, limits=self.limits,
-                                  head_check=self.head_check)
+                                  head_check=self.head_check, clock=self.clock)
         log.info("front door: %s", self.limits.describe())
         self._tasks.append(asyncio.get_running_loop().create_task(
             self.replicas.scrape_forever(self.pool, self.config.scrape_interval_s, self._publish_health)))
@@ -260,14 +261,15 @@ class Router:
             if wrong is not None:
                 raise wrong
             if method == "POST" and path in routes.TOKEN_PATHS:
-                self.auth.user(request.headers)
+                if self.config.tokenize_auth == "key":
+                    self.auth.user(request.headers)
                 return routes.forward(self.flights, request, response)
             if method == "GET" and path.startswith(routes.MODELS_PREFIX):
                 self.auth.user(request.headers)
-                response.send(200, routes.model_body(self.replicas.table.models(), path))
+                response.send(200, routes.model_body(self.replicas.table.models(), path, self.replicas.largest))
             elif (method, path) == ("GET", "/v1/models"):
                 self.auth.user(request.headers)
-                response.send(200, wire.models_body(self.replicas.table.models()))
+                response.send(200, wire.models_body(self.replicas.table.models(), contexts=self.replicas.largest))
             elif (method, path) == ("GET", "/health"):
                 response.send(200, routes.health_body(len(self.replicas.table.replicas), self.plan,
                                                       self.controller_health()))
@@ -279,7 +281,11 @@ class Router:
                     return self._metrics(response)
                 response.send(200, self.metrics.render(), METRICS_TYPE)
             elif (method, path) == ("GET", "/openapi.json"):
-                response.send(200, self.openapi)
+                response.send(200, self.openapi.document(self.replicas.largest))
+            elif (method, path) == ("GET", targets.PATH):
+                self.auth.admin(request.headers)
+                address = targets.router_address(self.config.host, self.port, request.headers)
+                response.send(200, targets.targets_body(self.replicas.table, address))
             elif path.startswith("/admin/") and method == "GET":
                 self.auth.admin(request.headers)
                 view = routes.admin_view(path, self.replicas, self.worker, self.topology, self.plan)
@@ -292,13 +298,17 @@ class Router:
 
     def head_check(self, head: Request) -> tuple[int, bytes] | None:
         """A request that carries a body needs a valid key before any of its body is buffered (no
-        route open without a key takes a body): without one, its body is read and dropped and 401
-        is its answer (`wire.reader.HeadCheck`), so no one without a key can fill the
-        buffered-bytes cap. The rest is `handle`'s, as before."""
+        route open without a key takes a body, but vLLM's token routes): without one, its body
+        is read and dropped and 401 is its answer (`wire.reader.HeadCheck`), so no one without a key can fill the
+        buffered-bytes cap (`/tokenize` and `/detokenize` are open as on vLLM unless
+        `tokenize_auth: key`: their bodies count against the caps like any other). The rest is
+        `handle`'s, as before."""
         headers = head.headers
         if self.auth.open or ("transfer-encoding" not in headers
                               and not headers.get("content-length", "").strip().strip("0")):
             return None
+        if head.path in routes.TOKEN_PATHS and self.config.tokenize_auth == "vllm":
+            return None  # open, as on vLLM (`tokenize_auth`)
         try:
             self.auth.user(headers)
         except ApiError as err:
@@ -312,7 +322,8 @@ class Router:
         return read_call(request.body, request.path, slo, max_body_bytes=c.max_body_bytes,
                          max_tokens_limit=c.max_tokens_limit, mixed=self.replicas.mixed_for(slo.name),
                          limits=self.cost_limits, seq_share=self.seq_shares[slo.name],
-                         declared=self.replicas.declared, tenant=tenant, contexts=self.replicas.contexts)
+                         declared=self.replicas.declared, tenant=tenant, contexts=self.replicas.contexts,
+                         largest=self.replicas.largest)
 
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         slo: SLOClass | None = None
@@ -323,7 +334,7 @@ class Router:
             if call.route.model not in self.replicas.served:
                 raise ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model",
                                     cause="unknown_model")
-            started = self.clock()
+            started = request.arrived or self.clock()  # TTFT and E2E count from the request's first byte
             snapshot = self.replicas.snapshot()
             mixed = self._class_pools(call, snapshot)
             self.admission.check_overload(slo, snapshot)
@@ -368,7 +379,8 @@ class Router:
             m.child(m.requests, slo.name, "shed" if err.status == 429 else "rejected").inc()
 
     def _pd_choice(self, call: Call, snapshot: list[Candidate], mixed: frozenset[str]) -> PDDecision | None:
-        return pd_choice(self.config.pd, call, snapshot, self.topology, mixed, self.plugin_timer)
+        timed = self.metrics.child(self.metrics.decision, "pd").observe
+        return pd_choice(self.config.pd, call, snapshot, self.topology, mixed, self.plugin_timer, timed, self.clock)
 
     def _class_pools(self, call: Call, snapshot: list[Candidate]) -> frozenset[str]:
         """The models whose mixed replicas may serve the call. Its class keeps to the pools declared
@@ -397,7 +409,7 @@ class Router:
             call.route = call.route._replace(any_pool=True)
             self.metrics.child(self.metrics.fallbacks, call.slo.name).inc()
             decision = decide(call.route, snapshot, profile, self.rng, next(self.turns), self.plugin_timer)
-        self.metrics.decision.observe(self.clock() - t0)
+        self.metrics.child(self.metrics.decision, "replica").observe(self.clock() - t0)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(decision.log_line())
         return decision

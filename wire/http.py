@@ -37,6 +37,7 @@ from __future__ import annotations
 __all__ = ["Handler", "HttpProtocol", "serve"]
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 from wire.deadline import Deadline
@@ -70,7 +71,7 @@ later from callbacks — and returns None (or a coroutine for the part that has 
 class HttpProtocol(asyncio.Protocol):
     def __init__(self, handler: Handler, limits: ServerLimits, on_error: Callable[[BaseException], None] | None = None,
                  read_timeout_s: float | None = None, max_body_bytes: int | None = None,
-                 head_check: HeadCheck | None = None) -> None:
+                 head_check: HeadCheck | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.handler = handler
         self.limits = limits
         self.on_error = on_error
@@ -78,7 +79,7 @@ class HttpProtocol(asyncio.Protocol):
         self.max_body_bytes = MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes
         self.loop = asyncio.get_running_loop()  # (asking for it each time costs a getpid() before 3.12)
         self.transport: asyncio.Transport | None = None
-        self.reader = RequestReader(self, limits, self.max_body_bytes, "", head_check)
+        self.reader = RequestReader(self, limits, self.max_body_bytes, "", head_check, clock)
         self.closed = False
         self.counted = False
         """This connection counts toward the listener's connection caps."""
@@ -461,17 +462,19 @@ class HttpProtocol(asyncio.Protocol):
 async def serve(handler: Handler, host: str, port: int, reuse_port: bool = False,
                 on_error: Callable[[BaseException], None] | None = None, read_timeout_s: float | None = None,
                 max_body_bytes: int | None = None, limits: ServerLimits | None = None,
-                head_check: HeadCheck | None = None) -> asyncio.Server:
+                head_check: HeadCheck | None = None, clock: Callable[[], float] = time.perf_counter
+                ) -> asyncio.Server:
     """`read_timeout_s`: a request's head and body must arrive within it (else 408; default
     READ_TIMEOUT_S); `max_body_bytes`: larger bodies are read, dropped and answered 413 (default
     MAX_BODY_BYTES); `limits`: the listener's caps (defaults: `ServerLimits()`); `head_check`:
     looks at each complete head before its body is buffered, and may answer it instead of the
-    handler, its body dropped (None: every head goes on)."""
+    handler, its body dropped (None: every head goes on); `clock`: stamps each request's first
+    byte (`Request.arrived`), the clock the handler measures latencies on."""
     loop = asyncio.get_running_loop()
     shared = limits if limits is not None else ServerLimits()
     # asyncio and uvloop set TCP_NODELAY on accepted TCP sockets: no Nagle stall on SSE chunks.
     return await loop.create_server(
-        lambda: HttpProtocol(handler, shared, on_error, read_timeout_s, max_body_bytes, head_check),
+        lambda: HttpProtocol(handler, shared, on_error, read_timeout_s, max_body_bytes, head_check, clock),
         host, port, reuse_port=reuse_port, backlog=1024)
 
 

@@ -25,6 +25,7 @@ with the buffer's growth), not a Python object per chunk (~28x). Each refusal is
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -58,6 +59,9 @@ class Request:
     body: bytes
     peer: str
     http_version: str = "1.1"
+    arrived: float = 0.0
+    """The server's clock (`serve(clock=...)`) when the request's first byte was parsed: a
+    latency measured from it counts reading, checking and parsing the request too."""
 
 
 HeadCheck = Callable[[Request], tuple[int, bytes] | None]
@@ -69,8 +73,9 @@ the handler's, its body read and dropped (counted as `head_refused`; a client wa
 
 def error_body(status: int, message: str) -> bytes:
     """An error body in OpenAI's shape, for what the server refuses before any handler runs."""
-    return (b'{"error": {"message": "%b", "type": "invalid_request_error", "param": null, "code": %d}}'
-            % (message.encode(), status))
+    kind = b"BadRequestError" if status == 400 else b"invalid_request_error"  # as wire.errors.default_kind
+    return (b'{"error": {"message": "%b", "type": "%b", "param": null, "code": %d}}'
+            % (message.encode(), kind, status))
 
 
 MALFORMED = error_body(400, "malformed HTTP request")
@@ -160,9 +165,11 @@ def cut(tail: bytes, data: bytes, pos: int) -> int:
 
 class RequestReader:
     def __init__(self, sink: Sink, limits: ServerLimits, max_body_bytes: int, peer: str,
-                 head_check: HeadCheck | None = None) -> None:
+                 head_check: HeadCheck | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.sink, self.limits, self.max_body_bytes, self.peer = sink, limits, max_body_bytes, peer
         self.head_check = head_check
+        self.clock = clock
+        self._arrived = 0.0
         self.parser: Any = httptools.HttpRequestParser(self)
         self.ready: Request | None = None
         """A request that has arrived whole, for the connection to take."""
@@ -248,6 +255,7 @@ class RequestReader:
 
     # httptools callbacks
     def on_message_begin(self) -> None:
+        self._arrived = self.clock()
         self.in_message, self._headers_done = True, False
         self._url, self._headers, self._joined, self._repeated, self._lines = b"", {}, {}, "", 0
         self._first, self._body, self._size, self._too_large = b"", bytearray(), 0, False
@@ -394,4 +402,4 @@ class RequestReader:
         parser = self.parser
         method = parser.get_method().decode()
         return Request(method="GET" if method == "HEAD" else method, path=path, query=query, headers=self._headers,
-                       body=body, peer=self.peer, http_version=parser.get_http_version())
+                       body=body, peer=self.peer, http_version=parser.get_http_version(), arrived=self._arrived)

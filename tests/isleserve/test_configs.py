@@ -44,6 +44,14 @@ def test_every_config_file_is_valid(path: Path) -> None:
 
         spec, base = load_chaos_spec(path)
         assert spec.faults and base.exists()
+    elif path.name == "prometheus.yml":
+        from router.targets import PATH
+
+        jobs = {j["job_name"]: j for j in yaml.safe_load(path.read_text())["scrape_configs"]}
+        assert set(jobs) == {"isle-router", "isle-engines"}
+        for job in jobs.values():
+            for sd in job["http_sd_configs"]:  # the router's discovery, with the admin key as a bearer token
+                assert sd["url"].endswith(PATH) and sd["authorization"]["type"] == "Bearer"
     elif path.name in ("local.yaml", "prod.yaml", "vllm-cpu.yaml"):
         args = app_args_from_serve_config(str(path))
         assert args.router.require_keys

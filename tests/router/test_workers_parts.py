@@ -5,21 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import re
+from bisect import bisect_left
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from prometheus_client.utils import floatToGoString
 
 from pools.model import SLOClass
 from pools.routing import ReplicaEndpoint, RoutingTable
 from router.admission import Admission
-from router.metrics import RouterMetrics
+from router.metrics import BUCKETS, RouterMetrics
 from router.workers import read_view, view_bytes
 from topology import read_source
 from wire.errors import ApiError
 
 pytestmark = pytest.mark.unit
+
+
+def upper(value_s: float) -> str:
+    """The upper bound of the latency bucket that holds `value_s`, as /metrics writes it."""
+    return str(floatToGoString(BUCKETS[bisect_left(BUCKETS, value_s)]))  # type: ignore[no-untyped-call]
 
 
 def _value(text: str, line_start: str) -> float:
@@ -45,8 +52,8 @@ def test_a_scrape_sums_every_worker_series() -> None:
     nv = 'pool="decode",slo_class="interactive",tier="nvlink"}'
     assert _value(text, "isle_router_ttft_seconds_count{" + nv) == 2
     assert _value(text, "isle_router_ttft_seconds_sum{" + nv) == pytest.approx(0.203)
-    assert _value(text, 'isle_router_ttft_seconds_bucket{le="0.005066",' + nv) == 1
-    assert _value(text, 'isle_router_ttft_seconds_bucket{le="0.25",' + nv) == 2
+    assert _value(text, f'isle_router_ttft_seconds_bucket{{le="{upper(0.003)}",' + nv) == 1
+    assert _value(text, f'isle_router_ttft_seconds_bucket{{le="{upper(0.2)}",' + nv) == 2
     assert _value(text, 'isle_router_ttft_seconds_count{pool="decode",slo_class="interactive",tier="cross-node"}') == 1
     assert _value(text, 'isle_router_inflight_requests{slo_class="interactive"}') == 3
     assert _value(text, 'isle_router_inflight_requests{slo_class="batch"}') == 4
