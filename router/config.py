@@ -225,7 +225,8 @@ class RouterConfig(_Strict):
     client_buffer_bytes: int = Field(default=WRITE_BUFFER_BYTES, ge=1024, description="response bytes queued for "
                                      "one slow client before the router stops reading its engine")
     metrics_auth: Literal["open", "admin"] = Field(default="open", description="`admin`: /metrics needs the admin "
-                                                   "key (Prometheus: `authorization: {credentials: ...}`)")
+                                                   "key (Prometheus: `authorization: {type: Bearer, "
+                                                   "credentials_file: ...}`)")
     tokenize_auth: Literal["vllm", "key"] = Field(
         default="vllm", description="`/tokenize` and `/detokenize`: `vllm` answers them without a key, as vLLM "
                                     "does (its --api-key guards only paths under /v1, /v2, /inference); `key`: "
