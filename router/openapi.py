@@ -16,7 +16,7 @@ import orjson
 from pydantic import BaseModel, Field, create_model
 from pydantic.json_schema import models_json_schema
 
-from router import views
+from router import targets, views
 from wire import protocol as wire
 from wire.reader import MAX_HEAD_BYTES, MAX_HEADER_COUNT
 
@@ -171,6 +171,11 @@ def _service_paths(ref: dict[str, JSON]) -> JSON:
         "/admin/plan": {"get": _operation(
             "admin_plan", "admin plan", _json(ref["PlanView"], "the placement plan"), ADMIN_ERRORS, tag="admin",
             description=admin + "; 404 when the router was started without one")},
+        targets.PATH: {"get": _operation(
+            "admin_prometheus_targets", "Prometheus service discovery",
+            _json({"type": "array", "items": ref["TargetGroup"]}, "the router and every engine as scrape targets"),
+            ADMIN_ERRORS, tag="admin", description=admin + "; Prometheus' `http_sd_config` format "
+            "(configs/prometheus.yml)")},
     }
 
 
@@ -199,7 +204,7 @@ def document(classes: list[str], max_tokens_limit: int, tokenize_key: bool = Fal
         wire.ChatCompletionResponse, wire.CompletionResponse, wire.ChatCompletionStreamResponse,
         wire.CompletionStreamResponse, wire.TokenizeCompletionRequest, wire.TokenizeChatRequest,
         wire.TokenizeResponse, wire.DetokenizeRequest, wire.DetokenizeResponse, wire.ModelList, wire.ModelCard,
-        wire.ErrorResponse, views.Health, views.ReplicasView, views.TopologyView, views.PlanView]
+        wire.ErrorResponse, views.Health, views.ReplicasView, views.TopologyView, views.PlanView, views.TargetGroup]
     ref, schemas = _schemas(models)
     doc = {"openapi": "3.1.0", "info": {"title": "isleserve router", "version": "1", "description": _description()},
            "paths": {**_api_paths(ref, classes, tokenize_key), **_service_paths(ref)},

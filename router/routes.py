@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from router import openapi, relay
+from router import openapi, relay, targets
 from router.flight import FlightContext
 from router.state import Replicas
 from router.upstream import UpstreamError
@@ -28,7 +28,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/chat/completions": POST, "/v1/completions": POST, "/v1/responses": POST, "/tokenize": POST,
     "/detokenize": POST,
     "/v1/models": GET, "/health": GET, "/metrics": GET, "/openapi.json": GET,
-    "/admin/replicas": GET, "/admin/topology": GET, "/admin/plan": GET}
+    "/admin/replicas": GET, "/admin/topology": GET, "/admin/plan": GET, targets.PATH: GET}
 MODELS_PREFIX = "/v1/models/"
 TOKEN_PATHS = frozenset({"/tokenize", "/detokenize"})
 PROXY_TIMEOUT_S = 30.0

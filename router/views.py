@@ -77,6 +77,17 @@ class PlacementView(View):
     reasons: list[str]
 
 
+class TargetGroup(View):
+    """One target group of Prometheus' HTTP service discovery (`http_sd_config`): the router, or
+    one engine with its placement as labels (`router.targets`)."""
+
+    targets: list[str]
+    """host:port to scrape (`/metrics`)."""
+    labels: dict[str, str]
+    """`component` (router or engine), `role`; an engine's `replica`, `pool`, `model`, `node`,
+    `island`, `tier`, and `gang` for a data-parallel rank. Labels without a value are left out."""
+
+
 class UnplacedView(View):
     pool: str
     count: int

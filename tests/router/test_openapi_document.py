@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.definitions import OPENAPI_31
 from pools.model import PlacementRequest, PoolSpec
 from pools.placement import get_policy
 from pools.routing import table_from_plan
-from router import routes
+from router import routes, targets
 from router.server import GENERATE_PATHS
 from router.state import Replicas
 from simengine import protocol, responses, serving, tokenize
@@ -260,3 +260,7 @@ def test_the_admin_views_match_the_documented_answers() -> None:
                        ("/admin/plan", "PlanView")):
         view = routes.admin_view(path, replicas, 0, topology, plan.to_json())
         validator(name).validate(json.loads(json.dumps(view)))
+    groups = json.loads(targets.targets_body(replicas.table, "127.0.0.1:8000"))
+    assert len(groups) == 1 + len(plan.placements)
+    for group in groups:  # Prometheus' service discovery, as documented
+        validator("TargetGroup").validate(group)
