@@ -7,13 +7,15 @@ from __future__ import annotations
 import orjson
 
 TOKEN_MARKS = (b'"content":"', b'"text":"', b'"reasoning_content":"', b'"reasoning":"', b'"tool_calls":[{',
-               b'"type":"response.output_text.delta"')
+               b'"type":"response.output_text.delta"', b'"type":"response.function_call_arguments.delta"')
 EMPTY_MARKS = (b'"content":""', b'"text":""', b'"reasoning_content":""', b'"reasoning":""',
                b'"type":"response.output_text.done"', b'"type":"response.content_part.done"',
-               b'"type":"response.output_item.done"', b'"type":"response.completed"')
+               b'"status":"completed","type":"message"')
 """A Responses API stream (`/v1/responses`) carries its tokens in `response.output_text.delta`
-events (`"delta":"..."`); its closing events repeat the whole text once each (`"text":"..."`),
-which their type marks take back out."""
+and `response.function_call_arguments.delta` events (`"delta":"..."`); its closing events repeat
+a message's whole text once each (`"text":"..."`: output_text.done, content_part.done, and the
+completed message item in output_item.done and response.completed), which those marks take
+back out."""
 TAIL = max(len(m) for m in (*TOKEN_MARKS, *EMPTY_MARKS)) - 1
 
 

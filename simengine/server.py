@@ -302,7 +302,8 @@ class SimEngine:
         if self.faults.fail_status:
             raise ApiError(self.faults.fail_status, "injected failure (admin fault fail_requests)", "server_error")
         asked = routes.json_body(request)
-        body = responsesapi.as_chat(asked, self.limits.max_model_len) if kind == "responses" else asked
+        body = responsesapi.as_chat(asked, self.limits.max_model_len, self.id.tools) if kind == "responses" \
+            else asked
         req = protocol.read(body, "chat" if kind == "responses" else kind)
         budgets = protocol.check(req, body, self.limits, self.id.tools)
         params = req.kv_transfer_params

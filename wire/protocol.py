@@ -195,8 +195,8 @@ class ResponsesInputMessage(Base):
 
 class ResponsesRequest(Base):
     """vLLM 0.32's ResponsesRequest (OpenAI's Responses API), the fields the simulated engine
-    honours: the answer is text (function tools are read into the prompt; the simulated model
-    calls none)."""
+    honours (it also takes function `tools` and `tool_choice`, called as the engine's tool flags
+    allow; the schema lists the plain text request)."""
 
     model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 

@@ -98,6 +98,31 @@ def test_responses_api_whole_and_streamed(url: str) -> None:
     assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
+RESPONSES_WEATHER = {"type": "function", "name": "get_weather", "description": "the weather in a city",
+                     "parameters": WEATHER["function"]["parameters"]}  # type: ignore[index]
+
+
+def test_responses_api_function_calls_whole_and_streamed(url: str) -> None:
+    c: Any = _client(url)
+    for choice in ("auto", "required", {"type": "function", "name": "get_weather"}):
+        got = c.responses.create(model=MODEL, input="weather in Lisbon?", tools=[RESPONSES_WEATHER],
+                                 tool_choice=choice, max_output_tokens=200)
+        calls = [o for o in got.output if o.type == "function_call"]
+        assert len(calls) == 1 and calls[0].name == "get_weather", choice
+        assert isinstance(json.loads(calls[0].arguments), dict) and calls[0].call_id.startswith("call_")
+    itl = _counted(url, "isle_router_itl_seconds")
+    events = list(c.responses.create(model=MODEL, input="weather?", tools=[RESPONSES_WEATHER],
+                                     tool_choice="required", max_output_tokens=200, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[2] == "response.output_item.added" and events[2].item.type == "function_call"
+    assert kinds[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = events[-1].response.output[-1]
+    assert deltas == events[-3].arguments == done.arguments and json.loads(deltas)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert _counted(url, "isle_router_itl_seconds") == itl + kinds.count("response.function_call_arguments.delta") - 1
+
+
 class Weather(BaseModel):
     city: str
     degrees: int
@@ -116,6 +141,9 @@ def test_langchain_bind_tools_structured_output_and_responses(url: str) -> None:
     responses = ChatOpenAI(model=MODEL, base_url=url, api_key=key, max_retries=0, use_responses_api=True,
                            max_completion_tokens=10)
     assert responses.invoke("hello").text
+    agent = ChatOpenAI(model=MODEL, base_url=url, api_key=key, max_retries=0, use_responses_api=True,
+                       max_completion_tokens=200).bind_tools([WEATHER])
+    assert agent.invoke("what is the weather in Lisbon?").tool_calls[0]["name"] == "get_weather"
 
 
 def test_litellm_tool_calls(url: str) -> None:
