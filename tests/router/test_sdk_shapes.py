@@ -146,7 +146,7 @@ def test_langchain_bind_tools_structured_output_and_responses(url: str) -> None:
     assert agent.invoke("what is the weather in Lisbon?").tool_calls[0]["name"] == "get_weather"
 
 
-def test_litellm_tool_calls(url: str) -> None:
+def test_litellm_tool_calls_and_responses(url: str) -> None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from the network
     import litellm
 
@@ -154,6 +154,9 @@ def test_litellm_tool_calls(url: str) -> None:
                                   messages=[{"role": "user", "content": "weather in Lisbon?"}], max_tokens=200)
     calls = got.choices[0].message.tool_calls
     assert calls and calls[0].function.name == "get_weather"
+    answer: Any = litellm.responses(model=f"openai/{MODEL}", api_base=url, api_key=DEV_KEY, input="hello",
+                                    max_output_tokens=20)  # litellm raises less than 16 to 16, OpenAI's least
+    assert answer.status == "incomplete" and answer.usage.output_tokens == 20 and answer.output[0].content[0].text
 
 
 def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None,
