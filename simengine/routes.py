@@ -34,7 +34,11 @@ ROUTES: dict[str, tuple[str, ...]] = {
 """Path -> methods (a GET route answers HEAD too, as Starlette's)."""
 ADMIN_PREFIX = "/admin/"
 UNAUTHORIZED = b'{"error":"Unauthorized"}'
-"""vLLM's answer to a request under /v1 without the key (401)."""
+"""vLLM's answer to a request under a guarded prefix without the key (401)."""
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference")
+"""The paths vLLM 0.32's `--api-key` guards (vllm/entrypoints/serve/middleware/authenticate.py
+`AuthenticationMiddleware`, before any route: an unknown path under them is 401, not 404); the
+rest (/health, /metrics, /tokenize, /detokenize, /version) is open."""
 JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"})
 VLLM_VERSION = "0.32.0"
 

@@ -233,7 +233,8 @@ class SimEngine:
 
     # routes
     async def handle(self, request: Request, response: Responder) -> None:
-        if self.id.api_key and request.path.startswith("/v1") and not routes.bearer_is(request, self.id.api_key):
+        if self.id.api_key and request.path.startswith(routes.GUARDED_PREFIXES) and not routes.bearer_is(
+                request, self.id.api_key):
             response.send(401, routes.UNAUTHORIZED)  # before the route: as vLLM's middleware
             return
         if routes.refuse_route(request, response, admin=self.id.admin_routes):

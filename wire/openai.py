@@ -17,9 +17,9 @@ __all__ = ["DONE", "INT64", "MAX_LOGPROBS", "MAX_STOP_STRINGS", "load_body", "mo
 
 JSON = dict[str, Any]
 API_KEY_ENV = "VLLM_API_KEY"
-"""The key the API routes want, as vLLM reads it (its `--api-key`): every path under /v1 needs
-`Authorization: Bearer <it>` (vLLM's AuthenticationMiddleware; /health, /metrics, /tokenize and
-the rest stay open); the controller starts its engines with one."""
+"""The key the API routes want, as vLLM reads it (its `--api-key`): every path under /v1, /v2 and
+/inference needs `Authorization: Bearer <it>` (vLLM's AuthenticationMiddleware; /health,
+/metrics, /tokenize and the rest stay open); the controller starts its engines with one."""
 ADMIN_TOKEN_ENV = "ISLE_ENGINE_ADMIN_TOKEN"
 """With --admin-routes: the token they need, when set (from the environment: argv is public)."""
 MAX_STOP_STRINGS = 4

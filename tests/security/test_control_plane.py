@@ -64,8 +64,9 @@ def test_with_a_token_the_admin_routes_want_it() -> None:
 
 
 def test_with_an_api_key_the_engine_api_wants_it_as_vllm_does() -> None:
-    """VLLM_API_KEY (vLLM's --api-key, as the controller starts its engines): every path under /v1
-    wants it (401 `{"error":"Unauthorized"}` otherwise); /health, /metrics and /tokenize stay open."""
+    """VLLM_API_KEY (vLLM's --api-key, as the controller starts its engines): every path under /v1,
+    /v2 and /inference wants it (401 `{"error":"Unauthorized"}` otherwise, an unknown path too);
+    /health, /metrics and /tokenize stay open."""
     with _engine(env={API_KEY_ENV: "engine-key"}) as base:
         with client.Client(base, timeout_s=5) as anonymous:
             refused = anonymous.request("GET", "/v1/models")
@@ -74,6 +75,10 @@ def test_with_an_api_key_the_engine_api_wants_it_as_vllm_does() -> None:
                                                                           "max_tokens": 1}).status == 401
             assert anonymous.request("GET", "/health").status == 200
             assert anonymous.request("GET", "/metrics").status == 200
+            assert anonymous.request("POST", "/tokenize", json_body={"model": "llama-3.1-8b",
+                                                                     "prompt": "x"}).status == 200
+            for guarded in ("/v2/models", "/inference/v1/generate"):  # before any route, as vLLM's middleware
+                assert anonymous.request("GET", guarded).status == 401
         with client.Client(base, key="wrong", timeout_s=5) as wrong:
             assert wrong.request("GET", "/v1/models").status == 401
         with client.Client(base, key="engine-key", timeout_s=5) as router:
