@@ -44,7 +44,8 @@ from wire.responder import Responder
 
 log = logging.getLogger("isleserve.engine")
 GIVEN_UP_MAX = 4096
-ID_PREFIXES = {"chat": "chatcmpl", "completion": "cmpl", "responses": "resp"}
+ID_PREFIXES = {"chat": "chatcmpl-", "completion": "cmpl-", "responses": "resp_"}
+"""A request's id starts as vLLM's do (`chatcmpl-...`, `cmpl-...`, `resp_...`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -311,7 +312,7 @@ class SimEngine:
         if params and req.sequences > 1:
             raise ApiError(400, "kv_transfer_params take one sequence: n=1 and one prompt", "BadRequestError",
                            "kv_transfer_params")
-        rid = f"{ID_PREFIXES[kind]}-{self.id.engine_id}-{next(self._ids)}"
+        rid = f"{ID_PREFIXES[kind]}{self.id.engine_id}-{next(self._ids)}"
         live = Live(req=req, rid=rid, model=self.id.served_model,
                     choices=choices_for(req, rid, budgets, self.id.tools))
         ready_after, remote_prefill = 0.0, False
