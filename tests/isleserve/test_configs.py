@@ -37,6 +37,14 @@ def test_every_config_file_is_valid(path: Path) -> None:
 
         scenario = load_scenario(path)
         assert scenario.pools() and scenario.profiles() and scenario.topology.gpu_count > 0
+    elif rel.parts[0] == "tokenizers":  # a tokenizer for `vllm bench serve` against the simulated engines
+        doc = json.loads(path.read_text())
+        if path.name == "tokenizer.json":
+            words = [w for w in doc["model"]["vocab"] if not w.startswith("<")]
+            # every word longer than the simulated engines' 4 bytes a token, so vllm bench's trim applies
+            assert words and all(w.isascii() and w.isalpha() and len(w) >= 10 for w in words)
+        else:
+            assert doc["tokenizer_class"] == "PreTrainedTokenizerFast"
     elif path.suffix == ".json":
         assert json.loads(path.read_text())["panels"]
     elif path.name == "chaos.yaml":
