@@ -19,10 +19,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from wire import native
 from wire.limits import CAUSES
 
 BUCKETS = tuple(float(f"{2.0 ** (k / 8):.4g}") for k in range(-80, 57))
@@ -271,6 +278,11 @@ class _Families(Collector):
             (p["autoscaling"] for p in m.peers if p.get("autoscaling")), {}))  # the leader follows the controller
         yield from front_door_families([m.front_door(), *(p.get("front_door", {}) for p in m.peers)])
         yield from controller_families(m.controller)
+        build = InfoMetricFamily("isle_router_build", "How this router runs its request path (wire/native.py): "
+                                 "native=compiled, or interpreted (slower: a build failed, is stale, or was "
+                                 "turned off; the start-up line says why)")
+        build.add_metric([], {"native": "compiled" if native.state() == "compiled" else "interpreted"})
+        yield build
 
 
 def controller_families(health: Mapping[str, Any]) -> Iterator[Metric]:

@@ -110,11 +110,12 @@ def test_a_build_that_compiled_says_so_in_one_line(tmp_path: Path, capsys: pytes
 
 
 def test_interpreted_on_request_loads_the_python_sources() -> None:
-    code = ("import wire.native as n, router.server as s, wire.http as h; "
-            "print(n.state(), s.__file__.endswith('.py'), h.__file__.endswith('.py'))")
+    code = ("import wire.native as n, router.server as s, wire.http as h, router.metrics as m; "
+            "print(n.state(), s.__file__.endswith('.py'), h.__file__.endswith('.py'), "
+            "'isle_router_build_info{native=\"interpreted\"} 1.0' in m.RouterMetrics().render().decode())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, native.ENV: "1"}).stdout.split()
-    assert out == ["interpreted", "True", "True"]
+    assert out == ["interpreted", "True", "True", "True"]
 
 
 CC = (sysconfig.get_config_var("CC") or "cc").split()[0]
@@ -125,5 +126,7 @@ CC = (sysconfig.get_config_var("CC") or "cc").split()[0]
 def test_ci_runs_the_compiled_request_path() -> None:
     assert native.state() == "compiled"
     import router.server
+    from router.metrics import RouterMetrics
 
     assert not router.server.__file__.endswith(".py")
+    assert 'isle_router_build_info{native="compiled"} 1.0' in RouterMetrics().render().decode()  # what a scrape says
