@@ -75,7 +75,8 @@ def test_responses_api_whole_and_streamed(url: str) -> None:
     whole = c.responses.create(model=MODEL, input="name three islands", instructions="answer briefly",
                                max_output_tokens=12)
     assert whole.object == "response" and whole.status in ("completed", "incomplete") and whole.output_text
-    assert whole.id.startswith("resp_") and whole.output[0].id.startswith("msg_")
+    first_id = whole.output[0].id
+    assert whole.id.startswith("resp_") and first_id is not None and first_id.startswith("msg_")
     assert whole.usage is not None and whole.usage.output_tokens <= 12 < whole.usage.total_tokens
     listed = c.responses.create(model=MODEL, input=[{"role": "user", "content": "hello"},
                                                     {"role": "assistant", "content": "hi"},
