@@ -231,6 +231,11 @@ class RouterConfig(_Strict):
         default="vllm", description="`/tokenize` and `/detokenize`: `vllm` answers them without a key, as vLLM "
                                     "does (its --api-key guards only paths under /v1, /v2, /inference); `key`: "
                                     "they need a user key like /v1")
+    tokenize_open_bytes_per_s: float = Field(
+        default=1_000_000, ge=0, description="with `tokenize_auth: vllm`, the request bytes per second that "
+        "/tokenize and /detokenize take from callers without a valid key, all together (a burst of 4 s of it "
+        "at once; beyond, a request waits up to 10 s, then 429 with Retry-After): without it a keyless client "
+        "can keep the engines tokenizing; 0: no bound. Callers with a key are not counted")
     fair: FairConfig = Field(default_factory=FairConfig, description="fair shares under abuse: the per-request "
                              "cost bound, each class's share of a replica's sequence slots, key and class quotas")
     workers: int = Field(default=1, ge=1, le=64, description="processes serving the port (SO_REUSEPORT); a class's "

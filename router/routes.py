@@ -7,6 +7,7 @@ the OpenAPI document as this router serves it, and errors as the client gets the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Collection, Mapping
@@ -87,10 +88,43 @@ def model_body(models: Collection[str], path: str, contexts: Mapping[str, int] |
     return json.dumps(card).encode()
 
 
-async def forward(ctx: FlightContext, request: Request, response: Responder) -> None:
+class KeylessBudget:
+    """The request bytes per second open token routes take from callers without a key (a token
+    bucket holding `burst_s` seconds of it): `wait` says how long a request of `n` bytes must
+    wait for its share, None when more than `max_wait_s` (then it is refused)."""
+
+    def __init__(self, bytes_per_s: float, burst_s: float = 4.0, max_wait_s: float = 10.0,
+                 clock: Any = time.monotonic) -> None:
+        self.rate, self.burst, self.max_wait_s, self.clock = bytes_per_s, bytes_per_s * burst_s, max_wait_s, clock
+        self.level, self.at = self.burst, clock()
+
+    def wait(self, n: int) -> float | None:
+        if self.rate <= 0:
+            return 0.0
+        now = self.clock()
+        self.level = min(self.burst, self.level + (now - self.at) * self.rate)
+        self.at = now
+        need = min(float(n), self.burst)  # a body larger than the burst takes the whole bucket
+        delay = max(0.0, (need - self.level) / self.rate)
+        if delay > self.max_wait_s:
+            return None
+        self.level -= need  # taken now, paid for by the wait (later callers queue behind it)
+        return delay
+
+
+async def forward(ctx: FlightContext, request: Request, response: Responder,
+                  budget: KeylessBudget | None = None) -> None:
     """`/tokenize` or `/detokenize` to the healthiest replicas of the body's model, in turn
     (another on a connect error, timeout or 5xx); the engine's answer goes back as it is."""
     try:
+        if budget is not None:
+            delay = budget.wait(len(request.body))
+            if delay is None:
+                raise ApiError(429, "too many requests to the open token routes without a key: retry later, "
+                                    "or send an API key", "RateLimitError", cause="keyless_tokenize",
+                               headers=(("retry-after", "1"),))
+            if delay > 0:
+                await asyncio.sleep(delay)
         await _forward(ctx, request, response)
     except ApiError as err:
         send_error(response, err)

@@ -88,6 +88,7 @@ class Router:
         engine_key = config.upstream.engine_key()
         self.pool = Pool(config.upstream.connect_timeout_s, key=engine_key)  # scraping engines' /metrics
         self.relay = RelayPool(config.upstream.connect_timeout_s, engine_key=engine_key)  # the request path
+        self.keyless = routes.KeylessBudget(config.tokenize_open_bytes_per_s)
         self.flights = FlightContext(self.replicas, self.relay, self.metrics, config.upstream, self.request_ended,
                                      clock)
         self.rng = random.Random(config.seed)
@@ -169,6 +170,14 @@ class Router:
         self.silence = silence
         if self.workers is not None:
             await self.workers.push(self.view())
+
+    def _keyed(self, request: Request) -> bool:
+        """The caller sent a valid user key (the open token routes count only keyless bytes)."""
+        try:
+            self.auth.user(request.headers)
+        except ApiError:
+            return False
+        return True
 
     def controller_health(self) -> Mapping[str, Any]:
         """The last plan's word, "degraded" too while the controller does not answer."""
@@ -263,7 +272,9 @@ class Router:
             if method == "POST" and path in routes.TOKEN_PATHS:
                 if self.config.tokenize_auth == "key":
                     self.auth.user(request.headers)
-                return routes.forward(self.flights, request, response)
+                    return routes.forward(self.flights, request, response)
+                return routes.forward(self.flights, request, response, None if self._keyed(request) else
+                                      self.keyless)
             if method == "GET" and path.startswith(routes.MODELS_PREFIX):
                 self.auth.user(request.headers)
                 response.send(200, routes.model_body(self.replicas.table.models(), path, self.replicas.largest))
