@@ -46,15 +46,30 @@ class Bucket:
     def __init__(self, rate: float, burst: float, now: float) -> None:
         self.rate, self.burst, self.level, self.at = rate, burst, burst, now
 
-    def wait_s(self, tokens: float, now: float) -> float:
-        """0 and the tokens taken, or how long until they could be (nothing taken)."""
+    def _refill(self, now: float) -> None:
         self.level = min(self.burst, self.level + (now - self.at) * self.rate)
         self.at = now
+
+    def wait_s(self, tokens: float, now: float) -> float:
+        """0 and the tokens taken, or how long until they could be (nothing taken)."""
+        self._refill(now)
         need = min(tokens, self.burst)
         if self.level >= need:
             self.level -= tokens
             return 0.0
         return (need - self.level) / self.rate
+
+    def reserve(self, tokens: float, now: float, max_wait_s: float) -> float | None:
+        """Queue for the tokens: how long to wait before going on (taken now, so later callers
+        wait behind), or None when that would be longer than `max_wait_s` (nothing taken). A
+        request larger than the burst takes a whole bucket."""
+        self._refill(now)
+        need = min(tokens, self.burst)
+        delay = max(0.0, (need - self.level) / self.rate)
+        if delay > max_wait_s:
+            return None
+        self.level -= need
+        return delay
 
     def refund(self, tokens: float) -> None:
         self.level = min(self.burst, self.level + tokens)

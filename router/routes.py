@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 from urllib.parse import unquote
 
 from router import openapi, relay, targets
 from router.flight import FlightContext
+from router.quota import Bucket
 from router.state import Replicas
 from router.upstream import UpstreamError
 from topology import Topology
@@ -89,27 +90,19 @@ def model_body(models: Collection[str], path: str, contexts: Mapping[str, int] |
 
 
 class KeylessBudget:
-    """The request bytes per second open token routes take from callers without a key (a token
-    bucket holding `burst_s` seconds of it): `wait` says how long a request of `n` bytes must
-    wait for its share, None when more than `max_wait_s` (then it is refused)."""
+    """The request bytes per second open token routes take from callers without a key: a
+    `router.quota.Bucket` holding `burst_s` seconds of it that requests queue on; `wait` says how
+    long a request of `n` bytes waits, None when longer than `max_wait_s` (then it is refused)."""
 
     def __init__(self, bytes_per_s: float, burst_s: float = 4.0, max_wait_s: float = 10.0,
-                 clock: Any = time.monotonic) -> None:
-        self.rate, self.burst, self.max_wait_s, self.clock = bytes_per_s, bytes_per_s * burst_s, max_wait_s, clock
-        self.level, self.at = self.burst, clock()
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock, self.max_wait_s = clock, max_wait_s
+        self.bucket = Bucket(bytes_per_s, bytes_per_s * burst_s, clock()) if bytes_per_s > 0 else None
 
     def wait(self, n: int) -> float | None:
-        if self.rate <= 0:
+        if self.bucket is None:
             return 0.0
-        now = self.clock()
-        self.level = min(self.burst, self.level + (now - self.at) * self.rate)
-        self.at = now
-        need = min(float(n), self.burst)  # a body larger than the burst takes the whole bucket
-        delay = max(0.0, (need - self.level) / self.rate)
-        if delay > self.max_wait_s:
-            return None
-        self.level -= need  # taken now, paid for by the wait (later callers queue behind it)
-        return delay
+        return self.bucket.reserve(float(n), self.clock(), self.max_wait_s)
 
 
 async def forward(ctx: FlightContext, request: Request, response: Responder,
