@@ -36,17 +36,21 @@ pytestmark = pytest.mark.e2e
 BASE = "http://127.0.0.1:8000"
 
 
+def _cmdlines(sid: int) -> dict[int, str]:
+    """The command line of every process of this session (one that ends meanwhile is left out)."""
+    found = {}
+    for pid in session_pids(sid):
+        try:
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return found
+
+
 def _our_engines(sid: int) -> list[int]:
     """Engine processes of this `serve run` (its session: the local Ray it started and the engines
     of its replica actors), never another run's on the same machine."""
-    mine = []
-    for pid in session_pids(sid):
-        try:
-            if b"sim-engine" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                mine.append(pid)
-        except OSError:
-            continue
-    return mine
+    return [pid for pid, cmdline in _cmdlines(sid).items() if "sim-engine" in cmdline]
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -70,15 +74,7 @@ ALARMING = ("Traceback", "graceful_shutdown failed", "ERROR", "Error:")
 
 def _foreign_processes(sid: int) -> list[str]:
     """Command lines in the other program's Ray that a deployment would have started there."""
-    found = []
-    for pid in session_pids(sid):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "Serve" in cmdline or "sim-engine" in cmdline or "isleserve" in cmdline:
-            found.append(cmdline[:120])
-    return found
+    return [c[:120] for c in _cmdlines(sid).values() if "Serve" in c or "sim-engine" in c or "isleserve" in c]
 
 
 @pytest.fixture(scope="module")
