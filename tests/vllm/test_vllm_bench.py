@@ -9,7 +9,6 @@ for them (configs/tokenizers/isle-sim): the engine receives prompts of exactly t
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import urllib.request
@@ -24,6 +23,7 @@ from control.replicas.vllm.process import VllmProcess, free_port
 from router.config import DEV_KEY
 from tests.conftest import ROOT
 from tests.support.engines import running_engine, running_router
+from tests.support.quantile import histogram_quantile
 from tests.vllm.conftest import MODEL_DIR, SERVED, VENV, Router, cpu_server, router_config, start_all, start_router
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -84,14 +84,7 @@ def _router_p50_ms(text: str, family: str) -> float:
                     cumulative[le] = cumulative.get(le, 0.0) + s.value
     buckets = sorted(cumulative.items())
     assert buckets, f"no {family} in the router's /metrics"
-    rank, prev_le, prev_count = 0.5 * buckets[-1][1], 0.0, 0.0
-    for le, count in buckets:
-        if count >= rank:
-            if math.isinf(le):
-                return prev_le * 1000
-            return (prev_le + (le - prev_le) * (rank - prev_count) / max(count - prev_count, 1e-12)) * 1000
-        prev_le, prev_count = le, count
-    return prev_le * 1000
+    return histogram_quantile(0.5, buckets) * 1000
 
 
 def test_vllm_bench_serve_runs_through_the_router_and_agrees_with_its_metrics(router: Router, engine: VllmProcess,
