@@ -193,7 +193,10 @@ def test_bounded_in_time_stragglers_are_timeouts(silent_server: int, tmp_path: P
     assert time.monotonic() - started < 10
     assert done.returncode == 1  # nothing completed
     summary = json.loads(done.stdout)
-    assert summary["outcomes"] == {"timeout": 10} and summary["workload"]["requests"] == 10
+    # ten planned in the second; one the client reaches after --duration (a loaded machine's lag)
+    # is counted as not sent, never lost
+    assert summary["workload"]["requests"] == 10 and summary["unsent"] <= 3
+    assert summary["outcomes"] == {"timeout": 10 - summary["unsent"]}
     assert all(json.loads(line)["sent_s"] < 1.0 for line in out.read_text().splitlines())
 
 

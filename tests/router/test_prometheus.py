@@ -102,8 +102,10 @@ def test_latency_counts_from_the_first_byte_of_the_request(deployment: Deploymen
         with sock.makefile("rb") as answer_file:
             answer = answer_file.readline()  # the status line: the answer has come
     assert answer.startswith(b"HTTP/1.1 200"), answer
-    assert series(deployment, e2e) - before[0] >= pause_s
-    assert series(deployment, ttft) - before[1] >= pause_s
+    # the router stamps the first byte when its loop reads it, which on a loaded machine can be a
+    # few milliseconds after it arrived: the pause is counted, less that
+    assert series(deployment, e2e) - before[0] >= pause_s - 0.05
+    assert series(deployment, ttft) - before[1] >= pause_s - 0.05
 
 
 def test_every_pd_decision_is_timed_and_traffic_is_counted_per_replica(deployment: Deployment) -> None:
