@@ -3,10 +3,34 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 
 import yaml
+
+WEIGHT_DTYPES: dict[str, tuple[float, str]] = {
+    "bf16": (2.0, "bf16"),
+    "fp16": (2.0, "bf16"),
+    "fp8": (1.0, "fp8"),
+    "fp4": (0.5625, "fp4"),
+    "nvfp4": (0.5625, "fp4"),
+    "mxfp4": (0.53125, "fp4"),
+    "int8": (1.0, "bf16"),
+    "int4": (0.53125, "bf16"),
+}
+"""Weight formats: bytes per parameter as stored (scales included) and the tensor rate the GEMMs
+run at. FP8: one byte (block scales are < 0.1 %). NVFP4: 4-bit values and an FP8 scale per 16
+(4.5 bits); MXFP4: an E8M0 scale per 32 (4.25 bits); both run at the FP4 rate on parts that have
+one (Blackwell) and weight-only elsewhere (dequantised into BF16 GEMMs, as vLLM's Marlin kernels
+do on Hopper and Ampere). INT4 (AWQ/GPTQ, group 128: 4 bits and an FP16 scale per 128, 4.125
+bits, with zero points ~4.25) and INT8: weight-only, BF16 GEMMs."""
+HBM_SHARE_DEFAULT = 0.79
+"""A part with no measured share: the median of the NVIDIA parts FluidX3D measured (A100 77, H100
+SXM 80, H100 NVL 79, GH200 79, H200 73, B200 81, B300 81 %; physics/data/published/gpu-achieved.yaml
+FLUIDX3D)."""
+KV_DTYPES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+"""KV-cache formats: bytes per cached element (vLLM `--kv-cache-dtype fp8`: one byte, per-tensor
+scales)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -18,13 +42,35 @@ class GpuSpec:
     source: str
     fp8_tflops: float | None = None
     """Dense FP8 tensor throughput; None: no FP8 tensor cores (FP8 weights compute at the BF16 rate)."""
+    hbm_share: float | None = None
+    """Share of `hbm_gb_s` a memory-bound kernel reaches on this part (measured; None: unknown,
+    `HBM_SHARE_DEFAULT`)."""
+    hbm_share_source: str = ""
+    fp4_tflops: float | None = None
+    """Dense FP4 tensor throughput (Blackwell); None: FP4 weights are weight-only (BF16 GEMMs)."""
+    fp4_source: str = ""
     nvls: bool = False
     """Its NVSwitch does NVLink SHARP (NCCL's NVLS all-reduce)."""
     fp8_source: str = ""
 
-    def tflops(self, weight_bytes: int) -> float:
-        """The tensor rate a model stored in `weight_bytes` per parameter computes at."""
-        return self.fp8_tflops if weight_bytes == 1 and self.fp8_tflops else self.bf16_tflops
+    @property
+    def memory_gb_s(self) -> float:
+        """What a memory-bound kernel reads at here: the data sheet's bandwidth times the share
+        measured on this part (parts reach from 58 to 81 % of their data sheet)."""
+        return self.hbm_gb_s * (self.hbm_share if self.hbm_share is not None else HBM_SHARE_DEFAULT)
+
+    def tflops(self, compute: str) -> float:
+        """The tensor rate GEMMs of `compute` (a `WEIGHT_DTYPES` rate: bf16, fp8, fp4) run at here:
+        a rate the part lacks falls back to BF16 (weight-only quantisation)."""
+        if compute == "fp4" and self.fp4_tflops:
+            return self.fp4_tflops
+        if compute == "fp8" and self.fp8_tflops:
+            return self.fp8_tflops
+        return self.bf16_tflops
+
+    def low_precision(self, compute: str) -> bool:
+        """GEMMs of `compute` run at a narrower tensor rate than BF16 here."""
+        return self.tflops(compute) != self.bf16_tflops
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +93,14 @@ class MoESpec:
     expert_weight_bytes: float = 0.0
     """Bytes per expert parameter when the experts are stored narrower than the rest (gpt-oss:
     MXFP4, 4.25 bits); 0: the model's weight_bytes."""
+    routing_skew: float = 0.0
+    """How unevenly tokens pick experts (a Zipf exponent over the experts: 0 uniform): a skewed
+    batch touches fewer distinct experts (`costmodel.expected_experts`)."""
+    active_reads: bool = False
+    """A step outside an expert-parallel gang reads only the experts its tokens picked
+    (`costmodel.weights_read_bytes`). The `cost` command and the fidelity report price it so; the
+    simulator's engines still read every expert until the published comparisons are re-measured
+    with it (issue 31's last step)."""
 
     def expert_params(self, hidden: int) -> float:
         """Parameters of one expert in one layer."""
@@ -63,8 +117,8 @@ class ModelSpec:
     heads: int
     kv_heads: int
     head_dim: int
-    weight_bytes: int
-    kv_bytes: int
+    weight_bytes: float
+    kv_bytes: float
     kv_per_token_layer: int
     max_context: int
     source: str
@@ -72,6 +126,35 @@ class ModelSpec:
     """gqa (grouped-query, MHA when kv_heads == heads) or mla (DeepSeek's latent attention: one
     compressed KV shared by all heads, so tensor parallelism does not shard it)."""
     moe: MoESpec | None = None
+    weight_dtype: str = ""
+    """A `WEIGHT_DTYPES` name; empty: bf16 for 2 bytes, fp8 for 1."""
+    vocab: int = 0
+    """Vocabulary size (config.json vocab_size): the LM head a draft step reads again; 0: unknown
+    (no separate head read priced)."""
+
+    @property
+    def compute(self) -> str:
+        """The tensor rate its GEMMs run at (`WEIGHT_DTYPES`)."""
+        if self.weight_dtype:
+            return WEIGHT_DTYPES[self.weight_dtype][1]
+        return "fp8" if self.weight_bytes == 1 else "bf16"
+
+    def with_dtypes(self, weights: str | None = None, kv: str | None = None) -> ModelSpec:
+        """The model stored in other formats (`WEIGHT_DTYPES`, `KV_DTYPES`); None keeps one."""
+        spec = self
+        if weights is not None:
+            if weights not in WEIGHT_DTYPES:
+                raise ValueError(f"unknown weight dtype {weights!r} (known: {', '.join(WEIGHT_DTYPES)})")
+            size = WEIGHT_DTYPES[weights][0]
+            moe = spec.moe
+            if moe is not None and moe.expert_weight_bytes and moe.expert_weight_bytes > size:
+                moe = replace(moe, expert_weight_bytes=size)
+            spec = replace(spec, weight_bytes=size, weight_dtype=weights, moe=moe)
+        if kv is not None:
+            if kv not in KV_DTYPES:
+                raise ValueError(f"unknown KV-cache dtype {kv!r} (known: {', '.join(KV_DTYPES)})")
+            spec = replace(spec, kv_bytes=KV_DTYPES[kv])
+        return spec
 
     @property
     def weights_gb(self) -> float:

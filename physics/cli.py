@@ -6,14 +6,18 @@ import argparse
 import json
 from typing import Any
 
+_WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp4", "nvfp4", "mxfp4", "int4")
+"""`--dtype` choices (physics.catalog.WEIGHT_DTYPES; listed here so that the parser loads no data)."""
+
 
 def cmd_cost(args: argparse.Namespace) -> int:
     from physics import queries as cost
 
     if args.what == "prefill":
-        out = cost.prefill(args.model, args.gpu, args.tp, args.tokens, args.context, args.dtype, args.link)
+        out = cost.prefill(args.model, args.gpu, args.tp, args.tokens, args.context, args.dtype, args.link,
+                           kv_dtype=args.kv_dtype)
     elif args.what == "decode":
-        out = cost.decode(args.model, args.gpu, args.tp, args.batch, args.context, args.dtype, args.link)
+        out = _decode(cost, args)
     elif args.what == "collective":
         out = cost.collective(args.op, args.bytes, args.gpus, args.link, args.gpu, args.gbps, args.gpus_per_node,
                               nvls=not args.no_nvls)
@@ -22,17 +26,38 @@ def cmd_cost(args: argparse.Namespace) -> int:
     elif args.what == "moe":
         out = cost.moe(args.model, args.gpu, args.tp, args.dp, args.phase, args.link, tokens=args.tokens or 0,
                        prompts=args.prompts, batch=args.batch or 0, context=args.context, domain_gpus=args.domain_gpus,
-                       gbps=args.gbps, imbalance=args.imbalance, overlap=args.overlap, expert_parallel=not args.no_ep)
+                       gbps=args.gbps, imbalance=args.imbalance, overlap=args.overlap, expert_parallel=not args.no_ep,
+                       a2a=args.a2a)
     else:
         out = cost.pp(args.model, args.gpu, args.tp, args.pp, args.phase, args.boundary.split(","),
                       tokens=args.tokens or 0, batch=args.batch or 0, context=args.context, gbps=args.gbps,
-                      dtype=args.dtype, link_name=args.link)
+                      dtype=args.dtype, link_name=args.link, chunk=args.chunk)
     if args.format == "json":
         print(json.dumps(out))
     else:
         value = f"{out['us']:.2f} us" if "us" in out else f"{out['ms']:.3f} ms"
         print(f"{args.what}: {value}  ({', '.join(f'{k}={v}' for k, v in out.items() if k not in ('ms', 'us'))})")
     return 0
+
+
+def _decode(cost: Any, args: argparse.Namespace) -> dict[str, Any]:
+    load = (args.concurrency, args.prompt_tokens, args.output_tokens)
+    if any(v is not None for v in load):
+        if None in load or args.batch is not None or args.draft_tokens:
+            raise SystemExit("cost decode under load: give --concurrency, --prompt-tokens and --output-tokens "
+                             "(not --batch, --context or --draft-tokens)")
+        result: dict[str, Any] = cost.loaded_decode(args.model, args.gpu, args.tp, args.concurrency,
+                                                    args.prompt_tokens, args.output_tokens, args.dtype, args.link,
+                                                    kv_dtype=args.kv_dtype)
+        return result
+    if args.batch is None or args.context is None:
+        raise SystemExit("cost decode: give --batch and --context (or --concurrency, --prompt-tokens and "
+                         "--output-tokens for the ITL under load)")
+    result = cost.decode(args.model, args.gpu, args.tp, args.batch, args.context, args.dtype, args.link,
+                         kv_dtype=args.kv_dtype, draft_tokens=args.draft_tokens,
+                         acceptance_rate=args.acceptance_rate, acceptance_length=args.acceptance_length,
+                         expert_skew=args.expert_skew)
+    return result
 
 
 def add_cost_parsers(sub: Any) -> None:
@@ -49,9 +74,21 @@ def add_cost_parsers(sub: Any) -> None:
             q.add_argument("--tokens", type=int, required=True)
             q.add_argument("--context", type=int, default=0)
         else:
-            q.add_argument("--batch", type=int, required=True)
-            q.add_argument("--context", type=int, required=True)
-        q.add_argument("--dtype", choices=["bf16", "fp8"], default="bf16")
+            q.add_argument("--batch", type=int, help="sequences in the step")
+            q.add_argument("--context", type=int, help="tokens of context per sequence")
+            q.add_argument("--draft-tokens", type=int, default=0,
+                           help="speculative decoding (MTP, EAGLE): draft tokens per step")
+            q.add_argument("--acceptance-rate", type=float, help="speculative: each draft's chance to be accepted")
+            q.add_argument("--acceptance-length", type=float,
+                           help="speculative: mean tokens a step yields (instead of --acceptance-rate)")
+            q.add_argument("--expert-skew", type=float,
+                           help="MoE routing skew (Zipf exponent; 0 uniform): fewer experts read per step")
+            q.add_argument("--concurrency", type=int, help="ITL under load: clients of a closed loop")
+            q.add_argument("--prompt-tokens", type=int, help="ITL under load: prompt tokens per request")
+            q.add_argument("--output-tokens", type=int, help="ITL under load: output tokens per request")
+        q.add_argument("--dtype", choices=list(_WEIGHT_DTYPES),
+                       help="weight format (default: the model's own): bf16, fp8, fp4/nvfp4, mxfp4, int4")
+        q.add_argument("--kv-dtype", choices=["bf16", "fp8"], help="KV-cache format (default bf16)")
         q.add_argument("--link", default="nvswitch", help="the TP group's link kind (default nvswitch)")
     q = kinds.add_parser("collective", help="one NCCL collective; --bytes per GPU as nccl-tests counts it")
     q.add_argument("--op", required=True, choices=["allreduce", "allgather", "reducescatter", "alltoall"])
@@ -92,6 +129,9 @@ def _gang_parsers(kinds: Any) -> None:
     q.add_argument("--imbalance", type=float, help="busiest over mean GPU expert load (default: uniform routing's)")
     q.add_argument("--overlap", action="store_true", help="two-batch overlap: compute hides the all-to-all")
     q.add_argument("--no-ep", action="store_true", help="experts split by TP inside each rank (no all-to-all)")
+    q.add_argument("--a2a", help="the all-to-all kernel: deepep-normal, deepep-ll, pplx, nccl, uccl-ep-normal, "
+                                 "uccl-ep-ll, hybrid-ep, deepep-v2, mori-ep, mori-ep-ll, pplx-garden, "
+                                 "trtllm-nvlink-one-sided (default: deepep-normal at prefill, deepep-ll at decode)")
     q = kinds.add_parser("pp", help="a prefill or decode cycle over pipeline stages")
     q.add_argument("--model", required=True)
     q.add_argument("--gpu", required=True)
@@ -99,11 +139,13 @@ def _gang_parsers(kinds: Any) -> None:
     q.add_argument("--pp", type=int, required=True, help="pipeline stages")
     q.add_argument("--phase", required=True, choices=["prefill", "decode"])
     q.add_argument("--tokens", type=int, help="prefill: prompt tokens")
+    q.add_argument("--chunk", type=int, default=8192,
+                   help="prefill: chunk streamed through the stages (default 8192; 0: the prompt in one pass)")
     q.add_argument("--batch", type=int, help="decode: sequences in flight")
     q.add_argument("--context", type=int, default=0, help="decode: tokens of context per sequence")
     q.add_argument("--boundary", required=True,
                    help="link kind at the stage boundaries: one for all, or a comma list of pp-1 "
                         "(nvswitch, nvlink, xgmi, pcie, sys, rdma, tcp)")
     q.add_argument("--gbps", type=float, help="NIC rate in Gbit/s for rdma/tcp boundaries")
-    q.add_argument("--dtype", choices=["bf16", "fp8"], default="bf16")
+    q.add_argument("--dtype", choices=list(_WEIGHT_DTYPES), help="weight format (default: the model's own)")
     q.add_argument("--link", default="nvswitch", help="each stage's TP group link kind (default nvswitch)")

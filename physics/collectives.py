@@ -50,6 +50,11 @@ Network: 364.9 GB/s busbw over p5en's 3200 Gb/s of EFA per node (same source, 4 
 NVLS_EFFICIENCY = 0.61
 """NVLS all-reduce's algorithm bandwidth over the per-GPU NVLink line: busbw 480 GB/s on 8x
 H200 (algbw 480 / (2 x 7/8) = 274 of 450; ml-engineering, NCCL_NVLS_ENABLE=1 row)."""
+NVLS_LATENCY_US = 25.0
+"""NVLS all-reduce's latency: NCCL's hwLat for NVLS over NVLink (Simple) is 25 µs with no base
+latency (tuning.cc, `hwLat[NVLINK][NVLS] = {0, 0, 25}`): the switch's multicast set-up and the
+memory-semantic synchronisation make NVLS slower than a ring at small messages, where NCCL's tuner
+keeps ring LL/LL128."""
 NVLS_MIN_GPUS = 5
 """NCCL ran ring, not NVLS, for 4 GPUs of an H200 node (the same busbw with NVLS on and off, ml-
 engineering's GPU-count sweep) and NVLS for 8."""
@@ -120,7 +125,7 @@ def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes:
                                                      + math.log2(nodes) * (HW_LAT_US["net"]["tree"][p] + extra_us))
             best = min(best, tree_lat + size / (1e3 * tree_bw))
     if op == "allreduce" and nvls and nodes == 1 and intra == "nvlink" and ranks >= NVLS_MIN_GPUS:
-        best = min(best, BASE_LAT_US["ring"][2] + size / (1e3 * line * NVLS_EFFICIENCY))
+        best = min(best, NVLS_LATENCY_US + size / (1e3 * line * NVLS_EFFICIENCY))
     return best + LAUNCH_US
 
 

@@ -25,8 +25,9 @@ Link health is already in the path: a degraded link carries less bandwidth and m
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from physics.catalog import GpuSpec, ModelSpec
 from physics.collectives import BUS_EFFICIENCY, Hw, collective_us
@@ -46,9 +47,11 @@ class Efficiency:
     fp8_mfu: float = 0.50
     """Share of peak FP8 FLOPs: FP8 GEMMs reach less of their (doubled) peak. NIM 1.8 Llama-3.3-70B
     FP8 TP2 on H100, 5000-token TTFT 406.8 ms (nim-h100-llama3.3-70b-tp2-fp8-p5000)."""
-    decode_mbu: float = 0.75
-    """Share of peak HBM bandwidth a decode step reaches (gpt-fast saw ~1700 of 2039 GB/s;
-    LMDeploy LLaMA-2-7B batch-1 per-token latency 9 ms on A100: lmdeploy-a100-llama2-7b-b1-*)."""
+    decode_mbu: float = 0.974
+    """Share of what a memory-bound kernel reaches on the part (`GpuSpec.memory_gb_s`: the data
+    sheet's bandwidth times its measured share, 0.77 on A100, 0.80 on H100) that a decode step reads
+    at: 0.75 of A100's data sheet (gpt-fast saw ~1700 of 2039 GB/s; LMDeploy LLaMA-2-7B batch-1
+    per-token latency 9 ms on A100: lmdeploy-a100-llama2-7b-b1-*), 0.78 of H100's."""
     decode_mfu: float = 0.35
     step_overhead_ms: float = 1.0
     """Per decode step: CUDA-graph replay, scheduler, sampling."""
@@ -139,12 +142,11 @@ def forward_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, chunks: 
         cached += c
     tokens = new + decodes
     flops = 2 * model.active_params_b * 1e9 * tokens
-    rate = gpu.tflops(model.weight_bytes) * 1e12 * (eff.fp8_mfu if gpu.tflops(model.weight_bytes)
-                                                     != gpu.bf16_tflops else eff.prefill_mfu)
+    rate = gpu.tflops(model.compute) * 1e12 * (eff.fp8_mfu if gpu.low_precision(model.compute) else eff.prefill_mfu)
     compute_s = flops / (tp * rate) + 4 * model.layers * pairs * model.hidden / (
         tp * gpu.bf16_tflops * 1e12 * eff.prefill_mfu)
-    memory_s = (model.weights_gb * 1e9 + model.kv_bytes_per_token() * (cached + decode_context)) / (
-        tp * gpu.hbm_gb_s * 1e9 * eff.decode_mbu)
+    memory_s = (weights_read_bytes(model, tokens) + model.kv_bytes_per_token() * (cached + decode_context)) / (
+        tp * gpu.memory_gb_s * 1e9 * eff.decode_mbu)
     comm_ms = model.layers * 2 * allreduce_ms(tokens * model.hidden * BF16, tp, link, gpu)
     return max(compute_s, memory_s) * 1e3 + model.layers * eff.prefill_layer_overhead_ms + comm_ms
 
@@ -178,11 +180,68 @@ class DecodeStep:
 
 @functools.lru_cache(maxsize=16384)
 def _decode_step(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, b: int, eff: Efficiency) -> DecodeStep:
-    compute_s = 2 * model.active_params_b * 1e9 * b / (tp * gpu.tflops(model.weight_bytes) * 1e12 * eff.decode_mfu)
+    compute_s = 2 * model.active_params_b * 1e9 * b / (tp * gpu.tflops(model.compute) * 1e12 * eff.decode_mfu)
     comm_ms = model.layers * 2 * allreduce_ms(b * model.hidden * BF16, tp, link, gpu)
-    return DecodeStep(weights_bytes=model.weights_gb * 1e9 / tp, kv_per_token=model.kv_bytes_per_token(), tp=tp,
-                      hbm_bytes_s=gpu.hbm_gb_s * 1e9 * eff.decode_mbu, compute_s=compute_s,
+    return DecodeStep(weights_bytes=weights_read_bytes(model, b) / tp, kv_per_token=model.kv_bytes_per_token(), tp=tp,
+                      hbm_bytes_s=gpu.memory_gb_s * 1e9 * eff.decode_mbu, compute_s=compute_s,
                       fixed_ms=comm_ms + eff.step_overhead_ms)
+
+
+def expected_experts(experts: int, per_token: int, tokens: float, skew: float = 0.0) -> float:
+    """Distinct experts of one layer that `tokens` tokens pick, `per_token` each, out of
+    `experts`. Uniform routing (`skew` 0): E (1 - (1 - k/E)^T). Skewed routing: expert i is picked
+    with probability proportional to 1 / i^skew (Zipf), each of the T k choices independent:
+    sum over i of 1 - (1 - p_i)^(T k). Skew makes a batch touch fewer experts."""
+    if experts <= 0 or tokens <= 0:
+        return 0.0
+    k = min(per_token, experts)
+    if skew <= 0:
+        return experts * (1.0 - math.pow(1.0 - k / experts, tokens))
+    weights = [math.pow(i + 1.0, -skew) for i in range(experts)]
+    total = sum(weights)
+    draws = tokens * k
+    return sum(1.0 - math.pow(1.0 - min(w / total, 1.0), draws) for w in weights)
+
+
+def weights_read_bytes(model: ModelSpec, tokens: float) -> float:
+    """Bytes of weights a step of `tokens` tokens reads: every dense weight (attention, dense
+    FFNs, shared experts, embeddings and head), and of the routed experts only those some token of
+    the step picked (`expected_experts`, with the model's routing skew): a small MoE decode batch
+    reads a few experts per layer, a large one all of them."""
+    moe = model.moe
+    if moe is None or not moe.active_reads:
+        return model.weights_gb * 1e9
+    touched = expected_experts(moe.routed_experts, moe.experts_per_token, max(tokens, 1.0), moe.routing_skew)
+    experts = moe.moe_layers * touched * moe.expert_params(model.hidden) * model.expert_bytes
+    return model.dense_params_b * 1e9 * model.weight_bytes + experts
+
+
+def speculative_tokens(acceptance_rate: float, draft_tokens: int) -> float:
+    """Tokens a speculative step yields per sequence on average (the acceptance length: the
+    accepted drafts and the target's own token), when each of `draft_tokens` drafts is accepted
+    with probability `acceptance_rate` given the ones before it were: (1 - a^(k+1)) / (1 - a)."""
+    a = min(max(acceptance_rate, 0.0), 1.0)
+    if a >= 1.0:
+        return float(draft_tokens + 1)
+    return (1.0 - a ** (draft_tokens + 1)) / (1.0 - a)
+
+
+def speculative_decode_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, batch: int,
+                          context_tokens: int, draft_tokens: int, eff: Efficiency = DEFAULT) -> tuple[float, float]:
+    """One speculative step of `batch` sequences (MTP or an EAGLE-style one-layer draft head):
+    `draft_tokens` draft passes one after another, each a decode step of one decoder layer and
+    the LM head, then the target verifying k + 1 tokens of every sequence in one pass (a decode
+    step of batch x (k + 1) tokens reading the weights and the KV once: `context_tokens` is the
+    context of the whole batch, as `decode_step_ms` takes it). Returns (draft ms,
+    verify ms); TPOT is their sum over the acceptance length (`speculative_tokens`)."""
+    b, k = max(batch, 1), max(draft_tokens, 0)
+    verify_ms = DecodeStep.of(model, gpu, tp, link, b * (k + 1), eff).ms(context_tokens)
+    head_params_b = model.vocab * model.hidden / 1e9
+    layer_params_b = max(model.active_params_b - 2 * head_params_b, 0.0) / model.layers
+    drafter = replace(model, layers=1, params_b=layer_params_b + head_params_b,
+                      active_params_b=layer_params_b + head_params_b, moe=None)
+    draft_ms = k * DecodeStep.of(drafter, gpu, tp, link, b, eff).ms(context_tokens // max(model.layers, 1))
+    return draft_ms, verify_ms
 
 
 def kv_bytes(model: ModelSpec, tokens: int) -> float:

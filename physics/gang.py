@@ -68,7 +68,7 @@ def _pipeline_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, gang: 
     sequences = len(chunks) + decodes
     m = max(1, min(gang.pp, sequences))
     tokens = sum(n for n, _ in chunks) + decodes
-    hbm = gpu.hbm_gb_s * 1e9 * eff.decode_mbu
+    hbm = gpu.memory_gb_s * 1e9 * eff.decode_mbu
     per_stage = []
     for stage, lk in zip(stages, links, strict=True):
         full = _forward(stage, gpu, tp, lk, chunks, decodes, decode_context, eff)

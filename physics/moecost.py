@@ -41,9 +41,8 @@ from typing import Literal
 
 from physics.catalog import GpuSpec, ModelSpec
 from physics.collectives import collective_us
-from physics.costmodel import BF16, DEFAULT, LOCAL, Efficiency, LinkCost, allreduce_ms, kv_shards
+from physics.costmodel import BF16, DEFAULT, LOCAL, Efficiency, LinkCost, allreduce_ms, expected_experts, kv_shards
 
-Mode = Literal["high-throughput", "low-latency"]
 Carrier = Literal["nvlink", "rdma", "cross-rail", "tcp"]
 CARRIERS: tuple[Carrier, ...] = ("nvlink", "rdma", "cross-rail", "tcp")
 
@@ -79,6 +78,61 @@ MLA_DECODE_MFU = 0.67
 """Share of peak BF16 an MLA decode kernel reaches when compute-bound: FlashMLA 660 TFLOPS on H800
 SXM5 (989 peak; deepseek-ai/FlashMLA README, 2025-04-22 update). 128 heads share one latent, so
 MLA decode attention is compute-bound where GQA's is memory-bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class A2AKernel:
+    """One all-to-all implementation: how it moves a token (`dedupe`: once per destination rank
+    and once per remote node, forwarded there over NVLink, as DeepEP's normal kernels do; or once
+    per (token, expert) pair, as low-latency kernels do) and how much of the links' shares
+    (`A2A_NVLINK_EFFICIENCY`, `A2A_NET_EFFICIENCY`) and of the fixed cost (`A2A_LATENCY_US`) it
+    reaches. A kernel with no published point of its own runs at its family's: factors 1."""
+
+    dedupe: bool
+    bandwidth_factor: float = 1.0
+    latency_factor: float = 1.0
+    source: str = ""
+
+
+KERNELS: dict[str, A2AKernel] = {
+    "deepep-normal": A2AKernel(True, source="DeepEP V1 normal kernels (calibration.yaml deepep-ht-*)"),
+    "deepep-ll": A2AKernel(False, source="DeepEP V1 low-latency kernels (calibration.yaml deepep-ll-*)"),
+    "pplx": A2AKernel(False, 0.49, 1.9,
+                       source="pplx-kernels README, H100 (physics/data/published/moe.yaml PPLX-KERNELS): 20 points"),
+    "nccl": A2AKernel(False, 0.11, 0.59,
+                       source="torch.distributed all_to_all over NCCL, PPLX-KERNELS's baseline rows: 5 points"),
+    "uccl-ep-normal": A2AKernel(True, 0.84, 3.0,
+                       source="uccl-project/uccl ep/README.md (UCCL-EP): H200/B200/MI300X normal rows"),
+    "uccl-ep-ll": A2AKernel(False, 0.45, 0.65, source="UCCL-EP low-latency rows"),
+    "hybrid-ep": A2AKernel(True, 0.89, 0.1,
+                       source="DeepEP hybrid-ep branch README (DEEPEP-HYBRID): H100/B200/GB200 rows"),
+    "deepep-v2": A2AKernel(True, 1.0, 1.0,
+                       source="DeepEP V2 README: its rows name no GPU, so none is priced: DeepEP V1's normal kernels"),
+    "mori-ep": A2AKernel(True, 0.82, 0.26, source="ROCm/mori MORI-EP-BENCHMARK.md (MORI): MI300X normal rows"),
+    "mori-ep-ll": A2AKernel(False, 1.87, 0.96, source="MORI low-latency rows"),
+    "pplx-garden": A2AKernel(False, 0.9, 0.92, source="perplexityai pplx-garden docs/fabric-lib.md (PPLX-GARDEN)"),
+    "trtllm-nvlink-one-sided": A2AKernel(False, 1.04, 0.67,
+                       source="TensorRT-LLM tech blog 18 NVLinkOneSided, GB200 NVL72 (TRTLLM-NVL1S): 40 points"),
+}
+"""`--a2a` kernels. Each kernel's two factors are fitted to its own published points alone, the
+family's constants fixed (physics/data/published/moe.yaml; `python -m pools fidelity --fit`
+prints the fit); "high-throughput" and "low-latency" name DeepEP's two, which set the families."""
+MODE_KERNELS = {"high-throughput": "deepep-normal", "low-latency": "deepep-ll", "torch-alltoall": "nccl"}
+"""Other names of `KERNELS` entries: DeepEP's two modes; torch.distributed's all_to_all (NCCL's)."""
+
+
+def kernel(name: str) -> A2AKernel:
+    found = KERNELS.get(MODE_KERNELS.get(name, name))
+    if found is None:
+        raise ValueError(f"unknown all-to-all kernel {name!r} (known: {', '.join([*MODE_KERNELS, *KERNELS])})")
+    return found
+
+
+def expected_ranks(ep: int, k: int) -> float:
+    """Distinct ranks a token's `k` experts fall on, experts spread evenly over `ep` ranks."""
+    if ep <= 1:
+        return 1.0
+    return ep * (1.0 - math.pow(1.0 - 1.0 / ep, k))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,39 +185,41 @@ def remote_domains(domains: int, k: int, groups_per_token: int) -> float:
     return touched * (domains - 1) / domains
 
 
-def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, links: GangLinks, mode: Mode,
+def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, links: GangLinks, mode: str,
            groups_per_token: int = 0) -> float:
     """One dispatch (or combine) of `tokens` tokens per rank, each to `k` of `ep` ranks (module
-    docstring). `groups_per_token`: DeepSeek's group-limited routing (0: none)."""
+    docstring), by the kernel `mode` names (`KERNELS`; "high-throughput" and "low-latency" are
+    DeepEP's). `groups_per_token`: DeepSeek's group-limited routing (0: none)."""
     if ep <= 1 or tokens <= 0:
         return 0.0
+    impl = kernel(mode)
     token_bytes = hidden * element_bytes
     d = max(1, min(links.domain_ranks, ep))
-    inside = tokens * k * token_bytes * (d - 1) / ep
-    if links.outside_share is not None and links.carrier not in ("nvlink", "tcp"):
-        share = min(max(links.outside_share, 0.0), 1.0)
-        inside = tokens * k * token_bytes * max(0.0, 1.0 - share - 1.0 / ep)
-        if mode == "low-latency":
-            outside = tokens * k * token_bytes * share
-        else:
-            outside = tokens * token_bytes * remote_domains(ep // d, k, groups_per_token) * share / max(
-                (ep - d) / ep, 1e-9)
-        net = links.nic_gb_s * A2A_NET_EFFICIENCY * (CROSS_RAIL_FACTOR if links.carrier == "cross-rail" else 1.0)
-        latency = A2A_LATENCY_US + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
-        return latency + max(inside / (links.nvlink_gb_s * A2A_NVLINK_EFFICIENCY * 1e9), outside / (net * 1e9)) * 1e6
+    pairs = tokens * k * token_bytes
     if links.carrier == "tcp":
         nodes = max(1, ep // d)
-        return collective_us("alltoall", tokens * k * token_bytes, ep, links.nvlink_gb_s, "net", nodes=nodes,
+        return collective_us("alltoall", pairs, ep, links.nvlink_gb_s, "net", nodes=nodes,
                              node_gb_s=links.nic_gb_s * d, net_latency_us=links.nic_latency_us)
-    if links.carrier == "nvlink" or d >= ep:
+    share = None
+    if links.outside_share is not None and links.carrier != "nvlink":
+        share = min(max(links.outside_share, 0.0), 1.0)
+    remote = 0.0 if links.carrier == "nvlink" or d >= ep else (ep - d) / ep
+    outside_share = remote if share is None else share
+    if impl.dedupe:
+        # once per destination rank (forwarded over NVLink inside a remote node), once per remote node
+        inside = tokens * token_bytes * expected_ranks(ep, k) * (ep - 1) / ep
         outside = 0.0
-    elif mode == "low-latency":
-        outside = tokens * k * token_bytes * (ep - d) / ep
+        if outside_share > 0:
+            outside = tokens * token_bytes * remote_domains(ep // d, k, groups_per_token) * outside_share / max(remote,
+                                                                                                               1e-9)
     else:
-        outside = tokens * token_bytes * remote_domains(ep // d, k, groups_per_token)
+        inside = pairs * max(0.0, (d - 1) / ep if share is None else 1.0 - share - 1.0 / ep)
+        outside = pairs * outside_share
     net = links.nic_gb_s * A2A_NET_EFFICIENCY * (CROSS_RAIL_FACTOR if links.carrier == "cross-rail" else 1.0)
-    latency = A2A_LATENCY_US + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
-    seconds = max(inside / (links.nvlink_gb_s * A2A_NVLINK_EFFICIENCY * 1e9), outside / (net * 1e9))
+    nvlink = links.nvlink_gb_s * A2A_NVLINK_EFFICIENCY
+    latency = A2A_LATENCY_US * impl.latency_factor + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail"
+                                                      else 0.0)
+    seconds = max(inside / (nvlink * 1e9), outside / (net * 1e9) if outside else 0.0) / impl.bandwidth_factor
     return latency + seconds * 1e6
 
 
@@ -199,25 +255,27 @@ class _Fixed:
 
 
 def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, tokens: int, prefill: bool,
-           tp_link: LinkCost, imbalance: float | None, expert_parallel: bool, eff: Efficiency) -> _Fixed:
+           tp_link: LinkCost, imbalance: float | None, expert_parallel: bool, eff: Efficiency,
+           a2a: str | None = None) -> _Fixed:
     moe = model.moe
     assert moe is not None
-    rate = gpu.tflops(model.weight_bytes) * 1e12
+    rate = gpu.tflops(model.compute) * 1e12
     mfu = (eff.fp8_mfu if rate != gpu.bf16_tflops * 1e12 else eff.prefill_mfu) if prefill else eff.decode_mfu
-    hbm = gpu.hbm_gb_s * 1e9 * eff.decode_mbu
+    hbm = gpu.memory_gb_s * 1e9 * eff.decode_mbu
     ep = tp * dp if expert_parallel else tp
     pairs = float(tokens * (dp if expert_parallel else 1) * moe.experts_per_token)
     load = imbalance if imbalance is not None else default_imbalance(pairs, ep)
     per_expert = moe.expert_params(model.hidden)
-    touched = moe.routed_experts / ep * (1.0 - math.exp(-pairs / moe.routed_experts))
+    touched = expected_experts(moe.routed_experts, moe.experts_per_token, pairs / moe.experts_per_token,
+                               moe.routing_skew) / ep
     expert_compute_s = 2 * per_expert * pairs / ep * load / (rate * mfu)
     expert_memory_s = touched * per_expert * model.expert_bytes / hbm
     experts_ms = moe.moe_layers * max(expert_compute_s, expert_memory_s) * 1e3
     dispatch_ms = combine_ms = 0.0
     if expert_parallel and ep > 1:
-        mode: Mode = "high-throughput" if prefill else "low-latency"
+        mode = a2a or ("high-throughput" if prefill else "low-latency")
         groups = moe.groups_per_token if moe.groups > 1 else 0
-        dispatch_bytes = FP8_DISPATCH_BYTES if model.weight_bytes == 1 else float(BF16)
+        dispatch_bytes = FP8_DISPATCH_BYTES if model.compute != "bf16" else float(BF16)
         dispatch_ms = moe.moe_layers * a2a_us(tokens, model.hidden, moe.experts_per_token, dispatch_bytes, ep,
                                               links, mode, groups) / 1e3
         combine_ms = moe.moe_layers * a2a_us(tokens, model.hidden, moe.experts_per_token, float(BF16), ep, links,
@@ -246,7 +304,7 @@ def _attn_mfu(model: ModelSpec, eff: Efficiency, rate_mfu: float) -> float:
 def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks,
                 chunks: Sequence[tuple[int, int]], decodes: int, decode_context: int, *, tp_link: LinkCost = LOCAL,
                 imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
-                eff: Efficiency = DEFAULT) -> MoEStep:
+                eff: Efficiency = DEFAULT, a2a: str | None = None) -> MoEStep:
     """One engine step of every DP rank at once, each with prefill `chunks` as (new tokens, cached
     tokens before them) and `decodes` sequences reading `decode_context` tokens in all (the
     `costmodel.forward_ms` contract). `expert_parallel` False: the experts are split by TP inside
@@ -258,14 +316,14 @@ def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLin
         if decodes <= 0:
             return _assemble(0.0, _Fixed(0.0, 0.0, 0.0, 0.0, 0.0, 1.0), 0, overlap)
         return moe_decode(model, gpu, tp, dp, links, decodes, tp_link, imbalance, overlap, expert_parallel,
-                          eff).step(decode_context)
+                          eff, a2a).step(decode_context)
     new = pairs = cached = 0.0
     for n, c in chunks:
         new += n
         pairs += n * n / 2 + n * c
         cached += c
     tokens = int(new) + decodes
-    rate = gpu.tflops(model.weight_bytes) * 1e12
+    rate = gpu.tflops(model.compute) * 1e12
     mfu = eff.fp8_mfu if rate != gpu.bf16_tflops * 1e12 else eff.prefill_mfu
     bf16 = tp * gpu.bf16_tflops * 1e12
     compute_s = (2 * model.dense_active_params_b * 1e9 * tokens / (tp * rate * mfu)
@@ -273,8 +331,8 @@ def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLin
                  + attention_flops(model, float(decode_context), True) / (bf16 * _attn_mfu(model, eff, eff.decode_mfu)))
     memory_s = (model.dense_params_b * 1e9 * model.weight_bytes / tp
                 + model.kv_bytes_per_token() * (cached + decode_context) / kv_shards(model, tp)) / (
-        gpu.hbm_gb_s * 1e9 * eff.decode_mbu)
-    fixed = _fixed(model, gpu, tp, dp, links, tokens, True, tp_link, imbalance, expert_parallel, eff)
+        gpu.memory_gb_s * 1e9 * eff.decode_mbu)
+    fixed = _fixed(model, gpu, tp, dp, links, tokens, True, tp_link, imbalance, expert_parallel, eff, a2a)
     return _assemble(max(compute_s, memory_s) * 1e3, fixed, tokens, overlap)
 
 
@@ -302,25 +360,26 @@ class MoEDecode:
 
 @functools.lru_cache(maxsize=16384)
 def moe_decode(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, batch: int, tp_link: LinkCost,
-               imbalance: float | None, overlap: bool, expert_parallel: bool, eff: Efficiency) -> MoEDecode:
+               imbalance: float | None, overlap: bool, expert_parallel: bool, eff: Efficiency,
+               a2a: str | None = None) -> MoEDecode:
     if model.moe is None:
         raise ValueError(f"{model.name} is a dense model: no expert layers to price")
     b = max(batch, 1)
-    rate = gpu.tflops(model.weight_bytes) * 1e12
-    hbm = gpu.hbm_gb_s * 1e9 * eff.decode_mbu
+    rate = gpu.tflops(model.compute) * 1e12
+    hbm = gpu.memory_gb_s * 1e9 * eff.decode_mbu
     per_pair = attention_flops(model, 1.0, True) / (tp * gpu.bf16_tflops * 1e12 * _attn_mfu(model, eff,
                                                                                               eff.decode_mfu))
     return MoEDecode(compute_s=2 * model.dense_active_params_b * 1e9 * b / (tp * rate * eff.decode_mfu),
                      attn_s_per_token=per_pair, weights_s=model.dense_params_b * 1e9 * model.weight_bytes / tp / hbm,
                      kv_s_per_token=model.kv_bytes_per_token() / kv_shards(model, tp) / hbm,
-                     fixed=_fixed(model, gpu, tp, dp, links, b, False, tp_link, imbalance, expert_parallel, eff),
+                     fixed=_fixed(model, gpu, tp, dp, links, b, False, tp_link, imbalance, expert_parallel, eff, a2a),
                      batch=b, overlap=overlap)
 
 
 def moe_step(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, *, prefill_tokens: int = 0,
              prefill_context: int = 0, prefill_sequences: int = 1, decodes: int = 0, decode_context: int = 0,
              tp_link: LinkCost = LOCAL, imbalance: float | None = None, overlap: bool = False,
-             expert_parallel: bool = True, eff: Efficiency = DEFAULT) -> MoEStep:
+             expert_parallel: bool = True, eff: Efficiency = DEFAULT, a2a: str | None = None) -> MoEStep:
     """`moe_forward` for the cost command: `prefill_tokens` new prompt tokens per rank (of
     `prefill_sequences` prompts of equal length, each after `prefill_context` cached tokens), or
     `decodes` sequences reading `decode_context` tokens each."""
@@ -329,6 +388,6 @@ def moe_step(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks,
         base, extra = divmod(prefill_tokens, seqs)
         chunks = [(base + (1 if k < extra else 0), prefill_context) for k in range(seqs)]
         return moe_forward(model, gpu, tp, dp, links, chunks, 0, 0, tp_link=tp_link, imbalance=imbalance,
-                           overlap=overlap, expert_parallel=expert_parallel, eff=eff)
+                           overlap=overlap, expert_parallel=expert_parallel, eff=eff, a2a=a2a)
     return moe_forward(model, gpu, tp, dp, links, (), decodes, decodes * decode_context, tp_link=tp_link,
-                       imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel, eff=eff)
+                       imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel, eff=eff, a2a=a2a)

@@ -30,7 +30,10 @@ NETWORK = frozenset({"rdma", "tcp"})
 KV_LINKS: dict[str, Tier] = {"nvlink": "nvlink", "pcie": "pcie", "rdma": "rdma", "tcp": "tcp"}
 """`cost kv --link` names and the tier each path is (nvlink: the NVSwitch default)."""
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall")
-DTYPES = ("bf16", "fp8")
+DTYPES = tuple(catalog.WEIGHT_DTYPES)
+KV_DTYPES = tuple(catalog.KV_DTYPES)
+A2A_DTYPES = ("bf16", "fp8")
+"""What an all-to-all dispatches (fp8 with its scales: DeepEP's format)."""
 
 
 def link(name: str, gbps: float | None = None) -> costmodel.LinkCost:
@@ -60,17 +63,34 @@ def _link_view(name: str, cost: costmodel.LinkCost) -> dict[str, Any]:
     return {"name": name, "bandwidth_gb_s": cost.bandwidth_gb_s, "latency_us": cost.latency_us}
 
 
-def _model(name: str, dtype: str) -> ModelSpec:
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
-    model = catalog.model(name)
-    return replace(model, weight_bytes=1) if dtype == "fp8" else model
+def _model(name: str, dtype: str | None, kv_dtype: str | None = None) -> ModelSpec:
+    """The catalogue model stored as `dtype` (weights) and `kv_dtype` (KV cache); None: as
+    catalogued. An MoE model's steps read only the experts their tokens pick (`MoESpec.active_reads`)."""
+    spec = catalog.model(name).with_dtypes(dtype, kv_dtype)
+    if spec.moe is not None:
+        spec = replace(spec, moe=replace(spec.moe, active_reads=True))
+    return spec
+
+
+def dtype_of(spec: ModelSpec) -> str:
+    """The weight format's name (`catalog.WEIGHT_DTYPES`)."""
+    return spec.weight_dtype or ("fp8" if spec.weight_bytes == 1 else "bf16")
 
 
 def _fp8(gpu: str, dtype: str) -> str | None:
     if dtype != "fp8":
         return None
     return "fp8 rate" if catalog.gpu(gpu).fp8_tflops else "bf16 rate (no FP8 tensor cores)"
+
+
+def compute_rate(spec: ModelSpec, gpu: str) -> str:
+    """Which tensor rate the model's GEMMs run at on this GPU, and why."""
+    wanted, part = spec.compute, catalog.gpu(gpu)
+    if wanted == "bf16" and dtype_of(spec) not in ("bf16", "fp16"):
+        return "bf16 rate (weight-only: dequantised into BF16 GEMMs)"
+    if wanted != "bf16" and not part.low_precision(wanted):
+        return f"bf16 rate (weight-only: no {wanted.upper()} tensor cores)"
+    return f"{wanted} rate"
 
 
 def _positive(**values: int) -> None:
@@ -85,30 +105,93 @@ def _fits(model: ModelSpec, gpu_name: str, tp: int) -> bool:
     return costmodel.fits(model, catalog.gpu(gpu_name).memory_gb, tp)
 
 
-def prefill(model: str, gpu: str, tp: int, tokens: int, context: int = 0, dtype: str = "bf16",
-            link_name: str = "nvswitch") -> dict[str, Any]:
-    """A prefill of `tokens` new tokens after `context` cached ones, on TP=`tp`."""
+def _echo(spec: ModelSpec, gpu: str) -> dict[str, Any]:
+    """The formats a query priced, as it echoes them."""
+    dtype = dtype_of(spec)
+    return {"dtype": dtype, "kv_dtype": "fp8" if spec.kv_bytes == 1 else "bf16", "compute": compute_rate(spec, gpu),
+            "fp8_compute": _fp8(gpu, dtype)}
+
+
+def prefill(model: str, gpu: str, tp: int, tokens: int, context: int = 0, dtype: str | None = None,
+            link_name: str = "nvswitch", kv_dtype: str | None = None) -> dict[str, Any]:
+    """A prefill of `tokens` new tokens after `context` cached ones, on TP=`tp`; weights stored as
+    `dtype` and the KV cache as `kv_dtype` (None: as catalogued)."""
     _positive(tp=tp, tokens=tokens)
     if context < 0:
         raise ValueError(f"--context must be 0 or more, got {context}")
-    spec, tp_link = _model(model, dtype), tp_link_of(link_name, gpu, tp)
+    spec, tp_link = _model(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
     ms = costmodel.prefill_ms(spec, catalog.gpu(gpu), tp, tp_link, tokens, context_tokens=context)
     return {"what": "prefill", "model": model, "gpu": gpu, "tp": tp, "tokens": tokens, "context": context,
-            "dtype": dtype, "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp),
-            "fp8_compute": _fp8(gpu, dtype), "ms": ms}
+            **_echo(spec, gpu), "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp), "ms": ms}
 
 
-def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str = "bf16",
-           link_name: str = "nvswitch") -> dict[str, Any]:
-    """One decode step of `batch` sequences with `context` tokens of context each."""
+def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str | None = None,
+           link_name: str = "nvswitch", *, kv_dtype: str | None = None, draft_tokens: int = 0,
+           acceptance_rate: float | None = None, acceptance_length: float | None = None,
+           expert_skew: float | None = None) -> dict[str, Any]:
+    """One decode step of `batch` sequences with `context` tokens of context each. `ms` is the
+    time per output token of a sequence (TPOT): the step, or with speculative decoding
+    (`draft_tokens` > 0: MTP or an EAGLE-style head) the draft and verify passes over the tokens a
+    step yields, from `acceptance_length` (mean tokens per step) or `acceptance_rate` (per draft).
+    `expert_skew`: the MoE routing's Zipf exponent (0 uniform; a small batch of a skewed model
+    touches fewer experts)."""
     _positive(tp=tp, batch=batch)
     if context < 0:
         raise ValueError(f"--context must be 0 or more, got {context}")
-    spec, tp_link = _model(model, dtype), tp_link_of(link_name, gpu, tp)
-    ms = costmodel.decode_step_ms(spec, catalog.gpu(gpu), tp, tp_link, batch, batch * context)
-    return {"what": "decode", "model": model, "gpu": gpu, "tp": tp, "batch": batch, "context": context,
-            "dtype": dtype, "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp),
-            "fp8_compute": _fp8(gpu, dtype), "ms": ms}
+    spec, tp_link = _model(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
+    if expert_skew is not None:
+        if expert_skew < 0:
+            raise ValueError(f"--expert-skew must be 0 or more, got {expert_skew}")
+        if spec.moe is None:
+            raise ValueError(f"--expert-skew: {model} is a dense model")
+        spec = replace(spec, moe=replace(spec.moe, routing_skew=expert_skew))
+    part = catalog.gpu(gpu)
+    out: dict[str, Any] = {"what": "decode", "model": model, "gpu": gpu, "tp": tp, "batch": batch, "context": context,
+                           **_echo(spec, gpu), "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp)}
+    if draft_tokens < 0:
+        raise ValueError(f"--draft-tokens must be 0 or more, got {draft_tokens}")
+    if draft_tokens == 0:
+        if acceptance_rate is not None or acceptance_length is not None:
+            raise ValueError("--acceptance-rate/--acceptance-length go with --draft-tokens")
+        step = costmodel.decode_step_ms(spec, part, tp, tp_link, batch, batch * context)
+        return {**out, "step_ms": step, "speculative": None, "ms": step}
+    if (acceptance_rate is None) == (acceptance_length is None):
+        raise ValueError("speculative decoding needs one of --acceptance-rate (per draft token, 0..1) "
+                         "or --acceptance-length (tokens per step, 1..draft tokens + 1)")
+    if acceptance_rate is not None and not 0 <= acceptance_rate <= 1:
+        raise ValueError(f"--acceptance-rate is a probability (0..1), got {acceptance_rate}")
+    if acceptance_length is not None and not 1 <= acceptance_length <= draft_tokens + 1:
+        raise ValueError(f"--acceptance-length is 1..{draft_tokens + 1} tokens per step, got {acceptance_length}")
+    length = acceptance_length if acceptance_length is not None else costmodel.speculative_tokens(
+        float(acceptance_rate or 0.0), draft_tokens)
+    draft_ms, verify_ms = costmodel.speculative_decode_ms(spec, part, tp, tp_link, batch, batch * context, draft_tokens)
+    step = draft_ms + verify_ms
+    return {**out, "step_ms": step, "speculative": {"draft_tokens": draft_tokens, "acceptance_rate": acceptance_rate,
+                                                   "acceptance_length": length, "draft_ms": draft_ms,
+                                                   "verify_ms": verify_ms},
+            "ms": step / length}
+
+
+def loaded_decode(model: str, gpu: str, tp: int, concurrency: int, prompt_tokens: int, output_tokens: int,
+                  dtype: str | None = None, link_name: str = "nvswitch", kv_dtype: str | None = None,
+                  step_tokens: int = 8192) -> dict[str, Any]:
+    """The mean inter-token latency of a closed loop of `concurrency` clients, each sending
+    `prompt_tokens`-in / `output_tokens`-out requests back to back, on an engine that mixes prompt
+    chunks into decode steps (chunked prefill, `step_tokens` per step). In steady state a step
+    decodes every sequence, each at half its output on average (context prompt + output / 2), and
+    prefills the prompts of the requests that replace finished ones: concurrency x prompt / output
+    tokens per step (those prompts' own context is half their length on average)."""
+    _positive(tp=tp, concurrency=concurrency, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+              step_tokens=step_tokens)
+    spec, tp_link = _model(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
+    per_step = min(concurrency * prompt_tokens / output_tokens, max(step_tokens - concurrency, 0))
+    context = prompt_tokens + output_tokens // 2
+    chunks = ((round(per_step), prompt_tokens // 2),) if per_step >= 1 else ()
+    ms = costmodel.forward_ms(spec, catalog.gpu(gpu), tp, tp_link, chunks, concurrency, concurrency * context)
+    return {"what": "decode", "model": model, "gpu": gpu, "tp": tp, "concurrency": concurrency,
+            "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "batch": concurrency, "context": context,
+            "prefill_tokens_per_step": per_step, **_echo(spec, gpu), "link": _link_view(link_name, tp_link),
+            "fits": _fits(spec, gpu, tp), "ms": ms}
 
 
 GPUS_PER_NODE = 8
@@ -229,10 +312,14 @@ def _gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gb
 def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, tokens: int = 0, prompts: int = 1,
         batch: int = 0, context: int = 0, domain_gpus: int | None = None, gbps: float | None = None,
         imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
-        dtype: str | None = None) -> dict[str, Any]:
-    """One step of an MoE gang of `dp` data-parallel ranks of TP=`tp` (`physics.moecost`)."""
+        dtype: str | None = None, a2a: str | None = None) -> dict[str, Any]:
+    """One step of an MoE gang of `dp` data-parallel ranks of TP=`tp` (`physics.moecost`);
+    `a2a`: the all-to-all kernel (`moecost.KERNELS`; default DeepEP's normal kernels at prefill,
+    its low-latency ones at decode)."""
+    if a2a is not None:
+        moecost.kernel(a2a)
     _positive(tp=tp, dp=dp)
-    spec = _model(model, dtype) if dtype is not None else catalog.model(model)
+    spec = _model(model, dtype)
     if spec.moe is None:
         raise ValueError(f"{model} is a dense model: `cost moe` prices expert layers (MoE models: "
                          f"{', '.join(sorted(n for n, m in catalog.models().items() if m.moe))})")
@@ -253,11 +340,12 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
     step = moecost.moe_step(spec, catalog.gpu(gpu), tp, dp, links, prefill_tokens=tokens if phase == "prefill" else 0,
                             prefill_context=context if phase == "prefill" else 0, prefill_sequences=prompts,
                             decodes=batch if phase == "decode" else 0, decode_context=context, tp_link=tp_link,
-                            imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel)
+                            imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel, a2a=a2a)
     per_rank = tokens if phase == "prefill" else batch
     ep = tp * dp if expert_parallel else tp
     return {"what": "moe", "model": model, "gpu": gpu, "tp": tp, "dp": dp, "ep": ep, "expert_parallel": expert_parallel,
-            "phase": phase, "tokens": tokens, "prompts": prompts, "batch": batch, "context": context,
+            "phase": phase, "a2a": a2a or ("deepep-normal" if phase == "prefill" else "deepep-ll"),
+            "tokens": tokens, "prompts": prompts, "batch": batch, "context": context,
             "overlap": overlap, "link": {"name": link_name, "domain_gpus": links.domain_ranks,
                                          "nvlink_gb_s": links.nvlink_gb_s, "nic_gb_s": links.nic_gb_s},
             "fits": costmodel.fits(spec, catalog.gpu(gpu).memory_gb, tp, ep=ep),
@@ -271,10 +359,11 @@ PP_LINKS = ("nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "tcp")
 
 
 def pp(model: str, gpu: str, tp: int, stages: int, phase: str, boundaries: list[str], *, tokens: int = 0,
-       batch: int = 0, context: int = 0, gbps: float | None = None, dtype: str = "bf16",
-       link_name: str = "nvswitch") -> dict[str, Any]:
+       batch: int = 0, context: int = 0, gbps: float | None = None, dtype: str | None = None,
+       link_name: str = "nvswitch", chunk: int = pipeline.PP_CHUNK_TOKENS) -> dict[str, Any]:
     """A prefill or a decode cycle over `stages` pipeline stages of TP=`tp` (`physics.pipeline`);
-    `boundaries`: one link kind for every boundary, or one per boundary (stages - 1)."""
+    `boundaries`: one link kind for every boundary, or one per boundary (stages - 1). A prefill
+    streams the prompt through the stages in chunks of `chunk` tokens (0: one pass)."""
     _positive(tp=tp, pp=stages)
     spec = _model(model, dtype)
     if stages > spec.layers:
@@ -298,10 +387,11 @@ def pp(model: str, gpu: str, tp: int, stages: int, phase: str, boundaries: list[
     tp_link = tp_link_of(link_name, gpu, tp)
     step = pipeline.pipeline_step(spec, catalog.gpu(gpu), tp, stages, tp_link, links,
                                   prefill_tokens=tokens if phase == "prefill" else 0,
-                                  decodes=batch if phase == "decode" else 0, decode_context=context)
+                                  decodes=batch if phase == "decode" else 0, decode_context=context, chunk=chunk)
     produced = tokens if phase == "prefill" else batch
     return {"what": "pp", "model": model, "gpu": gpu, "tp": tp, "pp": stages, "phase": phase, "tokens": tokens,
-            "batch": batch, "context": context, "dtype": dtype, "gbps": gbps, "link": _link_view(link_name, tp_link),
+            "chunk": chunk if phase == "prefill" else None, "batch": batch, "context": context,
+            "dtype": dtype_of(spec), "gbps": gbps, "link": _link_view(link_name, tp_link),
             "boundaries": [_link_view(k, c) for k, c in zip(kinds, links, strict=True)],
             "fits": costmodel.fits(spec, catalog.gpu(gpu).memory_gb, tp, pp=stages),
             "stage_ms": list(step.stage_ms), "boundary_ms": list(step.boundary_ms),
@@ -315,13 +405,12 @@ def a2a(gpu: str, ep: int, tokens: int, hidden: int, topk: int, dtype: str, mode
     of `ep` ranks, elements of `dtype` (fp8: with its scales); the bottleneck bandwidth as DeepEP
     reports it (bytes that leave the node over the network, or over NVLink inside one)."""
     _positive(ep=ep, tokens=tokens, hidden=hidden, topk=topk)
-    if mode not in ("high-throughput", "low-latency"):
-        raise ValueError(f"mode is high-throughput or low-latency, not {mode!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    moecost.kernel(mode)
+    if dtype not in A2A_DTYPES:
+        raise ValueError(f"unknown dispatch dtype {dtype!r} (known: {', '.join(A2A_DTYPES)})")
     links = _gang_links(link_name, gpu, ep, domain_gpus, gbps)
     element = moecost.FP8_DISPATCH_BYTES if dtype == "fp8" else float(costmodel.BF16)
-    us = moecost.a2a_us(tokens, hidden, topk, element, ep, links, mode, groups_per_token)  # type: ignore[arg-type]
+    us = moecost.a2a_us(tokens, hidden, topk, element, ep, links, mode, groups_per_token)
     d = links.domain_ranks
     every = tokens * topk * hidden * element
     return {"what": "a2a", "gpu": gpu, "ep": ep, "tokens": tokens, "hidden": hidden, "topk": topk, "dtype": dtype,

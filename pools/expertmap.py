@@ -78,7 +78,7 @@ def summarize(model_name: str, gang: Gang, stats: Sequence[LayerStats], placemen
     assert model.moe is not None
     balance = sum(s.balancedness for s in stats) / len(stats)
     cross = sum(s.cross_share for s in stats) / len(stats)
-    dispatch = FP8_DISPATCH_BYTES if model.weight_bytes == 1 else float(BF16)
+    dispatch = FP8_DISPATCH_BYTES if model.compute != "bf16" else float(BF16)
     per_token = model.moe.moe_layers * model.moe.experts_per_token * cross * model.hidden * (dispatch + BF16)
     gpu_name = gpu or (topology.gpu(gang.gpus[0]).model if topology is not None else None)
     links = _links(gang, placement, topology, cross)

@@ -18,21 +18,8 @@ from typing import Any
 
 import yaml
 
-from loadtest.fidelity.replay.closedloop import closed_loop_itl_ms
-from loadtest.fidelity.replay.distserve import predicted_attainment
-from loadtest.fidelity.replay.sharegpt import SOURCE
-from physics import catalog, moecost
-from physics import queries as cost
+from loadtest.fidelity.predict import predict as predict
 
-GPU_ALIASES = {"a100-80gb": "a100-sxm4", "h800": "h800-sxm"}
-"""Names the sources use for parts the catalogue lists under another name (LMDeploy's
-"A100-80G", form factor unstated, priced as SXM4; Mooncake's H800, SXM)."""
-MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b"}
-DTYPES = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8"}
-OPS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter", "alltoall": "alltoall",
-       "all_to_all": "alltoall"}
-"""nccl-tests' binary names (all_reduce_perf, ...) as the cost command names the operations."""
-"""FP16 and BF16 run at the same tensor rate on every part in the catalogue."""
 WITHIN = 0.25
 """Ratio kinds: within when |predicted / published - 1| <= this."""
 ABS_WITHIN = {"attainment": 0.1}
@@ -49,6 +36,7 @@ class Row:
     predicted: float | None
     source: str
     skipped: str = ""
+    source_id: str = ""
 
     @property
     def ratio(self) -> float | None:
@@ -73,125 +61,59 @@ class Row:
         return f"+-{ABS_WITHIN[self.kind]:g} abs" if self.absolute else f"+-{WITHIN:.0%}"
 
 
-def points() -> list[dict[str, Any]]:
-    raw = yaml.safe_load(resources.files("physics").joinpath("data/calibration.yaml").read_text())
-    found: list[dict[str, Any]] = raw["points"]
+PUBLISHED = "data/published"
+"""Points collected after the calibration set (physics/data/published/*.yaml), each file with its
+`sources` (short name -> URL, pin) and `points`; every point names its `source_id`."""
+
+
+def _files() -> list[tuple[str, dict[str, Any]]]:
+    root = resources.files("physics")
+    found = [("calibration.yaml", yaml.safe_load(root.joinpath("data/calibration.yaml").read_text()))]
+    folder = root.joinpath(PUBLISHED)
+    if folder.is_dir():
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".yaml"):
+                data = yaml.safe_load(entry.read_text())
+                if isinstance(data, dict) and data.get("points"):
+                    found.append((entry.name, data))
     return found
 
 
-def _names(p: dict[str, Any]) -> tuple[str | None, str | None, str]:
-    model = MODEL_ALIASES.get(p.get("model") or "", p.get("model"))
-    gpu = GPU_ALIASES.get(p.get("gpu") or "", p.get("gpu"))
-    if model is not None and model not in catalog.models():
-        return None, None, f"model {model} is not in the catalogue"
-    if gpu is not None and gpu not in catalog.gpus():
-        return None, None, f"GPU {gpu} is not in the catalogue"
-    return model, gpu, ""
+def source_id(p: dict[str, Any]) -> str:
+    """The source a point comes from (the cross-validation group): its `source_id`, or the short
+    name its `source` starts with (calibration.yaml: "DEEPEP, low-latency kernels table, ...")."""
+    if p.get("source_id"):
+        return str(p["source_id"])
+    text = str(p.get("source", ""))
+    for mark in (",", ":"):
+        text = text.split(mark, 1)[0]
+    return text.strip() or "unknown"
 
 
-BUS_FACTOR = {"allreduce": lambda k: 2 * (k - 1) / k, "allgather": lambda k: (k - 1) / k,
-              "reducescatter": lambda k: (k - 1) / k, "alltoall": lambda k: (k - 1) / k}
-"""nccl-tests' bus bandwidth = algorithm bandwidth x this (its PERFORMANCE.md)."""
+def points() -> list[dict[str, Any]]:
+    """Every published point: the calibration set, then each file of `PUBLISHED`; each with its
+    `source_id` and the `file` it is kept in."""
+    out: list[dict[str, Any]] = []
+    for name, data in _files():
+        for p in data["points"]:
+            out.append({**p, "source_id": source_id(p), "file": name})
+    return out
 
 
-def predict(p: dict[str, Any]) -> tuple[float | None, str]:
-    """The model's value for point `p` in the point's unit, or None and why not."""
-    if p.get("excluded"):
-        return None, f"excluded: {p['excluded']}"
-    model, gpu, why = _names(p)
-    if why:
-        return None, why
-    kind, unit = p["kind"], p["unit"]
-    dtype = DTYPES.get(p.get("dtype") or "bf16", "bf16")
-    if kind == "prefill" and unit == "ms" and model and gpu:
-        return cost.prefill(model, gpu, int(p["tp"]), int(p["tokens"]), int(p.get("context") or 0), dtype)["ms"], ""
-    if kind == "pd-ttft" and unit == "ms" and model and gpu:
-        return pd_ttft_ms(p, model, gpu, dtype), ""
-    if kind == "decode" and unit == "ms" and model and gpu and int(p.get("concurrency") or 1) > 1:
-        if not p.get("prompt_tokens") or not p.get("output_tokens"):
-            return None, "a loaded-system ITL needs prompt_tokens and output_tokens to replay its closed loop"
-        return closed_loop_itl_ms(model, gpu, int(p["tp"]), int(p["concurrency"]), int(p["prompt_tokens"]),
-                                         int(p["output_tokens"]), dtype, p.get("link") or "nvswitch"), ""
-    if kind == "decode" and unit in ("ms", "tokens/s") and model and gpu:
-        answer = cost.decode(model, gpu, int(p["tp"]), int(p["batch"]), int(p.get("context") or 0), dtype)
-        return (answer["ms"] if unit == "ms" else 1000.0 / answer["ms"]), ""
-    if kind == "collective":
-        op = OPS.get(p["op"], p["op"])
-        gbps = p.get("gbps") if p.get("link") in cost.NETWORK else None
-        us = cost.collective(op, int(p["bytes"]), int(p["gpus"]), p["link"], gpu, gbps,
-                             nvls=p.get("nvls", True) is not False)["us"]
-        if unit == "us":
-            return us, ""
-        if unit in ("GB/s-busbw", "GB/s-algbw") and us > 0:
-            algbw = p["bytes"] / (us * 1e-6) / 1e9
-            return algbw * (BUS_FACTOR[op](int(p["gpus"])) if unit == "GB/s-busbw" else 1.0), ""
-    if kind == "kv" and unit == "ms" and model and p.get("tokens"):
-        return cost.kv(model, int(p["tokens"]), p["link"], p.get("gbps"), int(p.get("tp") or 1))["ms"], ""
-    if kind == "kv" and unit == "GB/s" and p.get("bytes") and p.get("rails"):
-        return cost.kv_payload_gb_s(float(p["bytes"]), p["link"], p.get("gbps"), int(p["rails"])), ""
-    if kind == "a2a" and gpu:
-        answer = cost.a2a(gpu, int(p["ep"]), int(p["tokens"]), int(p["hidden"]), int(p["topk"]), p["dtype"],
-                          p["mode"], p.get("link") or "rdma", int(p.get("gpus_per_node") or 8),
-                          p.get("gbps") if p.get("link") != "nvlink" else None,
-                          int(p.get("groups_per_token") or 0))
-        if unit == "us":
-            return answer["us"], ""
-        if unit == "GB/s-bottleneck":
-            return a2a_bottleneck_gb_s(p, answer["us"]), ""
-    if kind == "moe" and unit == "tokens/s-per-node" and model and gpu:
-        phase = p["phase"]
-        answer = cost.moe(model, gpu, int(p.get("tp") or 1), int(p["dp"]), phase, p.get("link") or "rdma",
-                          tokens=int(p.get("tokens") or 0), prompts=int(p.get("prompts") or 1),
-                          batch=int(p.get("batch") or 0), context=int(p.get("context") or 0),
-                          domain_gpus=int(p.get("gpus_per_node") or 8), gbps=p.get("gbps"),
-                          overlap=bool(p.get("overlap")))
-        return answer["tokens_per_s_per_gpu"] * int(p.get("gpus_per_node") or 8), ""
-    if kind == "attainment" and unit == "fraction" and model and gpu:
-        if not str(p.get("source", "")).startswith(SOURCE) or "rate_rps" not in p:
-            return None, "no replayable workload for this attainment point (loadtest.fidelity.replay has DistServe's)"
-        return predicted_attainment(model, gpu, int(p.get("tp") or 1), float(p["rate_rps"])), ""
-    return None, f"no prediction for a {kind} point in {unit}"
-
-
-def a2a_bottleneck_gb_s(p: dict[str, Any], us: float) -> float:
-    """DeepEP's normal-kernel bottleneck bandwidth as this model counts the bytes: inside a node
-    the share sent to NVLink peers; across nodes a token once per remote node it touches."""
-    ep, tokens, hidden, topk = int(p["ep"]), int(p["tokens"]), int(p["hidden"]), int(p["topk"])
-    element = moecost.FP8_DISPATCH_BYTES if p["dtype"] == "fp8" else 2.0
-    per_node = int(p.get("gpus_per_node") or 8)
-    if ep <= per_node:
-        moved = tokens * topk * hidden * element * (ep - 1) / ep
-    else:
-        moved = tokens * hidden * element * moecost.remote_domains(ep // per_node, topk,
-                                                                    int(p.get("groups_per_token") or 0))
-    return moved / (us * 1e-6) / 1e9
-
-
-VLLM_PD_PATH_MS = 35.0
-"""What vLLM's disaggregated path adds to prefill + KV transfer + the first decode step when a
-benchmark measures TTFT through its toy proxy (two HTTP hops, the decode's wait for the
-connector to report the KV in, two engine loops at TP8): the 128-token row of MOONCAKE-PD (46.09
-ms) less the model's 11.1 ms for those three. A property of the measured system, not of
-isleserve's router (which claims the KV itself, priced by `python -m router bench`): only the
-pd-ttft points use it; the longer rows test the rest of the model."""
-
-
-def pd_ttft_ms(p: dict[str, Any], model: str, gpu: str, dtype: str) -> float:
-    """A disaggregated TTFT: the prefill on the prefill replica, its KV over the network to the
-    decode replica (each TP rank over its own NIC), the decode's first step, and the measured
-    system's PD path (`VLLM_PD_PATH_MS`)."""
-    tp, tokens = int(p["tp"]), int(p["tokens"])
-    pre = cost.prefill(model, gpu, tp, tokens, 0, dtype)["ms"]
-    kv = cost.kv(model, tokens, p.get("link") or "rdma", p.get("gbps"), tp)["ms"]
-    first = cost.decode(model, gpu, tp, 1, tokens, dtype)["ms"]
-    return float(pre + kv + first + VLLM_PD_PATH_MS)
+def sources() -> dict[str, dict[str, Any]]:
+    """Short name -> where it is (URL, pin, what), over every file that lists its sources."""
+    out: dict[str, dict[str, Any]] = {}
+    for _, data in _files():
+        out.update(data.get("sources") or {})
+    return out
 
 
 def rows() -> list[Row]:
     out = []
     for p in points():
         predicted, why = predict(p)
-        out.append(Row(p["id"], p["kind"], float(p["value"]), p["unit"], predicted, p["source"], why))
+        out.append(Row(p["id"], p["kind"], float(p["value"]), p["unit"], predicted, p["source"], why,
+                       p["source_id"]))
     return out
 
 

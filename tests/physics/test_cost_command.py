@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from physics import catalog
+from physics import catalog, queries
 from pools.__main__ import main
 
 pytestmark = pytest.mark.unit
@@ -31,7 +31,8 @@ def test_every_listed_model_answers_prefill_decode_and_kv(capsys: pytest.Capture
     for gpu in ("h100-sxm", "a100-sxm4", "h200-sxm", "b200"):
         pre = cost(capsys, "prefill", "--model", model, "--gpu", gpu, "--tp", "8", "--tokens", "1024")
         assert pre["model"] == model and pre["gpu"] == gpu and pre["tp"] == 8 and pre["tokens"] == 1024
-        assert pre["context"] == 0 and pre["dtype"] == "bf16" and pre["ms"] > 0
+        # the weights as priced: the model's own format (DeepSeek-V3 ships FP8) unless --dtype says otherwise
+        assert pre["context"] == 0 and pre["dtype"] == queries.dtype_of(catalog.model(model)) and pre["ms"] > 0
         dec = cost(capsys, "decode", "--model", model, "--gpu", gpu, "--tp", "8", "--batch", "16", "--context", "2048")
         assert (dec["batch"], dec["context"]) == (16, 2048) and dec["ms"] > 0
     kv = cost(capsys, "kv", "--model", model, "--tokens", "1000", "--link", "rdma")

@@ -104,7 +104,10 @@ def test_the_gpus_own_nvlink_prices_its_tp_group() -> None:
 
 
 def test_the_shipped_calibration_holds() -> None:
-    rows = fidelity.rows()
+    """In sample: the calibration set the documented constants were set on (the published points
+    collected since are judged out of sample: `pools fidelity --cv source`, docs/costmodel.md)."""
+    calibration = {p["id"] for p in fidelity.points() if p["file"] == "calibration.yaml"}
+    rows = [r for r in fidelity.rows() if r.id in calibration]
     s = fidelity.summary(rows)
     ratios = [r for r in rows if not r.absolute and r.ratio is not None]
     assert s["within_25pct"] >= 0.8, s

@@ -5,7 +5,6 @@ for loaded-system decode points, on an engine as TensorRT-LLM's defaults set it 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ def trtllm_config(model: str, gpu: str, tp: int, dtype: str = "bf16", link: str 
 
     m, g = catalog.model(model), catalog.gpu(gpu)
     if dtype == "fp8":
-        m = dataclasses.replace(m, weight_bytes=1)
+        m = m.with_dtypes("fp8")
     free_gb = (g.memory_gb - costmodel.weights_per_gpu_gb(m, tp) - 2.0) * TRTLLM_FREE_GPU_MEMORY_FRACTION
     capacity = max(0, int(free_gb * 1e9 * tp / m.kv_bytes_per_token()))
     return EngineConfig(model=m, gpu=g, tp=tp, link=costmodel.LOCAL if tp == 1 else cost.tp_link_of(link, gpu, tp),

@@ -1,0 +1,164 @@
+"""The cost model's free constants, as the fidelity fit sees them: each one an efficiency or a
+fixed cost of one mechanism, where it lives in `physics`, the range a fit may move it in, and the
+kinds of published points that inform it. Everything else in the model is a fact with a source
+(a data sheet, a config.json, NCCL's tuning tables, a protocol's byte count) and is never fitted.
+
+`applied(values)` evaluates the model under other values of these constants (the leave-one-source-
+out fit in `loadtest.fidelity.fit`): it sets them where they live, clears the caches that hold
+results computed with the old ones, and puts everything back when it ends. Nothing but the fit
+changes them; the product always runs on the documented defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    name: str
+    where: str
+    """module:attribute, with `[key]` for a table entry and `.field` for a field of a frozen
+    dataclass (costmodel:DEFAULT.prefill_mfu, collectives:BUS_EFFICIENCY[nvlink],
+    moecost:KERNELS[pplx].net_efficiency)."""
+    low: float
+    high: float
+    kinds: frozenset[str]
+    mechanism: str
+    kernel: str = ""
+    """Only points of this all-to-all kernel move it (a kernel's own factors)."""
+
+    def moves(self, p: dict[str, Any]) -> bool:
+        if p["kind"] not in self.kinds:
+            return False
+        if not self.kernel:
+            return True
+        from physics.moecost import MODE_KERNELS
+
+        name = str(p.get("kernel") or "")
+        return MODE_KERNELS.get(name, name) == self.kernel
+
+
+def _free(name: str, where: str, low: float, high: float, kinds: str, mechanism: str, kernel: str = "") -> Free:
+    return Free(name, where, low, high, frozenset(kinds.split()), mechanism, kernel)
+
+
+def _kernel(name: str) -> tuple[Free, Free]:
+    return (_free(f"{name}.bandwidth", f"moecost:KERNELS[{name}].bandwidth_factor", 0.1, 3.0, "a2a",
+                  f"{name}'s share of the links relative to its family", name),
+            _free(f"{name}.latency", f"moecost:KERNELS[{name}].latency_factor", 0.1, 10.0, "a2a",
+                  f"{name}'s fixed cost relative to its family", name))
+
+
+STEP = "prefill decode pd-ttft pp-prefill moe"
+FREE: tuple[Free, ...] = (
+    _free("prefill_mfu", "costmodel:DEFAULT.prefill_mfu", 0.3, 0.9, STEP,
+          "share of peak BF16 a prefill GEMM reaches"),
+    _free("fp8_mfu", "costmodel:DEFAULT.fp8_mfu", 0.25, 0.9, STEP,
+          "share of peak FP8/FP4 a low-precision GEMM reaches"),
+    _free("decode_mbu", "costmodel:DEFAULT.decode_mbu", 0.4, 1.0, STEP,
+          "share of a memory-bound kernel's bandwidth a decode step reads at"),
+    _free("decode_mfu", "costmodel:DEFAULT.decode_mfu", 0.1, 0.8, STEP, "share of peak a decode step's GEMMs reach"),
+    _free("step_overhead_ms", "costmodel:DEFAULT.step_overhead_ms", 0.1, 6.0, STEP,
+          "a decode step's CUDA-graph replay, scheduling and sampling"),
+    _free("prefill_layer_overhead_ms", "costmodel:DEFAULT.prefill_layer_overhead_ms", 0.01, 0.6, STEP,
+          "launches per layer of an eager prefill step"),
+    _free("bus_nvlink", "collectives:BUS_EFFICIENCY[nvlink]", 0.5, 0.95, "collective",
+          "large-message bus bandwidth over the NVLink line"),
+    _free("bus_net", "collectives:BUS_EFFICIENCY[net]", 0.5, 0.98, "collective",
+          "large-message bus bandwidth over the NICs' line"),
+    _free("nvls_efficiency", "collectives:NVLS_EFFICIENCY", 0.3, 0.95, "collective",
+          "NVLS all-reduce's algorithm bandwidth over the NVLink line"),
+    _free("launch_us", "collectives:LAUNCH_US", 2.0, 30.0, "collective", "a measured collective's launch and sync"),
+    _free("kv_line_efficiency", "costmodel:KV_LINE_EFFICIENCY", 0.5, 0.98, "kv pd-ttft",
+          "share of a NIC's line a KV transfer engine reaches"),
+    _free("kv_setup_ms", "costmodel:KV_SETUP_MS", 0.02, 3.0, "kv pd-ttft", "a KV transfer's request and completion"),
+    _free("kv_rail_gb_s", "costmodel:KV_RAIL_GB_S", 5.0, 60.0, "kv pd-ttft", "what one NIC carries of a KV transfer"),
+    _free("pd_path_ms", "predict:VLLM_PD_PATH_MS", 1.0, 80.0, "pd-ttft",
+          "what a measured disaggregated serving path adds (its HTTP hops and engine loops)"),
+    _free("overlap_efficiency", "moecost:OVERLAP_EFFICIENCY", 0.1, 0.95, "moe",
+          "share of the shorter of compute and all-to-all two-batch overlap hides"),
+    _free("mla_decode_mfu", "moecost:MLA_DECODE_MFU", 0.3, 0.9, "moe", "MLA decode attention's share of peak"),
+    _free("a2a_nvlink_efficiency", "moecost:A2A_NVLINK_EFFICIENCY", 0.4, 0.95, "a2a moe",
+          "share of the NVLink line an all-to-all reaches"),
+    _free("a2a_net_efficiency", "moecost:A2A_NET_EFFICIENCY", 0.4, 0.98, "a2a moe",
+          "share of the NIC line an all-to-all reaches"),
+    _free("a2a_latency_us", "moecost:A2A_LATENCY_US", 5.0, 120.0, "a2a moe",
+          "one dispatch or combine call's fixed cost"),
+    *(c for name in ("pplx", "nccl", "uccl-ep-normal", "uccl-ep-ll", "hybrid-ep", "deepep-v2", "mori-ep",
+                     "mori-ep-ll", "pplx-garden", "trtllm-nvlink-one-sided") for c in _kernel(name)),
+)
+CACHED = ("physics.collectives:_collective_us", "physics.costmodel:_decode_step", "physics.moecost:moe_decode",
+          "loadtest.fidelity.replay.closedloop:closed_loop", "loadtest.fidelity.replay.distserve:predicted_attainment")
+"""Functions whose caches hold results computed with the constants."""
+
+
+def _parse(where: str) -> tuple[Any, str, str | None, str | None]:
+    module, path = where.split(":", 1)
+    mod = importlib.import_module(f"loadtest.fidelity.{module}" if module == "predict" else f"physics.{module}")
+    field = None
+    if "." in path:
+        path, field = path.split(".", 1)
+    key = None
+    if path.endswith("]"):
+        path, key = path[:-1].split("[", 1)
+    return mod, path, key, field
+
+
+def get(free: Free) -> float:
+    mod, attr, key, field = _parse(free.where)
+    obj = getattr(mod, attr)
+    if key is not None:
+        obj = obj[key]
+    return float(getattr(obj, field) if field is not None else obj)
+
+
+def _set(free: Free, value: float) -> None:
+    mod, attr, key, field = _parse(free.where)
+    if key is None and field is None:
+        setattr(mod, attr, value)
+        return
+    if key is None:
+        # a frozen dataclass instance shared by default arguments: changed in place, so that every
+        # function that took it as its default sees the new value
+        object.__setattr__(getattr(mod, attr), field or "", value)
+        return
+    table = getattr(mod, attr)
+    table[key] = dataclasses.replace(table[key], **{field: value}) if field is not None else value
+
+
+def _clear() -> None:
+    for name in CACHED:
+        module, func = name.split(":")
+        fn = getattr(importlib.import_module(module), func, None)
+        clear = getattr(fn, "cache_clear", None)
+        if clear is not None:
+            clear()
+
+
+def defaults() -> dict[str, float]:
+    return {f.name: get(f) for f in FREE}
+
+
+@contextmanager
+def applied(values: Mapping[str, float]) -> Iterator[None]:
+    """The model with `values` (by `Free.name`; the rest unchanged) until the block ends."""
+    by_name = {f.name: f for f in FREE}
+    unknown = set(values) - set(by_name)
+    if unknown:
+        raise ValueError(f"unknown free constants: {', '.join(sorted(unknown))}")
+    before = {name: get(by_name[name]) for name in values}
+    try:
+        for name, value in values.items():
+            _set(by_name[name], value)
+        _clear()
+        yield
+    finally:
+        for name, value in before.items():
+            _set(by_name[name], value)
+        _clear()

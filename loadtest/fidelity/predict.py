@@ -1,0 +1,361 @@
+"""What the cost model predicts for one published point, in the point's own unit and by the
+point's own counting convention (`physics/data/calibration.yaml`, `physics/data/published/*.yaml`).
+
+Conventions the conversion applies, each written next to the points it concerns:
+    decode ms             time per output token of one sequence (TPOT/ITL) at the point's batch
+                          and context; `ms/context-token`: the slope of that time over the context
+    decode tokens/s       per user (1000 / TPOT) unless the point counts otherwise: "(prompt tokens
+                          + generated tokens) / time" (a whole generate call: the prefill and every
+                          decode step), or `tokens/s-per-gpu` of one static batch (output x batch /
+                          the batch's whole latency / TP)
+    "end-to-end latency"  one offline batch: its prefill and every decode step
+    a2a GB/s (`count`)    nodes-touched: a token once per node it is sent to, its own included
+                          (DeepEP, UCCL-EP, MoRI, HybridEP internode tests); rows-received: every
+                          token row a rank receives, its own included (their intranode tests);
+                          remote-nodes: once per node other than its own
+    pp-prefill            one prompt streamed through the stages in chunks (the point's chunk, or
+                          the engine default), stages of a node joined by NVLink, nodes by RDMA
+A point the model cannot price (a condition not stated, a model or GPU the catalogue lacks, a
+measurement under an open-loop load) gets None and the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loadtest.fidelity.replay.closedloop import closed_loop_itl_ms
+from loadtest.fidelity.replay.distserve import predicted_attainment
+from loadtest.fidelity.replay.sharegpt import SOURCE
+from physics import catalog, costmodel, moecost
+from physics import queries as cost
+
+GPU_ALIASES = {"a100-80gb": "a100-sxm4", "h800": "h800-sxm"}
+"""Names the sources use for parts the catalogue lists under another name (LMDeploy's
+"A100-80G", form factor unstated, priced as SXM4; Mooncake's H800, SXM)."""
+MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b"}
+DTYPES = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "int8": "fp8w", "int4": "int4", "nvfp4": "nvfp4",
+          "fp4": "fp4", "mxfp4": "mxfp4"}
+"""Weight formats as the points write them (FP16 and BF16 run at the same rate everywhere; int8
+weight-only is one byte at the BF16 rate)."""
+OPS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter", "alltoall": "alltoall",
+       "all_to_all": "alltoall"}
+BUS_FACTOR = {"allreduce": lambda k: 2 * (k - 1) / k, "allgather": lambda k: (k - 1) / k,
+              "reducescatter": lambda k: (k - 1) / k, "alltoall": lambda k: (k - 1) / k}
+"""nccl-tests' bus bandwidth = algorithm bandwidth x this (its PERFORMANCE.md)."""
+VLLM_PD_PATH_MS = 35.0
+"""What a disaggregated serving path adds to prefill + KV transfer + the first decode step when a
+benchmark measures TTFT through it (two HTTP hops, the decode's wait for the connector to report
+the KV in, two engine loops): the 128-token row of MOONCAKE-PD (46.09 ms) less the model's 11.1
+ms for those three. A property of the measured system, not of isleserve's router; only pd-ttft
+points use it (a free constant of the fit)."""
+SAMPLES = 16
+"""Decode steps priced along a generation (the rest interpolated): the step grows with context."""
+
+
+def num(p: dict[str, Any], key: str) -> float | None:
+    """A numeric condition, or None when absent or written as words ("not stated ...")."""
+    value = p.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _int(p: dict[str, Any], key: str, default: int) -> int:
+    value = num(p, key)
+    return int(value) if value is not None else default
+
+
+def _names(p: dict[str, Any]) -> tuple[str | None, str | None, str]:
+    model = p.get("model")
+    gpu = p.get("gpu")
+    model = MODEL_ALIASES.get(model, model) if isinstance(model, str) else None
+    gpu = GPU_ALIASES.get(gpu, gpu) if isinstance(gpu, str) else None
+    if model is not None and model not in catalog.models():
+        return None, None, f"model {model} is not in the catalogue"
+    if gpu is not None and gpu not in catalog.gpus():
+        return None, None, f"GPU {gpu} is not in the catalogue"
+    return model, gpu, ""
+
+
+def _dtype(p: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(weights, KV cache) formats the point states; None: as catalogued."""
+    raw = str(p.get("dtype") or "").split(" ")[0].lower()
+    weights = DTYPES.get(raw)
+    if weights == "fp8w":
+        weights = "int8"
+    kv = str(p.get("kv_dtype") or "").split(" ")[0].lower()
+    return weights, ("fp8" if kv == "fp8" else None)
+
+
+def _link(p: dict[str, Any], default: str = "rdma") -> str:
+    text = str(p.get("link") or default).lower()
+    for name in ("nvswitch", "nvlink", "xgmi", "pcie", "tcp", "rdma"):
+        if text.startswith(name):
+            return name
+    return default
+
+
+def predict(p: dict[str, Any]) -> tuple[float | None, str]:
+    """The model's value for point `p` in the point's unit, or None and why not."""
+    if p.get("excluded"):
+        return None, f"excluded: {p['excluded']}"
+    model, gpu, why = _names(p)
+    if why:
+        return None, why
+    kind, unit = p["kind"], p["unit"]
+    try:
+        if kind == "collective":
+            return _collective(p, gpu)
+        if kind == "a2a":
+            return _a2a(p, gpu)
+        if kind == "kv":
+            return _kv(p, model)
+        if model is None or gpu is None:
+            return None, f"a {kind} point needs a catalogue model and GPU"
+        if kind == "prefill" and unit == "ms":
+            if "under load" in str(p.get("convention", "")):
+                return None, "a TTFT under load (queueing, co-scheduled decodes): not priced by a formula"
+            return _prefill_ms(p, model, gpu), ""
+        if kind == "pd-ttft" and unit == "ms":
+            return pd_ttft_ms(p, model, gpu), ""
+        if kind == "pp-prefill":
+            return _pp_prefill(p, model, gpu)
+        if kind == "decode":
+            return _decode(p, model, gpu)
+        if kind == "moe":
+            return _moe(p, model, gpu)
+        if kind == "attainment" and unit == "fraction":
+            if not str(p.get("source", "")).startswith(SOURCE) or "rate_rps" not in p:
+                return None, ("no replayable workload for this attainment point (loadtest.fidelity.replay has "
+                              "DistServe's)")
+            return predicted_attainment(model, gpu, _int(p, "tp", 1), float(p["rate_rps"])), ""
+    except ValueError as err:
+        return None, f"not priced: {err}"
+    return None, f"no prediction for a {kind} point in {unit}"
+
+
+def _prefill_ms(p: dict[str, Any], model: str, gpu: str) -> float:
+    weights, kv = _dtype(p)
+    tokens = _int(p, "tokens", 0) or _int(p, "prompt_tokens", 0)
+    if tokens <= 0:
+        raise ValueError("prompt length not stated")
+    return float(cost.prefill(model, gpu, _int(p, "tp", 1), tokens, _int(p, "context", 0), weights,
+                              kv_dtype=kv)["ms"])
+
+
+def _step(model: str, gpu: str, tp: int, batch: int, context: int, weights: str | None, kv: str | None,
+          spec: dict[str, Any] | None) -> float:
+    """Time per output token of a sequence (speculative steps over their acceptance length)."""
+    draft, length = _speculation(spec)
+    answer = cost.decode(model, gpu, tp, batch, context, weights, kv_dtype=kv, draft_tokens=draft,
+                         acceptance_length=length if draft else None)
+    return float(answer["ms"])
+
+
+def _speculation(spec: Any) -> tuple[int, float | None]:
+    if not isinstance(spec, dict) or str(spec.get("method", "none")).lower() in ("none", "off"):
+        return 0, None
+    draft, length = spec.get("draft_tokens"), spec.get("acceptance_length")
+    if not isinstance(draft, int) or not isinstance(length, int | float):
+        raise ValueError("speculative decoding without its draft tokens and acceptance length stated")
+    return int(draft), float(length)
+
+
+def _generation_ms(model: str, gpu: str, tp: int, batch: int, prompt: int, output: int, weights: str | None,
+                   kv: str | None) -> float:
+    """A whole generate call of one batch: the prefill of every prompt, then `output` decode steps
+    whose context grows from the prompt (sampled at `SAMPLES` points, trapezoid between)."""
+    pre = cost.prefill(model, gpu, tp, batch * prompt, 0, weights, kv_dtype=kv)["ms"] if prompt > 0 else 0.0
+    marks = sorted({0, output - 1, *(round(i * (output - 1) / (SAMPLES - 1)) for i in range(SAMPLES))})
+    steps = [_step(model, gpu, tp, batch, prompt + t, weights, kv, None) for t in marks]
+    total = 0.0
+    for (t0, a), (t1, b) in zip(zip(marks, steps, strict=True), zip(marks[1:], steps[1:], strict=True), strict=False):
+        total += (a + b) / 2 * (t1 - t0)
+    return float(pre) + total + steps[-1]
+
+
+def _decode(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
+    weights, kv = _dtype(p)
+    unit, convention = p["unit"], str(p.get("convention", ""))
+    tp, batch = _int(p, "tp", 1), num(p, "batch")
+    prompt, output, context = num(p, "prompt_tokens"), num(p, "output_tokens"), num(p, "context")
+    concurrency = num(p, "concurrency")
+    if unit == "ms/context-token":
+        long = 65536
+        a = _step(model, gpu, tp, 1, long, weights, kv, None)
+        b = _step(model, gpu, tp, 1, 2 * long, weights, kv, None)
+        return (b - a) / long, ""
+    if unit == "tokens/s" and "prompt tokens + generated tokens" in convention:
+        if prompt is None or output is None:
+            return None, "the prompt and output lengths of the generate call are not stated"
+        ms = _generation_ms(model, gpu, tp, int(batch or 1), int(prompt), int(output), weights, kv)
+        return (prompt + output) * int(batch or 1) / (ms / 1e3), ""
+    if unit in ("tokens/s-per-gpu", "ms") and ("static batch" in convention or "end-to-end latency" in convention
+                                               or "total_latency" in convention):
+        if batch is None or prompt is None or output is None:
+            return None, "the batch, prompt and output lengths of the offline batch are not stated"
+        ms = _generation_ms(model, gpu, tp, int(batch), int(prompt), int(output), weights, kv)
+        return (ms, "") if unit == "ms" else (output * batch / (ms / 1e3) / tp, "")
+    if concurrency is not None and concurrency > 1 and unit == "ms":
+        if prompt is None or output is None:
+            return None, "a loaded-system ITL needs prompt_tokens and output_tokens to replay its closed loop"
+        return closed_loop_itl_ms(model, gpu, tp, int(concurrency), int(prompt), int(output),
+                                  DTYPES.get(str(p.get("dtype") or "bf16"), "bf16"), _link(p, "nvswitch")), ""
+    if "open-loop" in convention or "request rate" in convention:
+        return None, "an open-loop load whose batch and lengths are not stated"
+    if batch is None:
+        return None, "the batch is not stated"
+    ctx = int(context) if context is not None else int(prompt or 0)
+    ms = _step(model, gpu, tp, int(batch), ctx, weights, kv, p.get("spec"))
+    if unit == "ms":
+        return ms, ""
+    if unit == "tokens/s":
+        return 1000.0 / ms, ""
+    return None, f"no prediction for a decode point in {unit}"
+
+
+def _pp_prefill(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
+    weights, _ = _dtype(p)
+    tp, stages, tokens = _int(p, "tp", 1), _int(p, "pp", 1), _int(p, "tokens", 0)
+    if tokens <= 0:
+        return None, "prompt length not stated"
+    per_node = _int(p, "gpus_per_node", 8)
+    stages_per_node = max(1, per_node // tp)
+    boundaries = ["nvswitch" if (b + 1) % stages_per_node else "rdma" for b in range(stages - 1)]
+    chunk = _int(p, "chunk", 8192)
+    if stages == 1:
+        answer = cost.pp(model, gpu, tp, 1, "prefill", [], tokens=tokens, dtype=weights, chunk=chunk)
+    else:
+        answer = cost.pp(model, gpu, tp, stages, "prefill", boundaries, tokens=tokens, dtype=weights, chunk=chunk)
+    ms = float(answer["ms"])
+    return (ms, "") if p["unit"] == "ms" else (tokens / (ms / 1e3), "")
+
+
+def _collective(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
+    op = OPS.get(p["op"], p["op"])
+    if op not in BUS_FACTOR:
+        return None, f"no prediction for a {op} collective"
+    size, gpus = num(p, "bytes"), num(p, "gpus")
+    if size is None or gpus is None:
+        return None, "message size or GPU count not stated"
+    link = _link(p, "nvswitch")
+    gbps = num(p, "gbps") if link in cost.NETWORK else None
+    nodes = num(p, "nodes")
+    per_node = int(gpus // nodes) if nodes and link in cost.NETWORK else None
+    us = cost.collective(op, int(size), int(gpus), link, gpu, gbps, per_node,
+                         nvls=p.get("nvls", True) is not False)["us"]
+    unit = p["unit"]
+    if unit == "us":
+        return us, ""
+    if unit in ("GB/s-busbw", "GB/s-algbw") and us > 0:
+        algbw = size / (us * 1e-6) / 1e9
+        return algbw * (BUS_FACTOR[op](int(gpus)) if unit == "GB/s-busbw" else 1.0), ""
+    return None, f"no prediction for a collective in {unit}"
+
+
+def _kv(p: dict[str, Any], model: str | None) -> tuple[float | None, str]:
+    link = _link(p)
+    unit, tokens, size, rails = p["unit"], num(p, "tokens"), num(p, "bytes"), num(p, "rails")
+    if unit in ("ms", "us") and model and tokens:
+        ms = cost.kv(model, int(tokens), link, num(p, "gbps"), _int(p, "tp", 1))["ms"]
+        return (ms if unit == "ms" else ms * 1e3), ""
+    if unit == "GB/s" and size and rails:
+        # a benchmark keeping many blocks in flight pays each block's set-up once per round of them
+        return cost.kv_payload_gb_s(size * (num(p, "blocks_in_flight") or 1.0), link, num(p, "gbps"), int(rails)), ""
+    return None, "the transfer's size (tokens of a catalogue model, or bytes and NICs) is not stated"
+
+
+def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
+    if gpu is None:
+        return None, "GPU not stated"
+    ep, tokens, hidden, topk = num(p, "ep"), num(p, "tokens"), num(p, "hidden"), num(p, "topk")
+    if not (ep and tokens and hidden and topk):
+        return None, "EP size, tokens, hidden or top-k not stated"
+    mode = str(p.get("kernel") or p.get("mode") or "deepep-normal")
+    try:
+        moecost.kernel(mode)
+    except ValueError:
+        return None, f"kernel {mode} is not one the model knows"
+    link = "nvlink" if _link(p) in ("nvlink", "nvswitch", "xgmi") else "rdma"
+    per_node = _int(p, "gpus_per_node", 8)
+    if link == "nvlink":
+        per_node = int(ep)
+    gbps = num(p, "gbps") if link != "nvlink" else None
+    dispatch = str(p.get("dtype") or "bf16").split(" ")[0].lower()
+    element = moecost.FP8_DISPATCH_BYTES if dispatch == "fp8" else 2.0
+    ops = ["dispatch", "combine"] if p.get("op") == "both" else [str(p.get("op") or "dispatch")]
+    us = 0.0
+    groups = _int(p, "groups_per_token", 0)
+    for op in ops:
+        size = element if op == "dispatch" else 2.0
+        us += cost.a2a(gpu, int(ep), int(tokens), int(hidden), int(topk), "fp8" if size != 2.0 else "bf16", mode,
+                       link, per_node, gbps, groups)["us"]
+    unit = p["unit"]
+    if unit == "us":
+        return us, ""
+    if unit in ("GB/s", "GB/s-bottleneck"):
+        size = element if ops == ["dispatch"] else 2.0
+        return counted_bytes(p, int(ep), int(tokens), int(hidden), int(topk), size, per_node) / (us * 1e-6) / 1e9, ""
+    return None, f"no prediction for an all-to-all in {unit}"
+
+
+def counted_bytes(p: dict[str, Any], ep: int, tokens: int, hidden: int, topk: int, element: float,
+                  per_node: int) -> float:
+    """The bytes a source divides by the kernel's time, by its `count` convention (module
+    docstring); without one: nodes-touched across nodes, rows-received inside one."""
+    count = p.get("count") or ("rows-received" if ep <= per_node else "nodes-touched")
+    token = tokens * hidden * element
+    if count == "rows-received":
+        return token * moecost.expected_ranks(ep, topk)
+    domains = max(1, ep // per_node)
+    groups = _int(p, "groups_per_token", 0)
+    remote = moecost.remote_domains(domains, topk, groups)
+    if count == "remote-nodes":
+        return token * remote
+    if count == "pairs":
+        return token * topk
+    # nodes-touched: the remote nodes and its own (which every token of DeepSeek's routing touches
+    # with probability that of picking any expert there)
+    own = 1.0 - (1.0 - 1.0 / domains) ** topk if domains > 1 else 1.0
+    return token * (remote + own)
+
+
+def _moe(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
+    phase = str(p.get("phase") or "")
+    if phase not in ("prefill", "decode"):
+        return None, "phase not stated"
+    dp = num(p, "dp")
+    if dp is None:
+        return None, "data-parallel size not stated"
+    weights, _ = _dtype(p)
+    tokens, batch = num(p, "tokens"), num(p, "batch")
+    if phase == "prefill" and not tokens:
+        return None, "prefill tokens per rank not stated"
+    if phase == "decode" and not batch:
+        return None, "decode batch per rank not stated"
+    answer = cost.moe(model, gpu, _int(p, "tp", 1), int(dp), phase, _link(p), tokens=int(tokens or 0),
+                      prompts=_int(p, "prompts", 1), batch=int(batch or 0), context=_int(p, "context", 0),
+                      domain_gpus=_int(p, "gpus_per_node", 8), gbps=num(p, "gbps"), overlap=bool(p.get("overlap")),
+                      dtype=weights)
+    per_gpu = float(answer["tokens_per_s_per_gpu"])
+    if p["unit"] == "tokens/s-per-node":
+        return per_gpu * _int(p, "gpus_per_node", 8), ""
+    if p["unit"] == "tokens/s-per-gpu":
+        return per_gpu, ""
+    return None, f"no prediction for an MoE point in {p['unit']}"
+
+
+def pd_ttft_ms(p: dict[str, Any], model: str, gpu: str) -> float:
+    """A disaggregated TTFT: the prefill on the prefill replica, its KV over the network to the
+    decode replica (each TP rank over its own NIC), the decode's first step, and the measured
+    system's PD path (`VLLM_PD_PATH_MS`)."""
+    weights, kv_dtype = _dtype(p)
+    tp, tokens = _int(p, "tp", 1), _int(p, "tokens", 1)
+    pre = cost.prefill(model, gpu, tp, tokens, 0, weights, kv_dtype=kv_dtype)["ms"]
+    kv = cost.kv(model, tokens, _link(p), num(p, "gbps"), tp)["ms"]
+    first = cost.decode(model, gpu, tp, 1, tokens, weights, kv_dtype=kv_dtype)["ms"]
+    return float(pre + kv + first + VLLM_PD_PATH_MS)
+
+
+def kv_model_bytes(model: str, tokens: int) -> float:
+    return costmodel.kv_bytes(catalog.model(model), tokens)
