@@ -32,6 +32,9 @@ class Free:
     mechanism: str
     kernel: str = ""
     """Only points of this all-to-all kernel move it (a kernel's own factors)."""
+    prior: float | None = None
+    """Its value when no training point moves it (a kernel's factors: 1, its family's figures);
+    None: the documented value."""
 
     def moves(self, p: dict[str, Any]) -> bool:
         if p["kind"] not in self.kinds:
@@ -45,7 +48,7 @@ class Free:
 
 
 def _free(name: str, where: str, low: float, high: float, kinds: str, mechanism: str, kernel: str = "") -> Free:
-    return Free(name, where, low, high, frozenset(kinds.split()), mechanism, kernel)
+    return Free(name, where, low, high, frozenset(kinds.split()), mechanism, kernel, 1.0 if kernel else None)
 
 
 def _kernel(name: str) -> tuple[Free, Free]:

@@ -5,7 +5,8 @@ and judging the model on points it was not fitted to.
                 minimises the points' loss: the mean over the points it can move of a Huber loss
                 on log(predicted / published) (quadratic within a factor e^0.4 = 1.5, linear
                 beyond, so that one wild point cannot drag a constant), by golden-section search
-                on a log scale; a constant no training point moves keeps its documented value
+                on a log scale; a constant no training point moves takes its prior (a kernel's
+                factors: 1, its family's figures) or, for the rest, keeps its documented value
     cv          leave one source out: for every source, fit without its points, then predict
                 them; the report is on those held-out predictions only
 
@@ -83,7 +84,7 @@ def _golden(f: Callable[[float], float], lo: float, hi: float) -> float:
 class Fit:
     values: dict[str, float]
     untouched: tuple[str, ...]
-    """Constants no training point could move (their documented value kept)."""
+    """Constants no training point could move (at their prior, or their documented value)."""
     loss: float
 
 
@@ -97,6 +98,8 @@ def fit(training: Sequence[dict[str, Any]], predict: Predict, start: Mapping[str
             if not moved:
                 if c.name not in untouched:
                     untouched.append(c.name)
+                if c.prior is not None:
+                    values[c.name] = c.prior  # never a value fitted to the points held out
                 continue
 
             def at(x: float, c: Free = c, moved: list[dict[str, Any]] = moved) -> float:

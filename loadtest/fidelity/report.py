@@ -18,7 +18,10 @@ from typing import Any
 
 import yaml
 
-from loadtest.fidelity.predict import predict as predict
+from loadtest.fidelity.predict import predict
+
+__all__ = ["ABS_WITHIN", "PUBLISHED", "WITHIN", "Row", "points", "predict", "render", "rows", "source_id", "sources",
+           "summary"]
 
 WITHIN = 0.25
 """Ratio kinds: within when |predicted / published - 1| <= this."""
