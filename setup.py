@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+from concurrent.futures import ThreadPoolExecutor
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,22 @@ def _write_manifest(root: Path, failed: str = "") -> None:
 
 
 class BuildExt(build_ext):
-    """Compiles in parallel; a failed C build leaves a plain-Python install, not a broken one."""
+    """Compiles in parallel (every C file of an extension at once: mypyc writes one file per
+    module, `multi_file`); a failed C build leaves a plain-Python install, not a broken one."""
+
+    def build_extensions(self) -> None:
+        compile_one = self.compiler.compile
+        workers = self.parallel if isinstance(self.parallel, int) and self.parallel > 1 else 1
+
+        def compile_all(sources: list[str], *args: Any, **kwargs: Any) -> list[str]:
+            if workers == 1 or len(sources) < 2:
+                return list(compile_one(sources, *args, **kwargs))
+            with ThreadPoolExecutor(workers) as pool:  # each file is its own compiler process
+                done = list(pool.map(lambda src: compile_one([src], *args, **kwargs), sources))
+            return [obj for objs in done for obj in objs]
+
+        self.compiler.compile = compile_all  # type: ignore[method-assign]
+        super().build_extensions()
 
     def run(self) -> None:
         self.parallel = os.cpu_count() or 1
@@ -72,11 +88,17 @@ def extensions() -> list[Any]:
     _remove_built(HERE)  # leftovers of modules no longer compiled would shadow their sources
     sources = [str(NATIVE["source"](m, Path("."))) for m in NATIVE["COMPILED"]]
     try:
-        return list(mypycify(sources, opt_level="3", group_name=NATIVE["GROUP"]))
+        built = list(mypycify(sources, opt_level="3", group_name=NATIVE["GROUP"], multi_file=True))
     except (Exception, SystemExit) as err:
         _say(f"mypyc could not compile the request path ({err}): it runs interpreted")
         _write_manifest(HERE, failed=f"mypyc: {err}")
         return []
+    # mypyc writes a dotted group's header beside its package (build/wire/) but the per-module
+    # files of `multi_file` to build/, including it by name: let them find it
+    header_dir = str(Path("build", *NATIVE["GROUP"].split(".")[:-1]))
+    for ext in built:
+        ext.include_dirs.append(header_dir)
+    return built
 
 
 BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
