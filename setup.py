@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 import runpy
-from concurrent.futures import ThreadPoolExecutor
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
