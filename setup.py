@@ -56,7 +56,7 @@ class BuildExt(build_ext):
                 done = list(pool.map(lambda src: compile_one([src], *args, **kwargs), sources))
             return [obj for objs in done for obj in objs]
 
-        self.compiler.compile = compile_all  # type: ignore[method-assign]
+        self.compiler.compile = compile_all
         super().build_extensions()
 
     def run(self) -> None:
