@@ -55,6 +55,11 @@ class Efficiency:
     decode_mfu: float = 0.35
     step_overhead_ms: float = 1.0
     """Per decode step: CUDA-graph replay, scheduler, sampling."""
+    decode_layer_overhead_ms: float = 0.0
+    """Per layer of a decode step: the layer's kernels run one after another even from a CUDA
+    graph, each a few microseconds however small the batch (an MLA + MoE layer is a score of
+    kernels). 0 in the documented constants (the calibration set's decode steps are folded into
+    `step_overhead_ms`); the leave-one-source-out fit frees it."""
     prefill_layer_overhead_ms: float = 0.13
     """Per layer of a step that prefills (run eagerly, not from a CUDA graph: kernel launches and
     the small GEMMs' ramp): TensorRT-LLM v0.5 LLaMA-7B FP8 on H100 takes 7 ms for 128 tokens,
@@ -145,7 +150,8 @@ def forward_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, chunks: 
     rate = gpu.tflops(model.compute) * 1e12 * (eff.fp8_mfu if gpu.low_precision(model.compute) else eff.prefill_mfu)
     compute_s = flops / (tp * rate) + 4 * model.layers * pairs * model.hidden / (
         tp * gpu.bf16_tflops * 1e12 * eff.prefill_mfu)
-    memory_s = (weights_read_bytes(model, tokens) + model.kv_bytes_per_token() * (cached + decode_context)) / (
+    weights = weights_read_bytes(model, tokens) * (1.0 + dequant_bytes(model, gpu) / model.weight_bytes)
+    memory_s = (weights + model.kv_bytes_per_token() * (cached + decode_context)) / (
         tp * gpu.memory_gb_s * 1e9 * eff.decode_mbu)
     comm_ms = model.layers * 2 * allreduce_ms(tokens * model.hidden * BF16, tp, link, gpu)
     return max(compute_s, memory_s) * 1e3 + model.layers * eff.prefill_layer_overhead_ms + comm_ms
@@ -182,9 +188,10 @@ class DecodeStep:
 def _decode_step(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, b: int, eff: Efficiency) -> DecodeStep:
     compute_s = 2 * model.active_params_b * 1e9 * b / (tp * gpu.tflops(model.compute) * 1e12 * eff.decode_mfu)
     comm_ms = model.layers * 2 * allreduce_ms(b * model.hidden * BF16, tp, link, gpu)
-    return DecodeStep(weights_bytes=weights_read_bytes(model, b) / tp, kv_per_token=model.kv_bytes_per_token(), tp=tp,
+    weights = weights_read_bytes(model, b) * (1.0 + dequant_bytes(model, gpu) / model.weight_bytes)
+    return DecodeStep(weights_bytes=weights / tp, kv_per_token=model.kv_bytes_per_token(), tp=tp,
                       hbm_bytes_s=gpu.memory_gb_s * 1e9 * eff.decode_mbu, compute_s=compute_s,
-                      fixed_ms=comm_ms + eff.step_overhead_ms)
+                      fixed_ms=comm_ms + eff.step_overhead_ms + model.layers * eff.decode_layer_overhead_ms)
 
 
 def expected_experts(experts: int, per_token: int, tokens: float, skew: float = 0.0) -> float:
@@ -201,6 +208,21 @@ def expected_experts(experts: int, per_token: int, tokens: float, skew: float = 
     total = sum(weights)
     draws = tokens * k
     return sum(1.0 - math.pow(1.0 - min(w / total, 1.0), draws) for w in weights)
+
+
+WEIGHT_ONLY_DEQUANT_BYTES = 0.27
+"""What dequantising a weight costs a weight-only GEMV (INT4/INT8, and FP8/FP4 on parts without
+those tensor cores), in bytes of memory time per weight: the kernel reads fewer bytes but does ALU
+work on every weight, so a batch-1 decode of INT4 weights takes the time of ~0.8 bytes per weight
+and of INT8 ~1.27, not 0.53 and 1. Fitted to gpt-fast's int8/int4 rows on A100 and Qwen3's
+AWQ-INT4 rows on H20 (physics/data/published/serving.yaml GPTFAST, QWEN3-SPEED) against their BF16
+rows on the same machine."""
+
+
+def dequant_bytes(model: ModelSpec, gpu: GpuSpec) -> float:
+    """Bytes of memory time per weight a weight-only format adds on this GPU (0: none)."""
+    narrow = model.weight_bytes < 2
+    return WEIGHT_ONLY_DEQUANT_BYTES if narrow and not gpu.low_precision(model.compute) else 0.0
 
 
 def weights_read_bytes(model: ModelSpec, tokens: float) -> float:

@@ -282,7 +282,8 @@ def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, t
                                              mode, groups) / 1e3
     reduces = model.layers * 2 - (moe.moe_layers if expert_parallel else 0)
     ar_ms = reduces * allreduce_ms(tokens * model.hidden * BF16, tp, tp_link, gpu) if tp > 1 else 0.0
-    overhead_ms = model.layers * eff.prefill_layer_overhead_ms if prefill else eff.step_overhead_ms
+    overhead_ms = model.layers * (eff.prefill_layer_overhead_ms if prefill else eff.decode_layer_overhead_ms) + (
+        0.0 if prefill else eff.step_overhead_ms)
     return _Fixed(experts_ms=experts_ms, dispatch_ms=dispatch_ms, combine_ms=combine_ms, allreduce_ms=ar_ms,
                   overhead_ms=overhead_ms, imbalance=load)
 
