@@ -46,6 +46,10 @@ class GpuSpec:
     """Share of `hbm_gb_s` a memory-bound kernel reaches on this part (measured; None: unknown,
     `HBM_SHARE_DEFAULT`)."""
     hbm_share_source: str = ""
+    serving_share: float = 1.0
+    """What serving engines' memory-bound steps reach on this part relative to `memory_gb_s`
+    (1 unless published serving measurements on the part say otherwise; the leave-one-source-out
+    fit frees it per part, from the other sources' points on it)."""
     fp4_tflops: float | None = None
     """Dense FP4 tensor throughput (Blackwell); None: FP4 weights are weight-only (BF16 GEMMs)."""
     fp4_source: str = ""
@@ -57,7 +61,8 @@ class GpuSpec:
     def memory_gb_s(self) -> float:
         """What a memory-bound kernel reads at here: the data sheet's bandwidth times the share
         measured on this part (parts reach from 58 to 81 % of their data sheet)."""
-        return self.hbm_gb_s * (self.hbm_share if self.hbm_share is not None else HBM_SHARE_DEFAULT)
+        share = self.hbm_share if self.hbm_share is not None else HBM_SHARE_DEFAULT
+        return self.hbm_gb_s * share * self.serving_share
 
     def tflops(self, compute: str) -> float:
         """The tensor rate GEMMs of `compute` (a `WEIGHT_DTYPES` rate: bf16, fp8, fp4) run at here:

@@ -32,6 +32,8 @@ class Free:
     mechanism: str
     kernel: str = ""
     """Only points of this all-to-all kernel move it (a kernel's own factors)."""
+    gpu: str = ""
+    """Only points on this GPU move it (a part's own factor)."""
     prior: float | None = None
     """Its value when no training point moves it (a kernel's factors: 1, its family's figures);
     None: the documented value."""
@@ -39,6 +41,11 @@ class Free:
     def moves(self, p: dict[str, Any]) -> bool:
         if p["kind"] not in self.kinds:
             return False
+        if self.gpu:
+            from loadtest.fidelity.predict import GPU_ALIASES
+
+            name = str(p.get("gpu") or "")
+            return GPU_ALIASES.get(name, name) == self.gpu
         if not self.kernel:
             return True
         from physics.moecost import MODE_KERNELS
@@ -47,8 +54,10 @@ class Free:
         return MODE_KERNELS.get(name, name) == self.kernel
 
 
-def _free(name: str, where: str, low: float, high: float, kinds: str, mechanism: str, kernel: str = "") -> Free:
-    return Free(name, where, low, high, frozenset(kinds.split()), mechanism, kernel, 1.0 if kernel else None)
+def _free(name: str, where: str, low: float, high: float, kinds: str, mechanism: str, kernel: str = "",
+          gpu: str = "") -> Free:
+    return Free(name, where, low, high, frozenset(kinds.split()), mechanism, kernel, gpu,
+                1.0 if kernel or gpu else None)
 
 
 def _kernel(name: str) -> tuple[Free, Free]:
@@ -97,6 +106,9 @@ FREE: tuple[Free, ...] = (
           "share of the NIC line an all-to-all reaches"),
     _free("a2a_latency_us", "moecost:A2A_LATENCY_US", 5.0, 120.0, "a2a moe",
           "one dispatch or combine call's fixed cost"),
+    *(_free(f"{gpu}.serving_share", f"catalog:gpus()[{gpu}].serving_share", 0.25, 2.0, STEP,
+            f"what serving engines' memory-bound steps reach on {gpu}", gpu=gpu)
+      for gpu in ("a100-sxm4", "h100-sxm", "h200-sxm", "h800-sxm", "h20", "b200", "gb200", "mi300x")),
     *(c for name in ("pplx", "nccl", "uccl-ep-normal", "uccl-ep-ll", "hybrid-ep", "deepep-v2", "mori-ep",
                      "mori-ep-ll", "pplx-garden", "trtllm-nvlink-one-sided") for c in _kernel(name)),
 )
@@ -108,6 +120,8 @@ CACHED = ("physics.collectives:_collective_us", "physics.costmodel:_decode_step"
 def _parse(where: str) -> tuple[Any, str, str | None, str | None]:
     module, path = where.split(":", 1)
     mod = importlib.import_module(f"loadtest.fidelity.{module}" if module == "predict" else f"physics.{module}")
+    if path.startswith("gpus()"):  # the catalogue's cached table of parts
+        path = path.replace("gpus()", "_GPUS_TABLE", 1)
     field = None
     if "." in path:
         path, field = path.split(".", 1)
@@ -117,9 +131,13 @@ def _parse(where: str) -> tuple[Any, str, str | None, str | None]:
     return mod, path, key, field
 
 
+def _table(mod: Any, attr: str) -> Any:
+    return mod.gpus() if attr == "_GPUS_TABLE" else getattr(mod, attr)
+
+
 def get(free: Free) -> float:
     mod, attr, key, field = _parse(free.where)
-    obj = getattr(mod, attr)
+    obj = _table(mod, attr)
     if key is not None:
         obj = obj[key]
     return float(getattr(obj, field) if field is not None else obj)
@@ -135,7 +153,7 @@ def _set(free: Free, value: float) -> None:
         # function that took it as its default sees the new value
         object.__setattr__(getattr(mod, attr), field or "", value)
         return
-    table = getattr(mod, attr)
+    table = _table(mod, attr)
     table[key] = dataclasses.replace(table[key], **{field: value}) if field is not None else value
 
 

@@ -6,8 +6,8 @@ and judging the model on points it was not fitted to.
                 on log(predicted / published) (quadratic within a factor e^0.4 = 1.5, linear
                 beyond, so that one wild point cannot drag a constant), by golden-section search
                 on a log scale; a kernel no training point speaks for runs as its family's
-                typical kernel (the geometric mean of the family's fitted factors, DeepEP's 1
-                among them); any other constant no point moves keeps its documented value
+                reference (DeepEP's: factors 1); any other constant no point moves keeps its
+                documented value
     cv          leave one source out: for every source, fit without its points, then predict
                 them; the report is on those held-out predictions only
 
@@ -108,26 +108,9 @@ def fit(training: Sequence[dict[str, Any]], predict: Predict, start: Mapping[str
                     return loss(moved, predict)
 
             values[c.name] = math.exp(_golden(at, math.log(c.low), math.log(c.high)))
-    _typical_kernels(values, [c for c in free if c.kernel], set(untouched))
     with constants.applied(values):
         total = loss(training, predict)
     return Fit(values=values, untouched=tuple(untouched), loss=total)
-
-
-def _typical_kernels(values: dict[str, float], kernel_constants: Sequence[Free], unseen: set[str]) -> None:
-    """A kernel no training point speaks for runs as the typical kernel of its family (per-rank
-    deduplicating or per-pair): the geometric mean of the factors fitted to the family's other
-    kernels (the family's own reference kernel, DeepEP's, is 1), not as DeepEP itself."""
-    from physics.moecost import KERNELS
-
-    for c in kernel_constants:
-        if c.name not in unseen:
-            continue
-        kind = c.name.rsplit(".", 1)[1]
-        family = KERNELS[c.kernel].dedupe
-        seen = [values[o.name] for o in kernel_constants if o.name not in unseen and o.name.endswith(f".{kind}")
-                and KERNELS[o.kernel].dedupe == family]
-        values[c.name] = math.exp(sum(math.log(v) for v in [1.0, *seen]) / (len(seen) + 1))
 
 
 @dataclass(frozen=True, slots=True)
