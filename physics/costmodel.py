@@ -325,7 +325,18 @@ def kv_handover_ms(model: ModelSpec, tokens: int, paths: Sequence[Path]) -> floa
     same link or NIC pair (the same `Path.via`) share its bandwidth; the slowest carrier and the
     worst latency decide. No paths, or only local ones: nothing moves."""
     ms_per_byte, latency_ms = kv_handover_rate(paths)
-    return kv_bytes(model, tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0
+    return kv_bytes(model, tokens) * kv_replication(model, len(paths)) * ms_per_byte + latency_ms if ms_per_byte \
+        else 0.0
+
+
+def kv_replication(model: ModelSpec, tp: int) -> float:
+    """How many copies of each KV head a TP group holds: with more ranks than grouped-query KV
+    heads every rank keeps one head, so heads are copied tp / kv_heads times and a transfer moves
+    that many times the model's KV (SGLang's Qwen3-235B at TP8, 4 KV heads, printed twice the
+    model's KV per token). MLA's one latent is not counted again (`kv_shards`)."""
+    if model.attention == "mla" or tp <= model.kv_heads or model.kv_heads <= 0:
+        return 1.0
+    return tp / model.kv_heads
 
 
 def kv_handover_rate(paths: Sequence[Path]) -> tuple[float, float]:

@@ -57,6 +57,10 @@ bytes that leave the node, EP 16..256 (46 GB/s of 50); its combine agrees (EP16 
 A2A_LATENCY_US = 35.0
 """Fixed cost of one dispatch or combine call (the intercept of the same fit): kernel launch,
 the per-expert counts exchange and completion flags."""
+A2A_NVLINK_LATENCY_US = 35.0
+"""... of a call whose traffic stays inside one NVLink domain (no NIC round trip: no IBGDA
+doorbell, no network completion). The documented value is the network one (the calibration set
+has no NVLink-only all-to-all); the leave-one-source-out fit frees it."""
 CROSS_RAIL_FACTOR = 0.5
 """A gang whose NICs are not on the same rails: its traffic climbs to the spine, whose share of
 the line is the fabric's default oversubscription (`topology.Fabric.inter_rack_bandwidth_factor`)."""
@@ -217,8 +221,8 @@ def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, link
         outside = pairs * outside_share
     net = links.nic_gb_s * A2A_NET_EFFICIENCY * (CROSS_RAIL_FACTOR if links.carrier == "cross-rail" else 1.0)
     nvlink = links.nvlink_gb_s * A2A_NVLINK_EFFICIENCY
-    latency = A2A_LATENCY_US * impl.latency_factor + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail"
-                                                      else 0.0)
+    fixed = A2A_LATENCY_US if outside > 0 else A2A_NVLINK_LATENCY_US
+    latency = fixed * impl.latency_factor + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
     seconds = max(inside / (nvlink * 1e9), outside / (net * 1e9) if outside else 0.0) / impl.bandwidth_factor
     return latency + seconds * 1e6
 

@@ -106,6 +106,8 @@ FREE: tuple[Free, ...] = (
           "share of the NIC line an all-to-all reaches"),
     _free("a2a_latency_us", "moecost:A2A_LATENCY_US", 5.0, 120.0, "a2a moe",
           "one dispatch or combine call's fixed cost"),
+    _free("a2a_nvlink_latency_us", "moecost:A2A_NVLINK_LATENCY_US", 2.0, 120.0, "a2a moe",
+          "... of a call inside one NVLink domain (no NIC round trip)"),
     *(_free(f"{gpu}.serving_share", f"catalog:gpus()[{gpu}].serving_share", 0.25, 2.0, STEP,
             f"what serving engines' memory-bound steps reach on {gpu}", gpu=gpu)
       for gpu in ("a100-sxm4", "h100-sxm", "h200-sxm", "h800-sxm", "h20", "b200", "gb200", "mi300x")),
