@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from physics.catalog import GpuSpec, ModelSpec
-from physics.collectives import collective_us
+from physics.collectives import Hw, collective_us
 from physics.costmodel import BF16, DEFAULT, LOCAL, Efficiency, LinkCost, allreduce_ms, expected_experts, kv_shards
 
 Carrier = Literal["nvlink", "rdma", "cross-rail", "tcp"]
@@ -96,6 +96,9 @@ class A2AKernel:
     bandwidth_factor: float = 1.0
     latency_factor: float = 1.0
     source: str = ""
+    collective: bool = False
+    """Not an EP kernel but NCCL's all_to_all (torch.distributed): priced as NCCL prices an
+    all-to-all (`physics.collectives`), every (token, expert) pair a message."""
 
 
 KERNELS: dict[str, A2AKernel] = {
@@ -103,8 +106,10 @@ KERNELS: dict[str, A2AKernel] = {
     "deepep-ll": A2AKernel(False, source="DeepEP V1 low-latency kernels (calibration.yaml deepep-ll-*)"),
     "pplx": A2AKernel(False, 0.49, 1.9,
                        source="pplx-kernels README, H100 (physics/data/published/moe.yaml PPLX-KERNELS): 20 points"),
-    "nccl": A2AKernel(False, 0.11, 0.59,
-                       source="torch.distributed all_to_all over NCCL, PPLX-KERNELS's baseline rows: 5 points"),
+    "nccl": A2AKernel(False, 0.13, 1.0, collective=True,
+                       source="torch.distributed all_to_all over NCCL, PPLX-KERNELS's baseline rows (5 points): "
+                              "7.7x NCCL's own all-to-all time at 128 tokens (the splits exchange, the "
+                              "permutation and a host sync around it)"),
     "uccl-ep-normal": A2AKernel(True, 0.84, 3.0,
                        source="uccl-project/uccl ep/README.md (UCCL-EP): H200/B200/MI300X normal rows"),
     "uccl-ep-ll": A2AKernel(False, 0.45, 0.65, source="UCCL-EP low-latency rows"),
@@ -200,10 +205,12 @@ def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, link
     token_bytes = hidden * element_bytes
     d = max(1, min(links.domain_ranks, ep))
     pairs = tokens * k * token_bytes
-    if links.carrier == "tcp":
+    if links.carrier == "tcp" or impl.collective:
         nodes = max(1, ep // d)
-        return collective_us("alltoall", pairs, ep, links.nvlink_gb_s, "net", nodes=nodes,
-                             node_gb_s=links.nic_gb_s * d, net_latency_us=links.nic_latency_us)
+        hw: Hw = "nvlink" if nodes == 1 else "net"
+        us = collective_us("alltoall", pairs, ep, links.nvlink_gb_s, hw, nodes=nodes, node_gb_s=links.nic_gb_s * d,
+                           net_latency_us=links.nic_latency_us)
+        return us / impl.bandwidth_factor if impl.collective else us
     share = None
     if links.outside_share is not None and links.carrier != "nvlink":
         share = min(max(links.outside_share, 0.0), 1.0)
