@@ -104,8 +104,9 @@ def fit(training: Sequence[dict[str, Any]], predict: Predict, start: Mapping[str
                 continue
 
             def at(x: float, c: Free = c, moved: list[dict[str, Any]] = moved) -> float:
+                held = c.prior_weight * (x - math.log(c.prior)) ** 2 if c.prior_weight and c.prior else 0.0
                 with constants.applied({**values, c.name: math.exp(x)}):
-                    return loss(moved, predict)
+                    return loss(moved, predict) + held
 
             values[c.name] = math.exp(_golden(at, math.log(c.low), math.log(c.high)))
     with constants.applied(values):
