@@ -2,6 +2,9 @@
 fixed cost of one mechanism, where it lives in `physics`, the range a fit may move it in, and the
 kinds of published points that inform it. Everything else in the model is a fact with a source
 (a data sheet, a config.json, NCCL's tuning tables, a protocol's byte count) and is never fitted.
+`decode_mbu` is not free: what a decode step reads at on a part is its measured memory-bound
+share times `decode_mbu` times the part's `serving_share`, and only the last is fitted (per part,
+from the points on it), so the two cannot trade places.
 
 `applied(values)` evaluates the model under other values of these constants (the leave-one-source-
 out fit in `loadtest.fidelity.fit`): it sets them where they live, clears the caches that hold
@@ -38,9 +41,7 @@ class Free:
     """Its value when no training point moves it (a kernel's factors: 1, its family's figures);
     None: the documented value."""
     prior_weight: float = 0.0
-    """How strongly a fit is held to `prior` (a per-GPU factor: 0.05 per unit of squared log
-    distance, about one point 30 % off), so that a part with few points does not trade places
-    with the global efficiencies."""
+    """How strongly a fit is held to `prior`, per unit of squared log distance (0: not at all)."""
 
     def moves(self, p: dict[str, Any]) -> bool:
         if p["kind"] not in self.kinds:
@@ -61,7 +62,7 @@ class Free:
 def _free(name: str, where: str, low: float, high: float, kinds: str, mechanism: str, kernel: str = "",
           gpu: str = "") -> Free:
     return Free(name, where, low, high, frozenset(kinds.split()), mechanism, kernel, gpu,
-                1.0 if kernel or gpu else None, 0.05 if gpu else 0.0)
+                1.0 if kernel or gpu else None)
 
 
 def _kernel(name: str) -> tuple[Free, Free]:
@@ -77,8 +78,6 @@ FREE: tuple[Free, ...] = (
           "share of peak BF16 a prefill GEMM reaches"),
     _free("fp8_mfu", "costmodel:DEFAULT.fp8_mfu", 0.25, 0.9, STEP,
           "share of peak FP8/FP4 a low-precision GEMM reaches"),
-    _free("decode_mbu", "costmodel:DEFAULT.decode_mbu", 0.4, 1.0, STEP,
-          "share of a memory-bound kernel's bandwidth a decode step reads at"),
     _free("decode_mfu", "costmodel:DEFAULT.decode_mfu", 0.1, 0.8, STEP, "share of peak a decode step's GEMMs reach"),
     _free("step_overhead_ms", "costmodel:DEFAULT.step_overhead_ms", 0.1, 6.0, STEP,
           "a decode step's CUDA-graph replay, scheduling and sampling"),
