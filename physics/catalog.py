@@ -73,6 +73,15 @@ class GpuSpec:
             return self.fp8_tflops
         return self.bf16_tflops
 
+    def rate_used(self, spec: ModelSpec) -> str:
+        """Which tensor rate `spec`'s GEMMs run at here, and why (what `cost` echoes)."""
+        wanted = spec.compute
+        if wanted == "bf16" and spec.weight_format not in ("bf16", "fp16"):
+            return "bf16 rate (weight-only: dequantised into BF16 GEMMs)"
+        if wanted != "bf16" and not self.low_precision(wanted):
+            return f"bf16 rate (weight-only: no {wanted.upper()} tensor cores)"
+        return f"{wanted} rate"
+
     def low_precision(self, compute: str) -> bool:
         """GEMMs of `compute` run at a narrower tensor rate than BF16 here."""
         return self.tflops(compute) != self.bf16_tflops
@@ -136,6 +145,11 @@ class ModelSpec:
     vocab: int = 0
     """Vocabulary size (config.json vocab_size): the LM head a draft step reads again; 0: unknown
     (no separate head read priced)."""
+
+    @property
+    def weight_format(self) -> str:
+        """The weight format's name (`WEIGHT_DTYPES`)."""
+        return self.weight_dtype or ("fp8" if self.weight_bytes == 1 else "bf16")
 
     @property
     def compute(self) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from physics import catalog, collectives, costmodel, moecost, pipeline
+from physics import a2akernels, catalog, collectives, costmodel, moecost, pipeline
 from physics.catalog import ModelSpec
 from physics.collectives import Hw
 from topology import LinkKind, Path
@@ -64,8 +64,7 @@ def _link_view(name: str, cost: costmodel.LinkCost) -> dict[str, Any]:
 
 
 def _model(name: str, dtype: str | None, kv_dtype: str | None = None) -> ModelSpec:
-    """The catalogue model stored as `dtype` (weights) and `kv_dtype` (KV cache); None: as
-    catalogued. An MoE model's steps read only the experts their tokens pick (`MoESpec.active_reads`)."""
+    """The catalogue model in `dtype`/`kv_dtype` (None: as catalogued), MoE steps reading the picked experts."""
     spec = catalog.model(name).with_dtypes(dtype, kv_dtype)
     if spec.moe is not None:
         spec = replace(spec, moe=replace(spec.moe, active_reads=True))
@@ -74,23 +73,7 @@ def _model(name: str, dtype: str | None, kv_dtype: str | None = None) -> ModelSp
 
 def dtype_of(spec: ModelSpec) -> str:
     """The weight format's name (`catalog.WEIGHT_DTYPES`)."""
-    return spec.weight_dtype or ("fp8" if spec.weight_bytes == 1 else "bf16")
-
-
-def _fp8(gpu: str, dtype: str) -> str | None:
-    if dtype != "fp8":
-        return None
-    return "fp8 rate" if catalog.gpu(gpu).fp8_tflops else "bf16 rate (no FP8 tensor cores)"
-
-
-def compute_rate(spec: ModelSpec, gpu: str) -> str:
-    """Which tensor rate the model's GEMMs run at on this GPU, and why."""
-    wanted, part = spec.compute, catalog.gpu(gpu)
-    if wanted == "bf16" and dtype_of(spec) not in ("bf16", "fp16"):
-        return "bf16 rate (weight-only: dequantised into BF16 GEMMs)"
-    if wanted != "bf16" and not part.low_precision(wanted):
-        return f"bf16 rate (weight-only: no {wanted.upper()} tensor cores)"
-    return f"{wanted} rate"
+    return spec.weight_format
 
 
 def _positive(**values: int) -> None:
@@ -107,9 +90,9 @@ def _fits(model: ModelSpec, gpu_name: str, tp: int) -> bool:
 
 def _echo(spec: ModelSpec, gpu: str) -> dict[str, Any]:
     """The formats a query priced, as it echoes them."""
-    dtype = dtype_of(spec)
-    return {"dtype": dtype, "kv_dtype": "fp8" if spec.kv_bytes == 1 else "bf16", "compute": compute_rate(spec, gpu),
-            "fp8_compute": _fp8(gpu, dtype)}
+    part = catalog.gpu(gpu)
+    return {"dtype": dtype_of(spec), "kv_dtype": "fp8" if spec.kv_bytes == 1 else "bf16",
+            "compute": part.rate_used(spec), "fp8_compute": part.rate_used(spec) if dtype_of(spec) == "fp8" else None}
 
 
 def prefill(model: str, gpu: str, tp: int, tokens: int, context: int = 0, dtype: str | None = None,
@@ -317,7 +300,7 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
     `a2a`: the all-to-all kernel (`moecost.KERNELS`; default DeepEP's normal kernels at prefill,
     its low-latency ones at decode)."""
     if a2a is not None:
-        moecost.kernel(a2a)
+        a2akernels.kernel(a2a)
     _positive(tp=tp, dp=dp)
     spec = _model(model, dtype)
     if spec.moe is None:
@@ -405,7 +388,7 @@ def a2a(gpu: str, ep: int, tokens: int, hidden: int, topk: int, dtype: str, mode
     of `ep` ranks, elements of `dtype` (fp8: with its scales); the bottleneck bandwidth as DeepEP
     reports it (bytes that leave the node over the network, or over NVLink inside one)."""
     _positive(ep=ep, tokens=tokens, hidden=hidden, topk=topk)
-    moecost.kernel(mode)
+    a2akernels.kernel(mode)
     if dtype not in A2A_DTYPES:
         raise ValueError(f"unknown dispatch dtype {dtype!r} (known: {', '.join(A2A_DTYPES)})")
     links = _gang_links(link_name, gpu, ep, domain_gpus, gbps)

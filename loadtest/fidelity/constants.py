@@ -28,7 +28,7 @@ class Free:
     where: str
     """module:attribute, with `[key]` for a table entry and `.field` for a field of a frozen
     dataclass (costmodel:DEFAULT.prefill_mfu, collectives:BUS_EFFICIENCY[nvlink],
-    moecost:KERNELS[pplx].net_efficiency)."""
+    a2akernels:KERNELS[pplx].bandwidth_factor)."""
     low: float
     high: float
     kinds: frozenset[str]
@@ -40,8 +40,6 @@ class Free:
     prior: float | None = None
     """Its value when no training point moves it (a kernel's factors: 1, its family's figures);
     None: the documented value."""
-    prior_weight: float = 0.0
-    """How strongly a fit is held to `prior`, per unit of squared log distance (0: not at all)."""
 
     def moves(self, p: dict[str, Any]) -> bool:
         if p["kind"] not in self.kinds:
@@ -53,7 +51,7 @@ class Free:
             return GPU_ALIASES.get(name, name) == self.gpu
         if not self.kernel:
             return True
-        from physics.moecost import MODE_KERNELS
+        from physics.a2akernels import MODE_KERNELS
 
         name = str(p.get("kernel") or "")
         return MODE_KERNELS.get(name, name) == self.kernel
@@ -66,9 +64,9 @@ def _free(name: str, where: str, low: float, high: float, kinds: str, mechanism:
 
 
 def _kernel(name: str) -> tuple[Free, Free]:
-    return (_free(f"{name}.bandwidth", f"moecost:KERNELS[{name}].bandwidth_factor", 0.1, 3.0, "a2a",
+    return (_free(f"{name}.bandwidth", f"a2akernels:KERNELS[{name}].bandwidth_factor", 0.1, 3.0, "a2a",
                   f"{name}'s share of the links relative to its family", name),
-            _free(f"{name}.latency", f"moecost:KERNELS[{name}].latency_factor", 0.1, 10.0, "a2a",
+            _free(f"{name}.latency", f"a2akernels:KERNELS[{name}].latency_factor", 0.1, 10.0, "a2a",
                   f"{name}'s fixed cost relative to its family", name))
 
 

@@ -48,7 +48,7 @@ def simulated(p: dict[str, Any]) -> bool:
 
 
 def fittable(p: dict[str, Any], predict: Predict) -> bool:
-    if p["kind"] == "attainment" or simulated(p) or p.get("excluded"):
+    if simulated(p) or p.get("excluded"):
         return False
     value, _ = predict(p)
     return value is not None and value > 0 and float(p["value"]) > 0
@@ -104,9 +104,8 @@ def fit(training: Sequence[dict[str, Any]], predict: Predict, start: Mapping[str
                 continue
 
             def at(x: float, c: Free = c, moved: list[dict[str, Any]] = moved) -> float:
-                held = c.prior_weight * (x - math.log(c.prior)) ** 2 if c.prior_weight and c.prior else 0.0
                 with constants.applied({**values, c.name: math.exp(x)}):
-                    return loss(moved, predict) + held
+                    return loss(moved, predict)
 
             values[c.name] = math.exp(_golden(at, math.log(c.low), math.log(c.high)))
     with constants.applied(values):

@@ -26,7 +26,7 @@ from typing import Any
 from loadtest.fidelity.replay.closedloop import closed_loop_itl_ms
 from loadtest.fidelity.replay.distserve import predicted_attainment
 from loadtest.fidelity.replay.sharegpt import SOURCE
-from physics import catalog, costmodel, moecost
+from physics import a2akernels, catalog, moecost
 from physics import queries as cost
 
 GPU_ALIASES = {"a100-80gb": "a100-sxm4", "h800": "h800-sxm"}
@@ -273,7 +273,7 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
         return None, "EP size, tokens, hidden or top-k not stated"
     mode = str(p.get("kernel") or p.get("mode") or "deepep-normal")
     try:
-        moecost.kernel(mode)
+        a2akernels.kernel(mode)
     except ValueError:
         return None, f"kernel {mode} is not one the model knows"
     link = "nvlink" if _link(p) in ("nvlink", "nvswitch", "xgmi") else "rdma"
@@ -306,7 +306,7 @@ def counted_bytes(p: dict[str, Any], ep: int, tokens: int, hidden: int, topk: in
     count = p.get("count") or ("rows-received" if ep <= per_node else "nodes-touched")
     token = tokens * hidden * element
     if count == "rows-received":
-        return token * moecost.expected_ranks(ep, topk)
+        return token * a2akernels.expected_ranks(ep, topk)
     domains = max(1, ep // per_node)
     groups = _int(p, "groups_per_token", 0)
     remote = moecost.remote_domains(domains, topk, groups)
@@ -355,7 +355,3 @@ def pd_ttft_ms(p: dict[str, Any], model: str, gpu: str) -> float:
     kv = cost.kv(model, tokens, _link(p), num(p, "gbps"), tp)["ms"]
     first = cost.decode(model, gpu, tp, 1, tokens, weights, kv_dtype=kv_dtype)["ms"]
     return float(pre + kv + first + VLLM_PD_PATH_MS)
-
-
-def kv_model_bytes(model: str, tokens: int) -> float:
-    return costmodel.kv_bytes(catalog.model(model), tokens)

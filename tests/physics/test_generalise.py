@@ -12,7 +12,7 @@ import pytest
 from loadtest.fidelity import fit as fitting
 from loadtest.fidelity import report as fidelity
 from loadtest.fidelity.predict import predict
-from physics import catalog, costmodel, moecost
+from physics import a2akernels, catalog, costmodel
 from physics import queries as cost
 from pools.__main__ import main
 
@@ -52,7 +52,7 @@ def test_a_named_all_to_all_kernel_is_priced_as_its_own_points_say(capsys: pytes
         steps[kernel] = out["dispatch_ms"] + out["combine_ms"]
     assert steps["deepep-ll"] < steps["pplx"] < steps["nccl"]
     with pytest.raises(ValueError, match="unknown all-to-all kernel"):
-        moecost.kernel("carrier-pigeon")
+        a2akernels.kernel("carrier-pigeon")
 
 
 def test_deepeps_bandwidth_is_read_by_its_own_count() -> None:

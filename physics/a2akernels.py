@@ -1,0 +1,68 @@
+"""All-to-all implementations as the MoE step prices them (`physics.moecost.a2a_us`): each
+kernel's family (how it moves a token) and its factors against the family's reference figures.
+`cost moe --a2a NAME` names one."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class A2AKernel:
+    """One all-to-all implementation: how it moves a token (`dedupe`: once per destination rank
+    and once per remote node, forwarded there over NVLink, as DeepEP's normal kernels do; or once
+    per (token, expert) pair, as low-latency kernels do) and how much of the links' shares
+    (`A2A_NVLINK_EFFICIENCY`, `A2A_NET_EFFICIENCY`) and of the fixed cost (`A2A_LATENCY_US`) it
+    reaches. A kernel with no published point of its own runs at its family's: factors 1."""
+
+    dedupe: bool
+    bandwidth_factor: float = 1.0
+    latency_factor: float = 1.0
+    source: str = ""
+    collective: bool = False
+    """Not an EP kernel but NCCL's all_to_all (torch.distributed): priced as NCCL prices an
+    all-to-all (`physics.collectives`), every (token, expert) pair a message."""
+
+
+KERNELS: dict[str, A2AKernel] = {
+    "deepep-normal": A2AKernel(True, source="DeepEP V1 normal kernels (calibration.yaml deepep-ht-*)"),
+    "deepep-ll": A2AKernel(False, source="DeepEP V1 low-latency kernels (calibration.yaml deepep-ll-*)"),
+    "pplx": A2AKernel(False, 0.49, 1.9,
+                       source="pplx-kernels README, H100 (physics/data/published/moe.yaml PPLX-KERNELS): 20 points"),
+    "nccl": A2AKernel(False, 0.13, 1.0, collective=True,
+                       source="torch.distributed all_to_all over NCCL, PPLX-KERNELS's baseline rows (5 points): "
+                              "7.7x NCCL's own all-to-all time at 128 tokens (the splits exchange, the "
+                              "permutation and a host sync around it)"),
+    "uccl-ep-normal": A2AKernel(True, 0.84, 3.0,
+                       source="uccl-project/uccl ep/README.md (UCCL-EP): H200/B200/MI300X normal rows"),
+    "uccl-ep-ll": A2AKernel(False, 0.45, 0.65, source="UCCL-EP low-latency rows"),
+    "hybrid-ep": A2AKernel(True, 0.89, 0.1,
+                       source="DeepEP hybrid-ep branch README (DEEPEP-HYBRID): H100/B200/GB200 rows"),
+    "deepep-v2": A2AKernel(True, 1.0, 1.0,
+                       source="DeepEP V2 README: its rows name no GPU, so none is priced: DeepEP V1's normal kernels"),
+    "mori-ep": A2AKernel(True, 0.82, 0.26, source="ROCm/mori MORI-EP-BENCHMARK.md (MORI): MI300X normal rows"),
+    "mori-ep-ll": A2AKernel(False, 1.87, 0.96, source="MORI low-latency rows"),
+    "pplx-garden": A2AKernel(False, 0.9, 0.92, source="perplexityai pplx-garden docs/fabric-lib.md (PPLX-GARDEN)"),
+    "trtllm-nvlink-one-sided": A2AKernel(False, 1.04, 0.67,
+                       source="TensorRT-LLM tech blog 18 NVLinkOneSided, GB200 NVL72 (TRTLLM-NVL1S): 40 points"),
+}
+"""`--a2a` kernels. Each kernel's two factors are fitted to its own published points alone, the
+family's constants fixed (physics/data/published/moe.yaml; `python -m pools fidelity --fit`
+prints the fit); "high-throughput" and "low-latency" name DeepEP's two, which set the families."""
+MODE_KERNELS = {"high-throughput": "deepep-normal", "low-latency": "deepep-ll", "torch-alltoall": "nccl"}
+"""Other names of `KERNELS` entries: DeepEP's two modes; torch.distributed's all_to_all (NCCL's)."""
+
+
+def kernel(name: str) -> A2AKernel:
+    found = KERNELS.get(MODE_KERNELS.get(name, name))
+    if found is None:
+        raise ValueError(f"unknown all-to-all kernel {name!r} (known: {', '.join([*MODE_KERNELS, *KERNELS])})")
+    return found
+
+
+def expected_ranks(ep: int, k: int) -> float:
+    """Distinct ranks a token's `k` experts fall on, experts spread evenly over `ep` ranks."""
+    if ep <= 1:
+        return 1.0
+    return ep * (1.0 - math.pow(1.0 - 1.0 / ep, k))
