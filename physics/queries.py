@@ -297,7 +297,7 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
         imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
         dtype: str | None = None, a2a: str | None = None) -> dict[str, Any]:
     """One step of an MoE gang of `dp` data-parallel ranks of TP=`tp` (`physics.moecost`);
-    `a2a`: the all-to-all kernel (`moecost.KERNELS`; default DeepEP's normal kernels at prefill,
+    `a2a`: the all-to-all kernel (`a2akernels.KERNELS`; default DeepEP's normal kernels at prefill,
     its low-latency ones at decode)."""
     if a2a is not None:
         a2akernels.kernel(a2a)
