@@ -110,11 +110,6 @@ class MoESpec:
     routing_skew: float = 0.0
     """How unevenly tokens pick experts (a Zipf exponent over the experts: 0 uniform): a skewed
     batch touches fewer distinct experts (`costmodel.expected_experts`)."""
-    active_reads: bool = False
-    """A step outside an expert-parallel gang reads only the experts its tokens picked
-    (`costmodel.weights_read_bytes`). The `cost` command and the fidelity report price it so; the
-    simulator's engines still read every expert until the published comparisons are re-measured
-    with it (issue 31's last step)."""
 
     def expert_params(self, hidden: int) -> float:
         """Parameters of one expert in one layer."""

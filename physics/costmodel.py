@@ -128,18 +128,20 @@ def allreduce_ms(message_bytes: float, tp: int, link: LinkCost, gpu: GpuSpec | N
 
 
 def prefill_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, tokens: int,
-               eff: Efficiency = DEFAULT, context_tokens: int = 0) -> float:
+               eff: Efficiency = DEFAULT, context_tokens: int = 0, *, ep: int = 1) -> float:
     """`tokens` new prompt tokens after `context_tokens` already in the cache (a later chunk of a
     chunked prefill, or a prefix-cache hit), alone in a step."""
-    return forward_ms(model, gpu, tp, link, ((max(tokens, 1), max(context_tokens, 0)),), 0, 0, eff)
+    return forward_ms(model, gpu, tp, link, ((max(tokens, 1), max(context_tokens, 0)),), 0, 0, eff, ep=ep)
 
 
 def forward_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, chunks: Sequence[tuple[int, int]],
-               decodes: int, decode_context: int, eff: Efficiency = DEFAULT) -> float:
+               decodes: int, decode_context: int, eff: Efficiency = DEFAULT, *, ep: int = 1) -> float:
     """One engine step (module docstring): prefill `chunks` as (new tokens, cached tokens before
-    them) and `decodes` sequences with `decode_context` tokens of context in all."""
+    them) and `decodes` sequences with `decode_context` tokens of context in all. `ep` > 1: the
+    step of one rank of an expert-parallel gang of `ep` ranks, each carrying the same load, its
+    experts a 1/ep share (`weights_read_bytes`; the all-to-all is `physics.moecost`'s)."""
     if not chunks:
-        return DecodeStep.of(model, gpu, tp, link, decodes, eff).ms(decode_context) if decodes else 0.0
+        return DecodeStep.of(model, gpu, tp, link, decodes, eff, ep=ep).ms(decode_context) if decodes else 0.0
     new = pairs = cached = 0.0
     for n, c in chunks:
         new += n
@@ -150,7 +152,7 @@ def forward_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, chunks: 
     rate = gpu.tflops(model.compute) * 1e12 * (eff.fp8_mfu if gpu.low_precision(model.compute) else eff.prefill_mfu)
     compute_s = flops / (tp * rate) + 4 * model.layers * pairs * model.hidden / (
         tp * gpu.bf16_tflops * 1e12 * eff.prefill_mfu)
-    weights = weights_read_bytes(model, tokens) * (1.0 + dequant_bytes(model, gpu) / model.weight_bytes)
+    weights = weights_read_bytes(model, tokens, ep) * (1.0 + dequant_bytes(model, gpu) / model.weight_bytes)
     memory_s = (weights + model.kv_bytes_per_token() * (cached + decode_context)) / (
         tp * gpu.memory_gb_s * 1e9 * eff.decode_mbu)
     comm_ms = model.layers * 2 * allreduce_ms(tokens * model.hidden * BF16, tp, link, gpu)
@@ -158,8 +160,8 @@ def forward_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, chunks: 
 
 
 def decode_step_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, batch: int,
-                   context_tokens: int, eff: Efficiency = DEFAULT) -> float:
-    return DecodeStep.of(model, gpu, tp, link, batch, eff).ms(context_tokens)
+                   context_tokens: int, eff: Efficiency = DEFAULT, *, ep: int = 1) -> float:
+    return DecodeStep.of(model, gpu, tp, link, batch, eff, ep=ep).ms(context_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +178,8 @@ class DecodeStep:
 
     @classmethod
     def of(cls, model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, batch: int,
-           eff: Efficiency = DEFAULT) -> DecodeStep:
-        return _decode_step(model, gpu, tp, link, max(batch, 1), eff)
+           eff: Efficiency = DEFAULT, *, ep: int = 1) -> DecodeStep:
+        return _decode_step(model, gpu, tp, link, max(batch, 1), eff, max(ep, 1))
 
     def ms(self, context_tokens: int) -> float:
         memory_s = (self.weights_bytes + self.kv_per_token * context_tokens / self.tp) / self.hbm_bytes_s
@@ -185,10 +187,11 @@ class DecodeStep:
 
 
 @functools.lru_cache(maxsize=16384)
-def _decode_step(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, b: int, eff: Efficiency) -> DecodeStep:
+def _decode_step(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, b: int, eff: Efficiency,
+                 ep: int = 1) -> DecodeStep:
     compute_s = 2 * model.active_params_b * 1e9 * b / (tp * gpu.tflops(model.compute) * 1e12 * eff.decode_mfu)
     comm_ms = model.layers * 2 * allreduce_ms(b * model.hidden * BF16, tp, link, gpu)
-    weights = weights_read_bytes(model, b) * (1.0 + dequant_bytes(model, gpu) / model.weight_bytes)
+    weights = weights_read_bytes(model, b, ep) * (1.0 + dequant_bytes(model, gpu) / model.weight_bytes)
     return DecodeStep(weights_bytes=weights / tp, kv_per_token=model.kv_bytes_per_token(), tp=tp,
                       hbm_bytes_s=gpu.memory_gb_s * 1e9 * eff.decode_mbu, compute_s=compute_s,
                       fixed_ms=comm_ms + eff.step_overhead_ms + model.layers * eff.decode_layer_overhead_ms)
@@ -225,16 +228,18 @@ def dequant_bytes(model: ModelSpec, gpu: GpuSpec) -> float:
     return WEIGHT_ONLY_DEQUANT_BYTES if narrow and not gpu.low_precision(model.compute) else 0.0
 
 
-def weights_read_bytes(model: ModelSpec, tokens: float) -> float:
+def weights_read_bytes(model: ModelSpec, tokens: float, ep: int = 1) -> float:
     """Bytes of weights a step of `tokens` tokens reads: every dense weight (attention, dense
     FFNs, shared experts, embeddings and head), and of the routed experts only those some token of
     the step picked (`expected_experts`, with the model's routing skew): a small MoE decode batch
-    reads a few experts per layer, a large one all of them."""
+    reads a few experts per layer, a large one all of them. `ep` > 1: one rank of an
+    expert-parallel gang whose `ep` ranks each bring `tokens`; the rank holds 1/ep of the experts."""
     moe = model.moe
-    if moe is None or not moe.active_reads:
+    if moe is None:
         return model.weights_gb * 1e9
-    touched = expected_experts(moe.routed_experts, moe.experts_per_token, max(tokens, 1.0), moe.routing_skew)
-    experts = moe.moe_layers * touched * moe.expert_params(model.hidden) * model.expert_bytes
+    ep = max(ep, 1)
+    touched = expected_experts(moe.routed_experts, moe.experts_per_token, max(tokens, 1.0) * ep, moe.routing_skew)
+    experts = moe.moe_layers * touched / ep * moe.expert_params(model.hidden) * model.expert_bytes
     return model.dense_params_b * 1e9 * model.weight_bytes + experts
 
 

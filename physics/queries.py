@@ -64,11 +64,8 @@ def _link_view(name: str, cost: costmodel.LinkCost) -> dict[str, Any]:
 
 
 def _model(name: str, dtype: str | None, kv_dtype: str | None = None) -> ModelSpec:
-    """The catalogue model in `dtype`/`kv_dtype` (None: as catalogued), MoE steps reading the picked experts."""
-    spec = catalog.model(name).with_dtypes(dtype, kv_dtype)
-    if spec.moe is not None:
-        spec = replace(spec, moe=replace(spec.moe, active_reads=True))
-    return spec
+    """The catalogue model in `dtype`/`kv_dtype` (None: as catalogued)."""
+    return catalog.model(name).with_dtypes(dtype, kv_dtype)
 
 
 def dtype_of(spec: ModelSpec) -> str:

@@ -33,6 +33,10 @@ class ReplicaEndpoint:
     """The gang this endpoint is one data-parallel rank of (external load balancing: the router
     balances the ranks itself); empty for an ordinary replica."""
     dp_rank: int = 0
+    expert_parallel: int = 1
+    """The ranks the model's experts are split over when the endpoint is (a rank of) an
+    expert-parallel gang (TP x DP of its pool): a rank holds that share of the experts, so the
+    router prices its steps and sizes its cache as one rank (`physics.costmodel`'s `ep`); 1 otherwise."""
     slo_classes: tuple[str, ...] = ()
     """The classes the replica's pool is declared for (its `slo_classes`); empty: every class."""
     max_num_seqs: int = 0
@@ -88,7 +92,8 @@ def table_from_plan(plan: PlacementPlan, urls: dict[str, str], served_model: dic
                                model=served_model.get(p.pool, pool.model or p.pool), pool=p.pool, role=p.role,
                                node=p.node, gpus=p.gpus, island=p.island, tier=p.tier, tp=pool.tp,
                                catalog_model=pool.model, gpu_model=(gpu_models or {}).get(p.replica_id),
-                               slo_classes=pool.slo_classes)
+                               slo_classes=pool.slo_classes,
+                               expert_parallel=pool.ep_size)
         ranks = dp_ranks(p) if p.members and pool.dp > 1 else []
         if ranks and all(rank_id(p.replica_id, k) in urls for k, _ in ranks):
             out.extend(replace(base, replica_id=rank_id(p.replica_id, k), url=urls[rank_id(p.replica_id, k)],

@@ -103,6 +103,8 @@ class ReplicaConfig(_Strict):
     tp: int = 1
     gpu_model: str | None = None
     catalog_model: str | None = None
+    expert_parallel: int = Field(default=1, ge=1, description="ranks the model's experts are split over when "
+                                 "this replica is a rank of an expert-parallel gang (1: not)")
     slo_classes: list[str] = Field(default_factory=list, description="the classes its pool is declared for; "
                                    "empty: every class")
     max_num_seqs: int | None = Field(default=None, ge=1, description="the engine's max_num_seqs (None: "

@@ -32,24 +32,26 @@ class Hardware(NamedTuple):
     link: LinkCost
     """The TP group's bottleneck link (the worst among its GPUs)."""
     kv_capacity_tokens: int
+    ep: int = 1
+    """Expert-parallel ranks when this is one rank of an EP gang (its share of the experts)."""
 
 
-_HARDWARE: dict[tuple[int, str, tuple[int, ...], int, str, str], tuple[Topology | None, Hardware]] = {}
+_HARDWARE: dict[tuple[int, str, tuple[int, ...], int, str, str, int], tuple[Topology | None, Hardware]] = {}
 
 
 def hardware(e: ReplicaEndpoint, topology: Topology | None) -> Hardware:
     """What the replica runs on: a function of the (immutable) topology and the endpoint, so
     remembered — a PD decision prices every replica of the model."""
-    key = (id(topology), e.node, e.gpus, e.tp, e.catalog_model or "", e.gpu_model or "")
+    key = (id(topology), e.node, e.gpus, e.tp, e.catalog_model or "", e.gpu_model or "", e.expert_parallel)
     found = _HARDWARE.get(key)
     if found is not None and found[0] is topology:
         return found[1]
     model = catalog.models().get(e.catalog_model or "") or catalog.model(FALLBACK_MODEL)
     gpu = catalog.gpus().get(e.gpu_model or "") or catalog.gpu(FALLBACK_GPU)
-    tp = max(1, e.tp)
+    tp, ep = max(1, e.tp), max(1, e.expert_parallel) if model.moe is not None else 1
     link = costmodel.group_link(topology, [GpuRef(e.node, g) for g in e.gpus], tp)
     hw = Hardware(model=model, gpu=gpu, tp=tp, link=link,
-                  kv_capacity_tokens=max(1, costmodel.kv_capacity_tokens(model, gpu, tp)))
+                  kv_capacity_tokens=max(1, costmodel.kv_capacity_tokens(model, gpu, tp, ep=ep)), ep=ep)
     if len(_HARDWARE) > 65536:
         _HARDWARE.clear()
     _HARDWARE[key] = (topology, hw)
@@ -57,7 +59,7 @@ def hardware(e: ReplicaEndpoint, topology: Topology | None) -> Hardware:
 
 
 def prefill_ms(hw: Hardware, tokens: int) -> float:
-    return costmodel.prefill_ms(hw.model, hw.gpu, hw.tp, hw.link, tokens)
+    return costmodel.prefill_ms(hw.model, hw.gpu, hw.tp, hw.link, tokens, ep=hw.ep)
 
 
 _STEPS: dict[tuple[int, int], tuple[Hardware, costmodel.DecodeStep]] = {}
@@ -72,7 +74,7 @@ def decode_step_ms(hw: Hardware, running: float, kv_usage: float, extra_tokens: 
     if found is None or found[0] is not hw:
         if len(_STEPS) > 65536:
             _STEPS.clear()
-        found = _STEPS[key] = (hw, costmodel.DecodeStep.of(hw.model, hw.gpu, hw.tp, hw.link, batch))
+        found = _STEPS[key] = (hw, costmodel.DecodeStep.of(hw.model, hw.gpu, hw.tp, hw.link, batch, ep=hw.ep))
     return found[1].ms(int(kv_usage * hw.kv_capacity_tokens) + extra_tokens)
 
 

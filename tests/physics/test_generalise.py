@@ -93,10 +93,12 @@ def test_mtp_and_small_batch_moe_decode() -> None:
     assert rate["speculative"]["acceptance_length"] == pytest.approx((1 - 0.7 ** 4) / 0.3)
     model = catalog.model("deepseek-v3")
     assert model.moe is not None
-    every = costmodel.weights_read_bytes(model, 1)  # the catalogue's engines: every expert
-    active = cost._model("deepseek-v3", None)
-    one, many = costmodel.weights_read_bytes(active, 1), costmodel.weights_read_bytes(active, 4096)
+    every = model.weights_gb * 1e9
+    one, many = costmodel.weights_read_bytes(model, 1), costmodel.weights_read_bytes(model, 4096)
     assert one < 0.1 * every and many == pytest.approx(every, rel=0.01)
+    # one rank of an EP32 gang: its 1/32 of the experts, nearly all of them touched by the gang's 32 tokens
+    rank = costmodel.weights_read_bytes(model, 1, ep=32)
+    assert model.dense_params_b * 1e9 * model.weight_bytes < rank < one
     skewed = cost.decode("deepseek-v3", "b200", 8, 32, 1024, expert_skew=1.2)["ms"]
     assert skewed < cost.decode("deepseek-v3", "b200", 8, 32, 1024)["ms"]
 

@@ -122,3 +122,20 @@ def test_without_a_topology_the_named_fallbacks_price_the_links() -> None:
     cross = pd_pair(req(4000), [PREFILL], [rep("x", "decode", "elsewhere", (0, 1))], None)
     assert same is not None and cross is not None and (same.tier, cross.tier) == ("local", "rdma")
     assert 0 < same.kv_ms < cross.kv_ms
+
+
+def test_a_rank_of_an_expert_parallel_gang_is_priced_as_its_share_of_the_experts() -> None:
+    """DeepSeek-V3 on one H100 does not fit; one rank of an EP32 gang does. The router prices the
+    rank's steps and cache as that rank (its 1/32 of the experts), so a decode rank with a smaller
+    batch is the cheaper one, and the rank routed to is the less loaded."""
+    lone = ttft.hardware(rep("whole", "decode", "h100-0", (0,), model="deepseek-v3").endpoint, TOPOLOGY)
+    rank = ttft.hardware(rep("r", "decode", "h100-0", (0,), model="deepseek-v3", expert_parallel=32).endpoint,
+                         TOPOLOGY)
+    assert lone.kv_capacity_tokens == 1 and rank.kv_capacity_tokens > 100_000
+    assert ttft.decode_step_ms(rank, 64, 0.0) < 0.25 * ttft.decode_step_ms(lone, 64, 0.0)
+    assert ttft.decode_step_ms(rank, 1, 0.1) < ttft.decode_step_ms(rank, 64, 0.1)
+    ranks = [rep(f"d{k}", "decode", "h100-0", (k,), ReplicaLoad(running=r, kv_usage=0.1), model="deepseek-v3",
+                 expert_parallel=32, gang="g", dp_rank=k) for k, r in ((0, 60), (1, 4))]
+    prefill = rep("p0", "prefill", "h100-1", (0,), model="deepseek-v3", expert_parallel=16, gang="pg")
+    decision = pd_pair(req(2000), [prefill], ranks, TOPOLOGY)
+    assert decision is not None and decision.decode.endpoint.replica_id == "d1"
