@@ -55,6 +55,8 @@ class GpuSpec:
     fp4_source: str = ""
     nvls: bool = False
     """Its NVSwitch does NVLink SHARP (NCCL's NVLS all-reduce)."""
+    collectives: str = "nccl"
+    """The collective library its engines use: nccl (NVIDIA) or rccl (AMD)."""
     fp8_source: str = ""
 
     @property

@@ -27,7 +27,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         out = cost.moe(args.model, args.gpu, args.tp, args.dp, args.phase, args.link, tokens=args.tokens or 0,
                        prompts=args.prompts, batch=args.batch or 0, context=args.context, domain_gpus=args.domain_gpus,
                        gbps=args.gbps, imbalance=args.imbalance, overlap=args.overlap, expert_parallel=not args.no_ep,
-                       a2a=args.a2a)
+                       a2a=args.a2a, sms=args.sms)
     else:
         out = cost.pp(args.model, args.gpu, args.tp, args.pp, args.phase, args.boundary.split(","),
                       tokens=args.tokens or 0, batch=args.batch or 0, context=args.context, gbps=args.gbps,
@@ -132,6 +132,7 @@ def _gang_parsers(kinds: Any) -> None:
     q.add_argument("--a2a", help="the all-to-all kernel: deepep-normal, deepep-ll, pplx, nccl, uccl-ep-normal, "
                                  "uccl-ep-ll, hybrid-ep, deepep-v2, mori-ep, mori-ep-ll, pplx-garden, "
                                  "trtllm-nvlink-one-sided (default: deepep-normal at prefill, deepep-ll at decode)")
+    q.add_argument("--sms", type=int, default=0, help="SMs the all-to-all kernel runs on (default 0: unbounded)")
     q = kinds.add_parser("pp", help="a prefill or decode cycle over pipeline stages")
     q.add_argument("--model", required=True)
     q.add_argument("--gpu", required=True)

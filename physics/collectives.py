@@ -10,7 +10,8 @@ the cheapest wins, as NCCL's tuner chooses.
     protocol          LL carries 1/4 of it (half the payload is flags, and it is a poll loop),
                       LL128 0.92 (120 of 128 bytes), Simple all of it (tuning.cc)
     algorithm bw      ring: busbw x k / steps (all-reduce 2(k-1) steps, gather/scatter k-1);
-                      tree (all-reduce across nodes): 0.9 busbw / 2; NVLS (all-reduce in one
+                      tree (all-reduce across nodes): the nodes' NICs (two nodes), LL for
+                      small messages at 1/3.8 of it; NVLS (all-reduce in one
                       NVSwitch domain with NVLink SHARP): the switch reduces, so each byte
                       crosses a GPU's links once: `NVLS_EFFICIENCY` of the line
     latency           NCCL's base latency per algorithm/protocol plus its per-step hardware
@@ -58,6 +59,19 @@ keeps ring LL/LL128."""
 NVLS_MIN_GPUS = 5
 """NCCL ran ring, not NVLS, for 4 GPUs of an H200 node (the same busbw with NVLS on and off, ml-
 engineering's GPU-count sweep) and NVLS for 8."""
+TREE_PROTOCOL_SHARE = (1 / 3.8, 0.92, 1.0)
+"""Share of the bus bandwidth a tree carries per protocol (tuning.cc: tree LL x 1/3.8). Tree LL
+is what NCCL picks for small all-reduces across nodes: its latency, 2 x ((GPUs per node - 1)
+intra-node steps + log2(nodes) network steps), beats a ring's 2 x (ranks - 1) steps (nccl-tests
+8 KiB over 2 and 4 nodes of 8 H100: 32.1 and 46.8 µs; NCCLT-309 in physics/data/published)."""
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+)
+"""NCCL's measured tree efficiency per protocol and size (src/tuning cost model,
+`treeCorrectionFactor`: powers of two from 64 B, index log2(bytes / 64)): a tree all-reduce
+reaches 0.4-0.6 of its modelled bandwidth at 128 KiB-4 MiB and all of it at the ends."""
 TREE_DEEP_SHARE = 0.44
 """A tree all-reduce's algorithm bandwidth over the node's NIC bandwidth. On two nodes every
 node sends each byte once (it is the root of one of NCCL's two trees and a leaf of the other):
@@ -65,6 +79,13 @@ algbw = the NICs' rate (8x H100 over 8x 200 Gb/s, 8 GiB: algbw 180.7 GB/s, busbw
 point a3mega-h100-16rank-allreduce-8GiB-busbw). Deeper trees relay through interior nodes:
 nvlstree on 4 x 8 H200 over EFA reached busbw 310.07 = algbw 160 of the NICs' 360 (ml-engineering),
 where NCCL kept ring (364.9)."""
+TREE_LIBRARIES = frozenset({"nccl"})
+"""Libraries whose tree all-reduce across nodes is priced: NCCL's two complementary trees let a
+two-node all-reduce send each byte over the NICs once (`TREE_DEEP_SHARE`). RCCL is priced with
+rings across nodes: its published two-node all-reduces (rccl-tests, 2 x 8 MI300X / MI325X /
+MI355X over 8 x 400 Gb/s, 8-16 GiB: busbw 350-369 GB/s; Hisohara, physics/data/published/
+collectives-kv.yaml) sit at the ring's bound (the NICs' 400 GB/s x `BUS_EFFICIENCY`), not at the
+tree's, which would be twice that."""
 RING_PLATEAU = 1.9
 """tuning.cc: a multi-node ring Simple all-reduce's latency x 1.9 (its 'plateau effect')."""
 RDMA_LATENCY_US = 3.0
@@ -77,26 +98,27 @@ latency)."""
 
 
 def collective_us(op: str, message_bytes: float, ranks: int, line_gb_s: float, hw: Hw, *, nodes: int = 1,
-                  nvls: bool = False, node_gb_s: float | None = None, net_latency_us: float = RDMA_LATENCY_US
-                  ) -> float:
+                  nvls: bool = False, node_gb_s: float | None = None, net_latency_us: float = RDMA_LATENCY_US,
+                  library: str = "nccl") -> float:
     """One collective of `message_bytes` per GPU (nccl-tests' size) over `ranks` GPUs on `nodes`
     nodes. `line_gb_s`: each GPU's line rate inside its node (per direction); across nodes
     `node_gb_s` is the node's NIC bandwidth in total (one rail per GPU: 8 x 400 Gb/s = 400 GB/s).
     `nvls`: the node's NVSwitch does NVLink SHARP (H100 and later). `net_latency_us`: the
     network's latency; NCCL's network step latencies are for RDMA verbs, a slower transport
-    (sockets) adds the difference to every step that crosses nodes."""
+    (sockets) adds the difference to every step that crosses nodes. `library`: nccl or rccl
+    (`TREE_LIBRARIES`)."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPS)})")
     if ranks <= 1 or message_bytes <= 0:
         return 0.0
     extra = max(0.0, float(net_latency_us) - RDMA_LATENCY_US)
     return _collective_us(op, float(message_bytes), ranks, float(line_gb_s), hw, max(1, min(nodes, ranks)), nvls,
-                          None if node_gb_s is None else float(node_gb_s), extra)
+                          None if node_gb_s is None else float(node_gb_s), extra, library in TREE_LIBRARIES)
 
 
 @functools.lru_cache(maxsize=65536)
 def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: int, nvls: bool,
-                   node_gb_s: float | None, extra_us: float) -> float:
+                   node_gb_s: float | None, extra_us: float, tree: bool = True) -> float:
     per_node = max(1, ranks // nodes)
     intra: Hw = "pci" if hw == "pci" else "nvlink"
     bus = max(line, 0.01) * BUS_EFFICIENCY[intra] if per_node > 1 else math.inf
@@ -119,8 +141,10 @@ def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes:
         if op == "allreduce" and nodes > 1 and p == 2:
             lat *= RING_PLATEAU
         best = min(best, lat + size / (1e3 * bus * PROTOCOL_SHARE[p] * ranks / steps))
-        if op == "allreduce" and nodes > 1 and p == 2:  # tree (its LL carries 1/3.8: never the cheapest)
-            tree_bw = net * PROTOCOL_SHARE[p] * (1.0 if nodes == 2 else TREE_DEEP_SHARE)
+        if op == "allreduce" and nodes > 1 and tree:  # tree: Simple for bandwidth, LL for small messages
+            log_size = int(math.log2(max(size, 64.0) / 64.0))
+            correction = TREE_CORRECTION[p][log_size] if log_size < len(TREE_CORRECTION[p]) else 1.0
+            tree_bw = net * TREE_PROTOCOL_SHARE[p] * correction * (1.0 if nodes == 2 else TREE_DEEP_SHARE)
             tree_lat = BASE_LAT_US["tree"][p] + 2 * ((per_node - 1) * HW_LAT_US[intra]["tree"][p]
                                                      + math.log2(nodes) * (HW_LAT_US["net"]["tree"][p] + extra_us))
             best = min(best, tree_lat + size / (1e3 * tree_bw))

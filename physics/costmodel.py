@@ -123,7 +123,8 @@ def allreduce_ms(message_bytes: float, tp: int, link: LinkCost, gpu: GpuSpec | N
     nvls = link.switched and gpu is not None and gpu.nvls
     if link.hw == "net":
         return collective_us("allreduce", message_bytes, tp, TP_LINK_FALLBACK.bandwidth_gb_s, "net", nodes=2,
-                             node_gb_s=link.bandwidth_gb_s, net_latency_us=link.latency_us) / 1e3
+                             node_gb_s=link.bandwidth_gb_s, net_latency_us=link.latency_us,
+                             library=gpu.collectives if gpu is not None else "nccl") / 1e3
     return collective_us("allreduce", message_bytes, tp, link.bandwidth_gb_s, link.hw, nvls=nvls) / 1e3
 
 

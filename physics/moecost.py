@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from physics.a2akernels import expected_ranks, kernel
+from physics.a2akernels import MODE_KERNELS, REFERENCE_KERNELS, expected_ranks, kernel
 from physics.catalog import GpuSpec, ModelSpec
 from physics.collectives import Hw, collective_us
 from physics.costmodel import BF16, DEFAULT, LOCAL, Efficiency, LinkCost, allreduce_ms, expected_experts, kv_shards
@@ -62,6 +62,14 @@ A2A_NVLINK_LATENCY_US = 35.0
 """... of a call whose traffic stays inside one NVLink domain (no NIC round trip: no IBGDA
 doorbell, no network completion). The documented value is the network one (the calibration set
 has no NVLink-only all-to-all); the leave-one-source-out fit frees it."""
+A2A_SM_GB_S = 15.0
+"""What one SM moves of an all-to-all (NVLink stores, RDMA posts): a kernel given `sms` SMs moves
+at most sms x this. DeepEP's normal kernels on 8 B200 (DeepEP hybrid-ep docs, DEEPEP-HYBRID in
+physics/data/published/moe.yaml) at 16, 24, 32 and 48 SMs: 2.7, 1.9, 1.5 and 1.2 times slower
+than the NVLink line allows, i.e. 15-16 GB/s per SM until the line binds. On H800 DeepEP's own
+figure (153 GB/s at its default SMs) is the line's, not the SMs'. Priced for DeepEP's kernels
+only (`a2akernels.REFERENCE_KERNELS`): what an SM moves depends on how the kernel copies (TMA or loads and
+stores), and the other kernels' SM budgets are recorded with their points, not priced."""
 CROSS_RAIL_FACTOR = 0.5
 """A gang whose NICs are not on the same rails: its traffic climbs to the spine, whose share of
 the line is the fabric's default oversubscription (`topology.Fabric.inter_rack_bandwidth_factor`)."""
@@ -102,6 +110,8 @@ class GangLinks:
     outside_share: float | None = None
     """Share of the (token, expert) pairs that leave the rank's domain, when an expert map says
     it (`pools.experts`); None: experts spread uniformly over the ranks."""
+    sms: int = 0
+    """SMs the all-to-all kernel runs on (its SM budget: DeepEP's `num_sms`); 0: as many as it needs."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,7 +181,10 @@ def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, link
     nvlink = links.nvlink_gb_s * A2A_NVLINK_EFFICIENCY
     fixed = A2A_LATENCY_US if outside > 0 else A2A_NVLINK_LATENCY_US
     latency = fixed * impl.latency_factor + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
-    seconds = max(inside / (nvlink * 1e9), outside / (net * 1e9) if outside else 0.0) / impl.bandwidth_factor
+    sm_priced = links.sms > 0 and MODE_KERNELS.get(mode, mode) in REFERENCE_KERNELS
+    sm_bound = (inside + outside) / (links.sms * A2A_SM_GB_S * 1e9) if sm_priced else 0.0
+    seconds = max(inside / (nvlink * 1e9), outside / (net * 1e9) if outside else 0.0, sm_bound)
+    seconds /= impl.bandwidth_factor
     return latency + seconds * 1e6
 
 

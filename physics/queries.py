@@ -5,8 +5,7 @@ the inputs echoed and the link it assumed. Pure: each answer is a function of it
 Links are the topology defaults of each kind (`topology.kinds.DEFAULTS`: bandwidth per GPU and
 direction, latency, and their sources); `--gbps` replaces the bandwidth of a network link with
 a NIC rate in Gbit/s. A TP group's link defaults to NVSwitch (placement keeps TP inside an
-NVLink island). `--dtype fp8` stores the weights in one byte (the memory a step reads) and
-computes at the GPU's FP8 rate where it has one (`fp8_compute` says which rate).
+NVLink island). `--dtype` sets the weights' bytes and the rate they compute at (`compute`).
 """
 
 from __future__ import annotations
@@ -93,15 +92,17 @@ def _echo(spec: ModelSpec, gpu: str) -> dict[str, Any]:
 
 
 def prefill(model: str, gpu: str, tp: int, tokens: int, context: int = 0, dtype: str | None = None,
-            link_name: str = "nvswitch", kv_dtype: str | None = None) -> dict[str, Any]:
+            link_name: str = "nvswitch", kv_dtype: str | None = None, sequences: int = 1) -> dict[str, Any]:
     """A prefill of `tokens` new tokens after `context` cached ones, on TP=`tp`; weights stored as
-    `dtype` and the KV cache as `kv_dtype` (None: as catalogued)."""
-    _positive(tp=tp, tokens=tokens)
+    `dtype` and the KV cache as `kv_dtype` (None: as catalogued). `sequences` > 1: that many such
+    prompts in one step (an offline batch: the weights read once, each prompt attending over its own)."""
+    _positive(tp=tp, tokens=tokens, sequences=sequences)
     if context < 0:
         raise ValueError(f"--context must be 0 or more, got {context}")
     spec, tp_link = _model(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
-    ms = costmodel.prefill_ms(spec, catalog.gpu(gpu), tp, tp_link, tokens, context_tokens=context)
+    ms = costmodel.forward_ms(spec, catalog.gpu(gpu), tp, tp_link, ((tokens, context),) * sequences, 0, 0)
     return {"what": "prefill", "model": model, "gpu": gpu, "tp": tp, "tokens": tokens, "context": context,
+            "sequences": sequences,
             **_echo(spec, gpu), "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp), "ms": ms}
 
 
@@ -220,7 +221,8 @@ def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | N
             DEFAULTS[LinkKind.NVSWITCH].bandwidth_gb_s, "topology.kinds default")
         us = collectives.collective_us(op, size_bytes, gpus, line, "net", nodes=nodes,
                                        node_gb_s=nic.bandwidth_gb_s * min(per_node, gpus),
-                                       net_latency_us=nic.latency_us)
+                                       net_latency_us=nic.latency_us,
+                                       library=spec.collectives if spec is not None else "nccl")
         view = {**_link_view(link_name, nic), "nodes": nodes, "gpus_per_node": per_node, "nic_gb_s": nic.bandwidth_gb_s,
                 "intra_node_gb_s": line, "intra_node_source": source}
     else:
@@ -271,11 +273,13 @@ def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails
 GANG_LINKS = ("nvlink", "rdma", "cross-rail", "tcp")
 
 
-def _gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbps: float | None
+def _gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbps: float | None, sms: int = 0
                 ) -> moecost.GangLinks:
     """Where an EP gang's all-to-all runs (`moecost.GangLinks`): nvlink, the whole gang in one
-    NVLink domain (the GPU's own NVLink); otherwise `domain_gpus` of it per domain (default 8,
-    an HGX node) joined by one NIC per GPU of `--gbps` (default the kind's)."""
+    NVLink domain (the GPU's own NVLink); otherwise `domain_gpus` of it per domain (default 8, an
+    HGX node) joined by one NIC per GPU of `--gbps` (default the kind's); `sms`: 0 is unbounded."""
+    if sms < 0:
+        raise ValueError(f"--sms must be 0 (unbounded) or more, got {sms}")
     if link_name not in GANG_LINKS:
         raise ValueError(f"--link for a gang is one of {', '.join(GANG_LINKS)}, not {link_name!r}")
     if gbps is not None and link_name == "nvlink":
@@ -286,16 +290,16 @@ def _gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gb
     nic = link("tcp" if link_name == "tcp" else "rdma", gbps)
     d = gang if link_name == "nvlink" else min(domain_gpus or GPUS_PER_NODE, gang)
     return moecost.GangLinks(carrier=link_name, domain_ranks=d, nvlink_gb_s=line,  # type: ignore[arg-type]
-                             nic_gb_s=nic.bandwidth_gb_s, nic_latency_us=nic.latency_us)
+                             nic_gb_s=nic.bandwidth_gb_s, nic_latency_us=nic.latency_us, sms=sms)
 
 
 def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, tokens: int = 0, prompts: int = 1,
         batch: int = 0, context: int = 0, domain_gpus: int | None = None, gbps: float | None = None,
         imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
-        dtype: str | None = None, a2a: str | None = None) -> dict[str, Any]:
+        dtype: str | None = None, a2a: str | None = None, sms: int = 0) -> dict[str, Any]:
     """One step of an MoE gang of `dp` data-parallel ranks of TP=`tp` (`physics.moecost`);
     `a2a`: the all-to-all kernel (`a2akernels.KERNELS`; default DeepEP's normal kernels at prefill,
-    its low-latency ones at decode)."""
+    its low-latency ones at decode) on `sms` SMs (0: unbounded)."""
     if a2a is not None:
         a2akernels.kernel(a2a)
     _positive(tp=tp, dp=dp)
@@ -313,7 +317,7 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
         raise ValueError(f"--context must be 0 or more, got {context}")
     if imbalance is not None and imbalance < 1:
         raise ValueError(f"--imbalance is max over mean GPU load, at least 1, got {imbalance}")
-    links = _gang_links(link_name, gpu, tp * dp, domain_gpus, gbps)
+    links = _gang_links(link_name, gpu, tp * dp, domain_gpus, gbps, sms)
     tp_line, _ = fabric("nvswitch", gpu, tp)
     tp_link = costmodel.LinkCost(bandwidth_gb_s=tp_line, latency_us=DEFAULTS[LinkKind.NVSWITCH].latency_us,
                                  switched=True)
@@ -324,7 +328,7 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
     per_rank = tokens if phase == "prefill" else batch
     ep = tp * dp if expert_parallel else tp
     return {"what": "moe", "model": model, "gpu": gpu, "tp": tp, "dp": dp, "ep": ep, "expert_parallel": expert_parallel,
-            "phase": phase, "a2a": a2a or ("deepep-normal" if phase == "prefill" else "deepep-ll"),
+            "phase": phase, "a2a": a2a or ("deepep-normal" if phase == "prefill" else "deepep-ll"), "sms": sms,
             "tokens": tokens, "prompts": prompts, "batch": batch, "context": context,
             "overlap": overlap, "link": {"name": link_name, "domain_gpus": links.domain_ranks,
                                          "nvlink_gb_s": links.nvlink_gb_s, "nic_gb_s": links.nic_gb_s},
@@ -380,18 +384,17 @@ def pp(model: str, gpu: str, tp: int, stages: int, phase: str, boundaries: list[
 
 
 def a2a(gpu: str, ep: int, tokens: int, hidden: int, topk: int, dtype: str, mode: str, link_name: str = "rdma",
-        domain_gpus: int | None = None, gbps: float | None = None, groups_per_token: int = 0) -> dict[str, Any]:
+        domain_gpus: int | None = None, gbps: float | None = None, groups_per_token: int = 0,
+        sms: int = 0) -> dict[str, Any]:
     """One expert-parallel dispatch or combine (`moecost.a2a_us`): `tokens` per rank, each to `topk`
-    of `ep` ranks, elements of `dtype` (fp8: with its scales); the bottleneck bandwidth as DeepEP
-    reports it (bytes that leave the node over the network, or over NVLink inside one)."""
+    of `ep` ranks, elements of `dtype` (fp8: with its scales), the kernel on `sms` SMs (0: unbounded)."""
     _positive(ep=ep, tokens=tokens, hidden=hidden, topk=topk)
     a2akernels.kernel(mode)
     if dtype not in A2A_DTYPES:
         raise ValueError(f"unknown dispatch dtype {dtype!r} (known: {', '.join(A2A_DTYPES)})")
-    links = _gang_links(link_name, gpu, ep, domain_gpus, gbps)
+    links = _gang_links(link_name, gpu, ep, domain_gpus, gbps, sms)
     element = moecost.FP8_DISPATCH_BYTES if dtype == "fp8" else float(costmodel.BF16)
     us = moecost.a2a_us(tokens, hidden, topk, element, ep, links, mode, groups_per_token)
-    d = links.domain_ranks
-    every = tokens * topk * hidden * element
+    gb = tokens * topk * hidden * element / 1e9
     return {"what": "a2a", "gpu": gpu, "ep": ep, "tokens": tokens, "hidden": hidden, "topk": topk, "dtype": dtype,
-            "mode": mode, "domain_gpus": d, "us": us, "logical_gb_s": every / (us * 1e-6) / 1e9 if us else 0.0}
+            "mode": mode, "domain_gpus": links.domain_ranks, "us": us, "logical_gb_s": gb / (us * 1e-6) if us else 0.0}

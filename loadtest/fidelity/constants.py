@@ -40,27 +40,34 @@ class Free:
     prior: float | None = None
     """Its value when no training point moves it (a kernel's factors: 1, its family's figures);
     None: the documented value."""
+    needs: str = ""
+    """Only points stating this condition as a number move it (an SM budget: `sms`)."""
+    reference: bool = False
+    """Only all-to-all points of the families' reference kernels (DeepEP's, whose factors are 1)
+    move it: a family constant is what those kernels reach, and every other kernel's factors are
+    relative to it (were other kernels' points to move it too, it and their factors would trade)."""
 
     def moves(self, p: dict[str, Any]) -> bool:
-        if p["kind"] not in self.kinds:
+        if p["kind"] not in self.kinds or (self.needs and not isinstance(p.get(self.needs), int | float)):
             return False
         if self.gpu:
             from loadtest.fidelity.predict import GPU_ALIASES
 
             name = str(p.get("gpu") or "")
             return GPU_ALIASES.get(name, name) == self.gpu
-        if not self.kernel:
+        if not self.kernel and not self.reference:
             return True
-        from physics.a2akernels import MODE_KERNELS
+        from physics.a2akernels import MODE_KERNELS, REFERENCE_KERNELS
 
-        name = str(p.get("kernel") or "")
-        return MODE_KERNELS.get(name, name) == self.kernel
+        name = str(p.get("kernel") or p.get("mode") or "deepep-normal")
+        name = MODE_KERNELS.get(name, name)
+        return name in REFERENCE_KERNELS if self.reference else name == self.kernel
 
 
 def _free(name: str, where: str, low: float, high: float, kinds: str, mechanism: str, kernel: str = "",
-          gpu: str = "") -> Free:
+          gpu: str = "", reference: bool = False, needs: str = "") -> Free:
     return Free(name, where, low, high, frozenset(kinds.split()), mechanism, kernel, gpu,
-                1.0 if kernel or gpu else None)
+                1.0 if kernel or gpu else None, needs, reference)
 
 
 def _kernel(name: str) -> tuple[Free, Free]:
@@ -105,6 +112,8 @@ FREE: tuple[Free, ...] = (
           "share of the NVLink line an all-to-all reaches"),
     _free("a2a_net_efficiency", "moecost:A2A_NET_EFFICIENCY", 0.4, 0.98, "a2a moe",
           "share of the NIC line an all-to-all reaches"),
+    _free("a2a_sm_gb_s", "moecost:A2A_SM_GB_S", 4.0, 60.0, "a2a", "what one SM moves of an all-to-all",
+          needs="sms"),
     _free("a2a_latency_us", "moecost:A2A_LATENCY_US", 5.0, 120.0, "a2a moe",
           "one dispatch or combine call's fixed cost"),
     _free("a2a_nvlink_latency_us", "moecost:A2A_NVLINK_LATENCY_US", 2.0, 120.0, "a2a moe",

@@ -165,7 +165,7 @@ def _generation_ms(model: str, gpu: str, tp: int, batch: int, prompt: int, outpu
                    kv: str | None) -> float:
     """A whole generate call of one batch: the prefill of every prompt, then `output` decode steps
     whose context grows from the prompt (sampled at `SAMPLES` points, trapezoid between)."""
-    pre = cost.prefill(model, gpu, tp, batch * prompt, 0, weights, kv_dtype=kv)["ms"] if prompt > 0 else 0.0
+    pre = cost.prefill(model, gpu, tp, prompt, 0, weights, kv_dtype=kv, sequences=batch)["ms"] if prompt > 0 else 0.0
     marks = sorted({0, output - 1, *(round(i * (output - 1) / (SAMPLES - 1)) for i in range(SAMPLES))})
     steps = [_step(model, gpu, tp, batch, prompt + t, weights, kv, None) for t in marks]
     total = 0.0
@@ -286,10 +286,11 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
     ops = ["dispatch", "combine"] if p.get("op") == "both" else [str(p.get("op") or "dispatch")]
     us = 0.0
     groups = _int(p, "groups_per_token", 0)
+    sms = int(num(p, "sms") or 0)  # the kernel's SM budget where the source states it
     for op in ops:
         size = element if op == "dispatch" else 2.0
         us += cost.a2a(gpu, int(ep), int(tokens), int(hidden), int(topk), "fp8" if size != 2.0 else "bf16", mode,
-                       link, per_node, gbps, groups)["us"]
+                       link, per_node, gbps, groups, sms)["us"]
     unit = p["unit"]
     if unit == "us":
         return us, ""

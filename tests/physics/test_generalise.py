@@ -123,3 +123,52 @@ def test_cross_validation_holds_out_each_source(capsys: pytest.CaptureFixture[st
     assert main(["fidelity", "--cv", "source", "--only", "LMDEPLOY", "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)["report"]
     assert set(report["by_source"]) == {"LMDEPLOY"} and report["overall"]["priced"] >= 6
+
+
+def test_collectives_across_nodes_take_the_algorithm_their_library_would() -> None:
+    """rccl-tests on two nodes of MI300X/MI325X/MI355X sit at the ring's bound (RCCL gets no
+    two-node tree doubling); NCCL's small all-reduces across nodes run as a tree under LL
+    (nccl-tests 8 KiB over 2 and 4 nodes of H100); each within 25 %."""
+    rows = _rows("hisohara-mi300x-2node-16rank-allreduce-8GiB-busbw",
+                 "hisohara-mi355x-2node-16rank-allreduce-8GiB-busbw",
+                 "ncclt309-h100-2node-16rank-allreduce-8KiB-time", "ncclt309-h100-4node-32rank-allreduce-8KiB-time",
+                 "a3mega-h100-16rank-allreduce-8GiB-busbw")
+    assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
+    big = 8 << 30
+    amd = cost.collective("allreduce", big, 16, "rdma", "mi300x", 400, 8)["us"]
+    nvidia = cost.collective("allreduce", big, 16, "rdma", "h100-sxm", 400, 8)["us"]
+    assert amd > 1.5 * nvidia  # NCCL's two trees send each byte over the NICs once, a ring twice
+
+
+def test_an_offline_batch_prefills_its_prompts_side_by_side() -> None:
+    """TensorRT-LLM's H200 launch table (one static batch: prefill, then every decode step):
+    Llama-2-13B at batch 1024 and Llama-2-70B at batch 32-512 within 25 %. A batch of prompts
+    is priced as that many prompts in one step, each attending over its own tokens only."""
+    rows = _rows("trtllm-h200launch-llama-2-13b-bs1024-tp1-128-128", "trtllm-h200launch-llama-2-70b-bs512-tp1-128-128",
+                 "trtllm-h200launch-llama-2-70b-bs32-tp1-2048-128")
+    assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
+    one = cost.prefill("llama-3.1-8b", "h100-sxm", 1, 2048)["ms"]
+    eight = cost.prefill("llama-3.1-8b", "h100-sxm", 1, 2048, sequences=8)
+    long = cost.prefill("llama-3.1-8b", "h100-sxm", 1, 8 * 2048)["ms"]
+    assert eight["sequences"] == 8 and 4 * one < eight["ms"] < long
+
+
+def test_deepeps_sm_budget_bounds_its_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepEP's normal kernels on 8 B200 at 16-48 SMs (its hybrid-ep docs): within 25 % at 24 and
+    32 SMs; `cost moe --sms N` prices a kernel given N SMs."""
+    rows = _rows("hybridep-doc-deepep-b200-ep8-24sm-dispatch", "hybridep-doc-deepep-b200-ep8-32sm-dispatch",
+                 "hybridep-doc-deepep-b200-ep8-32sm-combine")
+    assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
+    few = cost.a2a("b200", 8, 4096, 7168, 8, "bf16", "deepep-normal", "nvlink", sms=16)["us"]
+    many = cost.a2a("b200", 8, 4096, 7168, 8, "bf16", "deepep-normal", "nvlink", sms=64)["us"]
+    free = cost.a2a("b200", 8, 4096, 7168, 8, "bf16", "deepep-normal", "nvlink")["us"]
+    assert few > 2 * many and many == pytest.approx(free)
+    base = ["cost", "moe", "--model", "deepseek-v3", "--gpu", "b200", "--dp", "8", "--phase", "prefill",
+            "--tokens", "4096", "--link", "nvlink", "--format", "json"]
+    assert main([*base, "--sms", "16"]) == 0
+    narrow = json.loads(capsys.readouterr().out)
+    assert main(base) == 0
+    wide = json.loads(capsys.readouterr().out)
+    assert narrow["sms"] == 16 and narrow["dispatch_ms"] > wide["dispatch_ms"]
+    assert main([*base, "--sms", "-1"]) == 2
+    assert "--sms must be 0" in capsys.readouterr().err
