@@ -107,7 +107,9 @@ def fit(training: Sequence[dict[str, Any]], predict: Predict, start: Mapping[str
                 with constants.applied({**values, c.name: math.exp(x)}):
                     return loss(moved, predict)
 
-            values[c.name] = math.exp(_golden(at, math.log(c.low), math.log(c.high)))
+            found, current = _golden(at, math.log(c.low), math.log(c.high)), values[c.name]
+            if current <= 0 or at(found) < at(math.log(current)) - 1e-12:  # a flat loss keeps the value it had
+                values[c.name] = math.exp(found)
     with constants.applied(values):
         total = loss(training, predict)
     return Fit(values=values, untouched=tuple(untouched), loss=total)
