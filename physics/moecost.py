@@ -41,7 +41,7 @@ from typing import Literal
 
 from physics.a2akernels import MODE_KERNELS, REFERENCE_KERNELS, expected_ranks, kernel
 from physics.catalog import GpuSpec, ModelSpec
-from physics.collectives import Hw, collective_us
+from physics.collectives import RDMA_LATENCY_US, Hw, collective_us
 from physics.costmodel import BF16, DEFAULT, LOCAL, Efficiency, LinkCost, allreduce_ms, expected_experts, kv_shards
 
 Carrier = Literal["nvlink", "rdma", "cross-rail", "tcp"]
@@ -58,6 +58,13 @@ bytes that leave the node, EP 16..256 (46 GB/s of 50); its combine agrees (EP16 
 A2A_LATENCY_US = 35.0
 """Fixed cost of one dispatch or combine call (the intercept of the same fit): kernel launch,
 the per-expert counts exchange and completion flags."""
+A2A_NET_ROUND_TRIPS = 6.0
+"""Network round trips a call that crosses nodes waits on (the data, the per-expert counts, the
+completion flags): each pays the network's latency beyond RDMA verbs' (`GangLinks.nic_latency_us`;
+EFA's SRD: 15 µs, topology/readers/spec.py). Over EFA the same kernels took 70-105 µs longer per
+low-latency call than over ConnectX-7 InfiniBand at EP16-64 (pplx-garden's EFA and CX7 rows), and
+UCCL-EP's low-latency kernels 90 µs longer at EP16 on p5en than on CX7 (PPLX-GARDEN and UCCL-EP in
+physics/data/published/moe.yaml)."""
 A2A_NVLINK_LATENCY_US = 35.0
 """... of a call whose traffic stays inside one NVLink domain (no NIC round trip: no IBGDA
 doorbell, no network completion). The documented value is the network one (the calibration set
@@ -179,7 +186,8 @@ def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, link
         outside = pairs * outside_share
     net = links.nic_gb_s * A2A_NET_EFFICIENCY * (CROSS_RAIL_FACTOR if links.carrier == "cross-rail" else 1.0)
     nvlink = links.nvlink_gb_s * A2A_NVLINK_EFFICIENCY
-    fixed = A2A_LATENCY_US if outside > 0 else A2A_NVLINK_LATENCY_US
+    slower = max(0.0, links.nic_latency_us - RDMA_LATENCY_US) * A2A_NET_ROUND_TRIPS
+    fixed = A2A_LATENCY_US + slower if outside > 0 else A2A_NVLINK_LATENCY_US
     latency = fixed * impl.latency_factor + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
     sm_priced = links.sms > 0 and MODE_KERNELS.get(mode, mode) in REFERENCE_KERNELS
     sm_bound = (inside + outside) / (links.sms * A2A_SM_GB_S * 1e9) if sm_priced else 0.0

@@ -1,11 +1,10 @@
 """`python -m pools cost prefill|decode|collective|kv|moe|pp ... --format json`: what the cost model (the
 one the planner, the simulated engine and the simulator use) predicts, as one JSON object with
-the inputs echoed and the link it assumed. Pure: each answer is a function of its inputs.
-
-Links are the topology defaults of each kind (`topology.kinds.DEFAULTS`: bandwidth per GPU and
-direction, latency, and their sources); `--gbps` replaces the bandwidth of a network link with
-a NIC rate in Gbit/s. A TP group's link defaults to NVSwitch (placement keeps TP inside an
-NVLink island). `--dtype` sets the weights' bytes and the rate they compute at (`compute`).
+the inputs echoed and the link it assumed. Pure: each answer is a function of its inputs. Links
+are the topology defaults of each kind (`topology.kinds.DEFAULTS`: bandwidth per GPU and direction,
+latency, and their sources); `--gbps` replaces a network link's bandwidth with a NIC rate in Gbit/s.
+A TP group's link defaults to NVSwitch (placement keeps TP inside an NVLink island). `--dtype`
+sets the weights' bytes and the rate they compute at (`compute`).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from topology import LinkKind, Path
 from topology.gpus import gpu_facts
 from topology.kinds import DEFAULTS, default_bandwidth_gb_s
 from topology.paths import Tier
+from topology.readers.spec import FABRICS
 
 LINKS: dict[str, LinkKind] = {
     "nvswitch": LinkKind.NVSWITCH, "nvlink": LinkKind.NVLINK, "xgmi": LinkKind.XGMI, "pcie": LinkKind.PIX,
@@ -270,24 +270,24 @@ def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails
     return size_bytes / ((size_bytes * ms_per_byte + setup_ms) * 1e-3) / 1e9
 
 
-GANG_LINKS = ("nvlink", "rdma", "cross-rail", "tcp")
+GANG_LINKS = ("nvlink", "rdma", "efa", "cross-rail", "tcp")
 
 
 def _gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbps: float | None, sms: int = 0
                 ) -> moecost.GangLinks:
-    """Where an EP gang's all-to-all runs (`moecost.GangLinks`): nvlink, the whole gang in one
-    NVLink domain (the GPU's own NVLink); otherwise `domain_gpus` of it per domain (default 8, an
-    HGX node) joined by one NIC per GPU of `--gbps` (default the kind's); `sms`: 0 is unbounded."""
-    if sms < 0:
-        raise ValueError(f"--sms must be 0 (unbounded) or more, got {sms}")
-    if link_name not in GANG_LINKS:
-        raise ValueError(f"--link for a gang is one of {', '.join(GANG_LINKS)}, not {link_name!r}")
+    """Where an EP gang's all-to-all runs: nvlink, the whole gang in one NVLink domain; otherwise
+    `domain_gpus` of it per domain (default 8) joined by one NIC per GPU of `--gbps`; `sms` 0: unbounded."""
+    if sms < 0 or link_name not in GANG_LINKS:
+        raise ValueError(f"--sms must be 0 (unbounded) or more, got {sms}" if sms < 0 else
+                         f"--link for a gang is one of {', '.join(GANG_LINKS)}, not {link_name!r}")
     if gbps is not None and link_name == "nvlink":
         raise ValueError("--gbps is a network rate: it goes with --link rdma, cross-rail or tcp, not nvlink")
     if domain_gpus is not None:
         _positive(domain_gpus=domain_gpus)
     line, _ = fabric("nvswitch", gpu, gang)
     nic = link("tcp" if link_name == "tcp" else "rdma", gbps)
+    if link_name == "efa":  # RDMA over AWS's SRD: its latency (topology/readers/spec.py)
+        nic, link_name = replace(nic, latency_us=FABRICS["efa"][2]), "rdma"
     d = gang if link_name == "nvlink" else min(domain_gpus or GPUS_PER_NODE, gang)
     return moecost.GangLinks(carrier=link_name, domain_ranks=d, nvlink_gb_s=line,  # type: ignore[arg-type]
                              nic_gb_s=nic.bandwidth_gb_s, nic_latency_us=nic.latency_us, sms=sms)

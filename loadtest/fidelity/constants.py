@@ -41,14 +41,14 @@ class Free:
     """Its value when no training point moves it (a kernel's factors: 1, its family's figures);
     None: the documented value."""
     needs: str = ""
-    """Only points stating this condition as a number move it (an SM budget: `sms`)."""
+    """Only points that state this condition move it (an SM budget: `sms`; the network: `network`)."""
     reference: bool = False
     """Only all-to-all points of the families' reference kernels (DeepEP's, whose factors are 1)
     move it: a family constant is what those kernels reach, and every other kernel's factors are
     relative to it (were other kernels' points to move it too, it and their factors would trade)."""
 
     def moves(self, p: dict[str, Any]) -> bool:
-        if p["kind"] not in self.kinds or (self.needs and not isinstance(p.get(self.needs), int | float)):
+        if p["kind"] not in self.kinds or (self.needs and not _stated(p.get(self.needs))):
             return False
         if self.gpu:
             from loadtest.fidelity.predict import GPU_ALIASES
@@ -62,6 +62,10 @@ class Free:
         name = str(p.get("kernel") or p.get("mode") or "deepep-normal")
         name = MODE_KERNELS.get(name, name)
         return name in REFERENCE_KERNELS if self.reference else name == self.kernel
+
+
+def _stated(value: Any) -> bool:
+    return isinstance(value, int | float) or (isinstance(value, str) and not value.lower().startswith("not"))
 
 
 def _free(name: str, where: str, low: float, high: float, kinds: str, mechanism: str, kernel: str = "",
@@ -114,6 +118,8 @@ FREE: tuple[Free, ...] = (
           "share of the NIC line an all-to-all reaches"),
     _free("a2a_sm_gb_s", "moecost:A2A_SM_GB_S", 4.0, 60.0, "a2a", "what one SM moves of an all-to-all",
           needs="sms"),
+    _free("a2a_net_round_trips", "moecost:A2A_NET_ROUND_TRIPS", 0.5, 30.0, "a2a",
+          "network round trips a call waits on, each at the network's latency beyond RDMA's", needs="network"),
     _free("a2a_latency_us", "moecost:A2A_LATENCY_US", 5.0, 120.0, "a2a moe",
           "one dispatch or combine call's fixed cost"),
     _free("a2a_nvlink_latency_us", "moecost:A2A_NVLINK_LATENCY_US", 2.0, 120.0, "a2a moe",

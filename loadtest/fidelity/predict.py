@@ -276,7 +276,7 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
         a2akernels.kernel(mode)
     except ValueError:
         return None, f"kernel {mode} is not one the model knows"
-    link = "nvlink" if _link(p) in ("nvlink", "nvswitch", "xgmi") else "rdma"
+    link = "nvlink" if _link(p) in ("nvlink", "nvswitch", "xgmi") else "efa" if p.get("network") == "efa" else "rdma"
     per_node = _int(p, "gpus_per_node", 8)
     if link == "nvlink":
         per_node = int(ep)

@@ -172,3 +172,21 @@ def test_deepeps_sm_budget_bounds_its_bandwidth(capsys: pytest.CaptureFixture[st
     assert narrow["sms"] == 16 and narrow["dispatch_ms"] > wide["dispatch_ms"]
     assert main([*base, "--sms", "-1"]) == 2
     assert "--sms must be 0" in capsys.readouterr().err
+
+
+def test_an_all_to_all_over_efa_pays_the_networks_latency_on_every_round_trip(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """pplx-garden's low-latency calls over EFA at EP16-64 (70-105 µs slower than over CX7) and
+    UCCL-EP's at EP16 on p5en: within 25 %; `cost moe --link efa` prices a decode over EFA."""
+    rows = _rows("pplxgarden-decode-pplx-efa-ep64-dispatch", "pplxgarden-decode-pplx-efa-ep32-dispatch",
+                 "pplxgarden-decode-pplx-efa-ep16-dispatch", "uccl-p5en-ll-ep16-dispatch")
+    assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
+    base = ["cost", "moe", "--model", "deepseek-v3", "--gpu", "h200-sxm", "--dp", "32", "--phase", "decode",
+            "--batch", "128", "--format", "json"]
+    found = {}
+    for link in ("rdma", "efa"):
+        assert main([*base, "--link", link]) == 0
+        found[link] = json.loads(capsys.readouterr().out)
+    assert found["efa"]["dispatch_ms"] > found["rdma"]["dispatch_ms"]
+    assert found["efa"]["link"]["name"] == "efa"
+    assert found["efa"]["link"]["nic_gb_s"] == found["rdma"]["link"]["nic_gb_s"]
