@@ -51,8 +51,8 @@ KERNELS: dict[str, A2AKernel] = {
 family's constants fixed (physics/data/published/moe.yaml; `python -m pools fidelity --fit`
 prints the fit); "high-throughput" and "low-latency" name DeepEP's two, which set the families."""
 REFERENCE_KERNELS = frozenset({"deepep-normal", "deepep-ll"})
-"""The families' references: their factors are 1 by definition, and their published points set
-the family constants (`physics.moecost`'s A2A_* efficiencies and fixed costs)."""
+"""The families' references (DeepEP's kernels): their factors are 1 by definition; an SM budget
+is priced for them only (`physics.moecost.A2A_SM_GB_S`)."""
 MODE_KERNELS = {"high-throughput": "deepep-normal", "low-latency": "deepep-ll", "torch-alltoall": "nccl"}
 """Other names of `KERNELS` entries: DeepEP's two modes; torch.distributed's all_to_all (NCCL's)."""
 

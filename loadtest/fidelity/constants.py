@@ -42,10 +42,6 @@ class Free:
     None: the documented value."""
     needs: str = ""
     """Only points that state this condition move it (an SM budget: `sms`; the network: `network`)."""
-    reference: bool = False
-    """Only all-to-all points of the families' reference kernels (DeepEP's, whose factors are 1)
-    move it: a family constant is what those kernels reach, and every other kernel's factors are
-    relative to it (were other kernels' points to move it too, it and their factors would trade)."""
 
     def moves(self, p: dict[str, Any]) -> bool:
         if p["kind"] not in self.kinds or (self.needs and not _stated(p.get(self.needs))):
@@ -55,13 +51,12 @@ class Free:
 
             name = str(p.get("gpu") or "")
             return GPU_ALIASES.get(name, name) == self.gpu
-        if not self.kernel and not self.reference:
+        if not self.kernel:
             return True
-        from physics.a2akernels import MODE_KERNELS, REFERENCE_KERNELS
+        from physics.a2akernels import MODE_KERNELS
 
         name = str(p.get("kernel") or p.get("mode") or "deepep-normal")
-        name = MODE_KERNELS.get(name, name)
-        return name in REFERENCE_KERNELS if self.reference else name == self.kernel
+        return MODE_KERNELS.get(name, name) == self.kernel
 
 
 def _stated(value: Any) -> bool:
@@ -69,9 +64,9 @@ def _stated(value: Any) -> bool:
 
 
 def _free(name: str, where: str, low: float, high: float, kinds: str, mechanism: str, kernel: str = "",
-          gpu: str = "", reference: bool = False, needs: str = "") -> Free:
+          gpu: str = "", needs: str = "") -> Free:
     return Free(name, where, low, high, frozenset(kinds.split()), mechanism, kernel, gpu,
-                1.0 if kernel or gpu else None, needs, reference)
+                1.0 if kernel or gpu else None, needs)
 
 
 def _kernel(name: str) -> tuple[Free, Free]:
