@@ -57,6 +57,10 @@ class GpuSpec:
     """Its NVSwitch does NVLink SHARP (NCCL's NVLS all-reduce)."""
     collectives: str = "nccl"
     """The collective library its engines use: nccl (NVIDIA) or rccl (AMD)."""
+
+    def __post_init__(self) -> None:
+        if self.collectives not in ("nccl", "rccl"):
+            raise ValueError(f"{self.name}: collectives is nccl or rccl, not {self.collectives!r}")
     fp8_source: str = ""
 
     @property

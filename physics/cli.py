@@ -126,7 +126,7 @@ def _gang_parsers(kinds: Any) -> None:
                    help="nvlink: one NVLink domain; rdma: rail-aligned NICs; efa: the same over AWS EFA; "
                         "cross-rail: via the spine; tcp")
     q.add_argument("--domain-gpus", type=int, help="GPUs of the gang per NVLink domain across a network (default 8)")
-    q.add_argument("--gbps", type=float, help="per-GPU NIC rate in Gbit/s (rdma, cross-rail, tcp)")
+    q.add_argument("--gbps", type=float, help="per-GPU NIC rate in Gbit/s (rdma, efa, cross-rail, tcp)")
     q.add_argument("--imbalance", type=float, help="busiest over mean GPU expert load (default: uniform routing's)")
     q.add_argument("--overlap", action="store_true", help="two-batch overlap: compute hides the all-to-all")
     q.add_argument("--no-ep", action="store_true", help="experts split by TP inside each rank (no all-to-all)")

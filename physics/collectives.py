@@ -62,7 +62,7 @@ engineering's GPU-count sweep) and NVLS for 8."""
 TREE_PROTOCOL_SHARE = (1 / 3.8, 0.92, 1.0)
 """Share of the bus bandwidth a tree carries per protocol (tuning.cc: tree LL x 1/3.8). Tree LL
 is what NCCL picks for small all-reduces across nodes: its latency, 2 x ((GPUs per node - 1)
-intra-node steps + log2(nodes) network steps), beats a ring's 2 x (ranks - 1) steps (nccl-tests
+intra-node steps + floor(log2(nodes)) network steps, NCCL's log2i), beats a ring's 2 x (ranks - 1) steps (nccl-tests
 8 KiB over 2 and 4 nodes of 8 H100: 32.1 and 46.8 µs; NCCLT-309 in physics/data/published)."""
 TREE_CORRECTION = (
     (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
@@ -146,7 +146,7 @@ def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes:
             correction = TREE_CORRECTION[p][log_size] if log_size < len(TREE_CORRECTION[p]) else 1.0
             tree_bw = net * TREE_PROTOCOL_SHARE[p] * correction * (1.0 if nodes == 2 else TREE_DEEP_SHARE)
             tree_lat = BASE_LAT_US["tree"][p] + 2 * ((per_node - 1) * HW_LAT_US[intra]["tree"][p]
-                                                     + math.log2(nodes) * (HW_LAT_US["net"]["tree"][p] + extra_us))
+                                                     + int(math.log2(nodes)) * (HW_LAT_US["net"]["tree"][p] + extra_us))
             best = min(best, tree_lat + size / (1e3 * tree_bw))
     if op == "allreduce" and nvls and nodes == 1 and intra == "nvlink" and ranks >= NVLS_MIN_GPUS:
         best = min(best, NVLS_LATENCY_US + size / (1e3 * line * NVLS_EFFICIENCY))

@@ -139,8 +139,9 @@ def forward_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, chunks: 
                decodes: int, decode_context: int, eff: Efficiency = DEFAULT, *, ep: int = 1) -> float:
     """One engine step (module docstring): prefill `chunks` as (new tokens, cached tokens before
     them) and `decodes` sequences with `decode_context` tokens of context in all. `ep` > 1: the
-    step of one rank of an expert-parallel gang of `ep` ranks, each carrying the same load, its
-    experts a 1/ep share (`weights_read_bytes`; the all-to-all is `physics.moecost`'s)."""
+    step of one data-parallel rank (of `tp` GPUs) of an expert-parallel gang of `ep` such ranks,
+    each carrying the same load, its experts a 1/ep share (`weights_read_bytes`; the all-to-all
+    is `physics.moecost`'s, not priced here)."""
     if not chunks:
         return DecodeStep.of(model, gpu, tp, link, decodes, eff, ep=ep).ms(decode_context) if decodes else 0.0
     new = pairs = cached = 0.0
@@ -233,8 +234,9 @@ def weights_read_bytes(model: ModelSpec, tokens: float, ep: int = 1) -> float:
     """Bytes of weights a step of `tokens` tokens reads: every dense weight (attention, dense
     FFNs, shared experts, embeddings and head), and of the routed experts only those some token of
     the step picked (`expected_experts`, with the model's routing skew): a small MoE decode batch
-    reads a few experts per layer, a large one all of them. `ep` > 1: one rank of an
-    expert-parallel gang whose `ep` ranks each bring `tokens`; the rank holds 1/ep of the experts."""
+    reads a few experts per layer, a large one all of them. `ep` > 1: one data-parallel rank of
+    an expert-parallel gang whose `ep` ranks each bring `tokens`; the rank (its TP group) holds
+    1/ep of the experts."""
     moe = model.moe
     if moe is None:
         return model.weights_gb * 1e9

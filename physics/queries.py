@@ -79,8 +79,7 @@ def _positive(**values: int) -> None:
 
 
 def _fits(model: ModelSpec, gpu_name: str, tp: int) -> bool:
-    """Weights plus one long request's KV fit `tp` GPUs of this kind (answered, not enforced: a
-    check may ask for a layout that would not be served)."""
+    """Weights plus one long request's KV fit `tp` GPUs of this kind (answered, not enforced)."""
     return costmodel.fits(model, catalog.gpu(gpu_name).memory_gb, tp)
 
 
@@ -93,10 +92,11 @@ def _echo(spec: ModelSpec, gpu: str) -> dict[str, Any]:
 
 def prefill(model: str, gpu: str, tp: int, tokens: int, context: int = 0, dtype: str | None = None,
             link_name: str = "nvswitch", kv_dtype: str | None = None, sequences: int = 1) -> dict[str, Any]:
-    """A prefill of `tokens` new tokens after `context` cached ones, on TP=`tp`; weights stored as
-    `dtype` and the KV cache as `kv_dtype` (None: as catalogued). `sequences` > 1: that many such
-    prompts in one step (an offline batch: the weights read once, each prompt attending over its own)."""
-    _positive(tp=tp, tokens=tokens, sequences=sequences)
+    """A prefill of `tokens` new tokens after `context` cached ones, on TP=`tp`; weights as `dtype`, KV as
+    `kv_dtype` (None: as catalogued); `sequences` such prompts in one step, each attending over its own."""
+    _positive(tp=tp, tokens=tokens)
+    if sequences < 1:
+        raise ValueError(f"sequences must be at least 1, got {sequences}")
     if context < 0:
         raise ValueError(f"--context must be 0 or more, got {context}")
     spec, tp_link = _model(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
@@ -281,7 +281,7 @@ def _gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gb
         raise ValueError(f"--sms must be 0 (unbounded) or more, got {sms}" if sms < 0 else
                          f"--link for a gang is one of {', '.join(GANG_LINKS)}, not {link_name!r}")
     if gbps is not None and link_name == "nvlink":
-        raise ValueError("--gbps is a network rate: it goes with --link rdma, cross-rail or tcp, not nvlink")
+        raise ValueError("--gbps is a network rate: it goes with --link rdma, efa, cross-rail or tcp")
     if domain_gpus is not None:
         _positive(domain_gpus=domain_gpus)
     line, _ = fabric("nvswitch", gpu, gang)
@@ -331,7 +331,8 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
             "phase": phase, "a2a": a2a or ("deepep-normal" if phase == "prefill" else "deepep-ll"), "sms": sms,
             "tokens": tokens, "prompts": prompts, "batch": batch, "context": context,
             "overlap": overlap, "link": {"name": link_name, "domain_gpus": links.domain_ranks,
-                                         "nvlink_gb_s": links.nvlink_gb_s, "nic_gb_s": links.nic_gb_s},
+                                         "nvlink_gb_s": links.nvlink_gb_s, "nic_gb_s": links.nic_gb_s,
+                                         "nic_latency_us": links.nic_latency_us},
             "fits": costmodel.fits(spec, catalog.gpu(gpu).memory_gb, tp, ep=ep),
             "imbalance": step.imbalance, "dense_ms": step.dense_ms, "experts_ms": step.experts_ms,
             "dispatch_ms": step.dispatch_ms, "combine_ms": step.combine_ms, "allreduce_ms": step.allreduce_ms,
@@ -386,8 +387,7 @@ def pp(model: str, gpu: str, tp: int, stages: int, phase: str, boundaries: list[
 def a2a(gpu: str, ep: int, tokens: int, hidden: int, topk: int, dtype: str, mode: str, link_name: str = "rdma",
         domain_gpus: int | None = None, gbps: float | None = None, groups_per_token: int = 0,
         sms: int = 0) -> dict[str, Any]:
-    """One expert-parallel dispatch or combine (`moecost.a2a_us`): `tokens` per rank, each to `topk`
-    of `ep` ranks, elements of `dtype` (fp8: with its scales), the kernel on `sms` SMs (0: unbounded)."""
+    """One dispatch or combine (`moecost.a2a_us`): `tokens` per rank to `topk` of `ep` ranks, `dtype` elements."""
     _positive(ep=ep, tokens=tokens, hidden=hidden, topk=topk)
     a2akernels.kernel(mode)
     if dtype not in A2A_DTYPES:

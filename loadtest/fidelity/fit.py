@@ -108,8 +108,10 @@ def fit(training: Sequence[dict[str, Any]], predict: Predict, start: Mapping[str
                     return loss(moved, predict)
 
             found, current = _golden(at, math.log(c.low), math.log(c.high)), values[c.name]
-            if current <= 0 or at(found) < at(math.log(current)) - 1e-12:  # a flat loss keeps the value it had
+            if current <= 0 or at(found) < at(math.log(current)) - 1e-12:
                 values[c.name] = math.exp(found)
+            elif c.prior is not None and abs(at(math.log(c.low)) - at(math.log(c.high))) < 1e-12:
+                values[c.name] = c.prior  # a flat loss: the points cannot tell; never a value fitted to all
     with constants.applied(values):
         total = loss(training, predict)
     return Fit(values=values, untouched=tuple(untouched), loss=total)

@@ -124,8 +124,9 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
     ranked: list[tuple[str, str, float]] = []
     tiers: dict[tuple[str, str], str] = {}
     for p in prefills:
-        pre = prefill_ms(hardware(p.endpoint, topology), tokens)
-        queue = ahead(p.load) * pre
+        hw = hardware(p.endpoint, topology)
+        pre = prefill_ms(hw, tokens)
+        queue = ahead(p.load) / hw.load_ranks * pre
         for d in decodes:
             if d.endpoint.model != p.endpoint.model:
                 continue

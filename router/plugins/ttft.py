@@ -33,25 +33,33 @@ class Hardware(NamedTuple):
     """The TP group's bottleneck link (the worst among its GPUs)."""
     kv_capacity_tokens: int
     ep: int = 1
-    """Expert-parallel ranks when this is one rank of an EP gang (its share of the experts)."""
+    """Data-parallel ranks (of `tp` GPUs each) the model's experts are split over when this is
+    (a rank of) an expert-parallel gang (costmodel's `ep`); 1 otherwise."""
+    load_ranks: int = 1
+    """Ranks the endpoint's load spreads over: a whole gang behind one endpoint reports its
+    ranks' requests together (`ep`); one rank of a gang, or a replica: 1."""
 
 
-_HARDWARE: dict[tuple[int, str, tuple[int, ...], int, str, str, int], tuple[Topology | None, Hardware]] = {}
+_HARDWARE: dict[tuple[int, str, tuple[int, ...], int, str, str, int, bool], tuple[Topology | None, Hardware]] = {}
 
 
 def hardware(e: ReplicaEndpoint, topology: Topology | None) -> Hardware:
     """What the replica runs on: a function of the (immutable) topology and the endpoint, so
     remembered — a PD decision prices every replica of the model."""
-    key = (id(topology), e.node, e.gpus, e.tp, e.catalog_model or "", e.gpu_model or "", e.expert_parallel)
+    key = (id(topology), e.node, e.gpus, e.tp, e.catalog_model or "", e.gpu_model or "", e.expert_parallel,
+           bool(e.gang))
     found = _HARDWARE.get(key)
     if found is not None and found[0] is topology:
         return found[1]
     model = catalog.models().get(e.catalog_model or "") or catalog.model(FALLBACK_MODEL)
     gpu = catalog.gpus().get(e.gpu_model or "") or catalog.gpu(FALLBACK_GPU)
-    tp, ep = max(1, e.tp), max(1, e.expert_parallel) if model.moe is not None else 1
+    tp = max(1, e.tp)
+    gpus = max(1, e.expert_parallel) if model.moe is not None else 1  # the GPUs the experts are split over
+    ranks = max(1, gpus // tp)
     link = costmodel.group_link(topology, [GpuRef(e.node, g) for g in e.gpus], tp)
     hw = Hardware(model=model, gpu=gpu, tp=tp, link=link,
-                  kv_capacity_tokens=max(1, costmodel.kv_capacity_tokens(model, gpu, tp, ep=ep)), ep=ep)
+                  kv_capacity_tokens=max(1, costmodel.kv_capacity_tokens(model, gpu, tp, ep=gpus)), ep=ranks,
+                  load_ranks=1 if e.gang else ranks)
     if len(_HARDWARE) > 65536:
         _HARDWARE.clear()
     _HARDWARE[key] = (topology, hw)
@@ -66,9 +74,11 @@ _STEPS: dict[tuple[int, int], tuple[Hardware, costmodel.DecodeStep]] = {}
 
 
 def decode_step_ms(hw: Hardware, running: float, kv_usage: float, extra_tokens: int = 0) -> float:
-    """One decode step of the replica's batch (`running` sequences, its cache `kv_usage` full):
-    `costmodel.decode_step_ms`, its per-batch part remembered per replica."""
-    batch = max(1, int(running))
+    """One decode step of the replica's batch (`running` sequences over its `load_ranks`, its
+    cache `kv_usage` full): `costmodel.decode_step_ms`, its per-batch part remembered per replica.
+    An expert-parallel rank's step is priced without its all-to-all (the router has no gang links;
+    the ranks of one gang compare alike)."""
+    batch = max(1, int(running / hw.load_ranks))
     key = (id(hw), batch)
     found = _STEPS.get(key)
     if found is None or found[0] is not hw:

@@ -139,3 +139,10 @@ def test_a_rank_of_an_expert_parallel_gang_is_priced_as_its_share_of_the_experts
     prefill = rep("p0", "prefill", "h100-1", (0,), model="deepseek-v3", expert_parallel=16, gang="pg")
     decision = pd_pair(req(2000), [prefill], ranks, TOPOLOGY)
     assert decision is not None and decision.decode.endpoint.replica_id == "d1"
+    # TP=2 x DP=16: 16 ranks of two GPUs; a whole gang behind one endpoint reports its 16 ranks' load together
+    tp2 = ttft.hardware(rep("t", "decode", "h100-0", (0, 1), model="deepseek-v3", expert_parallel=32,
+                            gang="g2").endpoint, TOPOLOGY)
+    whole = ttft.hardware(rep("w", "decode", "h100-0", (0, 1), model="deepseek-v3", expert_parallel=32).endpoint,
+                          TOPOLOGY)
+    assert (tp2.ep, tp2.load_ranks, whole.load_ranks) == (16, 1, 16)
+    assert ttft.decode_step_ms(whole, 16 * 8, 0.1) == pytest.approx(ttft.decode_step_ms(tp2, 8, 0.1))
