@@ -34,9 +34,9 @@ class ReplicaEndpoint:
     balances the ranks itself); empty for an ordinary replica."""
     dp_rank: int = 0
     expert_parallel: int = 1
-    """The ranks the model's experts are split over when the endpoint is (a rank of) an
-    expert-parallel gang (TP x DP of its pool): a rank holds that share of the experts, so the
-    router prices its steps and sizes its cache as one rank (`physics.costmodel`'s `ep`); 1 otherwise."""
+    """The GPUs the model's experts are split over when the endpoint is (a rank of) an
+    expert-parallel gang (TP x DP of its pool); 1 otherwise. The router prices a rank's steps
+    over its DP ranks' share of the experts and sizes its cache for its own GPUs (`router.plugins.ttft`)."""
     slo_classes: tuple[str, ...] = ()
     """The classes the replica's pool is declared for (its `slo_classes`); empty: every class."""
     max_num_seqs: int = 0
