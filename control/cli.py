@@ -73,8 +73,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
     redundant = args.eplb_redundant if args.eplb_redundant is not None else (
         wanted.redundant if wanted is not None and wanted.redundant else None)
     eplb = None if redundant is None else EplbSettings(num_redundant_experts=redundant)
+    # with EPLB on, the isleserve vLLM plugin replaces vLLM's policy (unless the pool asks for eplb)
+    spec = None
+    if eplb is not None and (wanted is None or wanted.policy == "topology"):
+        from pools.experts.engine import spec_for
+
+        spec = spec_for(placement, pools[args.pool].model, args.gpu,
+                        locality=wanted.locality if wanted is not None else True)
     settings = GangSettings(model=args.model or pools[args.pool].model or args.pool, address=args.address,
-                            port=args.port, rpc_port=args.rpc_port, external_lb=args.external_lb, eplb=eplb)
+                            port=args.port, rpc_port=args.rpc_port, external_lb=args.external_lb, eplb=eplb,
+                            expert_spec=spec, expert_load_dir=args.expert_load_dir)
     launches = gang_launches(placement, pools[args.pool], settings)
     if args.format == "json":
         keys = ("node", "argv", "env", "dp_ranks", "headless")
@@ -101,6 +109,9 @@ def _launch_parser(sub: Any) -> None:
     p.add_argument("--rpc-port", type=int, default=29550)
     p.add_argument("--external-lb", action="store_true", help="one API server per DP rank")
     p.add_argument("--eplb-redundant", type=int, metavar="R", help="enable EPLB with R redundant experts")
+    p.add_argument("--gpu", help="catalogue GPU pricing the expert map's step (default: h100-sxm)")
+    p.add_argument("--expert-load-dir", metavar="DIR",
+                   help="where the isleserve vLLM plugin writes each EPLB load window (ISLE_EXPERT_LOAD_DIR)")
     p.add_argument("--format", choices=["json", "text"], default="text")
     p.set_defaults(func=cmd_launch)
 

@@ -88,6 +88,8 @@ class ExpertsConfig(_Strict):
     policy: Literal["topology", "eplb", "linear"] = Field(default="topology", description="expert placement policy")
     load: str = Field(default="zipf:1.3", description="expert load: a load file or zipf:SKEW[:SEED]")
     redundant: int = Field(default=0, ge=0, description="redundant experts ((E + R) % EP == 0)")
+    locality: bool = Field(default=True, description="a token uses a copy of an expert in its own NVLink domain "
+                           "(the isleserve vLLM plugin); false: any copy (vLLM's own choice)")
 
 
 class PoolConfig(_Strict):
@@ -112,7 +114,8 @@ class PoolConfig(_Strict):
                         slo_classes=tuple(self.slo_classes), require_island=self.require_island, pp=self.pp,
                         dp=self.dp, expert_parallel=self.expert_parallel, require_domain=self.require_domain,
                         experts=None if self.experts is None else ExpertChoice(
-                            policy=self.experts.policy, load=self.experts.load, redundant=self.experts.redundant))
+                            policy=self.experts.policy, load=self.experts.load, redundant=self.experts.redundant,
+                            locality=self.experts.locality))
 
     @model_validator(mode="after")
     def _gang(self) -> PoolConfig:

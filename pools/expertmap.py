@@ -9,44 +9,50 @@ or the one multi-node domain the label names (`nvl:<clique>`, an NVL72 rack).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from physics import catalog
 from physics.costmodel import BF16
-from physics.moecost import FP8_DISPATCH_BYTES, Carrier, GangLinks, moe_step
+from physics.moecost import FP8_DISPATCH_BYTES, GangLinks
 from pools.experts.load import ExpertLoad
-from pools.experts.metrics import Gang, LayerStats, replicas, route
-from pools.experts.policies import POLICIES
+from pools.experts.metrics import Gang, gang_from_plan, replicas, route
+from pools.experts.objective import (
+    REFERENCE_BATCH,
+    REFERENCE_CONTEXT,
+    REFERENCE_PREFILL_TOKENS,
+    Phase,
+    objective,
+    plain_links,
+)
+from pools.experts.objective import step as gang_step
+from pools.experts.policies import POLICIES, eplb
+from pools.experts.policies import topology as topology_policy
 from pools.model import ReplicaPlacement
-from topology import GpuRef, Topology
-
-REFERENCE_BATCH, REFERENCE_CONTEXT = 64, 1024
-"""The decode step `step_ms` prices: sequences per rank and their context."""
-
-
-def gang_from_plan(placement: ReplicaPlacement) -> Gang:
-    """The gang's GPUs and domains from the plan JSON alone (module docstring)."""
-    labels = [x for x in placement.island.split("+") if x]
-    shared = [x for x in labels if x.startswith("nvl:")]
-    refs, domains = [], []
-    for n, g in placement.gpu_refs():
-        own = [x for x in labels if x.startswith(f"{n}/island")]
-        if len(own) == 1:
-            domains.append(own[0])
-        elif not own and len(shared) == 1:
-            domains.append(shared[0])
-        else:
-            raise ValueError(f"{placement.replica_id}: cannot tell {n}:gpu{g}'s NVLink domain from the plan "
-                             f"(islands {labels}); pass --topology")
-        refs.append(GpuRef(n, g))
-    return Gang(gpus=tuple(refs), domain=tuple(domains), host=tuple(r.node for r in refs))
+from topology import Topology
 
 
 def expert_map(model_name: str, placement: ReplicaPlacement, load: ExpertLoad, policy: str, redundant: int,
-               topology: Topology | None = None, gpu: str | None = None) -> dict[str, Any]:
-    """The answer (`--format json`): per layer `gpu_of` {expert: [EP ranks]} and its figures,
-    and the summary over layers."""
+               topology: Topology | None = None, gpu: str | None = None, locality: bool = True) -> dict[str, Any]:
+    """The answer (`--format json`) for one gang of a plan: `map_gang`'s, with the pool and replica."""
+    gang = Gang.of(topology, placement) if topology is not None else gang_from_plan(placement)
+    if topology is not None:
+        from pools.ganglinks import gang_links
+
+        links = gang_links(topology, placement)
+    else:
+        links = plain_links(gang, "cross-rail" if placement.tier == "rack" else "rdma", 450.0)
+    gpu_name = gpu or (topology.gpu(gang.gpus[0]).model if topology is not None else None)
+    answer = map_gang(model_name, gang, links, gpu_name, "prefill" if placement.role == "prefill" else "decode",
+                      load, policy, redundant, locality)
+    return {**answer, "pool": placement.pool, "replica": placement.replica_id}
+
+
+def map_gang(model_name: str, gang: Gang, links: GangLinks, gpu: str | None, phase: Phase, load: ExpertLoad,
+             policy: str, redundant: int, locality: bool = True) -> dict[str, Any]:
+    """Per layer `gpu_of` {expert: [EP ranks]} and its figures, and the summary over layers. The
+    `topology` policy minimises the step `pools.experts.objective` predicts (EPLB's map where that
+    is at least as fast: such layers say `"map": "eplb"`)."""
     model = catalog.model(model_name)
     if model.moe is None:
         raise ValueError(f"{model_name} is a dense model: no experts to place")
@@ -56,55 +62,39 @@ def expert_map(model_name: str, placement: ReplicaPlacement, load: ExpertLoad, p
         raise ValueError(f"the load has {load.experts} experts per layer, {model_name} has {model.moe.routed_experts}")
     if redundant < 0:
         raise ValueError(f"--redundant must be 0 or more, got {redundant}")
-    gang = Gang.of(topology, placement) if topology is not None else gang_from_plan(placement)
+    gpu_spec = catalog.gpu(gpu or "h100-sxm")
+    step = objective(model, gpu_spec, links, gang.size, phase)
     physical = model.moe.routed_experts + redundant
-    layers, stats = [], []
+    layers, stats, steps = [], [], []
     for k in range(len(load.layers)):
         shares = load.shares(k)
-        layer = POLICIES[policy](shares, gang, physical, model.moe.groups)
-        st = route(shares, layer, gang)
+        if policy == "topology":
+            layer = topology_policy(shares, gang, physical, model.moe.groups, step=step, locality=locality)
+        else:
+            layer = POLICIES[policy](shares, gang, physical, model.moe.groups)
+        st = route(shares, layer, gang, locality)
         stats.append(st)
+        steps.append(step(st))
         layers.append({"layer": k, "gpu_of": {str(e): where for e, where in enumerate(replicas(layer, len(shares)))},
-                       "balancedness": round(st.balancedness, 4), "cross_domain_share": round(st.cross_share, 4)})
-    summary = summarize(model_name, gang, stats, placement, topology, gpu)
-    return {"policy": policy, "model": model_name, "pool": placement.pool, "replica": placement.replica_id,
-            "ep": gang.size, "redundant": redundant, "domains": sorted(set(gang.domain)),
-            "ranks": [str(r) for r in gang.gpus], "layers": layers, "summary": summary}
-
-
-def summarize(model_name: str, gang: Gang, stats: Sequence[LayerStats], placement: ReplicaPlacement,
-              topology: Topology | None, gpu: str | None) -> dict[str, Any]:
-    model = catalog.model(model_name)
-    assert model.moe is not None
+                       "balancedness": round(st.balancedness, 4), "cross_domain_share": round(st.cross_share, 4),
+                       "step_ms": round(steps[-1], 3),
+                       "map": "eplb" if layer == eplb(shares, gang, physical, model.moe.groups) else policy})
     balance = sum(s.balancedness for s in stats) / len(stats)
     cross = sum(s.cross_share for s in stats) / len(stats)
     dispatch = FP8_DISPATCH_BYTES if model.compute != "bf16" else float(BF16)
     per_token = model.moe.moe_layers * model.moe.experts_per_token * cross * model.hidden * (dispatch + BF16)
-    gpu_name = gpu or (topology.gpu(gang.gpus[0]).model if topology is not None else None)
-    links = _links(gang, placement, topology, cross)
-    step = moe_step(model, catalog.gpu(gpu_name or "h100-sxm"), 1, gang.size, links, decodes=REFERENCE_BATCH,
-                    decode_context=REFERENCE_CONTEXT, imbalance=1.0 / max(balance, 1e-6))
-    return {"balancedness": round(balance, 4), "cross_domain_share": round(cross, 4),
-            "cross_domain_bytes_per_token": round(per_token, 1), "step_ms": round(step.total_ms, 3),
-            "a2a_share": round(step.a2a_share, 4),
-            "step": {"batch_per_rank": REFERENCE_BATCH, "context": REFERENCE_CONTEXT, "carrier": links.carrier,
-                     "gpu": gpu_name or "h100-sxm (assumed: pass --gpu or --topology)"}}
-
-
-def _links(gang: Gang, placement: ReplicaPlacement, topology: Topology | None, cross: float) -> GangLinks:
-    if topology is not None:
-        from dataclasses import replace
-
-        from pools.ganglinks import gang_links
-
-        base = gang_links(topology, placement)
-        return replace(base, outside_share=cross) if base.carrier != "nvlink" else base
-    domains = len(set(gang.domain))
-    if domains == 1:
-        return GangLinks(carrier="nvlink", domain_ranks=gang.size, nvlink_gb_s=450.0)
-    per = min(gang.domain.count(d) for d in set(gang.domain))
-    carrier: Carrier = "cross-rail" if placement.tier == "rack" else "rdma"
-    return GangLinks(carrier=carrier, domain_ranks=per, nvlink_gb_s=450.0, outside_share=cross)
+    a2a = gang_step(model, gpu_spec, links, gang.size, balance, cross, phase).a2a_share
+    summary = {"balancedness": round(balance, 4), "cross_domain_share": round(cross, 4),
+               "cross_domain_bytes_per_token": round(per_token, 1), "step_ms": round(sum(steps) / len(steps), 3),
+               "a2a_share": round(a2a, 4),
+               "eplb_layers": sum(1 for x in layers if x["map"] == "eplb"),
+               "step": {"phase": phase, "batch_per_rank": REFERENCE_BATCH if phase == "decode" else None,
+                        "context": REFERENCE_CONTEXT if phase == "decode" else None,
+                        "prefill_tokens_per_rank": REFERENCE_PREFILL_TOKENS if phase == "prefill" else None,
+                        "carrier": links.carrier, "gpu": gpu or "h100-sxm (assumed: pass --gpu or --topology)"}}
+    return {"policy": policy, "model": model_name, "ep": gang.size, "redundant": redundant, "locality": locality,
+            "domains": sorted(set(gang.domain)), "ranks": [str(r) for r in gang.gpus], "layers": layers,
+            "summary": summary}
 
 
 def placement_of(doc: Mapping[str, Any], pool: str, replica: str | None) -> dict[str, Any]:

@@ -43,11 +43,13 @@ DEFAULT_SLO_CLASSES: tuple[SLOClass, ...] = (
 @dataclass(frozen=True, slots=True)
 class ExpertChoice:
     """How an EP gang maps its experts (`pools.experts`): a policy, a load (a file or
-    `zipf:SKEW[:SEED]`), redundant experts."""
+    `zipf:SKEW[:SEED]`), redundant experts, and whether a token uses a copy of an expert in its
+    own NVLink domain (`locality`: the isleserve vLLM plugin) or any copy (vLLM's own choice)."""
 
     policy: str
     load: str = "zipf:1.3"
     redundant: int = 0
+    locality: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

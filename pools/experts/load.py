@@ -1,7 +1,21 @@
 """Expert load: tokens per logical expert in every MoE layer.
 
-`read_load` takes `{"layers": [[tokens per expert], ...]}` (what vLLM's EPLB statistics or a
-trace-derived histogram give). `synthetic` draws a load: each layer's expert popularity is Zipf
+`read_load` reads a file in any of these forms (told apart by content):
+
+- `{"layers": [[tokens per expert], ...]}`: this project's form, and the record the isleserve vLLM
+  plugin writes for each load window vLLM's EPLB hands its policy (`ISLE_EXPERT_LOAD_DIR`:
+  EPLB's window summed over the EP ranks, logical experts, MoE layers only);
+- `{"logical_count": [[...], ...]}` or `[[[...], ...], ...]`: SGLang's expert distribution
+  (`/dump_expert_distribution_record` in `stat` mode, saved as JSON, or the form
+  `--init-expert-location` takes; the DeepSeek-V3/R1 statistics SGLang published use it): per
+  layer (the model's layer index, dense layers all zero) tokens per logical expert, a 3-D array
+  summed over its first axis (the recorder's buffer rows). All-zero layers are dropped;
+- CSV with the header `layer_id,expert_id,count` (SGLang's recorder before its `.pt` dumps).
+
+SGLang's `.pt` dumps are torch pickles, which this pure package does not read: docs/experts.md
+gives the one line that saves one as JSON.
+
+`synthetic` draws a load: each layer's expert popularity is Zipf
 with exponent `skew` over a seeded random order of the experts; with `groups` > 1 a token first
 picks `groups_per_token` groups in proportion to their popularity (DeepSeek-V3's group-limited
 routing: 8 groups, 4 per token), then its experts inside them.
@@ -50,16 +64,70 @@ def validate(rows: Sequence[Sequence[float]], experts: int | None = None) -> Exp
     return ExpertLoad(layers=tuple(tuple(float(x) for x in row) for row in rows))
 
 
+FORMS = '{"layers": [[tokens per expert], ...]}, {"logical_count": [[...]]} (SGLang), or CSV layer_id,expert_id,count'
+
+
 def read_load(path: str, experts: int | None = None) -> ExpertLoad:
+    """A load file in any form of the module docstring."""
+    if path.endswith(".pt"):
+        raise ValueError(f"load file {path}: an SGLang .pt dump; save its logical_count as JSON first "
+                         f"(docs/experts.md: one line of Python with torch)")
     try:
-        doc = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
     except OSError as err:
         raise ValueError(f"cannot read load file {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"load file {path} is not text: want {FORMS}") from None
+    if text.lstrip().lower().startswith("layer_id"):
+        return validate(_csv_rows(text, path), experts)
+    try:
+        doc = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"load file {path} is not JSON ({err.msg} at line {err.lineno})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list):
-        raise ValueError(f"load file {path}: want {{\"layers\": [[tokens per expert], ...]}}")
-    return validate(doc["layers"], experts)
+        raise ValueError(f"load file {path} is not JSON ({err.msg} at line {err.lineno}) nor CSV: want {FORMS}") \
+            from None
+    if isinstance(doc, dict) and isinstance(doc.get("layers"), list):
+        return validate(doc["layers"], experts)
+    return validate(_nonzero(_counts(doc, path)), experts)
+
+
+def _counts(doc: object, path: str) -> list[list[float]]:
+    """SGLang's logical_count, 2-D or 3-D (summed over its first axis)."""
+    table = doc.get("logical_count") if isinstance(doc, dict) else doc
+    if hasattr(table, "tolist"):
+        table = table.tolist()
+    if not isinstance(table, list) or not table or not isinstance(table[0], list):
+        raise ValueError(f"load file {path}: want {FORMS}")
+    if table[0] and isinstance(table[0][0], list):
+        rows = [len(r) for r in table]
+        if len(set(rows)) != 1:
+            raise ValueError(f"load file {path}: logical_count's rows hold {sorted(set(rows))} layers")
+        return [[sum(float(b[k][e]) for b in table) for e in range(len(table[0][k]))] for k in range(rows[0])]
+    return [[float(x) for x in row] for row in table]
+
+
+def _nonzero(rows: list[list[float]]) -> list[list[float]]:
+    kept = [r for r in rows if any(r)]
+    if not kept:
+        raise ValueError("load: every layer is all zero (no MoE layer recorded a token)")
+    return kept
+
+
+def _csv_rows(text: str, path: str) -> list[list[float]]:
+    table: dict[int, dict[int, float]] = {}
+    for n, line in enumerate(text.splitlines()[1:], start=2):
+        if not line.strip():
+            continue
+        parts = line.split(",")
+        try:
+            layer, expert, count = int(parts[0]), int(parts[1]), float(parts[2])
+        except (ValueError, IndexError):
+            raise ValueError(f"load file {path}: line {n} is not layer_id,expert_id,count") from None
+        if layer < 0 or expert < 0:
+            raise ValueError(f"load file {path}: line {n}: negative layer or expert id")
+        table.setdefault(layer, {})
+        table[layer][expert] = table[layer].get(expert, 0.0) + count
+    width = 1 + max((e for row in table.values() for e in row), default=-1)
+    return _nonzero([[table[k].get(e, 0.0) for e in range(width)] for k in sorted(table)])
 
 
 def synthetic(experts: int, layers: int, *, skew: float, seed: int = 0, tokens: int = 65536, topk: int = 8,

@@ -1,10 +1,12 @@
 """What an expert map does to a gang: routed load per GPU, balancedness, bytes crossing domains.
 
 Tokens arrive at every rank alike (the router balances the ranks), so a domain sends its share
-of the tokens (its GPUs over the gang's). A token goes to a replica of each of its experts
-inside its own domain when there is one (split evenly over them), else to any replica (split
-evenly). Per (token, expert) pair that leaves the domain, the dispatch carries the hidden vector
-out and the combine brings it back.
+of the tokens (its GPUs over the gang's). With `locality` (the isleserve vLLM plugin's replica
+choice, `vllmplugin.locality`), a token goes to a replica of each of its experts inside its own
+domain when there is one (split evenly over them), else to any replica (split evenly). Without
+it (vLLM's own choice: a hash of the token's position modulo the expert's replica count), a
+token goes to any replica, split evenly. Per (token, expert) pair that leaves the domain, the
+dispatch carries the hidden vector out and the combine brings it back.
 """
 
 from __future__ import annotations
@@ -51,6 +53,24 @@ class Gang:
         return out
 
 
+def gang_from_plan(placement: ReplicaPlacement) -> Gang:
+    """The gang's GPUs and domains from the plan JSON alone (module docstring)."""
+    labels = [x for x in placement.island.split("+") if x]
+    shared = [x for x in labels if x.startswith("nvl:")]
+    refs, domains = [], []
+    for n, g in placement.gpu_refs():
+        own = [x for x in labels if x.startswith(f"{n}/island")]
+        if len(own) == 1:
+            domains.append(own[0])
+        elif not own and len(shared) == 1:
+            domains.append(shared[0])
+        else:
+            raise ValueError(f"{placement.replica_id}: cannot tell {n}:gpu{g}'s NVLink domain from the plan "
+                             f"(islands {labels}); pass --topology")
+        refs.append(GpuRef(n, g))
+    return Gang(gpus=tuple(refs), domain=tuple(domains), host=tuple(r.node for r in refs))
+
+
 LayerMap = tuple[tuple[int, ...], ...]
 """One layer's map: the logical experts each GPU holds (physical slots), by EP rank."""
 
@@ -77,7 +97,7 @@ def replicas(layer: LayerMap, experts: int) -> list[list[int]]:
     return out
 
 
-def route(shares: Sequence[float], layer: LayerMap, gang: Gang) -> LayerStats:
+def route(shares: Sequence[float], layer: LayerMap, gang: Gang, locality: bool = True) -> LayerStats:
     """The routed load and cross-domain share of one layer (module docstring)."""
     weights = gang.weights()
     load = [0.0] * gang.size
@@ -91,6 +111,11 @@ def route(shares: Sequence[float], layer: LayerMap, gang: Gang) -> LayerStats:
         local: dict[str, list[int]] = {}
         for g in where:
             local.setdefault(gang.domain[g], []).append(g)
+        if not locality:
+            for g in where:
+                load[g] += p / len(where)
+            cross += p * sum(w * (1.0 - len(local.get(d, ())) / len(where)) for d, w in weights.items())
+            continue
         miss = sum(w for d, w in weights.items() if d not in local)
         for d, gs in local.items():
             for g in gs:

@@ -13,16 +13,18 @@ groups) -> LayerMap` for one layer (`shares`: each logical expert's share of the
   first, to the domain with the least load per GPU; redundant slots first where a domain lacks
   a hot expert (a replica there keeps that domain's pairs for it local), the rest to relieve the
   busiest replica; replicas packed onto each domain's GPUs by the load routing gives them. Of
-  the maps that spend more or fewer slots on coverage, the one with the most coverage whose
-  balancedness is within `BALANCE_SLACK` of the better of EPLB's map and a pure balancer's
-  (EPLB's global policy) on the same load, as this routing serves them.
+  the maps that spend more or fewer slots on coverage, and EPLB's own, the one whose step the
+  cost model predicts shortest (`pools.experts.objective`), EPLB's when it is at least as fast:
+  so its predicted step is never longer than EPLB's. Without a step to minimise, the one with
+  the most coverage whose balancedness is within `BALANCE_SLACK` of the better of EPLB's map and
+  a pure balancer's (EPLB's global policy) on the same load, as this routing serves them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from pools.experts.metrics import Gang, LayerMap, route
+from pools.experts.metrics import Gang, LayerMap, LayerStats, route
 
 Policy = Callable[[Sequence[float], Gang, int, int], LayerMap]
 
@@ -112,26 +114,32 @@ BALANCE_SLACK = 0.01
 """How much balancedness `topology` gives up, at most, against a pure balancer on the same load."""
 
 
-def topology(shares: Sequence[float], gang: Gang, physical: int, groups: int = 1) -> LayerMap:
-    """The map with the fewest pairs crossing domains among those about as balanced as EPLB makes
-    this load: replicas spent on coverage first, fewer of them while balance suffers (module
-    docstring)."""
+def topology(shares: Sequence[float], gang: Gang, physical: int, groups: int = 1, *,
+             step: Callable[[LayerStats], float] | None = None, locality: bool = True,
+             rival: LayerMap | None = None) -> LayerMap:
+    """With `step` (the gang's predicted step for a map's figures, `pools.experts.objective`):
+    the map with the shortest step among those that spend more or fewer redundant slots on
+    coverage, and EPLB's own map, which it returns when that is at least as fast. Without: the
+    map with the fewest pairs crossing domains among those about as balanced as EPLB makes this
+    load (module docstring). `locality`: tokens keep to their domain's replicas (`metrics.route`).
+    `rival`: EPLB's map as the engine computed it (vLLM's own policy), else `eplb`'s."""
     per = _slots_per_gpu(physical, gang, len(shares))
-    target = max(route(shares, _pack_units(shares, [[0]], [list(range(gang.size))], per, 1, gang), gang).balancedness,
-                 route(shares, eplb(shares, gang, physical, groups), gang).balancedness)
-    best: tuple[float, LayerMap] | None = None
-    for coverage in COVERAGE_STEPS:
-        layer = _topology_map(shares, gang, physical, round(coverage * (physical - len(shares))))
-        balance = route(shares, layer, gang).balancedness
-        if balance >= target - BALANCE_SLACK:
-            return layer
-        if best is None or balance > best[0]:
-            best = (balance, layer)
-    assert best is not None
-    return best[1]
+    rival = rival if rival is not None else eplb(shares, gang, physical, groups)
+    maps = [_topology_map(shares, gang, physical, round(c * (physical - len(shares))), locality)
+            for c in COVERAGE_STEPS]
+    if step is not None:
+        best = min(maps, key=lambda m: step(route(shares, m, gang, locality)))
+        return rival if step(route(shares, rival, gang, locality)) <= step(route(shares, best, gang, locality)) \
+            else best
+    target = max(route(shares, _pack_units(shares, [[0]], [list(range(gang.size))], per, 1, gang), gang,
+                       locality).balancedness, route(shares, rival, gang, locality).balancedness)
+    balance = [route(shares, m, gang, locality).balancedness for m in maps]
+    fits = [m for m, b in zip(maps, balance, strict=True) if b >= target - BALANCE_SLACK]
+    return fits[0] if fits else maps[max(range(len(maps)), key=lambda k: (balance[k], -k))]
 
 
-def _topology_map(shares: Sequence[float], gang: Gang, physical: int, coverage: int) -> LayerMap:
+def _topology_map(shares: Sequence[float], gang: Gang, physical: int, coverage: int, locality: bool = True
+                  ) -> LayerMap:
     experts = len(shares)
     per = _slots_per_gpu(physical, gang, experts)
     domains = _by(gang.domain)
@@ -165,7 +173,7 @@ def _topology_map(shares: Sequence[float], gang: Gang, physical: int, coverage: 
         for e in range(experts):
             total = sum(c.get(e, 0) for c in count)
             miss = sum(weight[names[k]] for k in range(len(domains)) if not count[k].get(e))
-            top = max(shares[e] * (weight[names[k]] / count[k][e] + miss / total)
+            top = max(shares[e] * (weight[names[k]] / count[k][e] + miss / total) if locality else shares[e] / total
                       for k in range(len(domains)) if count[k].get(e))
             if any(room(k) for k in range(len(domains))) and (busiest is None or top > busiest[0]):
                 busiest = (top, e)
@@ -176,14 +184,15 @@ def _topology_map(shares: Sequence[float], gang: Gang, physical: int, coverage: 
         lacking = [k for k in open_ if not count[k].get(e)]
         k = max(lacking or open_, key=lambda k: (weight[names[k]] / max(count[k].get(e, 0), 1), -k))
         count[k][e] = count[k].get(e, 0) + 1
-    return _pack_domains(shares, gang, domains, count, per)
+    return _pack_domains(shares, gang, domains, count, per, locality)
 
 
 def _pack_domains(shares: Sequence[float], gang: Gang, domains: list[list[int]], count: list[dict[int, int]],
-                  per: int) -> LayerMap:
+                  per: int, locality: bool) -> LayerMap:
     """Each domain's replicas onto its GPUs, balanced by the load routing sends each replica:
     its domain's tokens for the expert split over the replicas there, plus its share of the
-    tokens from domains without one (`metrics.route`)."""
+    tokens from domains without one (`metrics.route`); without `locality`, the expert's tokens
+    split over all its replicas."""
     weight = gang.weights()
     names = [gang.domain[d[0]] for d in domains]
     total = [sum(count[k].get(e, 0) for k in range(len(domains))) for e in range(len(shares))]
@@ -191,7 +200,8 @@ def _pack_domains(shares: Sequence[float], gang: Gang, domains: list[list[int]],
     held: list[list[int]] = [[] for _ in range(gang.size)]
     for k, gpus in enumerate(domains):
         reps = [e for e, c in sorted(count[k].items()) for _ in range(c)]
-        loads = [shares[e] * (weight[names[k]] / count[k][e] + miss[e] / total[e]) for e in reps]
+        loads = [shares[e] * (weight[names[k]] / count[k][e] + miss[e] / total[e]) if locality
+                 else shares[e] / total[e] for e in reps]
         for j, pack in enumerate(balanced_packing(loads, len(gpus))):
             held[gpus[j]] = sorted(reps[i] for i in pack)
         if any(len(held[g]) != per for g in gpus):

@@ -26,7 +26,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"topology", "wire"}),
     frozenset({"physics"}),
     frozenset({"pools"}),
-    frozenset({"router", "control", "simengine"}),
+    frozenset({"router", "control", "simengine", "vllmplugin"}),
     frozenset({"isleserve"}),
     frozenset({"loadtest"}),
 )
@@ -35,8 +35,9 @@ never import each other. `python -m X` entries (`X.__main__`) and `isle.py` sit 
 PACKAGES = tuple(sorted(p for layer in LAYERS for p in layer))
 LAYER_OF = {p: i for i, layer in enumerate(LAYERS) for p in layer}
 IO_MODULES = ("ray", "asyncio", "socket", "subprocess", "threading", "httpx", "httptools", "uvloop",
-              "multiprocessing", "selectors")
-"""What decision code never reaches: Ray, event loops, sockets, threads, processes, HTTP."""
+              "multiprocessing", "selectors", "torch", "vllm")
+"""What decision code never reaches: Ray, event loops, sockets, threads, processes, HTTP, and the
+engine's own libraries (the vLLM plugin, `vllmplugin`, turns their tensors into plain values)."""
 PURE = ("pools", "physics")
 MAX_SHARE = 0.30
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from control.replicas.vllm.command import API_SERVER_MODULE, DEFAULT_CONNECTOR, KV_ROLES
+from pools.experts.engine import ENV as EXPERT_SPEC_ENV
+from pools.experts.engine import LOAD_DIR_ENV, ExpertSpec
 from pools.model import ROLES, GangMember, PoolSpec, ReplicaPlacement, Role
 from pools.pinning import gpu_resource, nic_env
 from topology import Tier
@@ -86,6 +88,11 @@ class GangSettings:
     """Node -> GPU index -> (GPU PCI bus id, NIC PCI bus id), for VLLM_GPU_NIC_PCIE_MAPPING."""
     python: str = "python"
     extra_args: tuple[str, ...] = ()
+    expert_spec: ExpertSpec | None = None
+    """The gang's expert spec for the isleserve vLLM plugin (`ISLE_EXPERT_SPEC` in every
+    process): with EPLB on, vLLM's policy becomes the topology policy over these domains."""
+    expert_load_dir: str | None = None
+    """Where the plugin writes the load windows vLLM's EPLB hands it (`ISLE_EXPERT_LOAD_DIR`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,6 +201,9 @@ def check(placement: ReplicaPlacement, pool: PoolSpec, settings: GangSettings) -
     if not ray:
         problems += _rank_layout_problems(members)
     problems += _port_problems(placement, settings)
+    spec = settings.expert_spec
+    if spec is not None and spec.ranks != pool.tp * pool.dp:
+        problems.append(f"the expert spec names {spec.ranks} EP ranks, the pool has tp x dp = {pool.tp * pool.dp}")
     if problems:
         raise ValueError(f"gang {name}: {'; '.join(problems)}")
 
@@ -278,6 +288,10 @@ def _env(placement: ReplicaPlacement, settings: GangSettings, node: str, members
     if gpus and all(g in bus_ids for g in gpus):
         env["VLLM_GPU_NIC_PCIE_MAPPING"] = ",".join(f"{bus_ids[g][0]}={bus_ids[g][1]}" for g in gpus)
         env["VLLM_NIC_SELECTION_VARS"] = NIC_SELECTION_VARS
+    if settings.expert_spec is not None:
+        env[EXPERT_SPEC_ENV] = settings.expert_spec.to_json()
+    if settings.expert_load_dir:
+        env[LOAD_DIR_ENV] = settings.expert_load_dir
     if placement.role != "mixed":
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(settings.side_channel_port)
         if address is not None:
