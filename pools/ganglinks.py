@@ -89,7 +89,7 @@ def gang_cost(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, over
     links = gang_links(topology, p) if pool.expert_parallel else None
     imbalance = None
     if experts is not None and links is not None and pool.model is not None:
-        imbalance, cross = effect(topology, p, pool.model, experts)
+        imbalance, cross = effect(topology, p, pool.model, experts, links)
         if links.carrier != "nvlink":
             links = replace(links, outside_share=cross)
     return GangCost(dp=pool.dp, pp=pool.pp, expert_parallel=pool.expert_parallel, links=links, imbalance=imbalance,

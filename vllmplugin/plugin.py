@@ -19,7 +19,7 @@ def register() -> None:
     spec = spec_from_env(os.environ)
     if spec is None:
         _registered.append("none")
-        logger.info("no %s, vLLM's own EPLB policy stays", ENV)
+        logger.debug("no %s, vLLM's own EPLB policy stays", ENV)
         return
     from vllm.distributed.eplb import policy as policies
 

@@ -229,12 +229,13 @@ def with_expert_maps(topology: Topology, request: PlacementRequest,
     from dataclasses import replace
 
     from pools.experts.effect import figures
+    from pools.ganglinks import gang_links
 
     out = []
     for pl in placements:
         pool = pools.get(pl.pool)
         wanted = pool is not None and pool.experts is not None and pl.members and pool.model is not None
-        out.append(replace(pl, experts=figures(topology, pl, str(pool.model), pool.experts))
+        out.append(replace(pl, experts=figures(topology, pl, str(pool.model), pool.experts, gang_links(topology, pl)))
                    if wanted and pool is not None and pool.experts is not None else pl)
     return out
 

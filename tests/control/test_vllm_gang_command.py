@@ -166,3 +166,29 @@ def test_cli_launch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*args[:5], "--pool", "nope"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert main([*args, "--port", "0"]) == 2 and "out of range" in capsys.readouterr().err
+
+
+def test_cli_launch_hands_every_process_the_plans_expert_domains(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n  - {name: decode, role: decode, tp: 1, dp: 16, expert_parallel: true, replicas: 1, "
+                     "model: deepseek-v3, experts: {policy: topology, redundant: 32}}\n")
+    assert main(["plan", "--topology", str(tmp_path / "cluster.yaml"), "--pools", str(pools), "--format", "json"]) == 0
+    (tmp_path / "plan.json").write_text(capsys.readouterr().out)
+    args = ["launch", "--plan", str(tmp_path / "plan.json"), "--pools", str(pools), "--pool", "decode",
+            "--gpu", "h100-sxm", "--expert-load-dir", "/var/isle/eplb", "--format", "json"]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    specs = [json.loads(d["env"]["ISLE_EXPERT_SPEC"]) for d in doc]
+    assert specs[0] == specs[1] and {d["env"]["ISLE_EXPERT_LOAD_DIR"] for d in doc} == {"/var/isle/eplb"}
+    nodes = [d["node"] for d in doc]
+    # EP rank r is DP rank r (tp=1): ranks 0-7 on the head's node and domain, 8-15 on the other's
+    assert specs[0]["hosts"] == [nodes[0]] * 8 + [nodes[1]] * 8
+    assert len(set(specs[0]["domains"][:8])) == 1 and set(specs[0]["domains"][:8]) != set(specs[0]["domains"][8:])
+    assert specs[0]["model"] == "deepseek-v3" and specs[0]["locality"] is True
+    assert "--enable-eplb" in doc[0]["argv"]  # the pool's redundant experts turn EPLB on
+    # the pool asks for vLLM's own EPLB: no spec, vLLM's policy stays
+    pools.write_text(pools.read_text().replace("policy: topology", "policy: eplb"))
+    assert main(args) == 0
+    assert all("ISLE_EXPERT_SPEC" not in d["env"] for d in json.loads(capsys.readouterr().out))

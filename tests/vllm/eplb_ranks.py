@@ -112,7 +112,7 @@ def rank_main(rank: int, world: int, port: int, load_path: str, out_dir: str, ex
                                                                       layer.eplb_state.logical_replica_count.tolist(),
                                                                       strict=True)] for layer in model.moe_layers],
                "replica_count": [layer.eplb_state.logical_replica_count.tolist() for layer in model.moe_layers],
-               "window": [[int(x) for x in row] for row in state.model_states["isle-eplb-probe"].last_expert_load.tolist()]}
+               "window": [[int(x) for x in row] for row in held.last_expert_load.tolist()]}
         if rank == 0:
             from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
@@ -123,5 +123,6 @@ def rank_main(rank: int, world: int, port: int, load_path: str, out_dir: str, ex
 
 if __name__ == "__main__":
     world, port = int(sys.argv[1]), int(sys.argv[2])
-    mp.spawn(rank_main, args=(world, port, sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])),
-             nprocs=world)
+    spawn = mp.spawn  # type: ignore[attr-defined]
+    spawn(rank_main, args=(world, port, sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])),  # type: ignore[no-untyped-call]
+          nprocs=world)

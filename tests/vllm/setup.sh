@@ -52,6 +52,10 @@ for name, text in files.items():
 (info / "RECORD").write_text("".join(f"{info.name}/{n},,\n" for n in [*files, "RECORD"]))
 PY
 "$VENV/bin/vllm" bench serve --help > /dev/null
+# The isleserve vLLM plugin (vllmplugin/, entry point `isleserve` in vllm.general_plugins): this
+# checkout, editable, without its dependencies (the plugin needs only torch and vllm from here)
+"$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e . 2>&1 | grep -v "is ignored: it is neither" || true
+"$VENV/bin/python" -c "import importlib.metadata as md; assert any(e.name == 'isleserve' for e in md.entry_points(group='vllm.general_plugins')), 'isleserve vLLM plugin not registered'"
 # Fix 3 (AMX hosts): every process of the environment asks Linux for AMX (see the file)
 cp tests/vllm/isle_amx.pth "$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/"
 installed=$(date +%s)
