@@ -88,10 +88,11 @@ def autoscale_settings(scenario: Scenario, autoscaler: str) -> tuple[tuple[PoolS
 
 
 def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[TraceRequest],
-            expert_policy: str | None = None, autoscaler: str | None = None) -> dict[str, Any]:
+            expert_policy: str | None = None, autoscaler: str | None = None, locality: bool = True) -> dict[str, Any]:
     """One placement policy (and expert policy, for EP gangs; or autoscaler) at one rate. With an
-    expert policy the row's `policy` is `PLACEMENT+EXPERTS` and `placement_policy`/`expert_policy`
-    say each; with an autoscaler, `autoscaler` names it (`blind` places with first-fit)."""
+    expert policy the row's `policy` is `PLACEMENT+EXPERTS` (`+any-copy` without domain-local
+    copies: vLLM's own choice) and `placement_policy`/`expert_policy`/`expert_locality` say each;
+    with an autoscaler, `autoscaler` names it (`blind` places with first-fit)."""
     classes = scenario.classes()
     pools, autoscale = autoscale_settings(scenario, autoscaler) if autoscaler else (scenario.pools(), None)
     if autoscaler == "blind":
@@ -106,7 +107,7 @@ def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[Tra
                        seed=scenario.config.seed, model=scenario.model(), detect_s=scenario.config.detect_s,
                        experts=None if expert_policy is None else ExpertChoice(
                            policy=expert_policy, load=scenario.config.expert_load,
-                           redundant=scenario.config.redundant_experts), autoscale=autoscale)
+                           redundant=scenario.config.redundant_experts, locality=locality), autoscale=autoscale)
     t0 = time.process_time()
     result = simulate(config, workload)
     cpu_s = time.process_time() - t0
@@ -114,9 +115,11 @@ def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[Tra
     summary = summarize(result.results, classes, max(result.duration_s, span, 1e-9))
     return {
         "scenario": scenario.name, "mode": "sim", "routing": "scenario",
-        "policy": policy if expert_policy is None and autoscaler is None else f"{policy}+{expert_policy}"
-        if autoscaler is None else f"{policy}+autoscale:{autoscaler}",
-        **({"placement_policy": policy, "expert_policy": expert_policy} if expert_policy is not None else {}),
+        "policy": policy if expert_policy is None and autoscaler is None
+        else f"{policy}+{expert_policy}{'' if locality else '+any-copy'}" if autoscaler is None
+        else f"{policy}+autoscale:{autoscaler}",
+        **({"placement_policy": policy, "expert_policy": expert_policy, "expert_locality": locality}
+           if expert_policy is not None else {}),
         "rate_scale": rate, "rate_rps": round(len(workload) / span, 4) if span > 0 else math.nan,
         "goodput_rps": summary["goodput_rps"],
         "output_tokens_per_gpu_s": round(summary["good_output_tok_s"] / max(plan.gpus_used, 1), 3),
@@ -142,15 +145,16 @@ def compare(scenario: Scenario, out: Path, progress: bool = True, autoscalers: S
     instead, with the scenario's first policy (`blind`: first-fit)."""
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    runs: list[tuple[str, str | None, str | None]] = [
-        (p, e, None) for p in scenario.config.policies for e in scenario.config.expert_policies()]
+    runs: list[tuple[str, str | None, str | None, bool]] = [
+        (p, e, None, local) for p in scenario.config.policies for e in scenario.config.expert_policies()
+        for local in (scenario.config.expert_localities() if e is not None else [True])]
     if autoscalers:
-        runs = [(scenario.config.policies[0], None, a) for a in autoscalers]
+        runs = [(scenario.config.policies[0], None, a, True) for a in autoscalers]
     with (out / "results.jsonl").open("w") as f:
         for rate in scenario.config.rates:
             workload = workload_for(scenario, rate)
-            for policy, experts, autoscaler in runs:
-                row = run_one(scenario, policy, rate, workload, experts, autoscaler)
+            for policy, experts, autoscaler, local in runs:
+                row = run_one(scenario, policy, rate, workload, experts, autoscaler, local)
                 rows.append(row)
                 f.write(json.dumps(row) + "\n")
                 f.flush()

@@ -76,12 +76,18 @@ class ScenarioConfig(_Strict):
         default=None, description="EP gangs' expert placement: topology, eplb or linear (a list: compare them)")
     expert_load: str = Field(default="zipf:1.3", description="expert load: a load file or zipf:SKEW[:SEED]")
     redundant_experts: int = Field(default=0, ge=0, description="redundant experts per EP gang ((E + R) % EP == 0)")
+    expert_locality: bool | list[bool] = Field(
+        default=True, description="a token uses a copy of an expert in its own NVLink domain (the isleserve vLLM "
+        "plugin); false: any copy (vLLM's own choice); a list: compare them")
     autoscaling: AutoscaleScenarioConfig | None = None
 
     def expert_policies(self) -> list[str | None]:
         if self.expert_policy is None:
             return [None]
         return [self.expert_policy] if isinstance(self.expert_policy, str) else list(self.expert_policy)
+
+    def expert_localities(self) -> list[bool]:
+        return [self.expert_locality] if isinstance(self.expert_locality, bool) else list(self.expert_locality)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
