@@ -22,6 +22,7 @@ groups) -> LayerMap` for one layer (`shares`: each logical expert's share of the
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 
 from pools.experts.metrics import Gang, LayerMap, LayerStats, route
@@ -49,12 +50,13 @@ def balanced_packing(weights: Sequence[float], packs: int) -> list[list[int]]:
     if len(weights) % packs:
         raise ValueError(f"{len(weights)} items do not split into {packs} equal packs")
     per = len(weights) // packs
-    load = [0.0] * packs
     out: list[list[int]] = [[] for _ in range(packs)]
+    lightest = [(0.0, k) for k in range(packs)]  # (load, pack) of every pack with room: a heap
     for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
-        k = min((k for k in range(packs) if len(out[k]) < per), key=lambda k: (load[k], k))
+        load, k = heapq.heappop(lightest)
         out[k].append(i)
-        load[k] += weights[i]
+        if len(out[k]) < per:
+            heapq.heappush(lightest, (load + weights[i], k))
     return out
 
 
@@ -144,46 +146,53 @@ def _topology_map(shares: Sequence[float], gang: Gang, physical: int, coverage: 
     per = _slots_per_gpu(physical, gang, experts)
     domains = _by(gang.domain)
     names = [gang.domain[d[0]] for d in domains]
-    weight = gang.weights()
+    weight = [gang.weights()[n] for n in names]
     slots = [len(d) * per for d in domains]
+    used = [0] * len(domains)
     count: list[dict[int, int]] = [dict() for _ in domains]
+
+    def add(k: int, e: int) -> None:
+        count[k][e] = count[k].get(e, 0) + 1
+        used[k] += 1
+
     # one replica of every expert, heaviest first, to the domain with the least load per GPU
     load = [0.0] * len(domains)
     for e in sorted(range(experts), key=lambda e: (-shares[e], e)):
-        k = min((k for k in range(len(domains)) if sum(count[k].values()) < slots[k]),
-                key=lambda k: (load[k] / len(domains[k]), k))
-        count[k][e] = 1
+        k = min((k for k in range(len(domains)) if used[k] < slots[k]), key=lambda k: (load[k] / len(domains[k]), k))
+        add(k, e)
         load[k] += shares[e]
+    # coverage: a replica where a domain lacks a hot expert keeps that domain's pairs local (the
+    # best pair first; a pair that stops qualifying never qualifies again, so one pass suffices)
+    if coverage > 0:
+        pairs = sorted(((shares[e] * weight[k], k, e) for k in range(len(domains)) for e in range(experts)),
+                       reverse=True)
+        placed = 0
+        for _, k, e in pairs:
+            if placed == coverage:
+                break
+            if used[k] < slots[k] and not count[k].get(e):
+                add(k, e)
+                placed += 1
 
-    def room(k: int) -> bool:
-        return sum(count[k].values()) < slots[k]
+    def top(e: int) -> float:
+        """The load on expert e's busiest replica, as routing sends it."""
+        total = sum(c.get(e, 0) for c in count)
+        miss = sum(weight[k] for k in range(len(domains)) if not count[k].get(e))
+        return max(shares[e] * (weight[k] / count[k][e] + miss / total) if locality else shares[e] / total
+                   for k in range(len(domains)) if count[k].get(e))
 
-    # coverage: a replica where a domain lacks a hot expert keeps that domain's pairs local
-    for _ in range(coverage):
-        options = [(shares[e] * weight[names[k]], k, e) for k in range(len(domains)) if room(k)
-                   for e in range(experts) if not count[k].get(e)]
-        if not options:
-            break
-        _, k, e = max(options)
-        count[k][e] = 1
     # balance: every other slot relieves the busiest replica, in a domain that lacks its expert
     # when one has room (which also keeps that domain's pairs local), else beside it
-    for _ in range(physical - sum(sum(c.values()) for c in count)):
-        busiest: tuple[float, int] | None = None
-        for e in range(experts):
-            total = sum(c.get(e, 0) for c in count)
-            miss = sum(weight[names[k]] for k in range(len(domains)) if not count[k].get(e))
-            top = max(shares[e] * (weight[names[k]] / count[k][e] + miss / total) if locality else shares[e] / total
-                      for k in range(len(domains)) if count[k].get(e))
-            if any(room(k) for k in range(len(domains))) and (busiest is None or top > busiest[0]):
-                busiest = (top, e)
-        if busiest is None:
+    tops = [top(e) for e in range(experts)]
+    for _ in range(physical - sum(used)):
+        open_ = [k for k in range(len(domains)) if used[k] < slots[k]]
+        if not open_:
             break
-        e = busiest[1]
-        open_ = [k for k in range(len(domains)) if room(k)]
+        e = max(range(experts), key=lambda e: (tops[e], -e))
         lacking = [k for k in open_ if not count[k].get(e)]
-        k = max(lacking or open_, key=lambda k: (weight[names[k]] / max(count[k].get(e, 0), 1), -k))
-        count[k][e] = count[k].get(e, 0) + 1
+        k = max(lacking or open_, key=lambda k: (weight[k] / max(count[k].get(e, 0), 1), -k))
+        add(k, e)
+        tops[e] = top(e)
     return _pack_domains(shares, gang, domains, count, per, locality)
 
 
