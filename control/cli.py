@@ -73,9 +73,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     redundant = args.eplb_redundant if args.eplb_redundant is not None else (
         wanted.redundant if wanted is not None and wanted.redundant else None)
     eplb = None if redundant is None else EplbSettings(num_redundant_experts=redundant)
-    # with EPLB on, the isleserve vLLM plugin replaces vLLM's policy (unless the pool asks for eplb)
+    # with EPLB on, the isleserve vLLM plugin replaces vLLM's policy (unless the pool asks for eplb;
+    # a pipelined gang keeps vLLM's: its EP ranks per stage are not planned here)
     spec = None
-    if eplb is not None and (wanted is None or wanted.policy == "topology"):
+    if eplb is not None and (wanted is None or wanted.policy == "topology") and pools[args.pool].pp == 1:
         from pools.experts.engine import spec_for
 
         spec = spec_for(placement, pools[args.pool].model, args.gpu,

@@ -1,11 +1,19 @@
 """Domain-local replica choice. vLLM's MoE router picks an expert's copy as
-`logical_to_physical_map[expert][hash(token) % logical_replica_count[expert]]`, from the lists
-vLLM derives from the physical-to-logical map in `eplb_state.compute_logical_maps` when it
-commits a map. Every rank holds its own copy of those lists, so giving each rank only the
-copies inside its own NVLink domain (all copies when its domain has none) makes vLLM's router
-domain-local with no change to the kernel: this wraps that one function. What vLLM would need to
-do it without a wrapper: a `rank` argument to `compute_logical_maps` (or a policy hook that
-returns per-rank lists) — docs/experts.md."""
+`logical_to_physical_map[expert][hash(token) % logical_replica_count[expert]]`, from lists every
+rank holds for itself, which vLLM rewrites from the physical-to-logical map each time it commits
+one (`eplb_state._commit_eplb_maps`, and `_commit_eplb_maps_for_layer` on the async path). The
+plugin wraps those two functions: after vLLM's commit, this rank's lists hold only the copies
+inside its own NVLink domain (all copies where its domain has none), so vLLM's router is
+domain-local with no change to its kernel.
+
+Only where each token is mapped on its own rank: when vLLM dispatches router logits to every
+rank instead (`do_naive_dispatch_combine`: data parallel with a quantisation method that has no
+modular kernel), every rank maps every token and must map it alike, so the lists stay vLLM's.
+The lists vLLM builds when the model is added are vLLM's until the first rearrangement.
+
+What vLLM would need to do this without wrappers: a rank (or rank-to-domain map) argument to
+`compute_logical_maps`, or a policy method returning per-rank replica lists that the commits use
+(docs/experts.md)."""
 
 from __future__ import annotations
 
@@ -14,30 +22,60 @@ from typing import Any
 import torch
 
 from pools.experts.engine import ExpertSpec, local_replicas
+from vllmplugin.log import logger
 
 
 def install(spec: ExpertSpec) -> None:
-    """Wrap `vllm.distributed.eplb.eplb_state.compute_logical_maps` (once)."""
+    """Wrap vLLM's two commits (once per process)."""
     from vllm.distributed.eplb import eplb_state
 
-    original = eplb_state.compute_logical_maps
-    if getattr(original, "isleserve_spec", None) is not None:
+    if getattr(eplb_state, "isleserve_locality", None) is not None:
         return
+    commit, commit_layer = eplb_state._commit_eplb_maps, eplb_state._commit_eplb_maps_for_layer
 
-    def compute_logical_maps(physical_to_logical_map: torch.Tensor, num_logical_experts: int) -> Any:
-        logical, count = original(physical_to_logical_map, num_logical_experts)
-        rank = _rank(spec)
-        if rank is None or physical_to_logical_map.shape[-1] % spec.ranks:
-            return logical, count
-        return localise(spec, rank, physical_to_logical_map, num_logical_experts, count.dtype)
+    def commit_maps(model_state: Any, new_physical_to_logical_map: torch.Tensor) -> None:
+        commit(model_state, new_physical_to_logical_map)
+        rewrite(spec, model_state, new_physical_to_logical_map, None)
 
-    compute_logical_maps.isleserve_spec = spec  # type: ignore[attr-defined]
-    eplb_state.compute_logical_maps = compute_logical_maps
+    def commit_layer_maps(model_state: Any, new_physical_to_logical_map: torch.Tensor, layer: int) -> None:
+        commit_layer(model_state, new_physical_to_logical_map, layer)
+        rewrite(spec, model_state, new_physical_to_logical_map, layer)
+
+    eplb_state._commit_eplb_maps = commit_maps
+    eplb_state._commit_eplb_maps_for_layer = commit_layer_maps
+    eplb_state.isleserve_locality = spec
+
+
+def rewrite(spec: ExpertSpec, model_state: Any, physical_to_logical: torch.Tensor, layer: int | None) -> None:
+    """This rank's lists after vLLM committed `physical_to_logical` (all layers, or `layer`)."""
+    rank = _rank(spec)
+    if rank is None or physical_to_logical.shape[-1] % spec.ranks or naive_dispatch(model_state.model):
+        return
+    lists, counts = model_state.logical_to_physical_map, model_state.logical_replica_count
+    if layer is not None:
+        lists, counts = lists[layer], counts[layer]
+    logical, count = localise(spec, rank, physical_to_logical.cpu(), lists.shape[-2], counts.dtype)
+    padded = torch.full(lists.shape, -1, dtype=lists.dtype)
+    padded[..., :logical.shape[-1]] = logical
+    from vllm.utils.gpu_sync_debug import gpu_sync_allowed
+
+    with gpu_sync_allowed():
+        lists.copy_(padded)
+        counts.copy_(count)
+
+
+def naive_dispatch(model: Any) -> bool:
+    """Whether any MoE layer maps every rank's tokens on every rank (module docstring)."""
+    naive = any(bool(getattr(layer, "do_naive_dispatch_combine", False)) for layer in getattr(model, "moe_layers", ()))
+    if naive:
+        logger.warning("vLLM dispatches router logits to every rank here (no modular MoE kernel): each rank keeps "
+                       "vLLM's replica lists, not its domain's")
+    return naive
 
 
 def localise(spec: ExpertSpec, rank: int, physical_to_logical_map: torch.Tensor, experts: int,
              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """`compute_logical_maps`' two results for `rank`: its domain's copies first and only."""
+    """vLLM's two lists (`compute_logical_maps`' shapes) for `rank`: its domain's copies only."""
     single = physical_to_logical_map.dim() == 1
     rows = [physical_to_logical_map.tolist()] if single else physical_to_logical_map.tolist()
     lists = [local_replicas(row, spec.domains, rank, experts) for row in rows]

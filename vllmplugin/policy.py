@@ -35,30 +35,39 @@ class TopologyEplbPolicy(AbstractEplbPolicy):  # type: ignore[misc]
                            spec.ranks if spec is not None else "no", num_ranks)
             return theirs
         load = weight.float().tolist()
-        old = old_global_expert_indices.tolist() if old_global_expert_indices is not None else None
-        ours = rebalance(spec, load, num_replicas, num_groups, theirs.tolist(), old)
+        try:
+            old = old_global_expert_indices.tolist() if old_global_expert_indices is not None else None
+            ours = rebalance(spec, load, num_replicas, num_groups, theirs.tolist(), old)
+        except Exception:  # a failure here must not stop vLLM's EPLB: every rank falls back alike
+            logger.exception("EPLB policy failed: vLLM's own map")
+            return theirs
         result = torch.tensor(ours, dtype=theirs.dtype, device=theirs.device)
         kept = sum(1 for a, b in zip(ours, theirs.tolist(), strict=True) if a == b)
         logger.info("EPLB policy: %d layers, %d physical experts over %d ranks (%d NVLink domains; vLLM "
                     "counts %d nodes): vLLM's own map kept in %d layers", len(ours), num_replicas, num_ranks,
                     len(set(spec.domains)), num_nodes, kept)
-        _record(load, result.tolist(), num_replicas=num_replicas, num_groups=num_groups, num_nodes=num_nodes,
+        _record(load, ours, num_replicas=num_replicas, num_groups=num_groups, num_nodes=num_nodes,
                 num_ranks=num_ranks, vllm_kept_layers=kept)
         return result
 
 
 def _record(load: list[list[float]], phys2log: list[list[int]], **meta: Any) -> None:
-    """Write the load window (and the map returned) on the EP group's first rank."""
+    """Write the load window (and the map returned) on the EP group's first rank; not the empty
+    window of vLLM's start-up profile run. A write that fails is logged, never raised (the other
+    ranks would wait for this one in the next collective)."""
     where = os.environ.get(LOAD_DIR_ENV)
-    if not where or _ep_rank() not in (0, None):
+    if not where or _ep_rank() not in (0, None) or not any(any(row) for row in load):
         return
-    folder = Path(where)
-    folder.mkdir(parents=True, exist_ok=True)
-    name = folder / f"eplb-load-{os.getpid()}-{TopologyEplbPolicy.calls}.json"
-    doc = load_record(load, **meta, physical_to_logical=phys2log, time=time.time())
-    tmp = name.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(name)
+    try:
+        folder = Path(where)
+        folder.mkdir(parents=True, exist_ok=True)
+        name = folder / f"eplb-load-{os.getpid()}-{TopologyEplbPolicy.calls}.json"
+        doc = load_record(load, **meta, physical_to_logical=phys2log, time=time.time())
+        tmp = name.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(name)
+    except OSError as err:
+        logger.error("EPLB load record not written to %s: %s", where, err)
 
 
 def _ep_rank() -> int | None:

@@ -290,6 +290,8 @@ def _env(placement: ReplicaPlacement, settings: GangSettings, node: str, members
         env["VLLM_NIC_SELECTION_VARS"] = NIC_SELECTION_VARS
     if settings.expert_spec is not None:
         env[EXPERT_SPEC_ENV] = settings.expert_spec.to_json()
+        # vLLM's Ray executor copies only VLLM_*, NCCL_*, ... to its workers: name ours
+        env["VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"] = f"{EXPERT_SPEC_ENV},{LOAD_DIR_ENV}"
     if settings.expert_load_dir:
         env[LOAD_DIR_ENV] = settings.expert_load_dir
     if placement.role != "mixed":
