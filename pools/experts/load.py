@@ -78,6 +78,10 @@ def read_load(path: str, experts: int | None = None) -> ExpertLoad:
         raise ValueError(f"cannot read load file {path}: {err.strerror}") from None
     except UnicodeDecodeError:
         raise ValueError(f"load file {path} is not text: want {FORMS}") from None
+    if "EPLB step:" in text and "balancedness=" in text:
+        raise ValueError(f"load file {path} is vLLM's EPLB log (log_balancedness): its lines hold per-GPU totals "
+                         f"(avg_tokens, max_tokens, balancedness), not tokens per expert; the isleserve vLLM plugin "
+                         f"writes vLLM's per-expert load window to ISLE_EXPERT_LOAD_DIR (docs/experts.md)")
     if text.lstrip().lower().startswith("layer_id"):
         return validate(_csv_rows(text, path), experts)
     try:

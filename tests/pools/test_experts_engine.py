@@ -159,7 +159,9 @@ def test_load_files_in_every_form_read_alike(tmp_path: Path) -> None:
     for name, text, message in [("x.pt", "", "save its logical_count as JSON"),
                                 ("bad.csv", "layer_id,expert_id,count\n1,x,3\n", "line 2"),
                                 ("zero.json", '{"logical_count": [[0, 0]]}', "all zero"),
-                                ("odd.json", '{"logical_count": [[[1, 2]], [[1, 2], [3, 4]]]}', "rows hold")]:
+                                ("odd.json", '{"logical_count": [[[1, 2]], [[1, 2], [3, 4]]]}', "rows hold"),
+                                ("vllm.log", "INFO 12-04 07:18:50 [eplb_state.py:635] EPLB step: 3000 for model m: "
+                                 "avg_tokens=812.50, max_tokens=1210, balancedness=0.6715\n", "per-GPU totals")]:
         (tmp_path / name).write_text(text)
         with pytest.raises(ValueError, match=message):
             read_load(str(tmp_path / name))
