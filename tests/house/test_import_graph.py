@@ -23,6 +23,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.unit
 
 LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"kvblocks"}),
     frozenset({"topology", "wire"}),
     frozenset({"physics"}),
     frozenset({"pools"}),
@@ -38,7 +39,7 @@ IO_MODULES = ("ray", "asyncio", "socket", "subprocess", "threading", "httpx", "h
               "multiprocessing", "selectors", "torch", "vllm")
 """What decision code never reaches: Ray, event loops, sockets, threads, processes, HTTP, and the
 engine's own libraries (the vLLM plugin, `vllmplugin`, turns their tensors into plain values)."""
-PURE = ("pools", "physics")
+PURE = ("pools", "physics", "kvblocks")
 MAX_SHARE = 0.30
 
 Graph = Mapping[str, frozenset[str]]
