@@ -19,6 +19,8 @@ COMPARED = (("eplb", True), ("eplb", False), ("topology", True), ("topology", Fa
 
 def _answer(args: argparse.Namespace, policy: str, locality: bool) -> dict[str, Any]:
     load = load_of(args.load, args.model)
+    if args.shape and (args.plan or args.pool or args.topology):
+        raise ValueError("experts: --shape names a gang of its own: give it without --plan, --pool or --topology")
     if args.shape:
         found = shape(args.shape)
         answer = map_gang(args.model, found.gang, found.links, args.gpu or found.gpu, found.phase, load, policy,

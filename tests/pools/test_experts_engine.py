@@ -131,6 +131,22 @@ def test_without_locality_tokens_spread_over_every_copy() -> None:
     assert route(shares, layer, gang, False).cross_share == pytest.approx(0.5)
 
 
+def test_a_tp2_dp2_gang_lists_each_dp_ranks_tp_ranks_in_order() -> None:
+    plan = {**PLAN, "members": [
+        {"node": "n1", "gpus": [2, 3], "dp_rank_start": 1, "pp_stage": 0, "nic": None},
+        {"node": "n0", "gpus": [0, 1], "dp_rank_start": 0, "pp_stage": 0, "nic": None}],
+        "island": "n0/island0+n1/island0"}
+    found = spec_for(placement_from_json(plan), "deepseek-v3")
+    assert found.hosts == ("n0", "n0", "n1", "n1") and found.ranks == 4  # EP rank = DP rank x TP + TP rank
+
+
+def test_a_shape_and_a_plan_together_are_refused(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "pools", "experts", "--model", "deepseek-v3", "--shape", "nvl72",
+                          "--plan", str(tmp_path / "p.json"), "--pool", "decode", "--load", "zipf:1"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    assert out.returncode == 2 and "--shape names a gang of its own" in out.stderr
+
+
 def test_the_experts_command_compares_both_policies_both_ways() -> None:
     out = subprocess.run([sys.executable, "-m", "pools", "experts", "--model", "deepseek-v3", "--shape",
                           "b200x2-ep16", "--redundant", "16", "--load", "zipf:1.3", "--compare", "--format", "json"],
