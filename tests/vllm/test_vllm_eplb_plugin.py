@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from pools.experts.load import synthetic
 from pools.experts.metrics import route
 from pools.experts.objective import objective
 from tests.conftest import ROOT
+from tests.support.ports import free_ports
 from tests.vllm.conftest import MODEL_DIR, PYTHON
 
 pytestmark = pytest.mark.vllm
@@ -74,9 +74,7 @@ def test_vllms_eplb_calls_the_plugins_policy_and_keeps_each_rank_in_its_domain(
     experts, redundant = model.moe.routed_experts, 32
     load = synthetic(experts, 2, skew=1.3, seed=4, topk=8, groups=8, groups_per_token=4)
     (tmp_path / "load.json").write_text(json.dumps({"layers": [[int(x) for x in row] for row in load.layers]}))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_ports(1)[0]
     out = tmp_path / "ranks"
     out.mkdir()
     done = subprocess.run([str(PYTHON), str(ROOT / "tests" / "vllm" / "eplb_ranks.py"), "4", str(port),

@@ -5,11 +5,11 @@ a gap filled from the replay buffer, and what no replay can bring back."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
 from kvblocks.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from tests.support.ports import free_ports
 from wire.kvevents import Publisher, Subscriber, decode, encode
 
 pytestmark = pytest.mark.integration
@@ -24,17 +24,9 @@ def test_a_batch_round_trips_and_garbage_is_refused() -> None:
         decode(b"\x93\x01")
 
 
-def _ports() -> tuple[int, int]:
-    out = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            out.append(s.getsockname()[1])
-    return out[0], out[1]
-
 
 def test_live_batches_replays_and_gaps() -> None:
-    pub_port, replay_port = _ports()
+    pub_port, replay_port = free_ports(2)
     endpoint, replay = f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}"
     got: list[float] = []
 
