@@ -1,18 +1,20 @@
 """An engine's prefix cache, as vLLM's v1 KV-cache manager keeps one: `capacity` blocks of
-`block_size` tokens, and the events it publishes (block hashes are the keys of `keys`).
+`block_size` tokens, the blocks each request holds, and the events it publishes (block hashes
+are the keys of `keys`).
 
-- `start(request, tokens)`: the prompt's leading blocks already cached are a hit and are
-  pinned; blocks for the rest are allocated, the empty ones first, then the least recently
-  freed cached block (its key leaves the cache: `BlockRemoved`). None when even evicting every
-  unpinned block leaves too few: the request waits, nothing changes.
-- `computed(request)`: the prompt's prefill is done; its full blocks not yet cached become
-  cached (`BlockStored` per run, parent the block before); one another request cached
+- `start(request, tokens)`: the prompt's leading blocks already cached are a hit: the request
+  holds them (pinned) from now on; returns how many.
+- `grow(request, tokens)`: the request's context is to reach `tokens`: it gets the blocks it
+  lacks, the empty ones first, then the least recently freed cached ones (their keys leave the
+  cache: `BlockRemoved`). False (and nothing changes) when too few are free.
+- `computed(request, tokens)`: its first `tokens` tokens are computed; the prompt's full blocks
+  among them that are not cached yet become cached (`BlockStored` per run, parent the block
+  before), as vLLM caches each chunk as it is prefilled. A block another request cached
   meanwhile is shared and this request's copy freed.
-- `grow(request, tokens)`: a running request's context reached `tokens`; a block more when it
-  crosses a block boundary (decode). False when none is free.
-- `finish(request)`: its cached blocks become evictable, most recently used last and, within a
-  request, its last block first (so a prefix outlives what follows it, as in vLLM); the others
-  (its partial block, output blocks) return to the empty pool.
+- `finish(request)`: its cached blocks become evictable (most recently used last and, within a
+  request, its last block first, so a prefix outlives what follows it, as in vLLM); its other
+  blocks (a partial block, outputs) return to the empty pool. A preempted request finishes too:
+  its prompt's blocks stay cached for its restart.
 - `clear()`: everything unpinned goes (`AllBlocksCleared` when nothing is pinned).
 
 Output tokens are not cached (vLLM caches full blocks of any tokens; a simulated engine's
@@ -35,11 +37,13 @@ class _Request:
     tokens: tuple[int, ...]
     lora: str | None
     pinned: list[int]
-    """Keys of cached blocks it uses (the hit, then its own once computed)."""
-    private: int
+    """Keys of the cached blocks it holds, in prompt order (the hit, then its own once computed)."""
+    private: int = 0
     """Blocks it holds outside the cache (not yet computed, its partial block, outputs)."""
-    context: int
-    stored: bool = False
+
+    @property
+    def held(self) -> int:
+        return len(self.pinned) + self.private
 
 
 @dataclass(slots=True)
@@ -48,7 +52,7 @@ class PrefixCache:
     block_size: int
     empty: int = field(init=False)
     cached: dict[int, int] = field(default_factory=dict, init=False)
-    """key -> requests pinning it (0: evictable)."""
+    """key -> requests holding it (0: evictable)."""
     lru: OrderedDict[int, None] = field(default_factory=OrderedDict, init=False)
     """Evictable keys, least recently freed first."""
     requests: dict[str, _Request] = field(default_factory=dict, init=False)
@@ -71,86 +75,78 @@ class PrefixCache:
 
     @property
     def free(self) -> int:
-        """Blocks a new request could get: empty ones and evictable cached ones."""
+        """Blocks a request could get: empty ones and evictable cached ones."""
         return self.empty + len(self.lru)
 
-    def _take(self, n: int, events: list[Event]) -> None:
-        from_empty = min(n, self.empty)
-        self.empty -= from_empty
-        gone = []
-        for _ in range(n - from_empty):
-            key, _ = self.lru.popitem(last=False)
-            del self.cached[key]
-            gone.append(key)
-        if gone:
-            events.append(BlockRemoved(tuple(gone)))
+    def held(self, request: str) -> int:
+        r = self.requests.get(request)
+        return r.held if r is not None else 0
 
-    def start(self, request: str, tokens: Sequence[int], lora: str | None = None) -> tuple[int, list[Event]] | None:
-        """(blocks hit, events) or None (module docstring)."""
+    def _pin(self, k: int) -> None:
+        if self.cached[k] == 0:
+            self.lru.pop(k, None)
+        self.cached[k] += 1
+
+    def start(self, request: str, tokens: Sequence[int], lora: str | None = None, limit: int | None = None) -> int:
+        """Blocks hit, at most `limit` (module docstring)."""
         if request in self.requests:
             raise ValueError(f"prefix cache: request {request!r} already started")
         keys = block_keys(tokens, self.block_size, lora)
-        hit = self.hit(keys)
-        need = self.blocks_for(len(tokens)) - hit
-        evictable_hits = sum(1 for k in keys[:hit] if self.cached[k] == 0)
-        if need > self.free - evictable_hits:
-            return None
+        hit = self.hit(keys) if limit is None else min(self.hit(keys), max(limit, 0))
         for k in keys[:hit]:
-            if self.cached[k] == 0:
-                self.lru.pop(k, None)
-            self.cached[k] += 1
-        events: list[Event] = []
-        self._take(need, events)
-        self.requests[request] = _Request(keys, tuple(tokens), lora, list(keys[:hit]), need, len(tokens))
-        return hit, events
+            self._pin(k)
+        self.requests[request] = _Request(keys, tuple(tokens), lora, list(keys[:hit]))
+        return hit
 
-    def computed(self, request: str) -> list[Event]:
+    def grow(self, request: str, tokens: int) -> tuple[bool, list[Event]]:
         r = self.requests[request]
-        if r.stored:
-            return []
-        r.stored = True
+        more = self.blocks_for(tokens) - r.held
+        if more <= 0:
+            return True, []
+        if more > self.free:
+            return False, []
+        from_empty = min(more, self.empty)
+        self.empty -= from_empty
+        gone = []
+        for _ in range(more - from_empty):
+            key, _ = self.lru.popitem(last=False)
+            del self.cached[key]
+            gone.append(key)
+        r.private += more
+        return True, [BlockRemoved(tuple(gone))] if gone else []
+
+    def computed(self, request: str, tokens: int) -> list[Event]:
+        r = self.requests[request]
+        upto = min(tokens // self.block_size, len(r.keys))
         events: list[Event] = []
         run: list[int] = []
-        start = len(r.pinned)
         bs = self.block_size
 
         def flush(end: int) -> None:
             if run:
-                parent = r.keys[end - len(run) - 1] if end - len(run) > 0 else None
-                events.append(BlockStored(tuple(run), parent, r.tokens[(end - len(run)) * bs:end * bs], bs, r.lora))
+                first = end - len(run)
+                parent = r.keys[first - 1] if first > 0 else None
+                events.append(BlockStored(tuple(run), parent, r.tokens[first * bs:end * bs], bs, r.lora))
                 run.clear()
 
-        for i in range(start, len(r.keys)):
+        for i in range(len(r.pinned), upto):
             k = r.keys[i]
             if k in self.cached:  # another request cached it meanwhile: share that block, free ours
                 flush(i)
-                if self.cached[k] == 0:
-                    self.lru.pop(k, None)
-                self.cached[k] += 1
+                self._pin(k)
                 self.empty += 1
             else:
                 self.cached[k] = 1
                 run.append(k)
             r.pinned.append(k)
             r.private -= 1
-        flush(len(r.keys))
+        flush(upto)
         return events
 
-    def grow(self, request: str, tokens: int) -> tuple[bool, list[Event]]:
-        r = self.requests[request]
-        more = self.blocks_for(tokens) - self.blocks_for(r.context)
-        if more > self.free:
-            return False, []
-        r.context = max(r.context, tokens)
-        if more <= 0:
-            return True, []
-        events: list[Event] = []
-        self._take(more, events)
-        r.private += more
-        return True, events
-
     def finish(self, request: str) -> None:
-        r = self.requests.pop(request)
+        r = self.requests.pop(request, None)
+        if r is None:
+            return
         for k in reversed(r.pinned):  # a prompt's last block first, so it is evicted before its prefix
             self.cached[k] -= 1
             if self.cached[k] == 0:

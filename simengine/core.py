@@ -22,6 +22,14 @@ The KV cache holds `kv_capacity_tokens` (from GPU memory, model size and TP) in 
 ready only after its KV transfer time and skips prefill. A prefill-only request can keep its
 blocks after finishing (`hold_kv`) until the decode side releases them.
 
+With `prefix_caching` the blocks live in a prefix cache (`kvblocks.cache`, vLLM's v1 manager's
+rules): a request given its prompt's token ids starts with the leading blocks already cached
+(their tokens are not prefilled again; vLLM recomputes at least the prompt's last token), each
+prefilled chunk's full blocks join the cache, and blocks are taken from the empty ones first,
+then from the least recently freed cached ones. The cache's events (`kv_events`, vLLM's KV-event
+vocabulary) and its query and hit counts (`prefix_queries`, `prefix_hits`, in tokens) are for the
+server to publish.
+
 The offline simulator fast-forwards stretches of identical decode steps (`decode_plan`,
 `apply_decode`, `decode_run`; planned in `simengine.fastforward`), each exactly a `step()`.
 """
@@ -31,6 +39,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvblocks.cache import PrefixCache
+from kvblocks.events import Event
 from physics import costmodel
 from physics import gang as gangcost
 from physics.catalog import GpuSpec, ModelSpec
@@ -57,6 +67,8 @@ class EngineConfig:
     gang: GangCost | None = None
     """This engine is one data-parallel rank (or the pipeline) of a gang: steps cost as the gang's
     (`physics.gang`: MoE all-to-all over its links, pipeline stages)."""
+    prefix_caching: bool = False
+    """Blocks in a prefix cache (module docstring); off: every prompt is prefilled in full."""
 
     def capacity(self) -> int:
         if self.kv_capacity_tokens is not None:
@@ -79,6 +91,11 @@ class Seq:
     order: int
     remote_prefill: bool = False
     hold_kv: bool = False
+    token_ids: tuple[int, ...] = ()
+    """The prompt's token ids (the prefix cache's keys; empty: nothing to share)."""
+    lora: str | None = None
+    in_cache: bool = False
+    """Started in the prefix cache (its hit applied)."""
     computed: int = 0
     """Tokens whose KV is in the cache (prompt, then prompt + outputs)."""
     output: int = 0
@@ -136,10 +153,15 @@ class EngineCore:
         self.running: list[Seq] = []
         self.held: dict[str, Seq] = {}
         self._order = 0
+        self.cache = PrefixCache(self.total_blocks, config.block_size) if config.prefix_caching else None
+        self.kv_events: list[Event] = []
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     # requests
     def add(self, rid: str, prompt_tokens: int, max_tokens: int, priority: int = 0, ready_after_s: float = 0.0,
-            remote_prefill: bool = False, hold_kv: bool = False) -> None:
+            remote_prefill: bool = False, hold_kv: bool = False, token_ids: tuple[int, ...] = (),
+            lora: str | None = None) -> None:
         if rid in self.seqs or rid in self.held:
             raise ValueError(f"request {rid} already exists")
         if not self.config.chunked_prefill and prompt_tokens > self.config.max_num_batched_tokens:
@@ -152,7 +174,7 @@ class EngineCore:
         self._order += 1
         seq = Seq(rid=rid, prompt_tokens=max(1, prompt_tokens), max_tokens=max_tokens, priority=priority,
                   arrival_s=self.now, ready_s=self.now + ready_after_s, order=self._order,
-                  remote_prefill=remote_prefill, hold_kv=hold_kv)
+                  remote_prefill=remote_prefill, hold_kv=hold_kv, token_ids=token_ids, lora=lora)
         if remote_prefill:
             seq.computed = seq.prompt_tokens  # the KV arrives; no prefill compute here
         self.seqs[rid] = seq
@@ -162,8 +184,7 @@ class EngineCore:
         seq = self.seqs.pop(rid, None) or self.held.pop(rid, None)
         if seq is None:
             return
-        self.free_blocks += seq.blocks
-        seq.blocks = 0
+        self._free(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:
@@ -180,7 +201,7 @@ class EngineCore:
         seq = self.held.pop(rid, None)
         if seq is None:
             return False
-        self.free_blocks += seq.blocks
+        self._free(seq)
         return True
 
     # state
@@ -213,7 +234,39 @@ class EngineCore:
     def _blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.config.block_size)
 
+    def _free(self, seq: Seq) -> None:
+        """`seq`'s blocks go back (with a prefix cache: its cached ones stay cached, evictable)."""
+        if self.cache is not None:
+            self.cache.finish(seq.rid)
+            seq.in_cache = False
+            self.free_blocks = self.cache.free
+        else:
+            self.free_blocks += seq.blocks
+        seq.blocks = 0
+
+    def _start(self, seq: Seq) -> None:
+        """With a prefix cache: `seq` holds its prompt's cached leading blocks and skips their
+        prefill (all but the prompt's last token: vLLM samples from it)."""
+        if self.cache is None or seq.in_cache:
+            return
+        bs = self.config.block_size
+        hit = self.cache.start(seq.rid, seq.token_ids, seq.lora, limit=(seq.prompt_tokens - 1) // bs)
+        seq.in_cache = True
+        if not seq.remote_prefill:
+            self.prefix_queries += seq.prompt_tokens
+            self.prefix_hits += hit * bs
+            seq.computed = max(seq.computed, hit * bs)
+        seq.blocks = self.cache.held(seq.rid)
+        self.free_blocks = self.cache.free
+
     def _grow(self, seq: Seq, tokens: int) -> bool:
+        if self.cache is not None:
+            self._start(seq)
+            ok, events = self.cache.grow(seq.rid, tokens)
+            self.kv_events += events
+            seq.blocks = self.cache.held(seq.rid)
+            self.free_blocks = self.cache.free
+            return ok
         need = self._blocks_for(tokens) - seq.blocks
         if need <= 0:
             return True
@@ -225,8 +278,8 @@ class EngineCore:
 
     def _preempt(self, seq: Seq, plan: _Plan) -> None:
         self.running.remove(seq)
-        self.free_blocks += seq.blocks
-        seq.blocks, seq.computed = 0, 0
+        self._free(seq)
+        seq.computed = 0
         seq.remote_prefill = False  # recompute locally
         seq.preemptions += 1
         self.waiting.append(seq)
@@ -270,6 +323,7 @@ class EngineCore:
                 break
             if seq.ready_s > self.now or (not self.config.chunked_prefill and not seq.decoding()):
                 continue  # not chunked: prompts are admitted only by `_admit_prompts`
+            self._start(seq)
             tokens = 1 if seq.decoding() else min(seq.need(), budget)
             if not self._grow(seq, seq.computed + max(tokens, 1)):
                 break  # no room: wait for running requests to finish
@@ -287,6 +341,7 @@ class EngineCore:
         for seq in sorted(self.waiting, key=Seq.key):
             if seq.ready_s > self.now or seq.decoding():
                 continue  # a remote prefill's KV joins the decodes instead
+            self._start(seq)
             tokens = seq.need()  # a recompute after preemption may exceed the budget: it then runs alone
             if (tokens > budget and plan.chunks) or len(self.running) >= self.config.max_num_seqs:
                 break
@@ -329,6 +384,8 @@ class EngineCore:
         for rid, n in plan.chunks.items():
             seq = self.seqs[rid]
             seq.computed += n
+            if self.cache is not None:
+                self.kv_events += self.cache.computed(rid, seq.computed)
             if seq.need() <= 0:
                 tokens.append(rid)
         for rid, n in plan.decodes.items():
@@ -353,8 +410,7 @@ class EngineCore:
         if seq.hold_kv:
             self.held[seq.rid] = seq
         else:
-            self.free_blocks += seq.blocks
-            seq.blocks = 0
+            self._free(seq)
 
     # fast-forward (the offline simulator): many identical decode steps at once (`simengine.fastforward`)
     def decode_plan(self, until_s: float, max_steps: int = 1 << 30) -> DecodeRun | None:
