@@ -25,6 +25,7 @@ from simengine.toolcall import ToolSetup
 from topology import GpuRef, LinkKind, Topology, bottleneck, read_source
 from topology.gpus import gpu_facts
 from topology.kinds import default_bandwidth_gb_s, default_latency_us
+from wire.kvevents import kv_events_config
 from wire.lifecycle import follow_parent, serve_until_signalled
 from wire.openai import ADMIN_TOKEN_ENV, API_KEY_ENV
 
@@ -123,9 +124,13 @@ def build(args: argparse.Namespace) -> SimEngine:
             link = LinkCost.of(bottleneck(topology, refs))
         elif gang is not None:
             link = LOCAL
+    events = kv_events_config(args.kv_events_config) if args.kv_events_config else None
+    if events is not None and not args.enable_prefix_caching:
+        raise ValueError("--kv-events-config publishes the prefix cache's events: it needs --enable-prefix-caching")
     config = EngineConfig(model=model, gpu=gpu, tp=args.tp, link=link, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens,
-                          kv_capacity_tokens=args.kv_capacity_tokens, gang=gang)
+                          kv_capacity_tokens=args.kv_capacity_tokens, gang=gang,
+                          prefix_caching=args.enable_prefix_caching)
     if config.capacity() < config.block_size:
         raise ValueError(f"{args.model} at tp={args.tp} leaves no room for KV cache on {args.gpu}")
     if args.enable_auto_tool_choice and not args.tool_call_parser:
@@ -136,7 +141,8 @@ def build(args: argparse.Namespace) -> SimEngine:
                               tools=ToolSetup(args.tool_call_parser, args.enable_auto_tool_choice),
                               reasoning_parser=args.reasoning_parser, source_model=args.model,
                               admin_routes=args.admin_routes, api_key=os.environ.get(API_KEY_ENV, "").strip(),
-                              admin_token=os.environ.get(ADMIN_TOKEN_ENV, "") if args.admin_routes else "")
+                              admin_token=os.environ.get(ADMIN_TOKEN_ENV, "") if args.admin_routes else "",
+                              kv_events=events)
     return SimEngine(config, identity, time_scale=args.time_scale)
 
 
@@ -160,6 +166,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--kv-capacity-tokens", type=int, help="override the cache size the cost model gives")
     p.add_argument("--kv-hold-s", type=float, default=60.0, help="how long a prefill keeps KV for its decode")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                   help="keep prompt blocks in a prefix cache as vLLM does (off by default here, unlike vLLM: the "
+                        "published simulator figures were made without it)")
+    p.add_argument("--kv-events-config", help="vLLM's: publish the prefix cache's events over ZMQ, e.g. "
+                   '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557", '
+                   '"replay_endpoint": "tcp://127.0.0.1:5558", "topic": "decode-0"}\'')
     p.add_argument("--tool-call-parser", help="vLLM's: tool_choice 'required' and named functions need it (any name: "
                    "the simulated model writes one format)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",

@@ -72,6 +72,7 @@ class Finished:
 class EngineMetrics:
     def __init__(self, model: str, max_model_len: int) -> None:
         self.registry = r = CollectorRegistry()
+        self._queries = self._hits = 0
         labels, values = ["model_name", "engine"], (model, ENGINE)
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -88,6 +89,9 @@ class EngineMetrics:
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
+                                      "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
@@ -128,6 +132,12 @@ class EngineMetrics:
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
+
+    def prefix_totals(self, queries: int, hits: int) -> None:
+        """The prefix cache's running totals (tokens queried, tokens hit), as counters."""
+        self.prefix_queries.inc(max(0, queries - self._queries))
+        self.prefix_hits.inc(max(0, hits - self._hits))
+        self._queries, self._hits = max(queries, self._queries), max(hits, self._hits)
 
     def prompt_finished(self, n: int, most_generated: int) -> None:
         """All `n` sequences of one prompt finished (vLLM's `ParentRequest.observe_finished_request`,

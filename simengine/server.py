@@ -26,8 +26,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvblocks.events import EventBatch
 from physics.costmodel import LinkCost
-from simengine import pd, protocol, responsesapi, routes
+from simengine import pd, protocol, responsesapi, routes, tokens
 from simengine.core import EngineConfig, EngineCore, StepResult
 from simengine.faults import Faults
 from simengine.metrics import EngineMetrics, Finished
@@ -39,6 +40,7 @@ from simengine.toolcall import ToolSetup
 from topology import Topology
 from wire.errors import ApiError, error_body
 from wire.http import serve
+from wire.kvevents import KvEventsConfig, Publisher
 from wire.reader import Request
 from wire.responder import Responder
 
@@ -72,6 +74,8 @@ class EngineIdentity:
     admin_token: str = field(default="", repr=False)
     """When set (`ISLE_ENGINE_ADMIN_TOKEN`, as the controller starts its engines), the admin
     routes need `Authorization: Bearer <it>` (401 otherwise)."""
+    kv_events: KvEventsConfig | None = None
+    """`--kv-events-config`: publish the prefix cache's events as vLLM does (`wire.kvevents`)."""
 
 
 class SimEngine:
@@ -92,6 +96,7 @@ class SimEngine:
         self.port = identity.port
         self._ids = itertools.count()
         self._driver: asyncio.Task[None] | None = None
+        self.publisher: Publisher | None = None
         self._held_at: dict[str, float] = {}
         self._by_client: dict[str, str] = {}
         """A PD prefill's client-given `request_id` -> this engine's id for it (while held)."""
@@ -102,6 +107,10 @@ class SimEngine:
     # lifecycle
     async def start(self) -> None:
         self.wall0 = time.monotonic()
+        events = self.id.kv_events
+        if events is not None:
+            self.publisher = Publisher(events.endpoint, events.replay_endpoint, events.topic, events.buffer_steps)
+            self.publisher.start()
         self.server = await serve(self.handle, self.id.host, self.port)
         self.port = self.server.sockets[0].getsockname()[1]
         self._driver = asyncio.get_running_loop().create_task(self._drive())
@@ -111,6 +120,15 @@ class SimEngine:
             self._driver.cancel()
         if self.server is not None:
             self.server.close()
+        if self.publisher is not None:
+            await self.publisher.close()
+            self.publisher = None
+
+    async def _publish(self) -> None:
+        """The prefix cache's events since the last step, one batch (dropped without a publisher)."""
+        events, self.core.kv_events = self.core.kv_events, []
+        if events and self.publisher is not None:
+            await self.publisher.publish(EventBatch(time.time(), tuple(events)))
 
     def set_link_factor(self, factor: float) -> None:
         """A degraded TP link: `factor` of its bandwidth, latency divided by it."""
@@ -165,6 +183,7 @@ class SimEngine:
             await asyncio.sleep(max(0.0, self.wall0 + self.core.now * self.time_scale - time.monotonic()))
             self._emit(result)
             self._expire_held()
+            await self._publish()
 
     def _emit(self, result: StepResult) -> None:
         self.steps.append({"start_s": result.start_s, "duration_s": result.duration_s,
@@ -202,6 +221,7 @@ class SimEngine:
             live.queue.put_nowait((c, t))
             self.faults.count_token()
         m.state(self.core.num_running, self.core.num_waiting, self.core.kv_usage)
+        m.prefix_totals(self.core.prefix_queries, self.core.prefix_hits)
 
     def _finished(self, live: Live, c: Choice, t: Token) -> None:
         self.metrics.finished(Finished(
@@ -324,7 +344,9 @@ class SimEngine:
         arrival = min(self.core.now, self.virtual_now())  # while a step runs, core.now is already its end
         try:
             for c in live.choices:
-                self.core.add(c.rid, c.prompt_tokens, c.max_tokens, req.priority, ready_after, remote_prefill, hold)
+                ids = tuple(tokens.encode(req.prompts[c.prompt].key)) if self.core.cache is not None else ()
+                self.core.add(c.rid, c.prompt_tokens, c.max_tokens, req.priority, ready_after, remote_prefill, hold,
+                              token_ids=ids)
                 c.arrival_v = arrival
                 self.live[c.rid] = (live, c)
         except ValueError as err:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -91,6 +93,49 @@ def encode(batch: EventBatch) -> bytes:
         else:
             events.append(_Cleared())
     return _ENCODER.encode(_Batch(batch.ts, events, batch.data_parallel_rank))
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventsConfig:
+    """vLLM's `--kv-events-config` (vllm/config/kv_events.py), the keys a ZMQ publisher uses."""
+
+    endpoint: str
+    replay_endpoint: str
+    topic: str = ""
+    buffer_steps: int = 10_000
+
+
+KV_EVENTS_KEYS = frozenset({"enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps",
+                            "hwm", "max_queue_size", "topic"})
+
+
+def kv_events_config(text: str) -> KvEventsConfig | None:
+    """`--kv-events-config` JSON as vLLM reads it; None when it publishes nothing (events off, or
+    the `null` publisher). This project's engines publish on loopback, with a replay endpoint."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--kv-events-config: not JSON ({err.msg})") from None
+    if not isinstance(doc, dict):
+        raise ValueError("--kv-events-config: want a JSON object")
+    unknown = sorted(set(doc) - KV_EVENTS_KEYS)
+    if unknown:
+        raise ValueError(f"--kv-events-config: unknown keys {unknown} (vLLM's: {sorted(KV_EVENTS_KEYS)})")
+    if not doc.get("enable_kv_cache_events") or doc.get("publisher", "zmq") in ("null", None):
+        return None
+    if doc.get("publisher", "zmq") != "zmq":
+        raise ValueError(f"--kv-events-config: publisher {doc['publisher']!r}: zmq or null")
+    endpoint, replay = doc.get("endpoint", "tcp://*:5557"), doc.get("replay_endpoint")
+    if not isinstance(replay, str):
+        raise ValueError("--kv-events-config: a replay_endpoint is needed (subscribers ask it for what they missed)")
+    if "*" in str(endpoint):
+        raise ValueError(f"--kv-events-config: endpoint {endpoint!r} binds every interface; name the "
+                         "subscriber's loopback address (tcp://127.0.0.1:PORT)")
+    steps = doc.get("buffer_steps", 10_000)
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError("--kv-events-config: buffer_steps must be an integer >= 1")
+    config = KvEventsConfig(_endpoint(str(endpoint)), _endpoint(replay), str(doc.get("topic", "")), steps)
+    return config
 
 
 def _endpoint(url: str, remote_ok: bool = False) -> str:
