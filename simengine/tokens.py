@@ -15,12 +15,12 @@ charges.
 
 from __future__ import annotations
 
-from wire.text import BYTES_PER_TOKEN, VOCAB
+from wire.text import BYTES_PER_TOKEN, PIECE_BASE, VOCAB, piece_ids
 
 WORD_IDS = {" " + w: k for k, w in enumerate(VOCAB)}
 EOS_ID = len(VOCAB)
 MEDIA_ID = EOS_ID + 1
-PIECE_BASE = EOS_ID + 2
+assert PIECE_BASE == EOS_ID + 2
 VOCAB_SIZE = PIECE_BASE + 2 ** (8 * BYTES_PER_TOKEN)
 EOS_TEXT = "</s>"
 MEDIA_TEXT = "<|media|>"
@@ -31,11 +31,8 @@ def piece_id(piece: bytes) -> int:
 
 
 def encode(text: str) -> list[int]:
-    """A text as the model reads it: its 4-byte pieces (one for an empty text)."""
-    data = text.encode("utf-8")
-    if not data:
-        return [piece_id(b"")]
-    return [piece_id(data[k:k + BYTES_PER_TOKEN]) for k in range(0, len(data), BYTES_PER_TOKEN)]
+    """A text as the model reads it: its 4-byte pieces (one for an empty text; `wire.text.piece_ids`)."""
+    return piece_ids(text)
 
 
 def pieces(text: str) -> list[tuple[int, str]]:

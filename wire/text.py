@@ -26,6 +26,22 @@ cache switch fabric tensor replica prefill decode latency bandwidth
 VOCAB = tuple(_WORDS.split())
 
 
+PIECE_BASE = len(VOCAB) + 2
+"""The simulated model's first text-piece id (after its words, end of sequence and media:
+`simengine.tokens`): piece n of a text is PIECE_BASE + its 4 bytes, big-endian."""
+
+
+def piece_ids(text: str) -> list[int]:
+    """A text as the simulated model reads it: its 4-byte UTF-8 pieces as token ids (one for an
+    empty text). The engine keys its prefix cache on them, and a router indexing its blocks
+    computes the same ids from the same prompt (`wire.prompt.Prompt.key`)."""
+    data = text.encode("utf-8")
+    if not data:
+        return [PIECE_BASE]
+    return [PIECE_BASE + int.from_bytes(data[k:k + BYTES_PER_TOKEN].ljust(BYTES_PER_TOKEN, b"\0"), "big")
+            for k in range(0, len(data), BYTES_PER_TOKEN)]
+
+
 def count_tokens(text: str) -> int:
     return max(1, math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN))
 

@@ -15,11 +15,11 @@ import pytest
 from kvblocks.events import EventBatch
 from kvblocks.index import BlockIndex
 from kvblocks.keys import block_keys
-from simengine.tokens import encode
 from tests.support.engines import running_engine
 from tests.support.ports import free_ports
 from wire.kvevents import Subscriber
 from wire.prompt import chat_prompt
+from wire.text import piece_ids
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ def test_the_engine_publishes_what_it_caches_and_hits_the_shared_start() -> None
 
     queries, hits = asyncio.run(main())
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "And the last one back?"}]
-    keys = block_keys(encode(chat_prompt(messages).key), 16)
+    keys = block_keys(piece_ids(chat_prompt(messages).key), 16)  # as a router computes them
     shared = len(SYSTEM.encode()) // 4 // 16  # the system prompt's full blocks (its line prefix aside)
     assert hits >= (shared - 1) * 16 and queries > 2 * hits  # the second prompt read its start from the cache
     assert index.leading("e0", keys) == len(keys)  # the index holds the second prompt's every full block
