@@ -42,6 +42,9 @@ class ReplicaEndpoint:
     max_num_seqs: int = 0
     """The engine's sequence limit (vLLM's max_num_seqs); 0: unknown (the router assumes vLLM's
     default, 256)."""
+    kv_events_replay: str = ""
+    """The engine's KV-event replay endpoint (`tcp://host:port`, vLLM's `replay_endpoint`): it
+    publishes its prefix cache's events under its replica id as topic; empty: it publishes none."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

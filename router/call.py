@@ -49,6 +49,8 @@ class Call:
     cost: RequestCost | None = None
     tenant: str = ""
     """Whose request it is (the key's tenant): its quota is given back when it ends."""
+    prompt_key: str = ""
+    """Its first prompt as `wire.prompt.Prompt.key` reads it (the prefix-cache lookup's input)."""
 
 
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/responses": "responses"}
@@ -152,4 +154,4 @@ def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_
     route = RouteRequest(model, slo, tokens, zlib.crc32(prefix.encode()) if prefix else 0, role, seqs, any_pool,
                          seq_share, need)
     return Call(slo=slo, body=body, stream=stream, route=route, path=path, payload=payload, many=many, cost=cost,
-                tenant=tenant)
+                tenant=tenant, prompt_key=key)

@@ -109,6 +109,16 @@ class ReplicaConfig(_Strict):
                                    "empty: every class")
     max_num_seqs: int | None = Field(default=None, ge=1, description="the engine's max_num_seqs (None: "
                                      "fair.replica_max_num_seqs)")
+    kv_events_replay: str = Field(default="", pattern=r"^(tcp://(127\.\d+\.\d+\.\d+|localhost|\[::1\]):\d+)?$",
+                                  description="the engine's KV-event replay endpoint (vLLM's replay_endpoint); it "
+                                  "publishes to `kv_events.endpoint` with its replica_id as topic. Empty: none")
+
+
+class KvEventsConfig(_Strict):
+    endpoint: str = Field(pattern=r"^tcp://(127\.\d+\.\d+\.\d+|localhost|\[::1\]):\d+$",
+                          description="where the router binds its subscriber; each engine's --kv-events-config "
+                          "`endpoint` names it (vLLM's publisher connects to it)")
+    block_size: int = Field(default=16, ge=1, description="the engines' KV block size (vLLM's --block-size)")
 
 
 class ProfileConfig(_Strict):
@@ -196,6 +206,8 @@ class RouterConfig(_Strict):
     pd: PDConfig = PDConfig()
     upstream: UpstreamConfig = UpstreamConfig()
     replicas: list[ReplicaConfig] = Field(default_factory=list)
+    kv_events: KvEventsConfig | None = Field(default=None, description="index the engines' prefix caches from "
+                                             "their KV events (the kv-cache-scorer reads it); one router worker")
     topology: str | None = Field(default=None, description="topology source for tiers and PD paths")
     scrape_interval_s: float = Field(default=1.0, gt=0)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, description="larger request bodies get 413")
@@ -261,6 +273,8 @@ class RouterConfig(_Strict):
         problems = self.fair.problems(self.classes())
         problems += [f"replica {r.replica_id}: unknown SLO classes {sorted(set(r.slo_classes) - names)}"
                      for r in self.replicas if set(r.slo_classes) - names]
+        if self.kv_events is not None and self.workers > 1:
+            problems.append(f"kv_events: one router worker binds the subscriber (workers is {self.workers})")
         if problems:
             raise ValueError("; ".join(problems))
         return self

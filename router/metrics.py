@@ -214,6 +214,8 @@ class RouterMetrics:
         """The controller's autoscaler as it last answered a load report (`isle_autoscale_*`)."""
         self.front_door: Callable[[], Mapping[str, Any]] = dict
         """The HTTP front door now (`wire.limits.ServerLimits.view`: `isle_router_front_door_*`)."""
+        self.kv_index: Callable[[], Mapping[str, Any]] = dict
+        """The prefix-cache index now (`router.kvindex.KvIndex.view`: `isle_router_kv_index_*`)."""
         self.controller: Mapping[str, Any] = {}
         """The controller's health from the plan it published last (`isle_controller_*`), set
         before a scrape renders."""
@@ -278,11 +280,31 @@ class _Families(Collector):
             (p["autoscaling"] for p in m.peers if p.get("autoscaling")), {}))  # the leader follows the controller
         yield from front_door_families([m.front_door(), *(p.get("front_door", {}) for p in m.peers)])
         yield from controller_families(m.controller)
+        yield from kv_index_families(m.kv_index())
         build = InfoMetricFamily("isle_router_build", "How this router runs its request path (wire/native.py): "
                                  "native=compiled, or interpreted (slower: a build failed, is stale, or was "
                                  "turned off; the start-up line says why)")
         build.add_metric([], {"native": "compiled" if native.state() == "compiled" else "interpreted"})
         yield build
+
+
+def kv_index_families(view: Mapping[str, Any]) -> Iterator[Metric]:
+    """The engines' prefix caches as the router indexes them (config `kv_events`); nothing without."""
+    if not view:
+        return
+    blocks = GaugeMetricFamily("isle_router_kv_index_blocks", "KV blocks the router's index holds for the "
+                               "replica, from its KV events", labels=["replica"])
+    for replica, n in sorted(view.get("blocks", {}).items()):
+        blocks.add_metric([replica], float(n))
+    yield blocks
+    yield GaugeMetricFamily("isle_router_kv_index_lag_seconds", "From an engine's timestamp on its last KV event "
+                            "batch to the router's receiving it", value=float(view.get("lag_s", 0.0)))
+    yield CounterMetricFamily("isle_router_kv_event_batches", "KV event batches the router took in",
+                              value=float(view.get("batches", 0)))
+    yield CounterMetricFamily("isle_router_kv_event_gaps", "Gaps in an engine's KV event sequence (replayed "
+                              "where the engine still had them)", value=float(view.get("gaps", 0)))
+    yield CounterMetricFamily("isle_router_kv_event_orphans", "Stored blocks the index could not key (their "
+                              "parent's event was missed)", value=float(view.get("orphans", 0)))
 
 
 def controller_families(health: Mapping[str, Any]) -> Iterator[Metric]:

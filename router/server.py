@@ -12,6 +12,7 @@ Nothing below imports this module.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -35,6 +36,7 @@ from router.config import RouterConfig
 from router.contact import ControllerContact, Silence, router_health
 from router.decision import RouteDecision, decide
 from router.flight import Clock, Flight, FlightContext, fly
+from router.kvindex import KvIndex
 from router.metrics import BUCKETS, RouterMetrics
 from router.pd import holding_roles, pd_choice, serve_pd
 from router.plugins.filters import class_servable
@@ -98,6 +100,12 @@ class Router:
                                              config.tokenize_auth == "key")
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        events = config.kv_events
+        self.kvindex = KvIndex(events.endpoint, events.block_size) if events is not None else None
+        """The engines' prefix caches from their KV events (config `kv_events`; one worker)."""
+        if self.kvindex is not None:
+            self.kvindex.follow(table.replicas)
+            self.metrics.kv_index = self.kvindex.view
         self.siblings: Siblings | None = None
         self.workers: Workers | None = None
         """The leader's other workers (config `workers` > 1)."""
@@ -133,6 +141,8 @@ class Router:
         log.info("front door: %s", self.limits.describe())
         self._tasks.append(asyncio.get_running_loop().create_task(
             self.replicas.scrape_forever(self.pool, self.config.scrape_interval_s, self._publish_health)))
+        if self.kvindex is not None:
+            self.kvindex.start()
         if self.worker == 0 and self.config.workers > 1:  # the leader starts the others on the port it got
             self.workers = Workers(self.config.model_copy(update={"port": self.port}).model_dump_json(),
                                    self.config.workers)
@@ -160,6 +170,8 @@ class Router:
             return
         self.topology, self.plan = topology, plan
         self.replicas.follow(table)
+        if self.kvindex is not None:
+            self.kvindex.follow(table.replicas)
         if self.workers is not None:
             await self.workers.push(self.view())
 
@@ -240,6 +252,8 @@ class Router:
     async def stop(self) -> None:
         for t in [*self._tasks, *self._background]:
             t.cancel()
+        if self.kvindex is not None:
+            await self.kvindex.stop()
         if self.server is not None:
             self.server.close()
         if self.workers is not None:
@@ -336,12 +350,21 @@ class Router:
                          declared=self.replicas.declared, tenant=tenant, contexts=self.replicas.contexts,
                          largest=self.replicas.largest)
 
+    def _with_cached(self, call: Call) -> Call:
+        """The request with what each of its model's replicas holds of its prompt (`router.kvindex`)."""
+        assert self.kvindex is not None
+        ids = [r.replica_id for r in self.replicas.table.replicas if r.model == call.route.model]
+        blocks, held = self.kvindex.lookup(call.prompt_key, ids)
+        return dataclasses.replace(call, route=call.route._replace(prompt_blocks=blocks, cached=held))
+
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         slo: SLOClass | None = None
         try:
             principal = self.auth.user(request.headers)
             slo = self.auth.slo_class(principal, request.headers.get("x-slo-class"))
             call = self._parse(request, slo, principal.tenant)
+            if self.kvindex is not None:
+                call = self._with_cached(call)
             if call.route.model not in self.replicas.served:
                 raise ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model",
                                     cause="unknown_model")

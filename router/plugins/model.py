@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import NamedTuple
 
 from pools.model import Role, SLOClass
 from pools.routing import ReplicaEndpoint
+
+NO_BLOCKS: Mapping[str, int] = MappingProxyType({})
 
 
 class ReplicaLoad(NamedTuple):  # built for every replica on every request: tuples are cheap
@@ -56,6 +59,11 @@ class RouteRequest(NamedTuple):
     """The context one of its sequences needs (`filters.fits_context`): its longest prompt and
     max_tokens, at most the largest context among the model's engines (what vLLM would serve
     there); 0: any context holds it."""
+    prompt_blocks: int = 0
+    """Full KV blocks of its (first) prompt, when the router indexes the engines' prefix caches
+    (`router.kvindex`); 0: not indexed."""
+    cached: Mapping[str, int] = NO_BLOCKS
+    """Replica id -> how many of those leading blocks its prefix cache holds (absent: none)."""
 
 
 class Ranked(NamedTuple):

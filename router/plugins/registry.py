@@ -32,6 +32,7 @@ PLUGINS: dict[str, Registration] = {
     "link-tier-scorer": Registration(SCORER, scorers.link_tier),
     "link-health-scorer": Registration(SCORER, scorers.link_health),
     "prefix-affinity-scorer": Registration(SCORER, scorers.prefix_affinity),
+    "kv-cache-scorer": Registration(SCORER, scorers.kv_cache),
     "max-score-picker": Registration(PICKER, pickers.max_score),
     "round-robin-picker": Registration(PICKER, pickers.round_robin),
     "random-picker": Registration(PICKER, pickers.random_pick),

@@ -71,6 +71,20 @@ class PrefixAffinityScorer(Scorer):
         return (zlib.crc32(f"{req.prefix_hash}:{c.endpoint.replica_id}".encode()) % 10_000) / 10_000
 
 
+class KvCacheScorer(Scorer):
+    """The share of the prompt's full blocks the replica's prefix cache holds, from the engines'
+    KV events (`router.kvindex`): a replica that would prefill less scores higher. Without an
+    index, or for a prompt under one block, every replica scores `no_index`."""
+
+    def __init__(self, no_index: float) -> None:
+        self.no_index = no_index
+
+    def score(self, req: RouteRequest, c: Candidate) -> float:
+        if req.prompt_blocks <= 0:
+            return self.no_index
+        return min(1.0, req.cached.get(c.endpoint.replica_id, 0) / req.prompt_blocks)
+
+
 def queue_depth(p: Params) -> Scorer:
     running_weight = p.number("running_weight", RUNNING_WEIGHT, 0.0, 100.0)
     p.done()
@@ -92,6 +106,12 @@ def link_tier(p: Params) -> Scorer:
 def link_health(p: Params) -> Scorer:
     p.done()
     return LinkHealthScorer()
+
+
+def kv_cache(p: Params) -> Scorer:
+    no_index = p.number("no_index", NO_PREFIX, 0.0, 1.0)
+    p.done()
+    return KvCacheScorer(no_index)
 
 
 def prefix_affinity(p: Params) -> Scorer:
