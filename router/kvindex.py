@@ -71,12 +71,13 @@ class KvIndex:
             self.subscriber.close()
 
     def lookup(self, prompt_key: str, replicas: Iterable[str]) -> tuple[int, Mapping[str, int]]:
-        """(the prompt's full blocks, replica id -> leading blocks it holds) for these replicas."""
+        """(tokens in the prompt's full blocks, replica id -> leading tokens it holds) for these replicas."""
         keys = block_keys(piece_ids(prompt_key), self.block_size) if prompt_key else []
         if not keys:
             return 0, {}
-        held = {rid: n for rid in replicas if (n := self.index.leading(rid, keys))}
-        return len(keys), held
+        bs = self.block_size
+        held = {rid: n * bs for rid in replicas if (n := self.index.leading(rid, keys))}
+        return len(keys) * bs, held
 
     def view(self) -> dict[str, object]:
         """What /metrics shows (`router.metrics.kv_index_families`)."""

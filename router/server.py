@@ -354,8 +354,8 @@ class Router:
         """The request with what each of its model's replicas holds of its prompt (`router.kvindex`)."""
         assert self.kvindex is not None
         ids = [r.replica_id for r in self.replicas.table.replicas if r.model == call.route.model]
-        blocks, held = self.kvindex.lookup(call.prompt_key, ids)
-        return dataclasses.replace(call, route=call.route._replace(prompt_blocks=blocks, cached=held))
+        cacheable, held = self.kvindex.lookup(call.prompt_key, ids)
+        return dataclasses.replace(call, route=call.route._replace(cacheable_tokens=cacheable, cached=held))
 
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         slo: SLOClass | None = None

@@ -59,11 +59,12 @@ class RouteRequest(NamedTuple):
     """The context one of its sequences needs (`filters.fits_context`): its longest prompt and
     max_tokens, at most the largest context among the model's engines (what vLLM would serve
     there); 0: any context holds it."""
-    prompt_blocks: int = 0
-    """Full KV blocks of its (first) prompt, when the router indexes the engines' prefix caches
-    (`router.kvindex`); 0: not indexed."""
+    cacheable_tokens: int = 0
+    """Tokens in the full KV blocks of its (first) prompt, when the router indexes the engines'
+    prefix caches (`router.kvindex`); 0: not indexed."""
     cached: Mapping[str, int] = NO_BLOCKS
-    """Replica id -> how many of those leading blocks its prefix cache holds (absent: none)."""
+    """Replica id -> how many of those leading tokens its prefix cache holds (absent: none); a
+    prefill there computes only the rest (`router.plugins.pd`)."""
 
 
 class Ranked(NamedTuple):

@@ -83,11 +83,17 @@ def pd_route(req: RouteRequest, snapshot: Sequence[Candidate], topology: Topolog
     idle = [c for c in mixed if idle_replica(c.load)]
     if not idle:
         return PDRoute(pair, f"pd {pair.predicted_ttft_ms:.1f} ms, no idle mixed replica")
-    best = min(prefill_ms(hardware(c.endpoint, topology), req.prompt_tokens) for c in idle)  # nothing ahead of it
+    best = min(prefill_ms(hardware(c.endpoint, topology), uncached(req, c)) for c in idle)  # nothing ahead of it
     if best < pair.ready_ms * (1.0 - TIE):
         return PDRoute(None, f"idle mixed {best:.1f} ms < pd {pair.ready_ms:.1f} ms before the handover")
     return PDRoute(_with_mixed(pair, best), f"pd {pair.ready_ms:.1f} ms before the handover <= idle mixed "
                                             f"{best:.1f} ms")
+
+
+def uncached(req: RouteRequest, c: Candidate) -> int:
+    """The prompt tokens a prefill on `c` computes: those its prefix cache does not hold
+    (`router.kvindex`; vLLM always computes the last one)."""
+    return max(1, req.prompt_tokens - req.cached.get(c.endpoint.replica_id, 0))
 
 
 def idle_replica(load: ReplicaLoad) -> bool:
@@ -125,8 +131,8 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
     tiers: dict[tuple[str, str], str] = {}
     for p in prefills:
         hw = hardware(p.endpoint, topology)
-        pre = prefill_ms(hw, tokens)
-        queue = ahead(p.load) / hw.load_ranks * pre
+        queue = ahead(p.load) / hw.load_ranks * prefill_ms(hw, tokens)  # each one ahead: a prompt like this
+        pre = prefill_ms(hw, uncached(req, p))
         for d in decodes:
             if d.endpoint.model != p.endpoint.model:
                 continue

@@ -80,9 +80,9 @@ class KvCacheScorer(Scorer):
         self.no_index = no_index
 
     def score(self, req: RouteRequest, c: Candidate) -> float:
-        if req.prompt_blocks <= 0:
+        if req.cacheable_tokens <= 0:
             return self.no_index
-        return min(1.0, req.cached.get(c.endpoint.replica_id, 0) / req.prompt_blocks)
+        return min(1.0, req.cached.get(c.endpoint.replica_id, 0) / req.cacheable_tokens)
 
 
 def queue_depth(p: Params) -> Scorer:

@@ -101,5 +101,5 @@ def test_the_scorer_scores_the_held_share_and_is_neutral_without_an_index() -> N
     cand = Candidate(endpoint, ReplicaState(endpoint).candidate(0.0).load)
     slo = DEFAULT_SLO_CLASSES[0]
     assert scorer.score(RouteRequest(MODEL, slo, 100), cand) == 0.5
-    assert scorer.score(RouteRequest(MODEL, slo, 1000, prompt_blocks=60, cached={"e1": 45}), cand) == 0.75
-    assert scorer.score(RouteRequest(MODEL, slo, 1000, prompt_blocks=60, cached={"e0": 60}), cand) == 0.0
+    assert scorer.score(RouteRequest(MODEL, slo, 1000, cacheable_tokens=960, cached={"e1": 720}), cand) == 0.75
+    assert scorer.score(RouteRequest(MODEL, slo, 1000, cacheable_tokens=960, cached={"e0": 960}), cand) == 0.0

@@ -146,3 +146,18 @@ def test_a_rank_of_an_expert_parallel_gang_is_priced_as_its_share_of_the_experts
                           TOPOLOGY)
     assert (tp2.ep, tp2.load_ranks, whole.load_ranks) == (16, 1, 16)
     assert ttft.decode_step_ms(whole, 16 * 8, 0.1) == pytest.approx(ttft.decode_step_ms(tp2, 8, 0.1))
+
+
+def test_the_prefill_leg_goes_where_the_prompt_is_cached() -> None:
+    """Two alike prefill replicas, one holding the prompt's first 7,168 tokens (router.kvindex): the
+    pair through it is predicted that much sooner; with a prompt as long queued ahead of it, the
+    idle one wins (the cache saves less than the queue costs): cache and load in one prediction."""
+    other = rep("p2", "prefill", "h100-0", (4, 5))
+    cached = req(8000)._replace(cacheable_tokens=7984, cached={"p2": 7168})
+    choice = pd_pair(cached, [PREFILL, other], [DECODE], TOPOLOGY)
+    assert choice is not None and choice.prefill.endpoint.replica_id == "p2"
+    busy = other._replace(load=ReplicaLoad(waiting=1))
+    assert (found := pd_pair(cached, [PREFILL, busy], [DECODE], TOPOLOGY)) is not None
+    assert found.prefill.endpoint.replica_id == "p"
+    plain = pd_pair(req(8000), [PREFILL, other], [DECODE], TOPOLOGY)
+    assert plain is not None and plain.predicted_ttft_ms > choice.predicted_ttft_ms
