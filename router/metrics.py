@@ -39,6 +39,8 @@ native histogram of schema 3 written to 4 digits. Neighbours differ by 9.05% (+-
 falls, even when every observation lands in one bucket (coarse 1-2-5 bounds said 3.8 s for a
 p99 of 2.03 s)."""
 FAST = (0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01)
+RATIO = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
+"""isle_router_prefix_hit_ratio: the share of a prompt's blocks its replica's cache held."""
 PLUGIN = (0.000001, 0.000003, *FAST)
 """One routing plugin's stage: a compiled filter over a few replicas takes about a microsecond."""
 
@@ -196,6 +198,14 @@ class RouterMetrics:
                                 "declared for it because none of their replicas could take them", ["slo_class"])
         self.sent = Family("isle_router_pool_requests", "Requests (and PD legs) sent to a pool's replicas, "
                            "retries included (the autoscaler's arrival rate)", ["pool"])
+        self.prefix_hit_blocks = Family("isle_router_prefix_hit_blocks", "Blocks of a prompt the prefix cache of "
+                                        "the replica chosen to prefill it held, from the engines' KV events "
+                                        "(config kv_events)", ["pool", "slo_class"])
+        self.prefix_query_blocks = Family("isle_router_prefix_query_blocks", "Full blocks of the prompts routed "
+                                          "with the KV-event index (the hit blocks' denominator)",
+                                          ["pool", "slo_class"])
+        self.prefix_hit_ratio = Family("isle_router_prefix_hit_ratio", "Share of a prompt's full blocks the chosen "
+                                       "replica's prefix cache held, per request", ["pool", "slo_class"], RATIO)
         self.replica_sent = Family("isle_router_replica_requests", "Requests (and PD legs) sent to each replica, "
                                    "retries included: which replicas receive traffic", ["replica"])
         self.decision = Family("isle_router_decision_seconds", "Time to make a routing decision: kind=pd the "
@@ -233,7 +243,8 @@ class RouterMetrics:
 
     def families(self) -> tuple[Family, ...]:
         return (self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.rejections, self.sent,
-                self.replica_sent, self.fallbacks, self.decision, self.plugins)
+                self.replica_sent, self.fallbacks, self.decision, self.plugins, self.prefix_hit_blocks,
+                self.prefix_query_blocks, self.prefix_hit_ratio)
 
     def snapshot(self) -> dict[str, Any]:
         """This worker's series as JSON, for the sibling that answers a scrape."""

@@ -414,7 +414,10 @@ class Router:
 
     def _pd_choice(self, call: Call, snapshot: list[Candidate], mixed: frozenset[str]) -> PDDecision | None:
         timed = self.metrics.child(self.metrics.decision, "pd").observe
-        return pd_choice(self.config.pd, call, snapshot, self.topology, mixed, self.plugin_timer, timed, self.clock)
+        pd = pd_choice(self.config.pd, call, snapshot, self.topology, mixed, self.plugin_timer, timed, self.clock)
+        if pd is not None:
+            self._prefix_seen(call, pd.prefill)
+        return pd
 
     def _class_pools(self, call: Call, snapshot: list[Candidate]) -> frozenset[str]:
         """The models whose mixed replicas may serve the call. Its class keeps to the pools declared
@@ -444,9 +447,23 @@ class Router:
             self.metrics.child(self.metrics.fallbacks, call.slo.name).inc()
             decision = decide(call.route, snapshot, profile, self.rng, next(self.turns), self.plugin_timer)
         self.metrics.child(self.metrics.decision, "replica").observe(self.clock() - t0)
+        if decision.winner is not None:
+            self._prefix_seen(call, decision.winner)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(decision.log_line())
         return decision
+
+    def _prefix_seen(self, call: Call, chosen: Candidate) -> None:
+        """What the chosen replica's cache held of the prompt (`isle_router_prefix_*`; with kv_events)."""
+        route = call.route
+        if self.kvindex is None or route.cacheable_tokens <= 0:
+            return
+        bs, m = self.kvindex.block_size, self.metrics
+        labels = (chosen.endpoint.pool, call.slo.name)
+        hit = route.cached.get(chosen.endpoint.replica_id, 0)
+        m.child(m.prefix_hit_blocks, *labels).inc(hit // bs)
+        m.child(m.prefix_query_blocks, *labels).inc(route.cacheable_tokens // bs)
+        m.child(m.prefix_hit_ratio, *labels).observe(hit / route.cacheable_tokens)
 
     async def _waiting(self, call: Call, response: Responder, started: float, queued: bool = False,
                        pd: PDDecision | None = None) -> None:

@@ -38,6 +38,12 @@ def _hits(base: str) -> float:
     return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("vllm:prefix_cache_hits_total{"))
 
 
+def _series(base: str, name: str) -> float:
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "_total{"))
+
+
 def _index_blocks(base: str) -> dict[str, float]:
     with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
@@ -76,6 +82,9 @@ def test_a_cached_prefix_is_routed_to_the_engine_that_holds_it(tmp_path: Path) -
             picked = [_post(url, document + f"Question {k}: who pays for the locks?", DEV_KEY)[0] for k in range(4)]
             assert picked == ["e1"] * 4
             assert _hits(e1.base) - before >= 4 * 1200  # each read the document from e1's cache
+            seen = _series(url.removesuffix("/v1"), "isle_router_prefix_hit_blocks")
+            asked = _series(url.removesuffix("/v1"), "isle_router_prefix_query_blocks")
+            assert 4 * 70 <= seen <= asked  # the router counted the blocks it routed to a cache that held them
 
 
 @pytest.mark.parametrize("bad, message", [
