@@ -5,6 +5,7 @@ Python's `hash`), cheap enough for the router's hot path."""
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
 
 ROOT = 0
@@ -14,7 +15,7 @@ ROOT = 0
 def next_key(parent: int, tokens: Sequence[int], lora: str | None = None) -> int:
     h = hashlib.blake2b(digest_size=8)
     h.update(parent.to_bytes(8, "big"))
-    h.update(b"".join(t.to_bytes(4, "big", signed=True) for t in tokens))
+    h.update(struct.pack(f">{len(tokens)}q", *tokens))  # any id a tokenizer or the simulated model gives
     if lora:
         h.update(b"\x00lora\x00" + lora.encode())
     return int.from_bytes(h.digest(), "big")

@@ -24,14 +24,18 @@ from kvblocks.index import BlockIndex
 from kvblocks.keys import block_keys
 from pools.routing import ReplicaEndpoint
 from wire.kvevents import Subscriber
-from wire.text import piece_ids
+from wire.text import BYTES_PER_TOKEN, piece_ids
+
+MAX_LOOKUP_TOKENS = 32_768
+"""The prompt tokens the router keys per request (about 2 ms of hashing here): past them, a
+replica's share of the prompt is taken as it stands."""
 
 
 class KvIndex:
     def __init__(self, endpoint: str, block_size: int) -> None:
         self.block_size = block_size
         self.index = BlockIndex()
-        self.subscriber = Subscriber(endpoint, self._take)
+        self.subscriber = Subscriber(endpoint, self._take, on_reset=self.index.forget)
         self._replay: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
@@ -71,8 +75,10 @@ class KvIndex:
             self.subscriber.close()
 
     def lookup(self, prompt_key: str, replicas: Iterable[str]) -> tuple[int, Mapping[str, int]]:
-        """(tokens in the prompt's full blocks, replica id -> leading tokens it holds) for these replicas."""
-        keys = block_keys(piece_ids(prompt_key), self.block_size) if prompt_key else []
+        """(tokens in the prompt's full blocks, replica id -> leading tokens it holds) for these
+        replicas, over its first `MAX_LOOKUP_TOKENS` (a longer prompt's start decides the same)."""
+        head = prompt_key[:MAX_LOOKUP_TOKENS * BYTES_PER_TOKEN]
+        keys = block_keys(piece_ids(head), self.block_size) if head else []
         if not keys:
             return 0, {}
         bs = self.block_size
@@ -83,4 +89,6 @@ class KvIndex:
         """What /metrics shows (`router.metrics.kv_index_families`)."""
         sources = self.subscriber.sources.values()
         return {"blocks": {rid: self.index.blocks(rid) for rid in self._replay}, "lag_s": self.lag_s,
-                "batches": self.batches, "gaps": sum(s.gaps for s in sources), "orphans": self.index.orphans}
+                "batches": self.batches, "gaps": sum(s.gaps for s in sources), "orphans": self.index.orphans,
+                "missed": sum(s.missed for s in sources), "restarts": sum(s.restarts for s in sources),
+                "failed": self.subscriber.failed}

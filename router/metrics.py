@@ -316,6 +316,12 @@ def kv_index_families(view: Mapping[str, Any]) -> Iterator[Metric]:
                               "where the engine still had them)", value=float(view.get("gaps", 0)))
     yield CounterMetricFamily("isle_router_kv_event_orphans", "Stored blocks the index could not key (their "
                               "parent's event was missed)", value=float(view.get("orphans", 0)))
+    yield CounterMetricFamily("isle_router_kv_event_missed", "KV event batches lost for good (no replay had them: "
+                              "the index may hold blocks an engine dropped)", value=float(view.get("missed", 0)))
+    yield CounterMetricFamily("isle_router_kv_event_restarts", "Engines seen to restart (their sequence went back; "
+                              "their blocks forgotten)", value=float(view.get("restarts", 0)))
+    yield CounterMetricFamily("isle_router_kv_event_failures", "Event batches the index failed to take (kept "
+                              "running)", value=float(view.get("failed", 0)))
 
 
 def controller_families(health: Mapping[str, Any]) -> Iterator[Metric]:

@@ -363,8 +363,6 @@ class Router:
             principal = self.auth.user(request.headers)
             slo = self.auth.slo_class(principal, request.headers.get("x-slo-class"))
             call = self._parse(request, slo, principal.tenant)
-            if self.kvindex is not None:
-                call = self._with_cached(call)
             if call.route.model not in self.replicas.served:
                 raise ApiError(404, f"The model `{call.route.model}` does not exist.", "NotFoundError", "model",
                                     cause="unknown_model")
@@ -374,6 +372,8 @@ class Router:
             self.admission.check_overload(slo, snapshot)
             roles = holding_roles(self.config.pd, call, mixed)
             self.admission.check_headroom(call.route, snapshot, roles)
+            if self.kvindex is not None:  # after the checks that refuse cheaply
+                call = self._with_cached(call)
             self.quotas.enter(call.tenant, slo.name, call.cost.tokens if call.cost is not None else 0)
             try:
                 admitted = self.admission.enter(slo)

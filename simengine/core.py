@@ -246,18 +246,31 @@ class EngineCore:
 
     def _start(self, seq: Seq) -> None:
         """With a prefix cache: `seq` holds its prompt's cached leading blocks and skips their
-        prefill (all but the prompt's last token: vLLM samples from it)."""
+        prefill (all but the prompt's last token: vLLM samples from it). Undone by `_unstart`
+        when it is not admitted after all."""
         if self.cache is None or seq.in_cache:
             return
         bs = self.config.block_size
         hit = self.cache.start(seq.rid, seq.token_ids, seq.lora, limit=(seq.prompt_tokens - 1) // bs)
         seq.in_cache = True
         if not seq.remote_prefill:
-            self.prefix_queries += seq.prompt_tokens
-            self.prefix_hits += hit * bs
             seq.computed = max(seq.computed, hit * bs)
         seq.blocks = self.cache.held(seq.rid)
         self.free_blocks = self.cache.free
+
+    def _unstart(self, seq: Seq) -> None:
+        """A waiting request that did not fit gives back the cached blocks it pinned (as vLLM takes
+        a hit's blocks only with the allocation that admits it)."""
+        if self.cache is not None and seq.in_cache:
+            self._free(seq)
+            if not seq.remote_prefill:
+                seq.computed = 0
+
+    def _admitted(self, seq: Seq) -> None:
+        """Count its prefix-cache query and hit once, at its first admission (as vLLM counts)."""
+        if self.cache is not None and not seq.remote_prefill and seq.preemptions == 0:
+            self.prefix_queries += seq.prompt_tokens
+            self.prefix_hits += seq.computed
 
     def _grow(self, seq: Seq, tokens: int) -> bool:
         if self.cache is not None:
@@ -326,7 +339,9 @@ class EngineCore:
             self._start(seq)
             tokens = 1 if seq.decoding() else min(seq.need(), budget)
             if not self._grow(seq, seq.computed + max(tokens, 1)):
+                self._unstart(seq)
                 break  # no room: wait for running requests to finish
+            self._admitted(seq)
             self.waiting.remove(seq)
             self.running.append(seq)
             plan.admitted.append(seq.rid)
@@ -343,11 +358,12 @@ class EngineCore:
                 continue  # a remote prefill's KV joins the decodes instead
             self._start(seq)
             tokens = seq.need()  # a recompute after preemption may exceed the budget: it then runs alone
-            if (tokens > budget and plan.chunks) or len(self.running) >= self.config.max_num_seqs:
-                break
-            if self.free_blocks - (self._blocks_for(seq.computed + tokens) - seq.blocks) < watermark \
+            if (tokens > budget and plan.chunks) or len(self.running) >= self.config.max_num_seqs \
+                    or self.free_blocks - (self._blocks_for(seq.computed + tokens) - seq.blocks) < watermark \
                     or not self._grow(seq, seq.computed + tokens):
+                self._unstart(seq)
                 break
+            self._admitted(seq)
             self.waiting.remove(seq)
             self.running.append(seq)
             plan.admitted.append(seq.rid)

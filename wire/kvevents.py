@@ -213,13 +213,14 @@ class Publisher:
 
 
 class _Source:
-    __slots__ = ("gaps", "missed", "next_seq", "replay")
+    __slots__ = ("gaps", "missed", "next_seq", "replay", "restarts")
 
     def __init__(self, replay: str | None) -> None:
         self.replay = replay
         self.next_seq: int | None = None
         self.gaps = 0
         self.missed = 0
+        self.restarts = 0
 
 
 class Subscriber:
@@ -228,11 +229,14 @@ class Subscriber:
     and the engines' PUB sockets connect to it (vLLM with a non-wildcard endpoint; the
     subscriber's port stays on loopback); without, it connects to one publisher that binds. A
     source is replayed from 0 when added (what the engine cached before it was subscribed) and
-    from its first missing sequence after a gap; `on_batch(topic, batch)` gets each batch.
-    Per source: `gaps` seen and batches `missed` (the publisher's buffer had moved on)."""
+    from its first missing sequence after a gap; `on_batch(topic, batch)` gets each batch. A live
+    sequence number that goes back is a restarted engine: `on_reset(topic)`, then a replay from
+    0. Per source: `gaps` seen, batches `missed` (no replay brought them: the publisher's buffer
+    had moved on), `restarts`."""
 
     def __init__(self, endpoint: str, on_batch: Callable[[str, EventBatch], Any], *, bind: bool = True,
-                 replay_timeout_s: float = 2.0, remote_ok: bool = False) -> None:
+                 replay_timeout_s: float = 2.0, remote_ok: bool = False,
+                 on_reset: Callable[[str], Any] | None = None) -> None:
         endpoint = _endpoint(endpoint, remote_ok)
         self._remote_ok = remote_ok
         self._ctx = zmq.asyncio.Context.instance()
@@ -247,11 +251,13 @@ class Subscriber:
             self._sub.close(linger=0)
             raise
         self._on_batch = on_batch
+        self._on_reset = on_reset
         self._timeout_ms = int(replay_timeout_s * 1000)
         self.sources: dict[str, _Source] = {}
         self._pending: list[str] = []
         self.bad = 0
         self.unknown = 0
+        self.failed = 0
 
     def add(self, topic: str, replay_endpoint: str | None) -> None:
         """Follow a publisher (replayed from 0 on the next turn of `run`)."""
@@ -264,6 +270,8 @@ class Subscriber:
     def _take(self, topic: str, source: _Source, seq: int, payload: bytes) -> None:
         if source.next_seq is not None and seq < source.next_seq:
             return  # seen (a replay overlapping the live stream)
+        if source.next_seq is not None and seq > source.next_seq:
+            source.missed += seq - source.next_seq  # a hole no replay filled
         try:
             batch = decode(payload)
         except ValueError:
@@ -281,16 +289,13 @@ class Subscriber:
         dealer.connect(source.replay)
         try:
             await dealer.send_multipart((b"", first.to_bytes(8, "big")))
-            got_first: int | None = None
+            if source.next_seq is None:
+                source.next_seq = first  # from here on, a hole is a loss (`_take` counts it)
             while await dealer.poll(self._timeout_ms):
                 frames = await dealer.recv_multipart()
                 if len(frames) != 4 or frames[2] == END_SEQ:
                     break
-                seq = int.from_bytes(frames[2], "big")
-                got_first = seq if got_first is None else got_first
-                self._take(topic, source, seq, frames[3])
-            if got_first is not None and got_first > first:
-                source.missed += got_first - first
+                self._take(topic, source, int.from_bytes(frames[2], "big"), frames[3])
         finally:
             dealer.close(linger=0)
 
@@ -299,29 +304,41 @@ class Subscriber:
         self._sub.close(linger=0)
 
     async def run(self) -> None:
-        """Until cancelled."""
+        """Until cancelled. A batch that fails in `on_batch` is counted (`failed`), never fatal."""
         try:
             while True:
-                while self._pending:
-                    await self.replay(self._pending.pop(0), 0)
-                if not await self._sub.poll(100):
-                    continue
-                frames = await self._sub.recv_multipart()
-                if len(frames) != 3 or len(frames[1]) != 8:
-                    self.bad += 1
-                    continue
-                topic = frames[0].decode(errors="replace")
-                source = self.sources.get(topic)
-                if source is None:
-                    self.unknown += 1
-                    continue
-                seq = int.from_bytes(frames[1], "big")
-                if source.next_seq is not None and seq > source.next_seq:
-                    source.gaps += 1
-                    await self.replay(topic, source.next_seq)
-                    if source.next_seq is not None and seq > source.next_seq:  # the buffer had moved on
-                        source.missed += seq - source.next_seq
-                        source.next_seq = seq
-                self._take(topic, source, seq, frames[2])
+                try:
+                    await self._turn()
+                except (asyncio.CancelledError, zmq.ContextTerminated):
+                    raise
+                except Exception:
+                    self.failed += 1
         finally:
             self._sub.close(linger=0)
+
+    async def _turn(self) -> None:
+        while self._pending:
+            await self.replay(self._pending.pop(0), 0)
+        if not await self._sub.poll(100):
+            return
+        frames = await self._sub.recv_multipart()
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.bad += 1
+            return
+        topic = frames[0].decode(errors="replace")
+        source = self.sources.get(topic)
+        if source is None:
+            self.unknown += 1
+            return
+        seq = int.from_bytes(frames[1], "big")
+        if source.next_seq is not None and seq < source.next_seq:
+            # a live sequence number going back: the engine restarted (its cache is new and empty)
+            source.restarts += 1
+            source.next_seq = None
+            if self._on_reset is not None:
+                self._on_reset(topic)
+            await self.replay(topic, 0)
+        if source.next_seq is not None and seq > source.next_seq:
+            source.gaps += 1
+            await self.replay(topic, source.next_seq)
+        self._take(topic, source, seq, frames[2])

@@ -72,3 +72,24 @@ def test_pressure_evicts_the_least_recently_freed_blocks() -> None:
     assert c.cache is not None and c.cache.hit(a_keys) == 49
     assert c.cache.hit(block_keys(tuple(range(5000, 6600)), 16)) == 100
     assert any(isinstance(e, BlockStored) for e in c.kv_events)
+
+
+def test_a_request_that_does_not_fit_pins_nothing_while_it_waits() -> None:
+    c = core(capacity=16 * 13)  # 13 blocks
+    warm = tuple(range(20_000, 20_128))  # 8 blocks, cached and freed
+    first_token(c, "warm", warm)
+    c.add("r", 40, 8, token_ids=tuple(range(40)))  # 3 blocks once it decodes: running alongside
+    assert c.step() is not None
+    c.add("a", 192, 4, token_ids=(*warm, *range(64)))  # 8 blocks hit, 5 more needed: not while r runs
+    c.step()
+    a = c.seqs["a"]
+    assert a in c.waiting and not a.in_cache and a.computed == 0 and a.blocks == 0
+    assert c.cache is not None and c.cache.free == 13 - c.seqs["r"].blocks  # a's hits stay evictable
+    assert c.prefix_queries == 128 + 40  # counted once admitted: warm and r, not a yet
+
+
+def test_prompts_of_any_bytes_key_without_overflow() -> None:
+    c = core()
+    text = tuple(ord(ch) * 1_000_003 for ch in "请总结 Café")  # ids far above 2**31
+    first_token(c, "u", text * 10)
+    assert c.kv_events

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import zmq
 
 from kvblocks.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from tests.support.ports import free_ports
@@ -74,3 +75,46 @@ def test_live_batches_replays_and_gaps() -> None:
 def test_endpoints_off_loopback_or_malformed_are_refused(url: str) -> None:
     with pytest.raises(ValueError, match="KV events endpoint"):
         Subscriber(url, lambda topic, b: None)
+
+
+def test_a_restarted_publisher_is_followed_again() -> None:
+    pub_port, replay_port = free_ports(2)
+    endpoint, replay = f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}"
+    got: list[float] = []
+    resets: list[str] = []
+
+    async def until(n: int) -> None:
+        for _ in range(250):
+            await asyncio.sleep(0.02)
+            if len(got) >= n:
+                return
+
+    async def main() -> Subscriber:
+        sub = Subscriber(endpoint, lambda topic, b: got.append(b.ts), on_reset=resets.append)
+        sub.add("kv", replay)
+        task = asyncio.create_task(sub.run())
+        pub = Publisher(endpoint, replay, topic="kv")
+        pub.start()
+        await asyncio.sleep(0.3)
+        for ts in (1.0, 2.0, 3.0):
+            await pub.publish(EventBatch(ts))
+        await until(3)
+        await pub.close()  # the engine restarts: same endpoints, its sequence from 0 again
+        for _ in range(50):  # until ZMQ's I/O thread has let the replay port go
+            await asyncio.sleep(0.05)
+            try:
+                pub = Publisher(endpoint, replay, topic="kv")
+                break
+            except zmq.ZMQError:
+                continue
+        pub.start()
+        await asyncio.sleep(0.3)
+        await pub.publish(EventBatch(10.0))
+        await until(4)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await pub.close()
+        return sub
+
+    sub = asyncio.run(main())
+    assert got == [1.0, 2.0, 3.0, 10.0] and resets == ["kv"] and sub.sources["kv"].restarts == 1
