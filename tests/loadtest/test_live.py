@@ -248,4 +248,7 @@ def test_the_client_times_each_event_as_it_comes_on_one_reused_connection() -> N
     assert len(accepted) == 1
     for stream in streams:
         assert stream.done and not stream.error and len(stream.token_times) == 3
-        assert all(b - a >= 0.04 for a, b in itertools.pairwise(stream.token_times))
+        # each time is when its event came: they spread over the server's spacing (0.1 s in all; a
+        # loaded machine may hand two events over at once, so no single gap is promised)
+        assert stream.token_times[-1] - stream.token_times[0] >= 0.045
+        assert all(b >= a for a, b in itertools.pairwise(stream.token_times))
