@@ -69,7 +69,9 @@ def map_gang(model_name: str, gang: Gang, links: GangLinks, gpu: str | None, pha
     for k in range(len(load.layers)):
         shares = load.shares(k)
         if policy == "topology":
-            layer = topology_policy(shares, gang, physical, model.moe.groups, step=step, locality=locality)
+            rival = eplb(shares, gang, physical, model.moe.groups)
+            layer = topology_policy(shares, gang, physical, model.moe.groups, step=step, locality=locality,
+                                    rival=rival)
         else:
             layer = POLICIES[policy](shares, gang, physical, model.moe.groups)
         st = route(shares, layer, gang, locality)
@@ -78,7 +80,7 @@ def map_gang(model_name: str, gang: Gang, links: GangLinks, gpu: str | None, pha
         layers.append({"layer": k, "gpu_of": {str(e): where for e, where in enumerate(replicas(layer, len(shares)))},
                        "balancedness": round(st.balancedness, 4), "cross_domain_share": round(st.cross_share, 4),
                        "step_ms": round(steps[-1], 3),
-                       "map": "eplb" if layer == eplb(shares, gang, physical, model.moe.groups) else policy})
+                       "map": "eplb" if policy == "topology" and layer == rival else policy})
     balance = sum(s.balancedness for s in stats) / len(stats)
     cross = sum(s.cross_share for s in stats) / len(stats)
     dispatch = FP8_DISPATCH_BYTES if model.compute != "bf16" else float(BF16)

@@ -81,11 +81,7 @@ class ExpertSpec:
         return Gang(gpus=tuple(GpuRef(h, k) for k, h in enumerate(self.hosts)), domain=self.domains, host=self.hosts)
 
     def links(self) -> GangLinks:
-        if len(set(self.domains)) == 1:
-            return GangLinks(carrier="nvlink", domain_ranks=self.ranks, nvlink_gb_s=self.nvlink_gb_s)
-        per = min(self.domains.count(d) for d in set(self.domains))
-        return GangLinks(carrier=self.carrier, domain_ranks=per, nvlink_gb_s=self.nvlink_gb_s, nic_gb_s=self.nic_gb_s,
-                         nic_latency_us=self.nic_latency_us)
+        return plain_links(self.gang(), self.carrier, self.nvlink_gb_s, self.nic_gb_s, self.nic_latency_us)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
