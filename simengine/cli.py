@@ -19,6 +19,7 @@ from physics.gang import GangCost
 from pools.ganglinks import boundary_links, gang_links
 from pools.model import GangMember, ReplicaPlacement
 from simengine.core import EngineConfig
+from simengine.lora import MAX_LORA_RANKS, LoraModule, LoraSpec, parse_module, runtime_updating
 from simengine.pd import Placement, is_loopback
 from simengine.server import EngineIdentity, SimEngine
 from simengine.toolcall import ToolSetup
@@ -127,10 +128,11 @@ def build(args: argparse.Namespace) -> SimEngine:
     events = kv_events_config(args.kv_events_config) if args.kv_events_config else None
     if events is not None and not args.enable_prefix_caching:
         raise ValueError("--kv-events-config publishes the prefix cache's events: it needs --enable-prefix-caching")
+    lora, modules = _lora(args)
     config = EngineConfig(model=model, gpu=gpu, tp=args.tp, link=link, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           kv_capacity_tokens=args.kv_capacity_tokens, gang=gang,
-                          prefix_caching=args.enable_prefix_caching)
+                          prefix_caching=args.enable_prefix_caching, lora=lora)
     if config.capacity() < config.block_size:
         raise ValueError(f"{args.model} at tp={args.tp} leaves no room for KV cache on {args.gpu}")
     if args.enable_auto_tool_choice and not args.tool_call_parser:
@@ -142,8 +144,20 @@ def build(args: argparse.Namespace) -> SimEngine:
                               reasoning_parser=args.reasoning_parser, source_model=args.model,
                               admin_routes=args.admin_routes, api_key=os.environ.get(API_KEY_ENV, "").strip(),
                               admin_token=os.environ.get(ADMIN_TOKEN_ENV, "") if args.admin_routes else "",
-                              kv_events=events)
+                              kv_events=events, lora_modules=modules,
+                              lora_runtime=runtime_updating(dict(os.environ)))
     return SimEngine(config, identity, time_scale=args.time_scale)
+
+
+def _lora(args: argparse.Namespace) -> tuple[LoraSpec | None, tuple[LoraModule, ...]]:
+    """`--enable-lora` and its sizes, and the `--lora-modules` to register at start."""
+    modules = tuple(parse_module(m) for m in args.lora_modules or () if m)
+    if not args.enable_lora:
+        if modules:
+            raise ValueError("--lora-modules needs --enable-lora")
+        return None, ()
+    return LoraSpec(max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
+                    max_lora_rank=args.max_lora_rank), modules
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -178,6 +192,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM's: tool_choice 'auto' (needs --tool-call-parser)")
     p.add_argument("--reasoning-parser", help="vLLM's (deepseek_r1, qwen3, ...): taken as vLLM takes it; the "
                    "simulated model writes no reasoning")
+    p.add_argument("--enable-lora", action="store_true", help="vLLM's: serve LoRA adapters (a request's `model` "
+                   "names one); VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 also serves /v1/load_lora_adapter and "
+                   "/v1/unload_lora_adapter")
+    p.add_argument("--max-loras", type=int, default=1, help="vLLM's: distinct adapters in one batch (GPU slots)")
+    p.add_argument("--max-cpu-loras", type=int, help="vLLM's: adapters kept in host memory (default: --max-loras)")
+    p.add_argument("--max-lora-rank", type=int, default=16, choices=MAX_LORA_RANKS,
+                   help="vLLM's: the rank every adapter slot is sized for (prices loads and steps)")
+    p.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH",
+                   help="vLLM's: adapters registered at start, name=path or JSON {\"name\", \"path\", "
+                   "\"base_model_name\"} (the simulated engine reads no weights)")
     p.add_argument("--admin-routes", action="store_true",
                    help="serve /admin/faults and /admin/steps: fault injection and step records for tests and "
                         "chaos runs, never for production (anyone who reaches the port could fail every request)")

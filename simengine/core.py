@@ -46,8 +46,10 @@ from physics import gang as gangcost
 from physics.catalog import GpuSpec, ModelSpec
 from physics.costmodel import Efficiency, LinkCost
 from physics.gang import GangCost
+from physics.lora import LoraCost
 from simengine import fastforward
 from simengine.fastforward import DecodeRun
+from simengine.lora import LoraSlots, LoraSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +71,9 @@ class EngineConfig:
     (`physics.gang`: MoE all-to-all over its links, pipeline stages)."""
     prefix_caching: bool = False
     """Blocks in a prefix cache (module docstring); off: every prompt is prefilled in full."""
+    lora: LoraSpec | None = None
+    """`--enable-lora`: requests may name an adapter (`Seq.lora`); at most `max_loras` distinct ones
+    in a batch, their loads, activations and kernels priced (`simengine.lora.LoraSlots`)."""
 
     def capacity(self) -> int:
         if self.kv_capacity_tokens is not None:
@@ -138,6 +143,8 @@ class _Plan:
     decode_context: int = 0
     preempted: list[str] = field(default_factory=list)
     admitted: list[str] = field(default_factory=list)
+    loras: set[str] = field(default_factory=set)
+    """The adapters of the step's sequences."""
 
 
 class EngineCore:
@@ -157,6 +164,9 @@ class EngineCore:
         self.kv_events: list[Event] = []
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.lora = LoraSlots(config.lora, LoraCost(model=config.model, gpu=config.gpu, tp=config.tp,
+                                                    max_lora_rank=config.lora.max_lora_rank)) \
+            if config.lora is not None else None
 
     # requests
     def add(self, rid: str, prompt_tokens: int, max_tokens: int, priority: int = 0, ready_after_s: float = 0.0,
@@ -302,6 +312,8 @@ class EngineCore:
 
     def _take(self, seq: Seq, plan: _Plan, budget: int) -> int:
         """Put `seq` into this step; returns the tokens it uses (0: none fit)."""
+        if seq.lora:
+            plan.loras.add(seq.lora)
         if seq.decoding():
             plan.decodes[seq.rid] = seq.need()
             plan.decode_context += seq.computed
@@ -336,6 +348,8 @@ class EngineCore:
                 break
             if seq.ready_s > self.now or (not self.config.chunked_prefill and not seq.decoding()):
                 continue  # not chunked: prompts are admitted only by `_admit_prompts`
+            if self.lora is not None and not self.lora.fits(plan.loras, seq.lora):
+                continue  # its adapter would exceed max_loras in this batch: skipped, as vLLM does
             self._start(seq)
             tokens = 1 if seq.decoding() else min(seq.need(), budget)
             if not self._grow(seq, seq.computed + max(tokens, 1)):
@@ -356,6 +370,8 @@ class EngineCore:
         for seq in sorted(self.waiting, key=Seq.key):
             if seq.ready_s > self.now or seq.decoding():
                 continue  # a remote prefill's KV joins the decodes instead
+            if self.lora is not None and not self.lora.fits(plan.loras, seq.lora):
+                continue
             self._start(seq)
             tokens = seq.need()  # a recompute after preemption may exceed the budget: it then runs alone
             if (tokens > budget and plan.chunks) or len(self.running) >= self.config.max_num_seqs \
@@ -368,6 +384,8 @@ class EngineCore:
             self.running.append(seq)
             plan.admitted.append(seq.rid)
             plan.chunks[seq.rid] = tokens
+            if seq.lora:
+                plan.loras.add(seq.lora)
             budget -= tokens
 
     def _duration_s(self, plan: _Plan) -> float:
@@ -381,6 +399,8 @@ class EngineCore:
         else:
             ms = costmodel.forward_ms(cfg.model, cfg.gpu, cfg.tp, self.link, chunks, len(plan.decodes),
                                       plan.decode_context, cfg.efficiency)
+        if self.lora is not None and plan.loras:
+            ms += self.lora.step_ms(sorted(plan.loras))
         return ms * self.slowdown / 1000.0
 
     def step(self) -> StepResult | None:
@@ -432,7 +452,10 @@ class EngineCore:
     def decode_plan(self, until_s: float, max_steps: int = 1 << 30) -> DecodeRun | None:
         """The back-to-back pure-decode steps that can run now while nothing could change the batch,
         up to the one in progress at `until_s` (`fastforward.decode_plan`). Changes nothing:
-        `apply_decode` commits a prefix of it."""
+        `apply_decode` commits a prefix of it. None with adapters in the batch (their steps are priced
+        one at a time)."""
+        if self.lora is not None and any(s.lora for s in self.running):
+            return None
         return fastforward.decode_plan(self, until_s, max_steps)
 
     def apply_decode(self, run: DecodeRun, steps: int) -> None:

@@ -265,14 +265,16 @@ def not_multimodal(limits: Limits) -> ApiError:
     return ApiError(400, f"{limits.source or limits.model} is not a multimodal model", "BadRequestError")
 
 
-def check(req: EngineRequest, body: JSON, limits: Limits, setup: toolcall.ToolSetup) -> list[int]:
+def check(req: EngineRequest, body: JSON, limits: Limits, setup: toolcall.ToolSetup,
+          adapter: bool = False) -> list[int]:
     """What the server checks once the body is read, in vLLM's order: the model (`_check_model`,
     vllm/entrypoints/serve/engine/serving.py: 404, no model meaning the served one), the tool
     setup (`render_chat`), media parts (`not_multimodal`), the context (TokenizeParams,
     vllm/renderers/params.py), then the sampling parameters. Returns each prompt's max_tokens (`get_max_tokens`,
     vllm/entrypoints/serve/utils/api_utils.py: what was asked, at most the context left after
-    the prompt; the context left when nothing was asked)."""
-    if req.model and req.model != limits.model:
+    the prompt; the context left when nothing was asked). `adapter`: the model named is a loaded
+    LoRA adapter (`simengine.lora`)."""
+    if req.model and req.model != limits.model and not adapter:
         raise ApiError(404, f"The model `{req.model}` does not exist. Valid aliases: {limits.model}.", "NotFoundError",
                        "model")
     toolcall.check_setup(req.tool_choice, setup)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -30,16 +31,22 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/internal/kv/release": ("POST",),
     "/admin/faults": ("GET", "POST"),
     "/admin/steps": ("GET",),
+    "/v1/load_lora_adapter": ("POST",),
+    "/v1/unload_lora_adapter": ("POST",),
 }
 """Path -> methods (a GET route answers HEAD too, as Starlette's)."""
 ADMIN_PREFIX = "/admin/"
+LORA_ROUTES = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
+"""Served only with VLLM_ALLOW_RUNTIME_LORA_UPDATING (`simengine.lora`)."""
+TEXT = "text/plain; charset=utf-8"
 UNAUTHORIZED = b'{"error":"Unauthorized"}'
 """vLLM's answer to a request under a guarded prefix without the key (401)."""
 GUARDED_PREFIXES = ("/v1", "/v2", "/inference")
 """The paths vLLM 0.32's `--api-key` guards (vllm/entrypoints/serve/middleware/authenticate.py
 `AuthenticationMiddleware`, before any route: an unknown path under them is 401, not 404); the
 rest (/health, /metrics, /tokenize, /detokenize, /version) is open."""
-JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"})
+JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize",
+                         *LORA_ROUTES})
 VLLM_VERSION = "0.32.0"
 
 
@@ -47,11 +54,13 @@ def allow(methods: tuple[str, ...]) -> str:
     return ", ".join([*methods, "HEAD"] if "GET" in methods else methods)
 
 
-def refuse_route(request: Request, response: Responder, admin: bool = False) -> bool:
+def refuse_route(request: Request, response: Responder, admin: bool = False, lora: bool = False) -> bool:
     """Answer a request no route takes (404, or 405 with `Allow`); False when a route takes it.
-    The `/admin/` routes exist only for an engine started with them (`admin`)."""
+    The `/admin/` routes exist only for an engine started with them (`admin`), the LoRA load and
+    unload routes only with runtime updating allowed (`lora`)."""
     methods = ROUTES.get(request.path)
-    if methods is None or (not admin and request.path.startswith(ADMIN_PREFIX)):
+    if methods is None or (not admin and request.path.startswith(ADMIN_PREFIX)) or (
+            not lora and request.path in LORA_ROUTES):
         response.send(404, error_body(404, "Not Found", "Not Found"))
         return True
     if request.method not in methods:
@@ -88,16 +97,19 @@ def json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-def models_body(model: str, max_model_len: int) -> bytes:
-    """vLLM's ModelList with one ModelCard (vllm/entrypoints/serve/engine/protocol.py)."""
+def models_body(model: str, max_model_len: int,
+                adapters: Callable[[int], list[dict[str, Any]]] | None = None) -> bytes:
+    """vLLM's ModelList: the base model's ModelCard (vllm/entrypoints/serve/engine/protocol.py),
+    then each adapter's (`adapters(created)`, `simengine.lora.Adapters.cards`)."""
     created = int(time.time())
+    extra = adapters(created) if adapters is not None else []
     return orjson.dumps({"object": "list", "data": [{
         "id": model, "object": "model", "created": created, "owned_by": "vllm", "root": model, "parent": None,
         "max_model_len": max_model_len, "permission": [{
             "id": f"modelperm-{model}", "object": "model_permission", "created": created,
             "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
             "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
-            "group": None, "is_blocking": False}]}]})
+            "group": None, "is_blocking": False}]}, *extra]})
 
 
 def version_body() -> bytes:

@@ -31,6 +31,7 @@ from physics.costmodel import LinkCost
 from simengine import pd, protocol, responsesapi, routes, tokens
 from simengine.core import EngineConfig, EngineCore, StepResult
 from simengine.faults import Faults
+from simengine.lora import Adapters, LoraModule
 from simengine.metrics import EngineMetrics, Finished
 from simengine.output import Token
 from simengine.responses import Choice
@@ -76,6 +77,10 @@ class EngineIdentity:
     routes need `Authorization: Bearer <it>` (401 otherwise)."""
     kv_events: KvEventsConfig | None = None
     """`--kv-events-config`: publish the prefix cache's events as vLLM does (`wire.kvevents`)."""
+    lora_modules: tuple[LoraModule, ...] = ()
+    """`--lora-modules`: adapters registered at start (needs `EngineConfig.lora`)."""
+    lora_runtime: bool = False
+    """`VLLM_ALLOW_RUNTIME_LORA_UPDATING`: serve /v1/load_lora_adapter and /v1/unload_lora_adapter."""
 
 
 class SimEngine:
@@ -97,6 +102,15 @@ class SimEngine:
         self._ids = itertools.count()
         self._driver: asyncio.Task[None] | None = None
         self.publisher: Publisher | None = None
+        self.adapters = Adapters(identity.served_model) if config.lora is not None else None
+        """The adapters requests may name (`simengine.lora`); None without --enable-lora."""
+        self._lora_locks: dict[str, asyncio.Lock] = {}
+        for module in identity.lora_modules:  # vLLM's init_static_loras: a refused one stops the start
+            try:
+                self._lora_registry().check_load({"lora_name": module.name, "lora_path": module.path})
+            except ApiError as err:
+                raise ValueError(f"--lora-modules {module.name}: {err.message}") from None
+            self._register(module.name, module.path)
         self._held_at: dict[str, float] = {}
         self._by_client: dict[str, str] = {}
         """A PD prefill's client-given `request_id` -> this engine's id for it (while held)."""
@@ -258,7 +272,7 @@ class SimEngine:
                 request, self.id.api_key):
             response.send(401, routes.UNAUTHORIZED)  # before the route: as vLLM's middleware
             return
-        if routes.refuse_route(request, response, admin=self.id.admin_routes):
+        if routes.refuse_route(request, response, admin=self.id.admin_routes, lora=self.id.lora_runtime):
             return
         if self.id.admin_token and request.path.startswith(routes.ADMIN_PREFIX) and not routes.bearer_is(
                 request, self.id.admin_token):
@@ -277,7 +291,14 @@ class SimEngine:
             elif route == ("POST", "/detokenize"):
                 response.send(200, json.dumps(detokenize(routes.json_body(request), self.limits)).encode())
             elif route == ("GET", "/v1/models"):
-                response.send(200, routes.models_body(self.id.served_model, self.limits.max_model_len))
+                response.send(200, routes.models_body(self.id.served_model, self.limits.max_model_len,
+                                                      self.adapters.cards if self.adapters is not None else None))
+            elif route == ("POST", "/v1/load_lora_adapter"):
+                await self._load_lora(request, response)
+            elif route == ("POST", "/v1/unload_lora_adapter"):
+                name = self._lora_registry().unload(routes.json_body(request))
+                log.info("Removed LoRA adapter: name '%s'", name)
+                response.send(200, f"Success: LoRA adapter '{name}' removed successfully.".encode(), routes.TEXT)
             elif route == ("GET", "/health"):
                 response.send(200, b"")
             elif route == ("GET", "/version"):
@@ -294,6 +315,32 @@ class SimEngine:
         except ApiError as err:
             if not response.started:
                 response.send(err.status, err.body())
+
+    def _lora_registry(self) -> Adapters:
+        if self.adapters is None:  # vLLM's engine refuses add_lora without a LoRA config
+            raise ApiError(500, "LoRA is not enabled. Use --enable-lora to enable LoRA.", "InternalServerError")
+        return self.adapters
+
+    def _register(self, name: str, path: str) -> float:
+        """Register adapter `name` and put it in the engine's host cache; the load's cost in ms."""
+        assert self.adapters is not None and self.core.lora is not None
+        self.adapters.register(name, path)
+        return self.core.lora.load(name)
+
+    async def _load_lora(self, request: Request, response: Responder) -> None:
+        """vLLM's load: the checks and the engine's load under the adapter's lock (a second load of
+        the same name waits, then is refused as already loaded); the load's time passes first."""
+        body = routes.json_body(request)
+        adapters = self._lora_registry()
+        name = body.get("lora_name")
+        lock = self._lora_locks.setdefault(str(name), asyncio.Lock())
+        async with lock:
+            adapters.check_load(body)
+            assert self.core.lora is not None
+            await asyncio.sleep(self.core.lora.cost.load_ms() / 1000.0 * self.time_scale)
+            self._register(str(name), str(body["lora_path"]))
+        log.info("Loaded new LoRA adapter: name '%s', path '%s'", name, body["lora_path"])
+        response.send(200, f"Success: LoRA adapter '{name}' added successfully.".encode(), routes.TEXT)
 
     def _faults(self, request: Request, response: Responder) -> None:
         if request.method == "POST":
@@ -327,13 +374,14 @@ class SimEngine:
         body = responsesapi.as_chat(asked, self.limits.max_model_len, self.id.tools) if kind == "responses" \
             else asked
         req = protocol.read(body, "chat" if kind == "responses" else kind)
-        budgets = protocol.check(req, body, self.limits, self.id.tools)
+        adapter = req.model if self.adapters is not None and req.model in self.adapters.loaded else None
+        budgets = protocol.check(req, body, self.limits, self.id.tools, adapter is not None)
         params = req.kv_transfer_params
         if params and req.sequences > 1:
             raise ApiError(400, "kv_transfer_params take one sequence: n=1 and one prompt", "BadRequestError",
                            "kv_transfer_params")
         rid = f"{ID_PREFIXES[kind]}{self.id.engine_id}-{next(self._ids)}"
-        live = Live(req=req, rid=rid, model=self.id.served_model,
+        live = Live(req=req, rid=rid, model=adapter or self.id.served_model,
                     choices=choices_for(req, rid, budgets, self.id.tools))
         ready_after, remote_prefill = 0.0, False
         if pd.wants_remote_prefill(params):
@@ -346,7 +394,7 @@ class SimEngine:
             for c in live.choices:
                 ids = tuple(tokens.encode(req.prompts[c.prompt].key)) if self.core.cache is not None else ()
                 self.core.add(c.rid, c.prompt_tokens, c.max_tokens, req.priority, ready_after, remote_prefill, hold,
-                              token_ids=ids)
+                              token_ids=ids, lora=adapter)
                 c.arrival_v = arrival
                 self.live[c.rid] = (live, c)
         except ValueError as err:
