@@ -51,6 +51,8 @@ class Call:
     """Whose request it is (the key's tenant): its quota is given back when it ends."""
     prompt_key: str = ""
     """Its first prompt as `wire.prompt.Prompt.key` reads it (the prefix-cache lookup's input)."""
+    lora: str = ""
+    """The LoRA adapter its `model` names ("": a base model); `route.model` is the adapter's base."""
 
 
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/responses": "responses"}
@@ -104,7 +106,8 @@ def context_tokens(body: dict[str, Any], kind: str, prompts: tuple[Prompt, ...],
 def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_tokens_limit: int,
               mixed: Collection[str], limits: CostLimits | None = None, seq_share: float = 1.0,
               declared: Collection[tuple[str, str]] = (), tenant: str = "",
-              contexts: Mapping[str, int] | None = None, largest: Mapping[str, int] | None = None) -> Call:
+              contexts: Mapping[str, int] | None = None, largest: Mapping[str, int] | None = None,
+              adapters: Mapping[str, str] | None = None) -> Call:
     """The request `raw` (a body sent to `path`) as the router routes it. `mixed`: the models
     that have mixed replicas (several sequences go to a decode replica where a model has none).
     `limits`: the cost bound (400 past it; None: none); `seq_share`: the class's share of a
@@ -112,7 +115,8 @@ def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_
     declared for, `"*"` for a pool open to every class (none for the class: any pool serves it);
     `contexts`: each model's max_model_len as its engines said (the default max_tokens stays
     within it: vLLM refuses a max_tokens above it); `largest`: each model's largest one (what a
-    request may need at most, `context_tokens`)."""
+    request may need at most, `context_tokens`); `adapters`: LoRA adapter -> its base model (a
+    request naming one is routed as its base model's, served whole by one replica: `router.lora`)."""
     if len(raw) > max_body_bytes:
         raise ApiError(413, f"request body over {max_body_bytes} bytes")
     if len(raw) > SCAN_ABOVE_BYTES and raw.count(b"[") + raw.count(b"{") > MAX_JSON_CONTAINERS:
@@ -122,6 +126,9 @@ def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_
         check_sequences(body, limits)  # before a prompt is read: a million-entry list costs seconds to read
     kind = KINDS.get(path, "")
     model, prompts, stream = peek(body, max_tokens_limit, kind)
+    lora = model if adapters and model in adapters else ""
+    if lora:  # the body keeps the adapter's name: the engine serves it
+        model = (adapters or {})[lora]
     cost = None
     if limits is not None:
         default = min(limits.default_max_tokens, max_tokens_limit, (contexts or {}).get(model, max_tokens_limit))
@@ -145,7 +152,7 @@ def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_
     prefix = key[: blocks * PREFIX_BLOCK_CHARS]
     tokens = sum(p.tokens for p in prompts)
     n = as_int(body.get("n"))  # 2.0 and "2" are two sequences to the engine, too
-    many = len(prompts) > 1 or (n is not None and n > 1) or kind == "responses"
+    many = len(prompts) > 1 or (n is not None and n > 1) or kind == "responses" or bool(lora)
     # several sequences in one request (prompt lists, n > 1): served whole, never split over PD
     # (one kv_transfer_params per request); by a decode replica where the model has no mixed one
     role: Role | None = "decode" if many and model not in mixed else None
@@ -154,4 +161,5 @@ def read_call(raw: bytes, path: str, slo: SLOClass, *, max_body_bytes: int, max_
     route = RouteRequest(model, slo, tokens, zlib.crc32(prefix.encode()) if prefix else 0, role, seqs, any_pool,
                          seq_share, need)
     return Call(slo=slo, body=body, stream=stream, route=route, path=path, payload=payload, many=many, cost=cost,
+                lora=lora,
                 tenant=tenant, prompt_key=key)

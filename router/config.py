@@ -19,6 +19,7 @@ from pools.config import SLOClassConfig
 from pools.model import DEFAULT_SLO_CLASSES, SLOClass
 from router.fairness import FairConfig
 from router.keys import Stored, sha256_hex
+from router.lora.config import LoraConfig
 from router.plugins.profile import DEFAULT_FILTERS, Profile
 from router.plugins.spec import PluginSpec
 from router.quota import Quota
@@ -208,6 +209,8 @@ class RouterConfig(_Strict):
     replicas: list[ReplicaConfig] = Field(default_factory=list)
     kv_events: KvEventsConfig | None = Field(default=None, description="index the engines' prefix caches from "
                                              "their KV events (the kv-cache-scorer reads it); one router worker")
+    lora: LoraConfig | None = Field(default=None, description="LoRA adapters routed like models: to a replica "
+                                    "that holds the adapter, else loaded where there is room (docs/router.md)")
     topology: str | None = Field(default=None, description="topology source for tiers and PD paths")
     scrape_interval_s: float = Field(default=1.0, gt=0)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, description="larger request bodies get 413")

@@ -208,6 +208,12 @@ class RouterMetrics:
                                        "replica's prefix cache held, per request", ["pool", "slo_class"], RATIO)
         self.replica_sent = Family("isle_router_replica_requests", "Requests (and PD legs) sent to each replica, "
                                    "retries included: which replicas receive traffic", ["replica"])
+        self.lora_loads = Family("isle_router_lora_loads", "LoRA adapters the router loaded on a replica "
+                                 "(/v1/load_lora_adapter), by outcome: loaded, failed", ["replica", "outcome"])
+        self.lora_unloads = Family("isle_router_lora_unloads", "LoRA adapters the router unloaded from a replica, "
+                                   "by reason: evicted (the coldest, to make room), admin", ["replica", "reason"])
+        self.lora_load_seconds = Family("isle_router_lora_load_seconds", "Time an engine took to load an adapter "
+                                        "(a request of a cold adapter waits for it)", [], BUCKETS)
         self.decision = Family("isle_router_decision_seconds", "Time to make a routing decision: kind=pd the "
                                "PD-or-mixed choice with the pair's pricing (every request long enough to split), "
                                "kind=replica the ranking of the class's replicas (every request not split)",
@@ -243,7 +249,8 @@ class RouterMetrics:
 
     def families(self) -> tuple[Family, ...]:
         return (self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.rejections, self.sent,
-                self.replica_sent, self.fallbacks, self.decision, self.plugins, self.prefix_hit_blocks,
+                self.replica_sent, self.fallbacks, self.decision, self.plugins, self.lora_loads, self.lora_unloads,
+                self.lora_load_seconds, self.prefix_hit_blocks,
                 self.prefix_query_blocks, self.prefix_hit_ratio)
 
     def snapshot(self) -> dict[str, Any]:

@@ -30,7 +30,8 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/chat/completions": POST, "/v1/completions": POST, "/v1/responses": POST, "/tokenize": POST,
     "/detokenize": POST,
     "/v1/models": GET, "/health": GET, "/metrics": GET, "/openapi.json": GET,
-    "/admin/replicas": GET, "/admin/topology": GET, "/admin/plan": GET, targets.PATH: GET}
+    "/admin/replicas": GET, "/admin/topology": GET, "/admin/plan": GET, targets.PATH: GET,
+    "/admin/lora": GET, "/admin/lora/load": POST, "/admin/lora/unload": POST}
 MODELS_PREFIX = "/v1/models/"
 TOKEN_PATHS = frozenset({"/tokenize", "/detokenize"})
 PROXY_TIMEOUT_S = 30.0

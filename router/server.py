@@ -37,6 +37,7 @@ from router.contact import ControllerContact, Silence, router_health
 from router.decision import RouteDecision, decide
 from router.flight import Clock, Flight, FlightContext, fly
 from router.kvindex import KvIndex
+from router.lora import manager as lora
 from router.metrics import BUCKETS, RouterMetrics
 from router.pd import holding_roles, pd_choice, serve_pd
 from router.plugins.filters import class_servable
@@ -115,6 +116,8 @@ class Router:
         self._background: set[asyncio.Task[None]] = set()
         self._ids = itertools.count()
         self._id_prefix = f"isle-{os.getpid():x}-{worker}-{int(time.time() * 1000):x}"
+        self.loras = lora.LoraManager(config.lora, self.metrics, engine_key) if config.lora is not None else None
+        """LoRA adapters routed like models (config `lora`; `router.lora`)."""
 
     def request_id(self) -> str:
         """An id the router gives an engine request (unique across processes and restarts)."""
@@ -141,6 +144,9 @@ class Router:
         log.info("front door: %s", self.limits.describe())
         self._tasks.append(asyncio.get_running_loop().create_task(
             self.replicas.scrape_forever(self.pool, self.config.scrape_interval_s, self._publish_health)))
+        if self.loras is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(self.loras.refresh_forever(
+                self.replicas.snapshot)))
         if self.kvindex is not None:
             self.kvindex.start()
         if self.worker == 0 and self.config.workers > 1:  # the leader starts the others on the port it got
@@ -294,7 +300,8 @@ class Router:
                 response.send(200, routes.model_body(self.replicas.table.models(), path, self.replicas.largest))
             elif (method, path) == ("GET", "/v1/models"):
                 self.auth.user(request.headers)
-                response.send(200, wire.models_body(self.replicas.table.models(), contexts=self.replicas.largest))
+                response.send(200, wire.models_body(self.replicas.table.models(), contexts=self.replicas.largest,
+                                                    cards=self.loras.cards() if self.loras is not None else ()))
             elif (method, path) == ("GET", "/health"):
                 response.send(200, routes.health_body(len(self.replicas.table.replicas), self.plan,
                                                       self.controller_health()))
@@ -311,6 +318,9 @@ class Router:
                 self.auth.admin(request.headers)
                 address = targets.router_address(self.config.host, self.port, request.headers)
                 response.send(200, targets.targets_body(self.replicas.table, address))
+            elif path in lora.ADMIN_PATHS:
+                self.auth.admin(request.headers)
+                return self._lora_admin(request, response)
             elif path.startswith("/admin/") and method == "GET":
                 self.auth.admin(request.headers)
                 view = routes.admin_view(path, self.replicas, self.worker, self.topology, self.plan)
@@ -348,7 +358,7 @@ class Router:
                          max_tokens_limit=c.max_tokens_limit, mixed=self.replicas.mixed_for(slo.name),
                          limits=self.cost_limits, seq_share=self.seq_shares[slo.name],
                          declared=self.replicas.declared, tenant=tenant, contexts=self.replicas.contexts,
-                         largest=self.replicas.largest)
+                         largest=self.replicas.largest, adapters=self.loras.bases() if self.loras is not None else None)
 
     def _with_cached(self, call: Call) -> Call:
         """The request with what each of its model's replicas holds of its prompt (`router.kvindex`)."""
@@ -386,6 +396,9 @@ class Router:
             self.refused(slo, err)
             raise
         try:
+            if call.lora and self.loras is not None and self.loras.needs_load(call.lora, snapshot,
+                                                                               call.slo.sheddable):
+                return self._waiting(call, response, started)  # its adapter is loaded first (`_serve`)
             pd = self._pd_choice(call, snapshot, mixed)
             if pd is not None:
                 return self._waiting(call, response, started, pd=pd)
@@ -440,6 +453,8 @@ class Router:
         (its mixed pools none, its PD pair not whole at this instant: a prefill or decode just
         crashed) is served by the other pools rather than refused (`_class_pools`)."""
         t0 = self.clock()
+        if call.lora and self.loras is not None:  # an adapter's requests go where it is loaded
+            snapshot = self.loras.holders(call.lora, snapshot)
         profile = self.profiles[call.slo.name]
         decision = decide(call.route, snapshot, profile, self.rng, next(self.turns), self.plugin_timer)
         if decision.winner is None and not call.route.any_pool:
@@ -449,6 +464,8 @@ class Router:
         self.metrics.child(self.metrics.decision, "replica").observe(self.clock() - t0)
         if decision.winner is not None:
             self._prefix_seen(call, decision.winner)
+            if call.lora and self.loras is not None:
+                self.loras.used(call.lora, decision.winner.endpoint.replica_id)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(decision.log_line())
         return decision
@@ -495,6 +512,14 @@ class Router:
         finally:
             self.request_ended(call, outcome)
 
+    async def _lora_admin(self, request: Request, response: Responder) -> None:
+        try:
+            found = await lora.admin(self.loras, request.method, request.path, request.body, self.replicas.snapshot,
+                                     self.replicas.table.models())
+            response.send(200, orjson.dumps(found))
+        except ApiError as err:
+            send_error(response, err)
+
     async def _serve(self, call: Call, pd: PDDecision | None, response: Responder, started: float) -> str:
         if pd is not None:
             try:
@@ -504,6 +529,8 @@ class Router:
                     raise
                 log.debug("PD pair %s/%s failed before the first byte (%s): a mixed replica serves it",
                           pd.prefill.endpoint.replica_id, pd.decode.endpoint.replica_id, err.message)
+        if call.lora and self.loras is not None:
+            await self.loras.ensure(call.lora, self.replicas.snapshot, call.slo.sheddable)
         decision = self._decide(call, self.replicas.snapshot())
         flight = await fly(self.flights, call, decision.order(), response, started, call.payload)
         return flight.outcome_or_raise()

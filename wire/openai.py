@@ -6,7 +6,7 @@ models check, and the bodies it answers with, are the simulated engine's (`simen
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -52,9 +52,11 @@ def sse(body: JSON) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-def models_body(model_ids: list[str], owner: str = "isleserve", contexts: Mapping[str, int] | None = None) -> bytes:
-    """The model list; `contexts`: each model's `max_model_len` where known (vLLM's ModelCard field)."""
+def models_body(model_ids: list[str], owner: str = "isleserve", contexts: Mapping[str, int] | None = None,
+                cards: Sequence[Mapping[str, Any]] = ()) -> bytes:
+    """The model list; `contexts`: each model's `max_model_len` where known (vLLM's ModelCard field);
+    `cards`: more after them (LoRA adapters, as vLLM lists them: `root` the path, `parent` the base)."""
     known = contexts or {}
     return json.dumps({"object": "list", "data": [
-        {"id": m, "object": "model", "created": 0, "owned_by": owner,
-         **({"max_model_len": known[m]} if known.get(m) else {})} for m in model_ids]}).encode()
+        *({"id": m, "object": "model", "created": 0, "owned_by": owner,
+           **({"max_model_len": known[m]} if known.get(m) else {})} for m in model_ids), *cards]}).encode()
