@@ -56,7 +56,7 @@ from pools.placement import get_policy
 from pools.placement.replan import replan
 from pools.placement.rollout import Change, changes
 from pools.ports import EnginePorts
-from pools.routing import RoutingTable
+from pools.routing import EngineKind, RoutingTable
 from topology import Topology
 
 CONTROLLER_NAME, NAMESPACE = "isleserve-controller", "isleserve"
@@ -274,8 +274,9 @@ class ControllerCore:
         urls = self._urls()
         draining = {rid for rid, r in self.running.items() if r.draining}
         served = {pool: s.served_model_name for pool, s in self.spec.vllm.items()}
-        self.table = replace(build_table(serving, self.topology, urls, draining, self.table.version + 1, served),
-                             epoch=self.epoch)
+        engine: EngineKind = "vllm" if self.spec.engine == "vllm" else "sim"
+        self.table = replace(build_table(serving, self.topology, urls, draining, self.table.version + 1, served,
+                                         engine), epoch=self.epoch)
         self._record("routing_table", {"version": self.table.version, "replicas": len(self.table.replicas),
                                        "draining": sorted(draining)})
         self.published_alarms = self.alarms.signature()

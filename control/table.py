@@ -8,7 +8,7 @@ from dataclasses import replace
 from itertools import combinations
 
 from pools.model import PlacementPlan, ReplicaPlacement
-from pools.routing import RoutingTable, table_from_plan
+from pools.routing import EngineKind, RoutingTable, table_from_plan
 from topology import Topology
 
 
@@ -34,15 +34,16 @@ def group_health(topology: Topology, p: ReplicaPlacement) -> tuple[bool, float]:
 
 
 def build_table(plan: PlacementPlan, topology: Topology, urls: Mapping[str, str], draining: Collection[str],
-                version: int, served_names: Mapping[str, str] | None = None) -> RoutingTable:
+                version: int, served_names: Mapping[str, str] | None = None,
+                engine: EngineKind = "sim") -> RoutingTable:
     """`served_names`: pool -> the model id its engines serve (vLLM's served name), when not the
-    pool's catalogue model."""
+    pool's catalogue model; `engine`: what serves every replica (the spec's engine)."""
     served = {p.name: (served_names or {}).get(p.name) or p.model or p.name for p in plan.pools}
     gpu_models = {}
     for p in plan.placements:
         node = topology.node(p.node) if topology.has_node(p.node) else None
         gpu_models[p.replica_id] = node.gpu(p.gpus[0]).model if node and node.has_gpu(p.gpus[0]) else None
-    table = table_from_plan(plan, dict(urls), served, version=version, gpu_models=gpu_models)
+    table = table_from_plan(plan, dict(urls), served, version=version, gpu_models=gpu_models, engine=engine)
     by_id = {p.replica_id: p for p in plan.placements}
     endpoints = []
     for r in table.replicas:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from pools.model import GangMember, PlacementPlan, ReplicaPlacement, Role
+
+EngineKind = Literal["sim", "vllm"]
+"""What serves a replica: the simulated engine, or a real vLLM OpenAI server."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +49,10 @@ class ReplicaEndpoint:
     kv_events_replay: str = ""
     """The engine's KV-event replay endpoint (`tcp://host:port`, vLLM's `replay_endpoint`): it
     publishes its prefix cache's events under its replica id as topic; empty: it publishes none."""
+    engine: EngineKind = "sim"
+    """What serves it (`EngineKind`). The router keys a prompt's KV blocks from the engine's own
+    tokens: the simulated model's text pieces it computes itself, a vLLM replica's from that
+    replica's tokenizer (`/tokenize`, `router.kvtokens`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,10 +92,12 @@ def dp_ranks(p: ReplicaPlacement) -> list[tuple[int, GangMember]]:
 
 
 def table_from_plan(plan: PlacementPlan, urls: dict[str, str], served_model: dict[str, str],
-                    version: int = 1, gpu_models: dict[str, str | None] | None = None) -> RoutingTable:
-    """Endpoints for the placed replicas that have a URL (pool -> served model name). A gang whose
-    ranks have URLs of their own (`rank_id`) is one endpoint per data-parallel rank (vLLM's
-    external load balancing), each with its rank's GPUs and the gang's tier; otherwise one."""
+                    version: int = 1, gpu_models: dict[str, str | None] | None = None,
+                    engine: EngineKind = "sim") -> RoutingTable:
+    """Endpoints for the placed replicas that have a URL (pool -> served model name), each served
+    by `engine`. A gang whose ranks have URLs of their own (`rank_id`) is one endpoint per
+    data-parallel rank (vLLM's external load balancing), each with its rank's GPUs and the gang's
+    tier; otherwise one."""
     out: list[ReplicaEndpoint] = []
     for p in plan.placements:
         pool = plan.pool(p.pool)
@@ -96,7 +106,7 @@ def table_from_plan(plan: PlacementPlan, urls: dict[str, str], served_model: dic
                                node=p.node, gpus=p.gpus, island=p.island, tier=p.tier, tp=pool.tp,
                                catalog_model=pool.model, gpu_model=(gpu_models or {}).get(p.replica_id),
                                slo_classes=pool.slo_classes,
-                               expert_parallel=pool.ep_size)
+                               expert_parallel=pool.ep_size, engine=engine)
         ranks = dp_ranks(p) if p.members and pool.dp > 1 else []
         if ranks and all(rank_id(p.replica_id, k) in urls for k, _ in ranks):
             out.extend(replace(base, replica_id=rank_id(p.replica_id, k), url=urls[rank_id(p.replica_id, k)],

@@ -53,6 +53,9 @@ class Call:
     """Its first prompt as `wire.prompt.Prompt.key` reads it (the prefix-cache lookup's input)."""
     lora: str = ""
     """The LoRA adapter its `model` names ("": a base model); `route.model` is the adapter's base."""
+    kv_prompt_tokens: int = 0
+    """Its first prompt's tokens as its engines count them, when the prefix-cache index keyed it
+    (`router.kvindex`; 0: not keyed)."""
 
 
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/responses": "responses"}

@@ -22,7 +22,7 @@ def table_from_config(config: RouterConfig) -> RoutingTable:
         ReplicaEndpoint(replica_id=r.replica_id, url=r.url, model=r.model, pool=r.pool, role=r.role, node=r.node,
                         gpus=tuple(r.gpus), island=r.island, tier=r.tier, tp=r.tp, gpu_model=r.gpu_model,
                         catalog_model=r.catalog_model, slo_classes=tuple(r.slo_classes),
-                        expert_parallel=r.expert_parallel, kv_events_replay=r.kv_events_replay,
+                        expert_parallel=r.expert_parallel, kv_events_replay=r.kv_events_replay, engine=r.engine,
                         max_num_seqs=r.max_num_seqs or config.fair.replica_max_num_seqs) for r in config.replicas))
 
 

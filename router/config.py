@@ -113,6 +113,9 @@ class ReplicaConfig(_Strict):
     kv_events_replay: str = Field(default="", pattern=r"^(tcp://(127\.\d+\.\d+\.\d+|localhost|\[::1\]):\d+)?$",
                                   description="the engine's KV-event replay endpoint (vLLM's replay_endpoint); it "
                                   "publishes to `kv_events.endpoint` with its replica_id as topic. Empty: none")
+    engine: Literal["sim", "vllm"] = Field(default="sim", description="what serves it: the simulated engine (the "
+                                           "router keys its prompts' KV blocks itself) or a real vLLM server (keyed "
+                                           "from its tokenizer: POST /tokenize, `kv_events.tokenize_*`)")
 
 
 class KvEventsConfig(_Strict):
@@ -120,6 +123,10 @@ class KvEventsConfig(_Strict):
                           description="where the router binds its subscriber; each engine's --kv-events-config "
                           "`endpoint` names it (vLLM's publisher connects to it)")
     block_size: int = Field(default=16, ge=1, description="the engines' KV block size (vLLM's --block-size)")
+    tokenize_timeout_s: float = Field(default=0.5, gt=0, description="the longest a request waits for a vLLM "
+                                      "replica's /tokenize to key its prompt (past it: routed without the index)")
+    tokenize_cache: int = Field(default=4096, ge=0, description="prompts whose vLLM block keys the router keeps "
+                                "(least recently used out first; 0: none kept)")
 
 
 class ProfileConfig(_Strict):

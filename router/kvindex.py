@@ -1,15 +1,25 @@
 """The engines' prefix caches as the router sees them: one ZMQ subscriber bound at
 `kv_events.endpoint` (each engine's publisher connects to it, its replica id as topic), one
 `kvblocks.index.BlockIndex` kept from their events, and the lookup a request's routing needs:
-how many of its prompt's leading blocks each replica holds.
+how many of its prompt's leading tokens each replica's cache would give it.
 
-A request's blocks are keyed from its first prompt's tokens as the simulated engine reads them
-(`wire.text.piece_ids` of `wire.prompt.Prompt.key`, `kvblocks.keys.block_keys`); a real vLLM's
-blocks are keyed by the same function from the tokens its events carry, so its prefixes are
-indexed as they are, but a request's own keys need the model's tokenizer, which the router does
-not have yet: against vLLM replicas the lookup finds nothing and routing falls back to the other
-scorers (issue 33). Replicas come and go with the routing table (`follow`); a replica that
-leaves, or comes back with a new replay endpoint (a restart: an empty cache), is forgotten.
+Every engine's blocks are keyed by one function (`kvblocks.keys`) from the tokens its events
+carry, whatever hash the engine uses. A request's own keys come from the tokens its engines
+read, by engine kind (`ReplicaEndpoint.engine`):
+
+- a simulated engine reads the prompt's text pieces (`wire.text.piece_ids` of
+  `wire.prompt.Prompt.key`): keyed here, synchronously;
+- a real vLLM replica reads its tokenizer's tokens: the router asks one of the model's vLLM
+  replicas that publish events (`POST /tokenize`, `router.kvtokens.RemoteKeys`; a prompt's keys
+  are kept in a bounded LRU, so a repeated prompt costs no round trip); while that round trip
+  runs the request waits (a coroutine); a failure or timeout routes it without the index
+  (`isle_router_kv_tokenize_requests{outcome="failed"}`).
+
+The tokens a replica holds are counted as the engine counts its hits (`vllm:prefix_cache_hits`):
+whole blocks, never the prompt's last token (the engine computes it to sample), and
+`prompt_tokens` is what it counts as queried (`vllm:prefix_cache_queries`). Replicas come and go
+with the routing table (`follow`); a replica that leaves, or comes back with a new replay
+endpoint (a restart: an empty cache), is forgotten.
 """
 
 from __future__ import annotations
@@ -17,25 +27,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from kvblocks.events import EventBatch
 from kvblocks.index import BlockIndex
-from kvblocks.keys import block_keys
 from pools.routing import ReplicaEndpoint
+from router.kvtokens import MAX_LOOKUP_TOKENS, Keyed, RemoteKeys, tokenize_request, usable_keys
+from router.upstream import Pool
 from wire.kvevents import Subscriber
-from wire.text import BYTES_PER_TOKEN, piece_ids
+from wire.text import BYTES_PER_TOKEN, count_tokens, piece_ids
 
-MAX_LOOKUP_TOKENS = 32_768
-"""The prompt tokens the router keys per request (about 2 ms of hashing here): past them, a
-replica's share of the prompt is taken as it stands."""
+NO_BLOCKS: Mapping[str, int] = MappingProxyType({})
+
+
+class CacheView(NamedTuple):
+    """What the model's replicas' caches hold of one request's (first) prompt."""
+
+    prompt_tokens: int = 0
+    """Its tokens as its engines count them (0: not known)."""
+    cacheable_tokens: int = 0
+    """Tokens an engine could read from its cache: its full blocks before its last token."""
+    held: Mapping[str, int] = NO_BLOCKS
+    """Replica id -> how many of those leading tokens its cache holds (absent: none)."""
 
 
 class KvIndex:
-    def __init__(self, endpoint: str, block_size: int) -> None:
+    def __init__(self, endpoint: str, block_size: int, *, pool: Pool | None = None, tokenize_timeout_s: float = 0.5,
+                 tokenize_cache: int = 4096, clock: Callable[[], float] = time.monotonic) -> None:
+        """`pool`: the clients vLLM replicas' /tokenize is asked with (their API key; its own by default)."""
         self.block_size = block_size
         self.index = BlockIndex()
         self.subscriber = Subscriber(endpoint, self._take, on_reset=self.index.forget)
+        self.remote = RemoteKeys(pool or Pool(timeout_s=tokenize_timeout_s), block_size, timeout_s=tokenize_timeout_s,
+                                 entries=tokenize_cache, clock=clock)
         self._replay: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
@@ -73,17 +99,59 @@ class KvIndex:
                 await self._task
         else:
             self.subscriber.close()
+        await self.remote.aclose()
+
+    def local(self, prompt_key: str) -> Keyed:
+        """A prompt as the simulated engine keys it: its text pieces (over its first
+        `MAX_LOOKUP_TOKENS`: a longer prompt's start decides the same)."""
+        head = prompt_key[:MAX_LOOKUP_TOKENS * BYTES_PER_TOKEN]
+        if not head:
+            return Keyed(0, [])
+        ids = piece_ids(head)
+        tokens = len(ids) if len(head) == len(prompt_key) else count_tokens(prompt_key)
+        return Keyed(tokens, usable_keys(ids, tokens, self.block_size))
+
+    def held(self, keyed: Keyed, replicas: Iterable[str]) -> CacheView:
+        """What each of `replicas` holds of the prompt `keyed`."""
+        keys, bs = keyed.keys, self.block_size
+        if not keys:
+            return CacheView(keyed.prompt_tokens)
+        held = {rid: n * bs for rid in replicas if (n := self.index.leading(rid, keys))}
+        return CacheView(keyed.prompt_tokens, len(keys) * bs, held)
 
     def lookup(self, prompt_key: str, replicas: Iterable[str]) -> tuple[int, Mapping[str, int]]:
-        """(tokens in the prompt's full blocks, replica id -> leading tokens it holds) for these
-        replicas, over its first `MAX_LOOKUP_TOKENS` (a longer prompt's start decides the same)."""
-        head = prompt_key[:MAX_LOOKUP_TOKENS * BYTES_PER_TOKEN]
-        keys = block_keys(piece_ids(head), self.block_size) if head else []
-        if not keys:
-            return 0, {}
-        bs = self.block_size
-        held = {rid: n * bs for rid in replicas if (n := self.index.leading(rid, keys))}
-        return len(keys) * bs, held
+        """(tokens a simulated engine could read from its cache, replica id -> the leading ones it holds)."""
+        view = self.held(self.local(prompt_key), replicas)
+        return view.cacheable_tokens, view.held
+
+    def request(self, model: str, body: Mapping[str, Any], path: str, prompt_key: str,
+                endpoints: Sequence[ReplicaEndpoint]) -> CacheView | Coroutine[Any, Any, CacheView]:
+        """What the model's replicas hold of a request's (first) prompt, keyed as each engine kind
+        reads it; a coroutine when a vLLM replica's tokenizer must be asked first (module docstring)."""
+        sims = [e.replica_id for e in endpoints if e.model == model and e.engine == "sim"]
+        reals = [e for e in endpoints if e.model == model and e.engine == "vllm" and e.kv_events_replay]
+        view = self.held(self.local(prompt_key), sims) if sims else CacheView()
+        if not reals:
+            return view
+        ids = [e.replica_id for e in reals]
+        ask = tokenize_request(body, path)
+        if isinstance(ask, str):
+            self.remote.count(ask)
+            return view
+        if isinstance(ask, list):
+            return _merged(view, self.held(self.remote.ids(ask), ids))
+        raw, key, keyed = self.remote.known(ask)
+        if keyed is not None:
+            return _merged(view, self.held(keyed, ids))
+        url = self.remote.pick([e.url for e in reals if e.healthy])
+        if url is None:
+            self.remote.count("unreachable")
+            return view
+        return self._asked(view, url, raw, key, ids)
+
+    async def _asked(self, view: CacheView, url: str, raw: bytes, key: bytes, ids: list[str]) -> CacheView:
+        keyed = await self.remote.fetch(url, raw, key)
+        return view if keyed is None else _merged(view, self.held(keyed, ids))
 
     def view(self) -> dict[str, object]:
         """What /metrics shows (`router.metrics.kv_index_families`)."""
@@ -91,4 +159,13 @@ class KvIndex:
         return {"blocks": {rid: self.index.blocks(rid) for rid in self._replay}, "lag_s": self.lag_s,
                 "batches": self.batches, "gaps": sum(s.gaps for s in sources), "orphans": self.index.orphans,
                 "missed": sum(s.missed for s in sources), "restarts": sum(s.restarts for s in sources),
-                "failed": self.subscriber.failed}
+                "failed": self.subscriber.failed, "tokenize": dict(self.remote.counts)}
+
+
+def _merged(sim: CacheView, real: CacheView) -> CacheView:
+    """A model served by both engine kinds (unusual): each replica's hold by its own kind's keys,
+    the vLLM replicas' count of the prompt."""
+    if not sim.held and not sim.cacheable_tokens:
+        return real
+    return CacheView(real.prompt_tokens or sim.prompt_tokens, max(sim.cacheable_tokens, real.cacheable_tokens),
+                     {**sim.held, **real.held})

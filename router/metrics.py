@@ -204,6 +204,13 @@ class RouterMetrics:
         self.prefix_query_blocks = Family("isle_router_prefix_query_blocks", "Full blocks of the prompts routed "
                                           "with the KV-event index (the hit blocks' denominator)",
                                           ["pool", "slo_class"])
+        self.prefix_hit_tokens = Family("isle_router_prefix_hit_tokens", "Prompt tokens the replica chosen to "
+                                        "prefill it should read from its prefix cache, counted as vLLM counts "
+                                        "vllm:prefix_cache_hits (whole blocks, never a prompt's last token)",
+                                        ["pool", "slo_class"])
+        self.prefix_query_tokens = Family("isle_router_prefix_query_tokens", "Prompt tokens of the requests keyed "
+                                          "with the KV-event index, as their engines count them "
+                                          "(vllm:prefix_cache_queries)", ["pool", "slo_class"])
         self.prefix_hit_ratio = Family("isle_router_prefix_hit_ratio", "Share of a prompt's full blocks the chosen "
                                        "replica's prefix cache held, per request", ["pool", "slo_class"], RATIO)
         self.replica_sent = Family("isle_router_replica_requests", "Requests (and PD legs) sent to each replica, "
@@ -251,7 +258,7 @@ class RouterMetrics:
         return (self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.rejections, self.sent,
                 self.replica_sent, self.fallbacks, self.decision, self.plugins, self.lora_loads, self.lora_unloads,
                 self.lora_load_seconds, self.prefix_hit_blocks,
-                self.prefix_query_blocks, self.prefix_hit_ratio)
+                self.prefix_query_blocks, self.prefix_hit_ratio, self.prefix_hit_tokens, self.prefix_query_tokens)
 
     def snapshot(self) -> dict[str, Any]:
         """This worker's series as JSON, for the sibling that answers a scrape."""
@@ -329,6 +336,13 @@ def kv_index_families(view: Mapping[str, Any]) -> Iterator[Metric]:
                               "their blocks forgotten)", value=float(view.get("restarts", 0)))
     yield CounterMetricFamily("isle_router_kv_event_failures", "Event batches the index failed to take (kept "
                               "running)", value=float(view.get("failed", 0)))
+    tokenize = CounterMetricFamily("isle_router_kv_tokenize_requests", "Prompts keyed for vLLM replicas from their "
+                                   "tokenizer (POST /tokenize), by outcome: cached (kept keys), fetched, shared (one "
+                                   "round trip for several), failed, unreachable, unsupported (the last three: "
+                                   "routed without the index)", labels=["outcome"])
+    for outcome, n in sorted(view.get("tokenize", {}).items()):
+        tokenize.add_metric([outcome], float(n))
+    yield tokenize
 
 
 def controller_families(health: Mapping[str, Any]) -> Iterator[Metric]:

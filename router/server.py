@@ -36,7 +36,7 @@ from router.config import RouterConfig
 from router.contact import ControllerContact, Silence, router_health
 from router.decision import RouteDecision, decide
 from router.flight import Clock, Flight, FlightContext, fly
-from router.kvindex import KvIndex
+from router.kvindex import CacheView, KvIndex
 from router.lora import manager as lora
 from router.metrics import BUCKETS, RouterMetrics
 from router.pd import holding_roles, pd_choice, serve_pd
@@ -102,7 +102,10 @@ class Router:
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         events = config.kv_events
-        self.kvindex = KvIndex(events.endpoint, events.block_size) if events is not None else None
+        self.kvindex = KvIndex(events.endpoint, events.block_size, tokenize_timeout_s=events.tokenize_timeout_s,
+                               tokenize_cache=events.tokenize_cache,
+                               pool=Pool(config.upstream.connect_timeout_s, events.tokenize_timeout_s, engine_key)
+                               ) if events is not None else None
         """The engines' prefix caches from their KV events (config `kv_events`; one worker)."""
         if self.kvindex is not None:
             self.kvindex.follow(table.replicas)
@@ -360,12 +363,12 @@ class Router:
                          declared=self.replicas.declared, tenant=tenant, contexts=self.replicas.contexts,
                          largest=self.replicas.largest, adapters=self.loras.bases() if self.loras is not None else None)
 
-    def _with_cached(self, call: Call) -> Call:
+    @staticmethod
+    def _with_cached(call: Call, view: CacheView) -> Call:
         """The request with what each of its model's replicas holds of its prompt (`router.kvindex`)."""
-        assert self.kvindex is not None
-        ids = [r.replica_id for r in self.replicas.table.replicas if r.model == call.route.model]
-        cacheable, held = self.kvindex.lookup(call.prompt_key, ids)
-        return dataclasses.replace(call, route=call.route._replace(cacheable_tokens=cacheable, cached=held))
+        return dataclasses.replace(call, route=call.route._replace(cacheable_tokens=view.cacheable_tokens,
+                                                                   cached=view.held),
+                                   kv_prompt_tokens=view.prompt_tokens)
 
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
         slo: SLOClass | None = None
@@ -383,18 +386,16 @@ class Router:
             roles = holding_roles(self.config.pd, call, mixed)
             self.admission.check_headroom(call.route, snapshot, roles)
             if self.kvindex is not None:  # after the checks that refuse cheaply
-                call = self._with_cached(call)
-            self.quotas.enter(call.tenant, slo.name, call.cost.tokens if call.cost is not None else 0)
-            try:
-                admitted = self.admission.enter(slo)
-            except ApiError:
-                self.quotas.leave(call.tenant)
-                raise
-            if not admitted:
-                return self._waiting(call, response, started, queued=True)
+                view = self.kvindex.request(call.route.model, call.body, call.path, call.prompt_key,
+                                            self.replicas.table.replicas)
+                if not isinstance(view, CacheView):  # a vLLM replica's tokenizer first: the request waits
+                    return self._after_tokens(view, call, response, started, mixed)
+                call = self._with_cached(call, view)
         except ApiError as err:
             self.refused(slo, err)
             raise
+        if not self._admit(call):
+            return self._waiting(call, response, started, queued=True)
         try:
             if call.lora and self.loras is not None and self.loras.needs_load(call.lora, snapshot,
                                                                                call.slo.sheddable):
@@ -410,6 +411,38 @@ class Router:
         response.on_disconnect(flight.abandon)
         flight.begin()
         return None
+
+    def _admit(self, call: Call) -> bool:
+        """Its quota and an admission slot (False: it waits for one); refused and counted when over."""
+        try:
+            self.quotas.enter(call.tenant, call.slo.name, call.cost.tokens if call.cost is not None else 0)
+            try:
+                return self.admission.enter(call.slo)
+            except ApiError:
+                self.quotas.leave(call.tenant)
+                raise
+        except ApiError as err:
+            self.refused(call.slo, err)
+            raise
+
+    async def _after_tokens(self, view: Coroutine[Any, Any, CacheView], call: Call, response: Responder,
+                            started: float, mixed: frozenset[str]) -> None:
+        """`_generate`'s rest for a request whose prompt a vLLM replica tokenized for the index first
+        (`router.kvindex`): on the coroutine path (`_waiting`), from a fresh snapshot."""
+        call = self._with_cached(call, await view)
+        try:
+            admitted = self._admit(call)
+        except ApiError as err:
+            send_error(response, err)
+            return
+        pd = None
+        if admitted:
+            try:
+                pd = self._pd_choice(call, self.replicas.snapshot(), mixed)
+            except BaseException:
+                self.request_ended(call, "error")
+                raise
+        await self._waiting(call, response, started, queued=not admitted, pd=pd)
 
     def request_ended(self, call: Call, outcome: str) -> None:
         self.admission.leave(call.slo)
@@ -473,14 +506,17 @@ class Router:
     def _prefix_seen(self, call: Call, chosen: Candidate) -> None:
         """What the chosen replica's cache held of the prompt (`isle_router_prefix_*`; with kv_events)."""
         route = call.route
-        if self.kvindex is None or route.cacheable_tokens <= 0:
+        if self.kvindex is None or call.kv_prompt_tokens <= 0:
             return
         bs, m = self.kvindex.block_size, self.metrics
         labels = (chosen.endpoint.pool, call.slo.name)
         hit = route.cached.get(chosen.endpoint.replica_id, 0)
-        m.child(m.prefix_hit_blocks, *labels).inc(hit // bs)
-        m.child(m.prefix_query_blocks, *labels).inc(route.cacheable_tokens // bs)
-        m.child(m.prefix_hit_ratio, *labels).observe(hit / route.cacheable_tokens)
+        m.child(m.prefix_hit_tokens, *labels).inc(hit)  # as the engine will count them (vllm:prefix_cache_*)
+        m.child(m.prefix_query_tokens, *labels).inc(call.kv_prompt_tokens)
+        if route.cacheable_tokens > 0:
+            m.child(m.prefix_hit_blocks, *labels).inc(hit // bs)
+            m.child(m.prefix_query_blocks, *labels).inc(route.cacheable_tokens // bs)
+            m.child(m.prefix_hit_ratio, *labels).observe(hit / route.cacheable_tokens)
 
     async def _waiting(self, call: Call, response: Responder, started: float, queued: bool = False,
                        pd: PDDecision | None = None) -> None:

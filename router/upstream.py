@@ -6,6 +6,7 @@ router.relay's own connections).
                       the request may be retried on another replica, no byte went to the client
     Pool              keep-alive scrape clients, one per engine URL (wire.client), each
                       call bounded by a connect and a read timeout; a failure is an UpstreamError
+                      (also the prefix-cache index's /tokenize calls, `router.kvtokens`)
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Collection
+from typing import Any
 
-from wire.client import AsyncClient, ClientError
+from wire.client import AsyncClient, ClientError, StatusError
 
 
 class UpstreamError(Exception):
@@ -30,13 +32,27 @@ class Pool:
     async def text(self, base: str, path: str) -> str:
         """The body of a 2xx answer to GET `base + path`."""
         try:
-            client = self.clients.get(base)
-            if client is None:
-                client = self.clients[base] = AsyncClient(base, key=self.key, timeout_s=self.timeout_s, max_idle=1,
-                                                          connect_timeout_s=self.connect_timeout_s)
-            return await client.get_text(path)
+            return await self._client(base).get_text(path)
         except ClientError as err:
             raise UpstreamError(str(err)) from None
+
+    async def post_json(self, base: str, path: str, body: bytes) -> Any:
+        """The JSON of a 2xx answer to POST `base + path` with the JSON `body`."""
+        try:
+            client = self._client(base)
+            reply = await client.request("POST", path, content=body, headers={"content-type": "application/json"})
+            if not reply.ok:
+                raise StatusError(reply.url, reply.status, reply.body)
+            return reply.json()
+        except ClientError as err:
+            raise UpstreamError(str(err)) from None
+
+    def _client(self, base: str) -> AsyncClient:
+        client = self.clients.get(base)
+        if client is None:
+            client = self.clients[base] = AsyncClient(base, key=self.key, timeout_s=self.timeout_s, max_idle=1,
+                                                      connect_timeout_s=self.connect_timeout_s)
+        return client
 
     async def keep(self, bases: Collection[str]) -> None:
         """Close the clients of engines no longer scraped (a restart moved them to another port)."""

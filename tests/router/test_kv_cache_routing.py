@@ -87,6 +87,95 @@ def test_a_cached_prefix_is_routed_to_the_engine_that_holds_it(tmp_path: Path) -
             assert 4 * 70 <= seen <= asked  # the router counted the blocks it routed to a cache that held them
 
 
+SYSTEM = "You are the leasing office's assistant. " + "".join(DOC.format(n=n) for n in range(40))  # ~870 tokens
+USERS = [f"Tenant {k}: my flat {k}0{k} has a leak under the sink and the landlord has not answered for {k} days. "
+         * (k + 1) for k in range(4)]
+SCRIPT = [(0,), (1,), (0,), (2,), (1,), (3,), (0,), (2, 1)]
+"""Users by index, one request each: a new user shares the system prompt; a repeated one, all of
+its prompt; the last adds a turn after user 2's."""
+
+
+def _scrape(base: str) -> str:
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+        text: str = resp.read().decode()
+    return text
+
+
+def _total(text: str, name: str) -> float:
+    """A counter's value summed over its labels."""
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+               if x.startswith((name + "_total{", name + "_total ")))
+
+
+def _settled(base: str) -> None:
+    """The router's index took every event batch its engines sent (none came for 0.15 s)."""
+    last, quiet = -1.0, 0
+    while quiet < 3:
+        time.sleep(0.05)
+        now = _total(_scrape(base), "isle_router_kv_event_batches")
+        quiet = quiet + 1 if now == last else 0
+        last = now
+
+
+def _chat(url: str, turns: tuple[int, ...]) -> None:
+    messages = [{"role": "system", "content": SYSTEM}]
+    for k, user in enumerate(turns):
+        messages.append({"role": "user", "content": USERS[user]})
+        if k < len(turns) - 1:
+            messages.append({"role": "assistant", "content": "Noted; the plumber comes on Monday."})
+    body = {"model": MODEL, "max_tokens": 2, "messages": messages}
+    req = urllib.request.Request(url + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json", "authorization": f"Bearer {DEV_KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        resp.read()
+
+
+@pytest.mark.parametrize("kind", ["sim", "vllm"])
+def test_the_routers_expected_hits_are_the_engines(tmp_path: Path, kind: str) -> None:
+    """Deliver 3's check on simulated engines: over a scripted shared-prefix sequence, the tokens the
+    router expects each request to read from its replica's cache (`isle_router_prefix_hit_tokens`,
+    counted as vLLM counts) and the tokens it keyed (`isle_router_prefix_query_tokens`) are the
+    engines' own `vllm:prefix_cache_hits` and `queries`, per request and in total. `kind` vllm:
+    the replicas are declared vLLM, so the router keys each prompt from their /tokenize (the
+    simulated engine's serves its own tokens, as vLLM's does)."""
+    sub_port, r0, r1 = free_ports(3)
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{sub_port}"}
+
+    def engine(name: str, replay: int) -> Any:
+        config = {**events, "replay_endpoint": f"tcp://127.0.0.1:{replay}", "topic": name}
+        return running_engine("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.01", "--engine-id", name,
+                              "--enable-prefix-caching", "--kv-events-config", json.dumps(config))
+
+    with engine("e0", r0) as e0, engine("e1", r1) as e1:
+        config = {"port": 0, "require_keys": False,
+                  "kv_events": {"endpoint": f"tcp://127.0.0.1:{sub_port}", "block_size": 16},
+                  "default_profile": {"scorers": {"kv-cache-scorer": 1.0, "queue-depth-scorer": 0.1}},
+                  "replicas": [{"replica_id": name, "url": e.base, "model": MODEL, "engine": kind,
+                                "kv_events_replay": f"tcp://127.0.0.1:{port}"}
+                               for name, e, port in (("e0", e0, r0), ("e1", e1, r1))]}
+        with running_router(config, tmp_path) as (_, url):
+            base = url.removesuffix("/v1")
+            rows = []
+            for turns in SCRIPT:
+                _settled(base)
+                before = (_scrape(base), _scrape(e0.base) + _scrape(e1.base))
+                _chat(url, turns)
+                after = (_scrape(base), _scrape(e0.base) + _scrape(e1.base))
+                rows.append([_total(after[i], name) - _total(before[i], name) for i, name in (
+                    (0, "isle_router_prefix_hit_tokens"), (1, "vllm:prefix_cache_hits"),
+                    (0, "isle_router_prefix_query_tokens"), (1, "vllm:prefix_cache_queries"))])
+            text = _scrape(base)
+    expected, hits, keyed, queries = (sum(r[i] for r in rows) for i in range(4))
+    assert hits > 0.6 * queries  # the sequence is mostly shared
+    assert abs(expected - hits) <= 0.1 * hits and abs(keyed - queries) <= 0.1 * queries, rows
+    assert all(r[0] == r[1] and r[2] == r[3] for r in rows), rows  # one at a time: exactly, each request
+    if kind == "vllm":
+        assert 'isle_router_kv_tokenize_requests_total{outcome="fetched"} 5.0' in text  # each prompt once
+        assert 'isle_router_kv_tokenize_requests_total{outcome="cached"} 3.0' in text  # the repeats
+    else:
+        assert "isle_router_kv_tokenize_requests_total{" not in text
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"kv_events": {"endpoint": "tcp://127.0.0.1:5557"}, "workers": 2}, "one router worker"),
     ({"kv_events": {"endpoint": "tcp://10.0.0.1:5557"}}, "kv_events.endpoint"),
