@@ -68,7 +68,8 @@ class AppArgs(BaseModel):
     vllm: VllmAppConfig = Field(default_factory=VllmAppConfig,
                                 description="vLLM settings every pool gets (pools[].vllm overrides them) and the "
                                             "per-node port ranges; simulated engines take the serving flags "
-                                            "(tool_call_parser, enable_auto_tool_choice, reasoning_parser)")
+                                            "(tool_call_parser, enable_auto_tool_choice, reasoning_parser, "
+                                            "enable_lora, max_loras, max_cpu_loras, max_lora_rank, lora_modules)")
     bench_on_change: bool = Field(default=False, description="run the topology bench on every node at deploy and "
                                                              "after topology changes (nodes joined, replaced, "
                                                              "back; links marked)")
@@ -133,7 +134,7 @@ class AppArgs(BaseModel):
         return {p.name: settings_for(self.vllm, p.vllm, p.model, resolve) for p in self.pools}
 
     def engine_args(self) -> dict[str, tuple[str, ...]]:
-        """Simulated engines: each pool's serving flags (vLLM's tool-calling and reasoning flags,
+        """Simulated engines: each pool's serving flags (vLLM's tool-calling, reasoning and LoRA flags,
         `pools.vllmconfig.serving_args`); a vLLM server has them in its settings' arguments."""
         if self.engine != "sim":
             return {}

@@ -94,6 +94,16 @@ class VllmPoolConfig(_Strict):
     reasoning_parser: str | None = Field(
         default=None, min_length=1, description="vLLM's --reasoning-parser (deepseek_r1, qwen3, ...); simulated "
                                                 "engines take it and write no reasoning")
+    enable_lora: bool | None = Field(default=None, description="vLLM's --enable-lora: requests may name LoRA adapters "
+                                     "(simulated engines too; loading at run time, as the router's `lora` does, "
+                                     "also needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in the engines' environment)")
+    max_loras: int | None = Field(default=None, ge=1, description="vLLM's --max-loras: distinct adapters in one "
+                                  "batch (vLLM's default 1)")
+    max_cpu_loras: int | None = Field(default=None, ge=1, description="vLLM's --max-cpu-loras: adapters kept in "
+                                      "host memory (default: max_loras)")
+    max_lora_rank: int | None = Field(default=None, ge=1, description="vLLM's --max-lora-rank (default 16)")
+    lora_modules: list[str] | None = Field(default=None, description="vLLM's --lora-modules: adapters registered "
+                                           "at start, `name=path` each")
 
     @field_validator("extra_args")
     @classmethod
@@ -145,13 +155,16 @@ class VllmAppConfig(VllmPoolConfig):
 
 
 SERVING_FLAGS = (("tool_call_parser", "--tool-call-parser"), ("enable_auto_tool_choice", "--enable-auto-tool-choice"),
-                 ("reasoning_parser", "--reasoning-parser"))
+                 ("reasoning_parser", "--reasoning-parser"), ("enable_lora", "--enable-lora"),
+                 ("max_loras", "--max-loras"), ("max_cpu_loras", "--max-cpu-loras"),
+                 ("max_lora_rank", "--max-lora-rank"), ("lora_modules", "--lora-modules"))
 """The serving settings both engines take, and their `vllm serve` flags."""
 
 
 def serving_args(app: VllmPoolConfig, pool: VllmPoolConfig | None) -> tuple[str, ...]:
     """A pool's serving flags (`SERVING_FLAGS`; the pool's value over the app's) as engine argv;
-    ValueError as vLLM refuses --enable-auto-tool-choice without --tool-call-parser."""
+    ValueError as vLLM refuses --enable-auto-tool-choice without --tool-call-parser, and LoRA sizes
+    without --enable-lora."""
     own = pool or VllmPoolConfig()
     argv: list[str] = []
     for name, flag in SERVING_FLAGS:
@@ -161,9 +174,16 @@ def serving_args(app: VllmPoolConfig, pool: VllmPoolConfig | None) -> tuple[str,
             argv.append(flag)
         elif isinstance(value, str):
             argv += [flag, value]
+        elif isinstance(value, int) and not isinstance(value, bool):
+            argv += [flag, str(value)]
+        elif isinstance(value, list) and value:
+            argv += [flag, *value]
     if "--enable-auto-tool-choice" in argv and "--tool-call-parser" not in argv:
         raise ValueError("enable_auto_tool_choice needs tool_call_parser (vLLM: --enable-auto-tool-choice requires "
                          "--tool-call-parser)")
+    lora = [f for f in ("--max-loras", "--max-cpu-loras", "--max-lora-rank", "--lora-modules") if f in argv]
+    if lora and "--enable-lora" not in argv:
+        raise ValueError(f"{', '.join(lora)} need enable_lora (vLLM's --enable-lora)")
     return tuple(argv)
 
 
