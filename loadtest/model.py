@@ -22,6 +22,8 @@ class TraceRequest:
     """Hashes of the prompt's leading blocks (Mooncake's hash_ids): equal leading ids mean a
     shared, cacheable prefix. Empty when the trace does not say."""
     block_tokens: int = 512
+    model: str = ""
+    """The model it names (a LoRA adapter: `workloads.lora`); empty: the run's model."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,7 +14,8 @@ A spec is a string or a mapping (a scenario's `workload:` key):
     {trace: NAME|PATH} or {path: PATH} or {synthetic: {arrival, rate, cv, prompt, output, requests}},
     plus any of: format, rate (req/s for traces without timestamps; default 1), time_scale,
     rate_scale, duration_s, max_requests, class_mix ({interactive: 0.2, standard: 0.6, batch: 0.2}),
-    seed (default 0)
+    lora ({adapters: 8 or [names], skew: 1.0, base_share: 0}: requests name LoRA adapters, Zipf
+    over them: `workloads.lora`), seed (default 0)
 
 Order: read or generate, compress time (`time_scale`), scale the rate (`rate_scale`: k times the
 requests over the same span; see `workloads.transforms`), keep arrivals before `duration_s` and
@@ -35,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from loadtest.model import TraceRequest
 from loadtest.workloads import WorkloadError, synthetic, traces, transforms
+from loadtest.workloads import lora as lora_mix
 from topology.configfile import format_validation
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -78,6 +80,18 @@ class SyntheticConfig(_Strict):
             output=synthetic.length_dist(self.output, "synthetic.output"))
 
 
+class LoraMixConfig(_Strict):
+    """Requests name LoRA adapters, Zipf over them (`loadtest.workloads.lora`)."""
+
+    adapters: int | list[str] = Field(description="adapter names, or how many (lora-0, lora-1, ...)")
+    skew: float = Field(default=1.0, ge=0, description="the Zipf exponent over the adapters (0: uniform)")
+    base_share: float = Field(default=0.0, ge=0, lt=1, description="the share of requests left on the base model")
+
+    def mix(self) -> lora_mix.AdapterMix:
+        names = lora_mix.adapter_names(self.adapters) if isinstance(self.adapters, int) else tuple(self.adapters)
+        return lora_mix.AdapterMix(adapters=names, skew=self.skew, base_share=self.base_share)
+
+
 class WorkloadConfig(_Strict):
     trace: str | None = Field(default=None, description="a named sample or a trace file")
     path: str | None = Field(default=None, description="a trace file (relative to the scenario file)")
@@ -91,6 +105,7 @@ class WorkloadConfig(_Strict):
     duration_s: float | None = Field(default=None, gt=0, description="keep arrivals before this")
     max_requests: int | None = Field(default=None, ge=1, description="keep the first N")
     class_mix: dict[str, float] | None = Field(default=None, description="SLO class -> weight")
+    lora: LoraMixConfig | None = Field(default=None, description="requests name LoRA adapters, Zipf over them")
     seed: int = 0
 
     @model_validator(mode="after")
@@ -236,4 +251,6 @@ def load_workload(spec: str | Mapping[str, Any], overrides: Mapping[str, Any] | 
     requests = transforms.truncate(requests, config.duration_s, config.max_requests)
     if config.class_mix is not None:
         requests = transforms.assign_classes(requests, config.class_mix, config.seed)
+    if config.lora is not None:
+        requests = lora_mix.assign_adapters(requests, config.lora.mix(), config.seed)
     return Workload(name=name, source=source, config=config, requests=transforms.finalize(requests))

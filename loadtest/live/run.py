@@ -126,7 +126,7 @@ class Driver:
 
     def body(self, req: TraceRequest) -> bytes:
         return orjson.dumps({
-            "model": self.model, "messages": [{"role": "user", "content": prompt_text(req, self.tag)}],
+            "model": req.model or self.model, "messages": [{"role": "user", "content": prompt_text(req, self.tag)}],
             "max_tokens": req.output_tokens, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}})
 

@@ -13,6 +13,7 @@ Two ways to make a trace heavier, because they answer different questions:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -126,7 +127,4 @@ def assign_classes(requests: Sequence[TraceRequest], mix: Mapping[str, float], s
 def finalize(requests: Sequence[TraceRequest]) -> tuple[TraceRequest, ...]:
     """Sorted by arrival (stable), numbered in that order, the first arriving at its own time."""
     ordered = sorted(requests, key=lambda r: r.arrival_s)
-    return tuple(r if r.index == i else TraceRequest(
-        index=i, arrival_s=r.arrival_s, prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
-        slo_class=r.slo_class, prefix_blocks=r.prefix_blocks, block_tokens=r.block_tokens)
-        for i, r in enumerate(ordered))
+    return tuple(r if r.index == i else dataclasses.replace(r, index=i) for i, r in enumerate(ordered))
