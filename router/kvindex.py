@@ -101,7 +101,7 @@ class KvIndex:
             self.subscriber.close()
         await self.remote.aclose()
 
-    def local(self, prompt_key: str) -> Keyed:
+    def local(self, prompt_key: str, lora: str = "") -> Keyed:
         """A prompt as the simulated engine keys it: its text pieces (over its first
         `MAX_LOOKUP_TOKENS`: a longer prompt's start decides the same)."""
         head = prompt_key[:MAX_LOOKUP_TOKENS * BYTES_PER_TOKEN]
@@ -109,7 +109,7 @@ class KvIndex:
             return Keyed(0, [])
         ids = piece_ids(head)
         tokens = len(ids) if len(head) == len(prompt_key) else count_tokens(prompt_key)
-        return Keyed(tokens, usable_keys(ids, tokens, self.block_size))
+        return Keyed(tokens, usable_keys(ids, tokens, self.block_size, lora))
 
     def held(self, keyed: Keyed, replicas: Iterable[str]) -> CacheView:
         """What each of `replicas` holds of the prompt `keyed`."""
@@ -125,12 +125,13 @@ class KvIndex:
         return view.cacheable_tokens, view.held
 
     def request(self, model: str, body: Mapping[str, Any], path: str, prompt_key: str,
-                endpoints: Sequence[ReplicaEndpoint]) -> CacheView | Coroutine[Any, Any, CacheView]:
+                endpoints: Sequence[ReplicaEndpoint], lora: str = "") -> CacheView | Coroutine[Any, Any, CacheView]:
         """What the model's replicas hold of a request's (first) prompt, keyed as each engine kind
-        reads it; a coroutine when a vLLM replica's tokenizer must be asked first (module docstring)."""
+        reads it (`lora`: the adapter it names, whose blocks are its own); a coroutine when a vLLM
+        replica's tokenizer must be asked first (module docstring)."""
         sims = [e.replica_id for e in endpoints if e.model == model and e.engine == "sim"]
         reals = [e for e in endpoints if e.model == model and e.engine == "vllm" and e.kv_events_replay]
-        view = self.held(self.local(prompt_key), sims) if sims else CacheView()
+        view = self.held(self.local(prompt_key, lora), sims) if sims else CacheView()
         if not reals:
             return view
         ids = [e.replica_id for e in reals]
@@ -139,7 +140,7 @@ class KvIndex:
             self.remote.count(ask)
             return view
         if isinstance(ask, list):
-            return _merged(view, self.held(self.remote.ids(ask), ids))
+            return _merged(view, self.held(self.remote.ids(ask, lora), ids))
         raw, key, keyed = self.remote.known(ask)
         if keyed is not None:
             return _merged(view, self.held(keyed, ids))
@@ -147,10 +148,11 @@ class KvIndex:
         if url is None:
             self.remote.count("unreachable")
             return view
-        return self._asked(view, url, raw, key, ids)
+        return self._asked(view, url, raw, key, ids, lora)
 
-    async def _asked(self, view: CacheView, url: str, raw: bytes, key: bytes, ids: list[str]) -> CacheView:
-        keyed = await self.remote.fetch(url, raw, key)
+    async def _asked(self, view: CacheView, url: str, raw: bytes, key: bytes, ids: list[str],
+                     lora: str) -> CacheView:
+        keyed = await self.remote.fetch(url, raw, key, lora)
         return view if keyed is None else _merged(view, self.held(keyed, ids))
 
     def view(self) -> dict[str, object]:

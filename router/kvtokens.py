@@ -58,10 +58,11 @@ class Keyed:
     """The keys of its full blocks the engine may read from its cache (`usable_keys`)."""
 
 
-def usable_keys(tokens: Sequence[int], prompt_tokens: int, block_size: int) -> list[int]:
+def usable_keys(tokens: Sequence[int], prompt_tokens: int, block_size: int, lora: str = "") -> list[int]:
     """The keys of `tokens`' full blocks (at most its first `MAX_LOOKUP_TOKENS`) that lie before the
-    prompt's last token: the most an engine's prefix cache can give it."""
-    keys = block_keys(tokens[:MAX_LOOKUP_TOKENS], block_size)
+    prompt's last token: the most an engine's prefix cache can give it (`lora`: the adapter that
+    reads them; its name enters the keys, as vLLM's block hashes take the LoRA)."""
+    keys = block_keys(tokens[:MAX_LOOKUP_TOKENS], block_size, lora or None)
     return keys[:max(0, (prompt_tokens - 1) // block_size)]
 
 
@@ -133,9 +134,9 @@ class RemoteKeys:
     def count(self, outcome: str) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
 
-    def ids(self, ids: Sequence[int]) -> Keyed:
+    def ids(self, ids: Sequence[int], lora: str = "") -> Keyed:
         """A prompt given as token ids: keyed here."""
-        return Keyed(len(ids), usable_keys(ids, len(ids), self.block_size))
+        return Keyed(len(ids), usable_keys(ids, len(ids), self.block_size, lora))
 
     def known(self, ask: Mapping[str, Any]) -> tuple[bytes, bytes, Keyed | None]:
         """(the request's bytes, its LRU key, its keys when kept)."""
@@ -152,17 +153,18 @@ class RemoteKeys:
         now = self.clock()
         return next((u for u in urls if self._down.get(u, 0.0) <= now), None)
 
-    async def fetch(self, url: str, raw: bytes, key: bytes) -> Keyed | None:
-        """The prompt's keys from `url`'s /tokenize (None: failed; counted either way)."""
+    async def fetch(self, url: str, raw: bytes, key: bytes, lora: str = "") -> Keyed | None:
+        """The prompt's keys from `url`'s /tokenize (None: failed; counted either way). `raw` names
+        the adapter as its model when `lora` is one, so its keys are kept apart."""
         task = self._pending.get(key)
         if task is not None:
             self.count("shared")
         else:
-            task = self._pending[key] = asyncio.get_running_loop().create_task(self._fetch(url, raw, key))
+            task = self._pending[key] = asyncio.get_running_loop().create_task(self._fetch(url, raw, key, lora))
             task.add_done_callback(lambda _: self._pending.pop(key, None))
         return await asyncio.shield(task)
 
-    async def _fetch(self, url: str, raw: bytes, key: bytes) -> Keyed | None:
+    async def _fetch(self, url: str, raw: bytes, key: bytes, lora: str) -> Keyed | None:
         try:
             answer = await asyncio.wait_for(self.pool.post_json(url, "/tokenize", raw), self.timeout_s)
             tokens = answer["tokens"]
@@ -174,7 +176,7 @@ class RemoteKeys:
             self.count("failed")
             return None
         self.count("fetched")
-        keyed = Keyed(len(tokens), array("Q", usable_keys(tokens, len(tokens), self.block_size)))
+        keyed = Keyed(len(tokens), array("Q", usable_keys(tokens, len(tokens), self.block_size, lora)))
         if self.entries > 0:
             self._lru[key] = keyed
             while len(self._lru) > self.entries:

@@ -387,7 +387,7 @@ class Router:
             self.admission.check_headroom(call.route, snapshot, roles)
             if self.kvindex is not None:  # after the checks that refuse cheaply
                 view = self.kvindex.request(call.route.model, call.body, call.path, call.prompt_key,
-                                            self.replicas.table.replicas)
+                                            self.replicas.table.replicas, call.lora)
                 if not isinstance(view, CacheView):  # a vLLM replica's tokenizer first: the request waits
                     return self._after_tokens(view, call, response, started, mixed)
                 call = self._with_cached(call, view)

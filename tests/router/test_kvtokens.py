@@ -18,6 +18,7 @@ from pools.routing import EngineKind, ReplicaEndpoint
 from router.kvindex import CacheView, KvIndex
 from router.kvtokens import DOWN_S, UNSUPPORTED, RemoteKeys, tokenize_request, usable_keys
 from router.upstream import Pool, UpstreamError
+from tests.support.ports import free_ports
 
 pytestmark = pytest.mark.unit
 
@@ -124,7 +125,7 @@ def _stored(tokens: Sequence[int], block_size: int) -> EventBatch:
 def test_vllm_replicas_are_looked_up_by_their_tokenizers_tokens() -> None:
     async def main() -> None:
         pool = FakePool({"http://127.0.0.1:1": None})
-        kv = KvIndex("tcp://127.0.0.1:1", 4, pool=pool)
+        kv = KvIndex(f"tcp://127.0.0.1:{free_ports(1)[0]}", 4, pool=pool)
         prompt = "abcdefghijklmnop"  # 16 tokens: 3 blocks an engine can hit, its last token's block not
         kv.index.apply("v1", _stored([ord(c) for c in prompt], 4))
         body = {"model": "m", "prompt": prompt}
@@ -140,6 +141,23 @@ def test_vllm_replicas_are_looked_up_by_their_tokenizers_tokens() -> None:
         assert kv.view()["tokenize"] == {"fetched": 1, "cached": 1, "unsupported": 1}
         sim = kv.request("m", body, "/v1/completions", prompt, [_endpoint("s1", "sim")])
         assert sim == CacheView(4, 0, {})  # the simulated model's 4 pieces: no block it could hit
+        await kv.stop()
+
+    asyncio.run(main())
+
+
+def test_an_adapters_blocks_are_its_own() -> None:
+    async def main() -> None:
+        kv = KvIndex(f"tcp://127.0.0.1:{free_ports(1)[0]}", 4, pool=FakePool({}))
+        ids = list(range(100, 117))
+        n = len(ids) // 4
+        kv.index.apply("v1", EventBatch(1.0, (BlockStored(tuple(range(1, n + 1)), None, tuple(ids[:n * 4]), 4, "ad1",
+                                                          "GPU"),)))
+        endpoints = [_endpoint("v1", "vllm")]
+        body = {"model": "ad1", "prompt": ids}
+        assert kv.request("m", body, "/v1/completions", "", endpoints, "ad1") == CacheView(17, 16, {"v1": 16})
+        assert kv.request("m", body, "/v1/completions", "", endpoints) == CacheView(17, 16, {})  # the base's: none
+        assert kv.local("abcdefghijklmnopq", "ad1").keys != kv.local("abcdefghijklmnopq").keys
         await kv.stop()
 
     asyncio.run(main())
