@@ -20,7 +20,9 @@ Two parts, as in vLLM:
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
@@ -29,6 +31,8 @@ from typing import Any
 
 from physics.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraCost
 from wire.errors import ApiError
+
+log = logging.getLogger("isleserve.engine")
 
 RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -139,12 +143,41 @@ class Registered:
 
 
 class Adapters:
-    """The API server's adapter registry (module docstring). `base`: the served model name."""
+    """The API server's adapter registry (module docstring). `base`: the served model name;
+    `slots`: the engine's (None: registration only); `time_scale`: wall seconds per modelled one."""
 
-    def __init__(self, base: str) -> None:
-        self.base = base
+    def __init__(self, base: str, slots: LoraSlots | None = None, time_scale: float = 1.0) -> None:
+        self.base, self.slots, self.time_scale = base, slots, time_scale
         self.loaded: dict[str, Registered] = {}
         self._next_id = 0
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def static(self, modules: Iterable[LoraModule]) -> None:
+        """`--lora-modules` at start (vLLM's init_static_loras: a refused one stops the start)."""
+        for module in modules:
+            try:
+                self.check_load({"lora_name": module.name, "lora_path": module.path})
+            except ApiError as err:
+                raise ValueError(f"--lora-modules {module.name}: {err.message}") from None
+            self.register(module.name, module.path)
+
+    async def load_route(self, body: dict[str, Any]) -> bytes:
+        """POST /v1/load_lora_adapter: the checks and the engine's load under the name's lock (a
+        second load of one name waits, then is refused as loaded already); the load's time passes
+        first (`physics.lora`). vLLM's plain-text answer."""
+        name = body.get("lora_name")
+        async with self._locks.setdefault(str(name), asyncio.Lock()):
+            self.check_load(body)
+            if self.slots is not None:
+                await asyncio.sleep(self.slots.cost.load_ms() / 1000.0 * self.time_scale)
+            self.register(str(name), str(body["lora_path"]))
+        log.info("Loaded new LoRA adapter: name '%s', path '%s'", name, body["lora_path"])
+        return f"Success: LoRA adapter '{name}' added successfully.".encode()
+
+    def unload_route(self, body: dict[str, Any]) -> bytes:
+        name = self.unload(body)
+        log.info("Removed LoRA adapter: name '%s'", name)
+        return f"Success: LoRA adapter '{name}' removed successfully.".encode()
 
     def check_load(self, body: dict[str, Any]) -> None:
         """`/v1/load_lora_adapter`'s checks, in vLLM's words (ApiError on refusal)."""
@@ -164,6 +197,8 @@ class Adapters:
             self._next_id += 1
         lora_id = previous.lora_id if previous is not None else self._next_id
         found = self.loaded[name] = Registered(name, path, lora_id, self.base)
+        if self.slots is not None:
+            self.slots.load(name)  # into the engine's host cache
         return found
 
     def unload(self, body: dict[str, Any]) -> str:

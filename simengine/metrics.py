@@ -24,6 +24,7 @@ an abort).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -73,6 +74,7 @@ class EngineMetrics:
     def __init__(self, model: str, max_model_len: int) -> None:
         self.registry = r = CollectorRegistry()
         self._queries = self._hits = 0
+        self.lora_info: Gauge | None = None
         labels, values = ["model_name", "engine"], (model, ENGINE)
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -127,6 +129,17 @@ class EngineMetrics:
         self.request_preemptions = histogram("vllm:request_num_preemptions",
                                              "Histogram of the number of times a request was preempted.",
                                              REQUEST_NUM_PREEMPTIONS_BUCKETS)
+
+    def lora_state(self, max_loras: int, running: Iterable[str], waiting: Iterable[str]) -> None:
+        """vLLM's `vllm:lora_requests_info` (an engine with --enable-lora; vllm/v1/metrics/loggers.py):
+        a series per (max_lora, waiting_lora_adapters, running_lora_adapters), the adapters joined
+        with commas, set to the time it was last seen."""
+        if self.lora_info is None:
+            self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+                                   ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                                   registry=self.registry)
+        self.lora_info.labels(str(max_loras), ",".join(dict.fromkeys(waiting)),
+                              ",".join(dict.fromkeys(running))).set_to_current_time()
 
     def state(self, running: int, waiting: int, kv_usage: float) -> None:
         self.running.set(running)

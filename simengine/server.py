@@ -102,15 +102,11 @@ class SimEngine:
         self._ids = itertools.count()
         self._driver: asyncio.Task[None] | None = None
         self.publisher: Publisher | None = None
-        self.adapters = Adapters(identity.served_model) if config.lora is not None else None
+        self.adapters = Adapters(identity.served_model, self.core.lora, time_scale) \
+            if self.core.lora is not None else None
         """The adapters requests may name (`simengine.lora`); None without --enable-lora."""
-        self._lora_locks: dict[str, asyncio.Lock] = {}
-        for module in identity.lora_modules:  # vLLM's init_static_loras: a refused one stops the start
-            try:
-                self._lora_registry().check_load({"lora_name": module.name, "lora_path": module.path})
-            except ApiError as err:
-                raise ValueError(f"--lora-modules {module.name}: {err.message}") from None
-            self._register(module.name, module.path)
+        if self.adapters is not None:
+            self.adapters.static(identity.lora_modules)
         self._held_at: dict[str, float] = {}
         self._by_client: dict[str, str] = {}
         """A PD prefill's client-given `request_id` -> this engine's id for it (while held)."""
@@ -236,6 +232,7 @@ class SimEngine:
             self.faults.count_token()
         m.state(self.core.num_running, self.core.num_waiting, self.core.kv_usage)
         m.prefix_totals(self.core.prefix_queries, self.core.prefix_hits)
+        self._lora_state()
 
     def _finished(self, live: Live, c: Choice, t: Token) -> None:
         self.metrics.finished(Finished(
@@ -294,17 +291,16 @@ class SimEngine:
                 response.send(200, routes.models_body(self.id.served_model, self.limits.max_model_len,
                                                       self.adapters.cards if self.adapters is not None else None))
             elif route == ("POST", "/v1/load_lora_adapter"):
-                await self._load_lora(request, response)
+                response.send(200, await self._lora_registry().load_route(routes.json_body(request)), routes.TEXT)
             elif route == ("POST", "/v1/unload_lora_adapter"):
-                name = self._lora_registry().unload(routes.json_body(request))
-                log.info("Removed LoRA adapter: name '%s'", name)
-                response.send(200, f"Success: LoRA adapter '{name}' removed successfully.".encode(), routes.TEXT)
+                response.send(200, self._lora_registry().unload_route(routes.json_body(request)), routes.TEXT)
             elif route == ("GET", "/health"):
                 response.send(200, b"")
             elif route == ("GET", "/version"):
                 response.send(200, routes.version_body())
             elif route == ("GET", "/metrics"):
                 self.metrics.state(self.core.num_running, self.core.num_waiting, self.core.kv_usage)
+                self._lora_state()
                 response.send(200, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
             elif route == ("POST", "/internal/kv/release"):
                 self._release(request, response)
@@ -316,31 +312,16 @@ class SimEngine:
             if not response.started:
                 response.send(err.status, err.body())
 
+    def _lora_state(self) -> None:
+        slots = self.core.lora
+        if slots is not None:
+            self.metrics.lora_state(slots.spec.max_loras, (s.lora for s in self.core.running if s.lora),
+                                    (s.lora for s in self.core.waiting if s.lora))
+
     def _lora_registry(self) -> Adapters:
         if self.adapters is None:  # vLLM's engine refuses add_lora without a LoRA config
             raise ApiError(500, "LoRA is not enabled. Use --enable-lora to enable LoRA.", "InternalServerError")
         return self.adapters
-
-    def _register(self, name: str, path: str) -> float:
-        """Register adapter `name` and put it in the engine's host cache; the load's cost in ms."""
-        assert self.adapters is not None and self.core.lora is not None
-        self.adapters.register(name, path)
-        return self.core.lora.load(name)
-
-    async def _load_lora(self, request: Request, response: Responder) -> None:
-        """vLLM's load: the checks and the engine's load under the adapter's lock (a second load of
-        the same name waits, then is refused as already loaded); the load's time passes first."""
-        body = routes.json_body(request)
-        adapters = self._lora_registry()
-        name = body.get("lora_name")
-        lock = self._lora_locks.setdefault(str(name), asyncio.Lock())
-        async with lock:
-            adapters.check_load(body)
-            assert self.core.lora is not None
-            await asyncio.sleep(self.core.lora.cost.load_ms() / 1000.0 * self.time_scale)
-            self._register(str(name), str(body["lora_path"]))
-        log.info("Loaded new LoRA adapter: name '%s', path '%s'", name, body["lora_path"])
-        response.send(200, f"Success: LoRA adapter '{name}' added successfully.".encode(), routes.TEXT)
 
     def _faults(self, request: Request, response: Responder) -> None:
         if request.method == "POST":

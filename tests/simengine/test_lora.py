@@ -60,6 +60,9 @@ def test_a_request_names_an_adapter(lora_engine: EngineProcess) -> None:
     try:
         out = client.chat.completions.create(model="sql", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert out.model == "sql" and out.usage is not None and out.usage.completion_tokens == 3
+        with urllib.request.urlopen(lora_engine.base + "/metrics", timeout=10) as resp:
+            info = [x for x in resp.read().decode().splitlines() if x.startswith("vllm:lora_requests_info{")]
+        assert any('max_lora="2"' in x and 'running_lora_adapters="sql"' in x for x in info), info
         with pytest.raises(openai.NotFoundError) as err:
             client.completions.create(model="nosuch", prompt="hi", max_tokens=2)
         assert err.value.body == {"message": f"The model `nosuch` does not exist. Valid aliases: {MODEL}.",
