@@ -171,11 +171,36 @@ def _service_paths(ref: dict[str, JSON]) -> JSON:
         "/admin/plan": {"get": _operation(
             "admin_plan", "admin plan", _json(ref["PlanView"], "the placement plan"), ADMIN_ERRORS, tag="admin",
             description=admin + "; 404 when the router was started without one")},
+        **_lora_paths(admin),
         targets.PATH: {"get": _operation(
             "admin_prometheus_targets", "Prometheus service discovery",
             _json({"type": "array", "items": ref["TargetGroup"]}, "the router and every engine as scrape targets"),
             ADMIN_ERRORS, tag="admin", description=admin + "; Prometheus' `http_sd_config` format "
             "(configs/prometheus.yml)")},
+    }
+
+
+def _lora_paths(admin: str) -> JSON:
+    """The LoRA admin routes (`router.lora.manager.admin`)."""
+    text = {"type": "string"}
+    load = {"type": "object", "required": ["lora_name"], "properties": {
+        "lora_name": text, "lora_path": text, "base_model": text, "replica_id": text}}
+    unload = {"type": "object", "required": ["lora_name"], "properties": {"lora_name": text, "replica_id": text}}
+    body = {"type": "object", "description": "what was done"}
+    words = admin + "; 404 when the router has no `lora` config"
+    return {
+        "/admin/lora": {"get": _operation(
+            "admin_lora", "LoRA adapters", _json({"type": "object", "description": "adapters, who holds which and "
+                                                 "when each was last used, the last plans"}, "the adapters"),
+            ADMIN_ERRORS, tag="admin", description=words)},
+        "/admin/lora/load": {"post": _operation(
+            "admin_lora_load", "load a LoRA adapter", _json(body, "where it is loaded"), (400, *ADMIN_ERRORS, 503),
+            tag="admin", body=load, description=words + "; known from then on and loaded now (on `replica_id`, "
+            "or where a request's first load would go); `base_model` may be left out where one model is served")},
+        "/admin/lora/unload": {"post": _operation(
+            "admin_lora_unload", "unload a LoRA adapter", _json(body, "where it was unloaded from"),
+            (*ADMIN_ERRORS, 503), tag="admin", body=unload,
+            description=words + "; off `replica_id`, or off every replica (then forgotten unless configured)")},
     }
 
 

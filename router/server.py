@@ -300,7 +300,8 @@ class Router:
                                       self.keyless)
             if method == "GET" and path.startswith(routes.MODELS_PREFIX):
                 self.auth.user(request.headers)
-                response.send(200, routes.model_body(self.replicas.table.models(), path, self.replicas.largest))
+                card = lora.card_body(self.loras, path)  # an adapter's, else a model's
+                response.send(200, card or routes.model_body(self.replicas.table.models(), path, self.replicas.largest))
             elif (method, path) == ("GET", "/v1/models"):
                 self.auth.user(request.headers)
                 response.send(200, wire.models_body(self.replicas.table.models(), contexts=self.replicas.largest,

@@ -440,6 +440,10 @@ class ModelCard(Base):
     owned_by: str | Absent = None
     max_model_len: int | Absent = None
     """The largest context among the model's engines, once one said it."""
+    root: str | Absent = None
+    """A LoRA adapter's path (vLLM's ModelCard)."""
+    parent: str | Absent = None
+    """A LoRA adapter's base model (vLLM's ModelCard)."""
 
 
 class ModelList(Base):

@@ -23,6 +23,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
+
+import orjson
 
 from router.lora.config import LoraConfig
 from router.lora.placement import AdapterBook, LoraPlan, base_candidates, place
@@ -256,3 +259,12 @@ async def admin(manager: LoraManager | None, method: str, path: str, raw: bytes,
     if path == "/admin/lora/load":
         return await manager.admin_load(body, snapshot, served)
     return await manager.admin_unload(body, snapshot)
+
+
+def card_body(manager: LoraManager | None, path: str) -> bytes | None:
+    """`GET /v1/models/{id}` of an adapter: its card as /v1/models lists it (None: not an adapter)."""
+    if manager is None:
+        return None
+    name = unquote(path.removeprefix("/v1/models/"))
+    found = next((c for c in manager.cards() if c["id"] == name), None)
+    return orjson.dumps(found) if found is not None else None

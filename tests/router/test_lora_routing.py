@@ -123,6 +123,7 @@ def test_adapters_go_to_their_replica_and_a_third_evicts_the_coldest(tmp_path: P
             cards = {m.id: m.model_dump() for m in client.models.list().data}
             assert {n: (c["parent"], c["root"]) for n, c in cards.items() if c.get("parent")} == {
                 a["name"]: (MODEL, a["path"]) for a in ADAPTERS}  # base models and adapters, as vLLM lists them
+            assert client.models.retrieve("math").model_dump()["parent"] == MODEL
             before = _served(e0), _served(e1)
             assert [_ask(client, "sql") for _ in range(4)] == [("e0", "sql")] * 4
             assert (_served(e0) - before[0], _served(e1) - before[1]) == (4, 0)  # the engines' own counters
