@@ -135,16 +135,16 @@ class KvIndex:
         if not reals:
             return view
         ids = [e.replica_id for e in reals]
-        ask = tokenize_request(body, path)
+        ask = tokenize_request(body, path, model)
         if isinstance(ask, str):
             self.remote.count(ask)
             return view
         if isinstance(ask, list):
             return _merged(view, self.held(self.remote.ids(ask, lora), ids))
-        raw, key, keyed = self.remote.known(ask)
+        raw, key, keyed = self.remote.known(ask, lora)
         if keyed is not None:
             return _merged(view, self.held(keyed, ids))
-        url = self.remote.pick([e.url for e in reals if e.healthy])
+        url = self.remote.pick([e.url for e in reals if e.healthy], key)
         if url is None:
             self.remote.count("unreachable")
             return view

@@ -3,15 +3,17 @@ tokens. The router has no tokenizer, so it asks the replica's: vLLM's `POST /tok
 completion's prompt (`TokenizeCompletionRequest`) or a chat's messages with the fields that
 render them (`TokenizeChatRequest`), and answers `{"count", "max_model_len", "tokens"}`.
 
-- `tokenize_request(body, path)`: what to ask for a generation request, built from the fields
-  vLLM's chat completion renders a prompt with (`ChatCompletionRequest.build_chat_params`: its
-  `documents` and `reasoning_effort` go into the template's kwargs, as vLLM puts them there);
-  a completion's token ids need no round trip; a Responses request, or a prompt with media
-  parts (vLLM would fetch them to tokenize), is not asked (`UNSUPPORTED`).
-- `RemoteKeys`: keys per prompt in a bounded LRU (keyed by the tokenize request), one round
-  trip per prompt at a time (concurrent requests for one prompt share it), each bounded by a
-  short timeout; a failure answers None (the request is routed without cache knowledge) and
-  leaves that replica's tokenizer alone for a few seconds. Every outcome is counted
+- `tokenize_request(body, path, model)`: what to ask for a generation request, built from the
+  fields vLLM's chat completion renders a prompt with (`ChatCompletionRequest.build_chat_params`:
+  its `documents` and `reasoning_effort` go into the template's kwargs, as vLLM puts them there),
+  of the base model (an adapter's request asks its base's tokenizer: the replica asked may not
+  hold the adapter yet); a completion's token ids need no round trip; a Responses request, or a
+  prompt with media parts (vLLM would fetch them to tokenize), is not asked (`UNSUPPORTED`).
+- `RemoteKeys`: keys per prompt and adapter in a bounded LRU (keyed by the tokenize request),
+  one round trip per prompt at a time (concurrent requests for one prompt share it), prompts
+  spread over the model's replicas, each bounded by a short timeout; a failure answers None (the
+  request is routed without cache knowledge) and, unless the engine refused the request itself
+  (4xx), leaves that replica's tokenizer alone for a few seconds. Every outcome is counted
   (`isle_router_kv_tokenize_requests`).
 
 A vLLM engine never reads a prompt's last token from its cache (it must compute one to sample:
@@ -77,11 +79,11 @@ def _text_only(messages: Any) -> bool:
     return True
 
 
-def _chat_request(body: Mapping[str, Any]) -> dict[str, Any] | str:
+def _chat_request(body: Mapping[str, Any], model: str) -> dict[str, Any] | str:
     messages = body.get("messages")
     if not _text_only(messages):
         return UNSUPPORTED
-    ask: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+    ask: dict[str, Any] = {"model": model, "messages": messages}
     ask.update((k, body[k]) for k in CHAT_FIELDS if body.get(k) is not None)
     kwargs = dict(body.get("chat_template_kwargs") or {})
     if body.get("documents") is not None:
@@ -96,11 +98,13 @@ def _chat_request(body: Mapping[str, Any]) -> dict[str, Any] | str:
     return ask
 
 
-def tokenize_request(body: Mapping[str, Any], path: str) -> dict[str, Any] | list[int] | str:
+def tokenize_request(body: Mapping[str, Any], path: str, model: str) -> dict[str, Any] | list[int] | str:
     """For a generation request to `path`: the /tokenize body that gives its (first) prompt's
-    tokens as vLLM will read them, or those tokens when the client sent ids, or `UNSUPPORTED`."""
+    tokens as vLLM will read them, or those tokens when the client sent ids, or `UNSUPPORTED`.
+    `model`: the served model whose tokenizer is asked (an adapter's base: a replica may not have
+    the adapter loaded yet)."""
     if path == "/v1/chat/completions":
-        return _chat_request(body)
+        return _chat_request(body, model)
     if path != "/v1/completions":
         return UNSUPPORTED
     prompt = body.get("prompt")
@@ -111,7 +115,7 @@ def tokenize_request(body: Mapping[str, Any], path: str) -> dict[str, Any] | lis
         return ids if ids and len(ids) == len(prompt) else UNSUPPORTED
     if not isinstance(prompt, str):
         return UNSUPPORTED
-    ask: dict[str, Any] = {"model": body.get("model"), "prompt": prompt}
+    ask: dict[str, Any] = {"model": model, "prompt": prompt}
     if body.get("add_special_tokens") is not None:
         ask["add_special_tokens"] = body["add_special_tokens"]
     return ask
@@ -128,8 +132,8 @@ class RemoteKeys:
         self._pending: dict[bytes, asyncio.Task[Keyed | None]] = {}
         self._down: dict[str, float] = {}
         self.counts: dict[str, int] = {}
-        """Outcome -> requests: cached, fetched, shared (waited for another's round trip), failed,
-        unsupported, unreachable (no replica's tokenizer to ask)."""
+        """Outcome -> requests: cached, fetched, shared (waited for another's round trip), refused
+        (a 4xx: the request's own fault), failed, unsupported, unreachable (no tokenizer to ask)."""
 
     def count(self, outcome: str) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
@@ -138,24 +142,26 @@ class RemoteKeys:
         """A prompt given as token ids: keyed here."""
         return Keyed(len(ids), usable_keys(ids, len(ids), self.block_size, lora))
 
-    def known(self, ask: Mapping[str, Any]) -> tuple[bytes, bytes, Keyed | None]:
-        """(the request's bytes, its LRU key, its keys when kept)."""
+    def known(self, ask: Mapping[str, Any], lora: str = "") -> tuple[bytes, bytes, Keyed | None]:
+        """(the request's bytes, its LRU key, its keys when kept); `lora`: the adapter the keys are
+        for (its name enters them)."""
         raw = orjson.dumps(ask)
-        key = hashlib.blake2b(raw, digest_size=16).digest()
+        key = hashlib.blake2b(raw + b"\0" + lora.encode(), digest_size=16).digest()
         keyed = self._lru.get(key)
         if keyed is not None:
             self._lru.move_to_end(key)
             self.count("cached")
         return raw, key, keyed
 
-    def pick(self, urls: Sequence[str]) -> str | None:
-        """The first of `urls` whose tokenizer has not failed lately."""
+    def pick(self, urls: Sequence[str], key: bytes) -> str | None:
+        """One of `urls` whose tokenizer has not failed lately: the prompt's LRU `key` spreads the
+        prompts over them (each prompt asks one replica)."""
         now = self.clock()
-        return next((u for u in urls if self._down.get(u, 0.0) <= now), None)
+        start = key[0] % len(urls) if urls else 0
+        return next((u for u in (*urls[start:], *urls[:start]) if self._down.get(u, 0.0) <= now), None)
 
     async def fetch(self, url: str, raw: bytes, key: bytes, lora: str = "") -> Keyed | None:
-        """The prompt's keys from `url`'s /tokenize (None: failed; counted either way). `raw` names
-        the adapter as its model when `lora` is one, so its keys are kept apart."""
+        """The prompt's keys from `url`'s /tokenize (None: failed; counted either way)."""
         task = self._pending.get(key)
         if task is not None:
             self.count("shared")
@@ -166,7 +172,10 @@ class RemoteKeys:
 
     async def _fetch(self, url: str, raw: bytes, key: bytes, lora: str) -> Keyed | None:
         try:
-            answer = await asyncio.wait_for(self.pool.post_json(url, "/tokenize", raw), self.timeout_s)
+            status, answer = await asyncio.wait_for(self.pool.post_json(url, "/tokenize", raw), self.timeout_s)
+            if 400 <= status < 500:  # the engine refuses what the request asks: its generation will say why
+                self.count("refused")
+                return None
             tokens = answer["tokens"]
             if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
                 raise TypeError("no token ids")

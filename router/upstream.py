@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Collection
 from typing import Any
 
-from wire.client import AsyncClient, ClientError, StatusError
+from wire.client import AsyncClient, ClientError
 
 
 class UpstreamError(Exception):
@@ -36,14 +36,12 @@ class Pool:
         except ClientError as err:
             raise UpstreamError(str(err)) from None
 
-    async def post_json(self, base: str, path: str, body: bytes) -> Any:
-        """The JSON of a 2xx answer to POST `base + path` with the JSON `body`."""
+    async def post_json(self, base: str, path: str, body: bytes) -> tuple[int, Any]:
+        """(status, JSON of a 2xx answer, else None) to POST `base + path` with the JSON `body`."""
         try:
             client = self._client(base)
             reply = await client.request("POST", path, content=body, headers={"content-type": "application/json"})
-            if not reply.ok:
-                raise StatusError(reply.url, reply.status, reply.body)
-            return reply.json()
+            return reply.status, reply.json() if reply.ok else None
         except ClientError as err:
             raise UpstreamError(str(err)) from None
 

@@ -27,13 +27,13 @@ def test_chat_requests_ask_with_the_fields_that_render_them() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "priority": 1,
             "add_generation_prompt": False, "continue_final_message": True, "chat_template_kwargs": {"x": 1},
             "documents": [{"title": "t", "text": "d"}], "reasoning_effort": "low", "tools": None}
-    assert tokenize_request(body, "/v1/chat/completions") == {
+    assert tokenize_request({**body, "model": "adapter"}, "/v1/chat/completions", "m") == {
         "model": "m", "messages": body["messages"], "add_generation_prompt": False, "continue_final_message": True,
         "chat_template_kwargs": {"x": 1, "documents": body["documents"], "reasoning_effort": "low",
                                  "enable_thinking": True}}
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert tokenize_request({"model": "m", "messages": parts}, "/v1/chat/completions") == {"model": "m",
-                                                                                          "messages": parts}
+    assert tokenize_request({"model": "m", "messages": parts}, "/v1/chat/completions", "m") == {"model": "m",
+                                                                                               "messages": parts}
 
 
 @pytest.mark.parametrize("body, path, want", [
@@ -48,7 +48,7 @@ def test_chat_requests_ask_with_the_fields_that_render_them() -> None:
      "/v1/chat/completions", UNSUPPORTED),  # vLLM would fetch the image to tokenize it
 ])
 def test_completion_prompts_and_what_is_not_asked(body: dict[str, Any], path: str, want: object) -> None:
-    assert tokenize_request(body, path) == want
+    assert tokenize_request(body, path, "m") == want
 
 
 @pytest.mark.parametrize("tokens, blocks", [(1, 0), (16, 0), (17, 1), (32, 1), (33, 2), (64, 3), (65, 4)])
@@ -63,7 +63,7 @@ class FakePool(Pool):
         self.answers, self.calls = answers, 0
         self.gate: asyncio.Event | None = None
 
-    async def post_json(self, base: str, path: str, body: bytes) -> Any:
+    async def post_json(self, base: str, path: str, body: bytes) -> tuple[int, Any]:
         self.calls += 1
         if self.gate is not None:
             await self.gate.wait()
@@ -72,8 +72,10 @@ class FakePool(Pool):
             raise answer
         if answer == "slow":
             await asyncio.sleep(10)
+        if isinstance(answer, int):
+            return answer, None
         prompt = orjson.loads(body)["prompt"]
-        return {"count": len(prompt), "max_model_len": 100, "tokens": [ord(c) for c in prompt]}
+        return 200, {"count": len(prompt), "max_model_len": 100, "tokens": [ord(c) for c in prompt]}
 
 
 def _remote(answers: dict[str, Any], now: list[float]) -> tuple[RemoteKeys, FakePool]:
@@ -85,7 +87,8 @@ def test_keys_are_kept_shared_and_a_failing_tokenizer_is_left_alone() -> None:
     now = [0.0]
 
     async def main() -> None:
-        remote, pool = _remote({"http://a": None, "http://b": UpstreamError("refused"), "http://c": "slow"}, now)
+        remote, pool = _remote({"http://a": None, "http://b": UpstreamError("refused"), "http://c": "slow",
+                                "http://d": 404}, now)
         raw, key, kept = remote.known({"model": "m", "prompt": "abcdefghij"})
         assert kept is None
         pool.gate = asyncio.Event()
@@ -99,13 +102,15 @@ def test_keys_are_kept_shared_and_a_failing_tokenizer_is_left_alone() -> None:
         pool.gate = None
         assert await remote.fetch("http://b", *remote.known({"model": "m", "prompt": "x"})[:2]) is None
         assert await remote.fetch("http://c", *remote.known({"model": "m", "prompt": "y"})[:2]) is None  # timed out
-        assert remote.pick(["http://b", "http://c", "http://a"]) == "http://a"
+        assert await remote.fetch("http://d", *remote.known({"model": "m", "prompt": "z"})[:2]) is None  # refused
+        assert {remote.pick(["http://b", "http://c", "http://a", "http://d"], bytes([k])) for k in range(4)} == {
+            "http://a", "http://d"}  # spread over those not failing; a 4xx is the request's fault, not the replica's
         now[0] = DOWN_S + 1
-        assert remote.pick(["http://b", "http://a"]) == "http://b"
+        assert remote.pick(["http://b", "http://a"], b"\0") == "http://b"
         for text in ("p", "q", "r"):  # two kept at most: the oldest goes
             await remote.fetch("http://a", *remote.known({"model": "m", "prompt": text})[:2])
         assert remote.known({"model": "m", "prompt": "abcdefghij"})[2] is None
-        assert remote.counts == {"cached": 1, "fetched": 4, "shared": 1, "failed": 2}
+        assert remote.counts == {"cached": 1, "fetched": 4, "shared": 1, "failed": 2, "refused": 1}
         await remote.aclose()
 
     asyncio.run(main())
@@ -154,10 +159,13 @@ def test_an_adapters_blocks_are_its_own() -> None:
         kv.index.apply("v1", EventBatch(1.0, (BlockStored(tuple(range(1, n + 1)), None, tuple(ids[:n * 4]), 4, "ad1",
                                                           "GPU"),)))
         endpoints = [_endpoint("v1", "vllm")]
-        body = {"model": "ad1", "prompt": ids}
+        body = {"model": "ad1", "prompt": ids}  # token ids: keyed here, with the adapter
         assert kv.request("m", body, "/v1/completions", "", endpoints, "ad1") == CacheView(17, 16, {"v1": 16})
         assert kv.request("m", body, "/v1/completions", "", endpoints) == CacheView(17, 16, {})  # the base's: none
         assert kv.local("abcdefghijklmnopq", "ad1").keys != kv.local("abcdefghijklmnopq").keys
+        ask = tokenize_request({"model": "ad1", "prompt": "text"}, "/v1/completions", "m")
+        assert ask == {"model": "m", "prompt": "text"}  # the base's tokenizer: the adapter may not be loaded
+        assert isinstance(ask, dict) and kv.remote.known(ask, "ad1")[1] != kv.remote.known(ask)[1]  # keys apart
         await kv.stop()
 
     asyncio.run(main())
