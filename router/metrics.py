@@ -338,8 +338,8 @@ def kv_index_families(view: Mapping[str, Any]) -> Iterator[Metric]:
                               "running)", value=float(view.get("failed", 0)))
     tokenize = CounterMetricFamily("isle_router_kv_tokenize_requests", "Prompts keyed for vLLM replicas from their "
                                    "tokenizer (POST /tokenize), by outcome: cached (kept keys), fetched, shared (one "
-                                   "round trip for several), failed, unreachable, unsupported (the last three: "
-                                   "routed without the index)", labels=["outcome"])
+                                   "round trip for several), refused (a 4xx), failed, unreachable, unsupported (the "
+                                   "last four: routed without the index)", labels=["outcome"])
     for outcome, n in sorted(view.get("tokenize", {}).items()):
         tokenize.add_metric([outcome], float(n))
     yield tokenize
