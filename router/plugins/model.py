@@ -60,7 +60,8 @@ class RouteRequest(NamedTuple):
     max_tokens, at most the largest context among the model's engines (what vLLM would serve
     there); 0: any context holds it."""
     cacheable_tokens: int = 0
-    """Tokens in the full KV blocks of its (first) prompt, when the router indexes the engines'
+    """Tokens of its (first) prompt an engine could read from its prefix cache (its full KV blocks
+    before its last token, which vLLM always computes), when the router indexes the engines'
     prefix caches (`router.kvindex`); 0: not indexed."""
     cached: Mapping[str, int] = NO_BLOCKS
     """Replica id -> how many of those leading tokens its prefix cache holds (absent: none); a
