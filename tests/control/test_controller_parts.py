@@ -119,6 +119,9 @@ def test_marked_link_moves_only_its_replica_make_before_break() -> None:
     assert all(not r.healthy for r in build_table(plan, lost, {p.replica_id: "http://127.0.0.1:1"
                                                               for p in plan.placements}, (), 1).replicas
                if r.node == "a")
+    urls = {p.replica_id: "http://127.0.0.1:1" for p in plan.placements}  # what serves them: the spec's engine
+    assert {r.engine for r in build_table(plan, topology, urls, (), 1).replicas} == {"sim"}
+    assert {r.engine for r in build_table(plan, topology, urls, (), 1, engine="vllm").replicas} == {"vllm"}
 
 
 def test_overlapping_gpus_stop_the_old_replica_first() -> None:
