@@ -15,6 +15,9 @@ are the keys of `keys`).
   request, its last block first, so a prefix outlives what follows it, as in vLLM); its other
   blocks (a partial block, outputs) return to the empty pool. A preempted request finishes too:
   its prompt's blocks stay cached for its restart.
+- `adopt(tokens)`: the KV of a prompt's leading full blocks arrived from a peer's cache (a KV
+  connector's pull): the blocks not cached yet become cached and evictable, most recently used,
+  taking empty blocks first, then the least recently freed (never more than are free).
 - `clear()`: everything unpinned goes (`AllBlocksCleared` when nothing is pinned).
 
 Output tokens are not cached (vLLM caches full blocks of any tokens; a simulated engine's
@@ -153,6 +156,36 @@ class PrefixCache:
                 self.lru[k] = None
                 self.lru.move_to_end(k)
         self.empty += r.private
+
+    def adopt(self, tokens: Sequence[int], lora: str | None = None) -> list[Event]:
+        keys = block_keys(tokens, self.block_size, lora)
+        bs = self.block_size
+        events: list[Event] = []
+        gone: list[int] = []
+        start = self.hit(keys)
+        room = self.free
+        for k in keys[:start]:  # already here: refreshed (the newest of the evictable), never evicted for the rest
+            if self.cached[k] == 0:
+                self.lru.move_to_end(k)
+                room -= 1
+        new: list[int] = []
+        for k in keys[start:start + max(room, 0)]:
+            if self.empty > 0:
+                self.empty -= 1
+            else:
+                old, _ = self.lru.popitem(last=False)
+                del self.cached[old]
+                gone.append(old)
+            self.cached[k] = 0
+            self.lru[k] = None
+            new.append(k)
+        if gone:
+            events.append(BlockRemoved(tuple(gone)))
+        if new:
+            parent = keys[start - 1] if start > 0 else None
+            events.append(BlockStored(tuple(new), parent, tuple(tokens[start * bs:(start + len(new)) * bs]), bs,
+                                      lora))
+        return events
 
     def clear(self) -> list[Event]:
         """Drop every evictable block; `AllBlocksCleared` when none was pinned."""

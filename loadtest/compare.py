@@ -20,6 +20,7 @@ from loadtest.live import compare as livecompare
 from loadtest.live.deploy import DeployError
 from loadtest.model import TraceRequest
 from loadtest.report import write_plots, write_report
+from loadtest.routers import ROUTERS, RouterChoice, routers
 from loadtest.scenario import Scenario, load_scenario
 from loadtest.sim.cluster import simulate
 from loadtest.sim.model import AutoscaleSettings, SimConfig
@@ -29,6 +30,7 @@ from physics.moecost import moe_step
 from pools.ganglinks import gang_links
 from pools.model import ExpertChoice, PlacementPlan, PlacementRequest, PoolSpec
 from pools.placement import get_policy
+from router.config import ProfileConfig
 from topology import GpuRef, Topology, TopologyError
 
 GANG_BATCH, GANG_CONTEXT = 64, 1024
@@ -88,11 +90,15 @@ def autoscale_settings(scenario: Scenario, autoscaler: str) -> tuple[tuple[PoolS
 
 
 def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[TraceRequest],
-            expert_policy: str | None = None, autoscaler: str | None = None, locality: bool = True) -> dict[str, Any]:
+            expert_policy: str | None = None, autoscaler: str | None = None, locality: bool = True,
+            router: RouterChoice | None = None) -> dict[str, Any]:
     """One placement policy (and expert policy, for EP gangs; or autoscaler) at one rate. With an
     expert policy the row's `policy` is `PLACEMENT+EXPERTS` (`+any-copy` without domain-local
     copies: vLLM's own choice) and `placement_policy`/`expert_policy`/`expert_locality` say each;
-    with an autoscaler, `autoscaler` names it (`blind` places with first-fit)."""
+    with an autoscaler, `autoscaler` names it (`blind` places with first-fit); with a router
+    (`loadtest.routers`), every engine keeps a prefix cache and every class routes with the
+    router's profile: the row's `policy` is `PLACEMENT+router:NAME`, and `prefix` holds the
+    engines' prefix-cache queries and hits (tokens) and their ratio."""
     classes = scenario.classes()
     pools, autoscale = autoscale_settings(scenario, autoscaler) if autoscaler else (scenario.pools(), None)
     if autoscaler == "blind":
@@ -101,21 +107,29 @@ def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[Tra
                                seed=scenario.config.seed, occupied=scenario.held())
     plan = get_policy(policy).place(request)
     routing = scenario.config.routing
-    config = SimConfig(topology=scenario.topology, plan=plan, classes=classes, profiles=scenario.profiles(),
+    profiles = scenario.profiles()
+    if router is not None:
+        shared = ProfileConfig.model_validate(router.profile).to_profile(f"router {router.name}")
+        profiles = {name: shared for name in classes}
+    config = SimConfig(topology=scenario.topology, plan=plan, classes=classes, profiles=profiles,
                        pd_enabled=routing.pd.enabled, pd_min_prompt_tokens=routing.pd.min_prompt_tokens,
                        scrape_interval_s=routing.scrape_interval_s, faults=scenario.faults(),
                        seed=scenario.config.seed, model=scenario.model(), detect_s=scenario.config.detect_s,
                        experts=None if expert_policy is None else ExpertChoice(
                            policy=expert_policy, load=scenario.config.expert_load,
-                           redundant=scenario.config.redundant_experts, locality=locality), autoscale=autoscale)
+                           redundant=scenario.config.redundant_experts, locality=locality), autoscale=autoscale,
+                       prefix_caching=router is not None, kv_index=router is not None and router.kv_events)
     t0 = time.process_time()
     result = simulate(config, workload)
     cpu_s = time.process_time() - t0
     span = max((r.arrival_s for r in workload), default=0.0)
     summary = summarize(result.results, classes, max(result.duration_s, span, 1e-9))
+    label = policy if router is None else f"{policy}+router:{router.name}"
     return {
-        "scenario": scenario.name, "mode": "sim", "routing": "scenario",
-        "policy": policy if expert_policy is None and autoscaler is None
+        "scenario": scenario.name, "mode": "sim", "routing": "scenario" if router is None else router.name,
+        **({"router": router.name, "placement_policy": policy, "prefix": prefix_row(result.prefix)}
+           if router is not None else {}),
+        "policy": label if expert_policy is None and autoscaler is None
         else f"{policy}+{expert_policy}{'' if locality else '+any-copy'}" if autoscaler is None
         else f"{policy}+autoscale:{autoscaler}",
         **({"placement_policy": policy, "expert_policy": expert_policy, "expert_locality": locality}
@@ -139,29 +153,40 @@ def run_one(scenario: Scenario, policy: str, rate: float, workload: Sequence[Tra
     }
 
 
-def compare(scenario: Scenario, out: Path, progress: bool = True, autoscalers: Sequence[str] = ()
-            ) -> list[dict[str, Any]]:
+def prefix_row(prefix: dict[str, int]) -> dict[str, Any]:
+    """The engines' prefix-cache counts and their hit ratio (hits / queries, vLLM's)."""
+    queries = prefix.get("queries", 0)
+    return {**prefix, "hit_ratio": round(prefix.get("hits", 0) / queries, 4) if queries else 0.0}
+
+
+def compare(scenario: Scenario, out: Path, progress: bool = True, autoscalers: Sequence[str] = (),
+            routers: Sequence[RouterChoice] = ()) -> list[dict[str, Any]]:
     """Every policy (x expert policy) at every rate; with `autoscalers`, every autoscaler
-    instead, with the scenario's first policy (`blind`: first-fit)."""
+    instead, with the scenario's first policy (`blind`: first-fit); with `routers`, every
+    router instead, with the scenario's first policy."""
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    runs: list[tuple[str, str | None, str | None, bool]] = [
-        (p, e, None, local) for p in scenario.config.policies for e in scenario.config.expert_policies()
+    runs: list[tuple[str, str | None, str | None, bool, RouterChoice | None]] = [
+        (p, e, None, local, None) for p in scenario.config.policies for e in scenario.config.expert_policies()
         for local in (scenario.config.expert_localities() if e is not None else [True])]
     if autoscalers:
-        runs = [(scenario.config.policies[0], None, a, True) for a in autoscalers]
+        runs = [(scenario.config.policies[0], None, a, True, None) for a in autoscalers]
+    if routers:
+        runs = [(scenario.config.policies[0], None, None, True, r) for r in routers]
     with (out / "results.jsonl").open("w") as f:
         for rate in scenario.config.rates:
             workload = workload_for(scenario, rate)
-            for policy, experts, autoscaler, local in runs:
-                row = run_one(scenario, policy, rate, workload, experts, autoscaler, local)
+            for policy, experts, autoscaler, local, router in runs:
+                row = run_one(scenario, policy, rate, workload, experts, autoscaler, local, router)
                 rows.append(row)
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 if progress:
+                    hits = f", prefix hits {row['prefix']['hit_ratio']:.1%}" if "prefix" in row else ""
                     print(f"{scenario.name}: {row['policy']} at x{rate:g} ({row['rate_rps']:.2f} req/s): goodput "
-                          f"{row['goodput_rps']:.2f} req/s, simulated {len(workload)} requests in "
-                          f"{row['sim']['cpu_s']:.1f} s CPU", file=sys.stderr)
+                          f"{row['goodput_rps']:.2f} req/s, TTFT p50 {row['summary']['ttft_ms']['median']:.0f} ms"
+                          f"{hits}, simulated {len(workload)} requests in {row['sim']['cpu_s']:.1f} s CPU",
+                          file=sys.stderr)
     write_report(scenario, rows, out / "report.md")
     write_plots(rows, out)
     scaling_report.write_plots(rows, out)
@@ -177,13 +202,19 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--policies", help="comma-separated policy names (overrides the scenario's list)")
     parser.add_argument("--autoscalers", help="comma-separated: static, blind, topology (the scenario needs an "
                                               "`autoscaling:` block); compares them instead of the policies")
+    parser.add_argument("--routers", help="comma-separated: " + ", ".join(ROUTERS) + " (engines with prefix "
+                                          "caching; compares them instead of the policies)")
     parser.add_argument("--quiet", action="store_true")
     livecompare.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         scenario = load_scenario(args.scenario, args.policies.split(",") if args.policies else None)
+        chosen = routers(args.routers) if args.routers else []
+        if chosen and args.autoscalers:
+            raise ValueError("--routers and --autoscalers: one comparison at a time")
         if args.mode == "live":
-            livecompare.compare_live(scenario, Path(args.out), livecompare.options_from(args), progress=not args.quiet)
+            livecompare.compare_live(scenario, Path(args.out), livecompare.options_from(args), progress=not args.quiet,
+                                     routers=chosen)
         else:
             autoscalers = [a for a in (args.autoscalers or "").split(",") if a]
             if autoscalers and scenario.config.autoscaling is None:
@@ -191,7 +222,7 @@ def main(argv: Sequence[str]) -> int:
             bad = sorted(set(autoscalers) - {"static", "blind", "topology"})
             if bad:
                 raise ValueError(f"--autoscalers: unknown {bad} (static, blind, topology)")
-            compare(scenario, Path(args.out), progress=not args.quiet, autoscalers=autoscalers)
+            compare(scenario, Path(args.out), progress=not args.quiet, autoscalers=autoscalers, routers=chosen)
     except (TopologyError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

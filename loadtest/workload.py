@@ -11,7 +11,9 @@ A spec is a string or a mapping (a scenario's `workload:` key):
     synthetic:ARRIVAL,rate=R,prompt=LEN,output=LEN[,cv=C][,requests=N][,seed=S][,duration_s=D]
         ARRIVAL: poisson, gamma or constant; LEN: N, uniform:LOW:HIGH, lognormal:MEAN:MEDIAN[:MAX]
 
-    {trace: NAME|PATH} or {path: PATH} or {synthetic: {arrival, rate, cv, prompt, output, requests}},
+    {trace: NAME|PATH} or {path: PATH} or {synthetic: {arrival, rate, cv, prompt, output, requests}}
+    or {sessions: {rate, turns, system, systems, message, output, think_s, agentic, ...}} (multi-turn
+    chats or tool loops sharing system prompts and growing histories: `workloads.sessions`),
     plus any of: format, rate (req/s for traces without timestamps; default 1), time_scale,
     rate_scale, duration_s, max_requests, class_mix ({interactive: 0.2, standard: 0.6, batch: 0.2}),
     lora ({adapters: 8 or [names], skew: 1.0, base_share: 0}: requests name LoRA adapters, Zipf
@@ -37,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from loadtest.model import TraceRequest
 from loadtest.workloads import WorkloadError, synthetic, traces, transforms
 from loadtest.workloads import lora as lora_mix
+from loadtest.workloads import sessions as multiturn
 from topology.configfile import format_validation
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -80,6 +83,39 @@ class SyntheticConfig(_Strict):
             output=synthetic.length_dist(self.output, "synthetic.output"))
 
 
+class SessionsConfig(_Strict):
+    """Multi-turn sessions (`loadtest.workloads.sessions`): chats, or with `agentic` tool loops."""
+
+    rate: float = Field(gt=0, description="sessions started per second")
+    turns: int | str | dict[str, Any] = Field(default="uniform:2:8", description="turns per session")
+    system: int | str | dict[str, Any] = Field(default=2048, description="a system prompt's tokens")
+    systems: int = Field(default=4, ge=1, description="distinct system prompts (Zipf over them)")
+    system_skew: float = Field(default=1.0, ge=0, description="the Zipf exponent over system prompts")
+    message: int | str | dict[str, Any] | None = Field(
+        default=None, description="tokens a turn adds (default lognormal:300:200; agentic: a tool result, "
+        "lognormal:800:500)")
+    output: int | str | dict[str, Any] | None = Field(
+        default=None, description="tokens a turn asks for (default lognormal:200:150; agentic: lognormal:120:80)")
+    think_s: float | None = Field(default=None, ge=0, description="mean gap after a reply (default 5; agentic 0.5)")
+    reply_tok_s: float = Field(default=50.0, gt=0, description="a reply's pace, for when the next turn comes")
+    agentic: bool = False
+    block_tokens: int = Field(default=64, ge=1, description="the granularity sharing is declared in")
+    sessions: int | None = Field(default=None, ge=1, description="how many (else bounded by duration_s)")
+
+    def spec(self, rate_factor: float) -> multiturn.SessionsSpec:
+        agent = self.agentic
+        return multiturn.SessionsSpec(
+            rate=self.rate * rate_factor, turns=synthetic.length_dist(self.turns, "sessions.turns"),
+            system=synthetic.length_dist(self.system, "sessions.system"),
+            message=synthetic.length_dist(self.message or ("lognormal:800:500" if agent else "lognormal:300:200"),
+                                          "sessions.message"),
+            output=synthetic.length_dist(self.output or ("lognormal:120:80" if agent else "lognormal:200:150"),
+                                         "sessions.output"),
+            systems=self.systems, system_skew=self.system_skew,
+            think_s=self.think_s if self.think_s is not None else (0.5 if agent else 5.0),
+            reply_tok_s=self.reply_tok_s, agentic=agent, block_tokens=self.block_tokens, sessions=self.sessions)
+
+
 class LoraMixConfig(_Strict):
     """Requests name LoRA adapters, Zipf over them (`loadtest.workloads.lora`)."""
 
@@ -96,6 +132,7 @@ class WorkloadConfig(_Strict):
     trace: str | None = Field(default=None, description="a named sample or a trace file")
     path: str | None = Field(default=None, description="a trace file (relative to the scenario file)")
     synthetic: SyntheticConfig | None = None
+    sessions: SessionsConfig | None = None
     format: Literal["azure", "mooncake", "sharegpt"] | None = Field(default=None, description="else sniffed")
     rate: float | None = Field(default=None, gt=0, description="req/s for a trace without timestamps")
     time_scale: float = Field(default=1.0, gt=0, description="the same requests in 1/k of the time")
@@ -110,9 +147,10 @@ class WorkloadConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> WorkloadConfig:
-        given = [k for k in ("trace", "path", "synthetic") if getattr(self, k) is not None]
+        given = [k for k in ("trace", "path", "synthetic", "sessions") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of trace, path or synthetic (got {', '.join(given) or 'none'})")
+            raise ValueError("give exactly one of trace, path, synthetic or sessions "
+                             f"(got {', '.join(given) or 'none'})")
         if self.class_mix is not None and (not self.class_mix or any(w < 0 for w in self.class_mix.values())
                                            or sum(self.class_mix.values()) <= 0):
             raise ValueError(f"class_mix {self.class_mix} needs weights >= 0 with a positive sum")
@@ -241,6 +279,11 @@ def load_workload(spec: str | Mapping[str, Any], overrides: Mapping[str, Any] | 
         requests = synthetic.generate(config.synthetic.spec(scale, config.rate_scale), config.seed,
                                       config.max_requests, config.duration_s)
         source, name = "synthetic", spec if isinstance(spec, str) else "synthetic"
+    elif config.sessions is not None:
+        generated = multiturn.generate(config.sessions.spec(1.0), config.seed, None,
+                                      config.duration_s * config.time_scale if config.duration_s else None)
+        requests = transforms.scale_rate(transforms.compress_time(generated, config.time_scale), config.rate_scale)
+        source, name = "sessions", "agentic" if config.sessions.agentic else "sessions"
     else:
         path, fmt = _trace_file(config, base_dir)
         requests = transforms.scale_rate(transforms.compress_time(_read(config, path, fmt), config.time_scale),

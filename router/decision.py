@@ -39,9 +39,9 @@ class RouteDecision:
         """The best RANKED_KEEP candidates, best first, with their per-scorer scores."""
         if self._ranked is None:
             req, cands = self._req, self._cands
+            each = {name: s.scores(req, cands) for name, s, _ in self._plugins} if req else {}
             self._ranked = tuple(
-                Ranked(rid, -neg, {name: s.score(req, cands[i]) for name, s, _ in self._plugins} if req else {},
-                       cands[i])
+                Ranked(rid, -neg, {name: scores[i] for name, scores in each.items()}, cands[i])
                 for neg, rid, i in self._keyed[:RANKED_KEEP])
         return self._ranked
 
@@ -75,9 +75,12 @@ def decide(req: RouteRequest, candidates: Sequence[Candidate], profile: Profile,
         scores = scorer.scores(req, cands)
         keyed = [(-weight * score, endpoint.replica_id, i)
                  for i, score, (endpoint, _) in zip(range(len(cands)), scores, cands, strict=True)]
-    else:
-        keyed = [(-sum(w * s.score(req, c) for _, s, w in plugins), c.endpoint.replica_id, i)
-                 for i, c in enumerate(cands)]
+    else:  # each scorer over all candidates (a scorer may compare them: `Scorer.scores`)
+        totals = [0.0] * len(cands)
+        for _, scorer, weight in plugins:
+            for i, score in enumerate(scorer.scores(req, cands)):
+                totals[i] += weight * score
+        keyed = [(-totals[i], c.endpoint.replica_id, i) for i, c in enumerate(cands)]
     keyed.sort()  # best first; ties by replica id
     winner = profile.picker_plugin.pick(cands, keyed, rng, turn)
     return RouteDecision(winner, f"{profile.picker} of {len(cands)}", cands, keyed, plugins, req)
@@ -121,8 +124,8 @@ def _decide_timed(req: RouteRequest, candidates: Sequence[Candidate], profile: P
     totals = [0.0] * len(cands)
     for name, scorer, weight in plugins:
         t0 = clock()
-        for i, c in enumerate(cands):
-            totals[i] += weight * scorer.score(req, c)
+        for i, score in enumerate(scorer.scores(req, cands)):
+            totals[i] += weight * score
         timer.record("scorer", name, clock() - t0)
     keyed = [(-totals[i], c.endpoint.replica_id, i) for i, c in enumerate(cands)]
     keyed.sort()

@@ -254,6 +254,13 @@ class EngineCore:
             self.free_blocks += seq.blocks
         seq.blocks = 0
 
+    def adopt(self, token_ids: tuple[int, ...], lora: str | None = None) -> None:
+        """A prompt's leading blocks read from a peer's cache by a KV connector join this prefix
+        cache (`kvblocks.cache.PrefixCache.adopt`); nothing without one."""
+        if self.cache is not None:
+            self.kv_events += self.cache.adopt(token_ids, lora)
+            self.free_blocks = self.cache.free
+
     def _start(self, seq: Seq) -> None:
         """With a prefix cache: `seq` holds its prompt's cached leading blocks and skips their
         prefill (all but the prompt's last token: vLLM samples from it). Undone by `_unstart`

@@ -37,6 +37,7 @@ from loadtest.live.run import Driver, pick_model
 from loadtest.live.timings import as_sent, engine_counters, engine_timings, mean_timings, modelled, simulate_deployment
 from loadtest.model import RequestResult
 from loadtest.report import write_plots, write_report
+from loadtest.routers import RouterChoice
 from loadtest.scenario import Scenario
 from loadtest.summary import summarize
 from loadtest.workload import Workload, load_workload
@@ -203,7 +204,8 @@ def _rounded(values: Mapping[str, float]) -> dict[str, float]:
 
 
 # the comparison
-def compare_live(scenario: Scenario, out: Path, options: LiveOptions, progress: bool = True) -> list[dict[str, Any]]:
+def compare_live(scenario: Scenario, out: Path, options: LiveOptions, progress: bool = True,
+                 routers: Sequence[RouterChoice] = ()) -> list[dict[str, Any]]:
     """Each policy deployed, each rate sent, results.jsonl, report.md and plots written to `out`."""
     doc, index, base = base_serve_config(options.base_config)
     app = str(doc["applications"][index].get("name", "default"))

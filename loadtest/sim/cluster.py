@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvblocks.keys import block_keys
 from loadtest.model import OK, RequestResult, TraceRequest
 from loadtest.sim import faults
 from loadtest.sim.autoscale import Autoscaler
@@ -39,16 +40,22 @@ from loadtest.sim.model import (
 )
 from loadtest.sim.network import Network, legs
 from loadtest.sim.replica import Phase, SimReplica, build_replicas
+from loadtest.sim.tokens import token_ids
 from physics import costmodel
 from router.admission import Admission
 from router.decision import decide
 from router.plugins.model import Candidate, RouteRequest
 from router.plugins.pd import PDDecision
 from router.plugins.profile import Profile
+from router.plugins.pull import Pull, best_pull
+from router.plugins.scorers import RUNNING_WEIGHT, KvCacheScorer
 from simengine.fastforward import DecodeRun
 from topology import GpuRef
 
 PREFIX_BLOCKS = 4
+BLOCK_SIZE = 16
+"""The engines' KV block size (`simengine.core.EngineConfig`'s, vLLM's default): the router's
+index keys prompts in these."""
 PLAN_STEPS = 64
 """Decode steps planned at once: arrivals usually cut a run short, so longer plans are waste. A
 plan also stops after the step in progress at the next scrape, which always commits the run so
@@ -60,7 +67,9 @@ class Simulation:
         self.config = config
         self.topology = config.topology
         self.replicas = build_replicas(self.topology, config.plan, config.max_num_seqs, config.kv_capacity_tokens,
-                                       config.experts)
+                                       config.experts, config.prefix_caching)
+        self.pulled = 0
+        """Prompt tokens read from a peer's prefix cache (`router.plugins.cachettft` pulls)."""
         self.by_model: dict[str, list[SimReplica]] = {}
         for r in self.replicas.values():
             self.by_model.setdefault(r.endpoint.model, []).append(r)
@@ -123,8 +132,11 @@ class Simulation:
         self.reqs.clear()
         gpu_hours = self.autoscaler.gpu_hours(now) if self.autoscaler is not None else \
             self.config.plan.gpus_used * now / 3600.0
+        cores = [r.core for r in self.replicas.values()]
+        prefix = {"queries": sum(c.prefix_queries for c in cores), "hits": sum(c.prefix_hits for c in cores),
+                  "pulled": self.pulled} if self.config.prefix_caching else {}
         return SimResult(results=sorted(self.results, key=lambda r: r.index), duration_s=now, events=self.count,
-                         log=self.log, gpu_hours=gpu_hours,
+                         log=self.log, gpu_hours=gpu_hours, prefix=prefix,
                          timeline=self.autoscaler.timeline if self.autoscaler is not None else [])
 
     # routing (the live router's decision functions, on the live router's kind of snapshot)
@@ -145,14 +157,29 @@ class Simulation:
         model = self._model_for(tr)
         prefix = zlib.crc32(",".join(map(str, tr.prefix_blocks[:PREFIX_BLOCKS])).encode()) if tr.prefix_blocks else 0
         req = _Req(trace=tr, rid=f"q{tr.index}", cls=cls,
-                   route=RouteRequest(model, cls, tr.prompt_tokens, prefix))
+                   route=RouteRequest(model, cls, tr.prompt_tokens, prefix, topology=self.topology))
+        if self.config.prefix_caching:
+            req.tokens = token_ids(tr)
+            if self.config.kv_index:
+                req.keys = block_keys(req.tokens, BLOCK_SIZE)
         self.reqs[req.rid] = req
         self._route(t, req)
 
     def _model_for(self, tr: TraceRequest) -> str:
         return self.config.model or min(self.by_model)
 
+    def _cached(self, req: _Req) -> None:
+        """What each replica's prefix cache holds of the prompt now, as the router's index says."""
+        if not req.keys:
+            return
+        held = {}
+        for r in self.by_model.get(req.route.model, ()):
+            if r.core.cache is not None and (n := r.core.cache.hit(req.keys)):
+                held[r.rid] = n * BLOCK_SIZE
+        req.route = req.route._replace(cacheable_tokens=len(req.keys) * BLOCK_SIZE, cached=held)
+
     def _route(self, t: float, req: _Req) -> None:
+        self._cached(req)
         snapshot = self._candidates(req.route.model)
         if req.cls.sheddable and Admission.overloaded(snapshot):
             self._record(req, t, "shed")
@@ -167,13 +194,48 @@ class Simulation:
             self._assign(t, self.replicas[req.prefill], req, 1, hold=True)
             return
         self.turn += 1
-        decision = decide(req.route, snapshot, self.config.profiles.get(req.cls.name, self.default_profile), self.rng,
-                          self.turn)
+        profile = self.config.profiles.get(req.cls.name, self.default_profile)
+        decision = decide(req.route, snapshot, profile, self.rng, self.turn)
         if decision.winner is None:
             self._record(req, t, "error:503 no replica")
             return
         rep = self.replicas[decision.winner.endpoint.replica_id]
         req.replica, req.prefill, req.tier, req.phase = rep.rid, "", rep.endpoint.tier, "decode"
+        pull = pull_of(profile, req.route, decision.winner, snapshot)
+        if pull is not None and self._pull(t, req, rep, pull):
+            return
+        self._assign(t, rep, req, req.trace.output_tokens)
+
+    def _pull(self, t: float, req: _Req, target: SimReplica, pull: Pull) -> bool:
+        """The winner reads the prompt's leading blocks from `pull.source`'s cache over the
+        network first (a KV connector's pull; the request waits for it)."""
+        source = self.replicas.get(pull.source)
+        if source is None or not source.alive or target.core.cache is None:
+            return False
+        gb = costmodel.kv_bytes(target.core.config.model, pull.tokens) / 1e9
+        src = [GpuRef(source.placement.node, g) for g in source.placement.gpus]
+        dst = [GpuRef(target.placement.node, g) for g in target.placement.gpus]
+        route, latency_s = legs(self.topology, src, dst, gb)
+        req.pull, req.phase = pull, "pull"
+        if not route:
+            self._at(t, KV_READY, req)
+            return True
+        self.next_transfer += 1
+        self.transfers[self.next_transfer] = req
+        self.network.start(t, self.next_transfer, route)
+        req.kv_latency_s = latency_s
+        self._schedule_net()
+        return True
+
+    def _pulled(self, t: float, req: _Req) -> None:
+        rep = self.replicas[req.replica]
+        if not rep.alive:
+            self._record(req, t, "lost")
+            return
+        assert req.pull is not None
+        rep.core.adopt(req.tokens[:req.pull.tokens])
+        self.pulled += req.pull.tokens
+        req.phase = "decode"
         self._assign(t, rep, req, req.trace.output_tokens)
 
     def _pd_choice(self, req: _Req, snapshot: list[Candidate]) -> PDDecision | None:
@@ -193,7 +255,8 @@ class Simulation:
         if prompt + max_tokens > core.total_blocks * core.config.block_size:
             self._record(req, t, "error:400 too long for the replica's KV cache")
             return
-        core.add(req.rid, prompt, max_tokens, priority=req.cls.priority, hold_kv=hold, remote_prefill=remote)
+        core.add(req.rid, prompt, max_tokens, priority=req.cls.priority, hold_kv=hold, remote_prefill=remote,
+                 token_ids=req.tokens)
         rep.requests.add(req.rid)
         rep.inflight += 1
         rep.admitted += 1
@@ -327,6 +390,9 @@ class Simulation:
         self._schedule_net()
 
     def _kv_ready(self, t: float, req: _Req, _v: int) -> None:
+        if req.phase == "pull":
+            self._pulled(t, req)
+            return
         prefill = self.replicas[req.prefill]
         prefill.core.release(req.rid)
         if prefill.phase is Phase.IDLE and prefill.alive and prefill.core.has_work():
@@ -363,6 +429,7 @@ class Simulation:
             if rep.phase is Phase.RUN:  # an engine's KV grows every step: commit the run so far
                 self._interrupt(t, rep)
             rep.scrape()
+            rep.core.kv_events.clear()  # the router's view is read from the caches themselves (`_cached`)
             self._refresh(rep)
 
     # faults and the health loop (`loadtest.sim.faults`), autoscaling (`loadtest.sim.autoscale`)
@@ -387,6 +454,14 @@ class Simulation:
         req.phase = "done"
         self.reqs.pop(req.rid, None)
         self.results.append(result_of(req, t, outcome))
+
+
+def pull_of(profile: Profile, req: RouteRequest, winner: Candidate, snapshot: Sequence[Candidate]) -> Pull | None:
+    """The pull the profile's kv-cache-scorer counted for the winner (with `peer_pull`)."""
+    for _, scorer, _ in profile.scorer_plugins:
+        if isinstance(scorer, KvCacheScorer) and scorer.peer_pull:
+            return best_pull(req, winner, snapshot, RUNNING_WEIGHT)
+    return None
 
 
 def simulate(config: SimConfig, workload: Sequence[TraceRequest], until_s: float = math.inf) -> SimResult:

@@ -13,6 +13,7 @@ from pools.model import ExpertChoice, PlacementPlan, SLOClass
 from router.plugins.model import Candidate, RouteRequest
 from router.plugins.pd import PDDecision, pd_decide
 from router.plugins.profile import Profile
+from router.plugins.pull import Pull
 from topology import Topology
 
 ARRIVAL, START, STEP_END, RUN_END, NET, KV_READY, SCRAPE, FAULT, DRAIN, AUTOSCALE, READY = range(11)
@@ -92,6 +93,12 @@ class SimConfig:
     """How EP gangs map their experts (None: spread uniformly; `pools.experts`)."""
     autoscale: AutoscaleSettings | None = None
     """Pools that follow the load (`loadtest.sim.autoscale`); None: the plan's counts throughout."""
+    prefix_caching: bool = False
+    """Every engine keeps a prefix cache (`kvblocks.cache`) over the requests' token ids
+    (`loadtest.sim.tokens`)."""
+    kv_index: bool = False
+    """The router knows what each engine's prefix cache holds (its KV events; here read from the
+    engines directly, without the events' few milliseconds of lag): `RouteRequest.cached`."""
 
 
 @dataclass(slots=True, eq=False)
@@ -111,6 +118,11 @@ class _Req:
     kv_latency_s: float = 0.0
     retries: int = 0
     pd: PDDecision | None = None
+    tokens: tuple[int, ...] = ()
+    """The prompt's token ids (with prefix caching)."""
+    keys: list[int] = field(default_factory=list)
+    """Its full blocks' keys (with a KV index)."""
+    pull: Pull | None = None
 
 
 @dataclass(slots=True)
@@ -122,6 +134,10 @@ class SimResult:
     """Faults, drains, re-routes and scale events, with their virtual times."""
     gpu_hours: float = 0.0
     """GPUs held (placed, starting or draining) integrated over the run."""
+    prefix: dict[str, int] = field(default_factory=dict)
+    """With prefix caching, the engines' own counts over the run (vLLM's
+    `vllm:prefix_cache_queries` / `_hits`, tokens): `queries`, `hits`, and `pulled` (tokens read
+    from a peer's cache)."""
     timeline: list[dict[str, Any]] = field(default_factory=list)
     """With an autoscaler: at each of its ticks, per pool, replicas in the plan and serving, and
     GPUs held (`{"t", "pool", "replicas", "serving", "gpus"}`)."""

@@ -102,7 +102,8 @@ def _slowest_gpu(topology: Topology, p: ReplicaPlacement) -> str | None:
 
 def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, endpoint: ReplicaEndpoint,
                   max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                  kv_capacity_tokens: int | None = None, gang: GangCost | None = None) -> SimReplica:
+                  kv_capacity_tokens: int | None = None, gang: GangCost | None = None,
+                  prefix_caching: bool = False) -> SimReplica:
     """The engine for `endpoint`: the replica `p`, or one data-parallel rank of the gang `p` (its
     steps priced as the gang's, `gang` or `pools.ganglinks.gang_cost`)."""
     pool = plan.pool(p.pool)
@@ -121,15 +122,15 @@ def build_replica(topology: Topology, plan: PlacementPlan, p: ReplicaPlacement, 
     link = LinkCost.of(bottleneck(topology, refs)) if len(refs) > 1 else LOCAL
     config = EngineConfig(model=catalog.model(pool.model), gpu=catalog.gpu(gpu_name), tp=pool.tp, link=link,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                          kv_capacity_tokens=kv_capacity_tokens, gang=gang)
+                          kv_capacity_tokens=kv_capacity_tokens, gang=gang, prefix_caching=prefix_caching)
     if config.capacity() < config.block_size:
         raise ValueError(f"{p.replica_id}: {pool.model} at tp={pool.tp} leaves no room for KV cache on {gpu_name}")
     return SimReplica(endpoint=endpoint, placement=p, core=EngineCore(config), base_link=link, nodes=nodes)
 
 
 def build_replicas(topology: Topology, plan: PlacementPlan, max_num_seqs: int = 256,
-                   kv_capacity_tokens: int | None = None, experts: ExpertChoice | None = None
-                   ) -> dict[str, SimReplica]:
+                   kv_capacity_tokens: int | None = None, experts: ExpertChoice | None = None,
+                   prefix_caching: bool = False) -> dict[str, SimReplica]:
     """Every placed replica of the plan, with the routing table's endpoint the live router would
     have for it (`pools.routing.table_from_plan`); each gang's cost once (with `experts`, its
     expert map's load imbalance and cross-domain share)."""
@@ -142,5 +143,6 @@ def build_replicas(topology: Topology, plan: PlacementPlan, max_num_seqs: int = 
     table = table_from_plan(plan, urls, served, gpu_models=gpu_models)
     by_id = {p.replica_id: p for p in plan.placements}
     return {e.replica_id: build_replica(topology, plan, by_id[e.gang or e.replica_id], e, max_num_seqs,
-                                        kv_capacity_tokens=kv_capacity_tokens, gang=gangs.get(e.gang or e.replica_id))
+                                        kv_capacity_tokens=kv_capacity_tokens, gang=gangs.get(e.gang or e.replica_id),
+                                        prefix_caching=prefix_caching)
             for e in table.replicas}

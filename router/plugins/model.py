@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from pools.model import Role, SLOClass
 from pools.routing import ReplicaEndpoint
+from topology import Topology
 
 NO_BLOCKS: Mapping[str, int] = MappingProxyType({})
 
@@ -66,6 +67,9 @@ class RouteRequest(NamedTuple):
     cached: Mapping[str, int] = NO_BLOCKS
     """Replica id -> how many of those leading tokens its prefix cache holds (absent: none); a
     prefill there computes only the rest (`router.plugins.pd`)."""
+    topology: Topology | None = None
+    """The physical graph the replicas run on, for scorers that price paths between them
+    (`router.plugins.cachettft`); None: the named fallback paths."""
 
 
 class Ranked(NamedTuple):

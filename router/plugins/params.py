@@ -32,6 +32,15 @@ class Params:
             return default
         return float(value)
 
+    def flag(self, key: str, default: bool) -> bool:
+        value = self._get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.problems.append(f"{self.where}.{key}: must be true or false, got {value!r}")
+            return default
+        return value
+
     def choice(self, key: str, default: str | None, choices: Sequence[str]) -> str | None:
         value = self._get(key)
         if value is None:

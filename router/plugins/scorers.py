@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from physics.costmodel import TIER_QUALITY
 from router.plugins.model import Candidate, RouteRequest, Scorer
 from router.plugins.params import Params
+from router.plugins.pull import best_pull
 
 RUNNING_WEIGHT = 0.25
 """queue-depth-scorer: what a running request costs a newcomer, against 1 for a waiting one. A
@@ -74,15 +75,30 @@ class PrefixAffinityScorer(Scorer):
 class KvCacheScorer(Scorer):
     """The share of the prompt's full blocks the replica's prefix cache holds, from the engines'
     KV events (`router.kvindex`): a replica that would prefill less scores higher. Without an
-    index, or for a prompt under one block, every replica scores `no_index`."""
+    index, or for a prompt under one block, every replica scores `no_index`. With `peer_pull`
+    (the deployment's KV connector reads blocks from peers), a prefix a peer holds and the
+    replica could pull faster than it would compute it counts too, discounted by the pull's
+    cost against the compute it saves (`router.plugins.pull`): an island neighbour of the
+    holder scores almost as high as the holder, a replica across the network less."""
 
-    def __init__(self, no_index: float) -> None:
+    def __init__(self, no_index: float, peer_pull: bool = False) -> None:
         self.no_index = no_index
+        self.peer_pull = peer_pull
 
     def score(self, req: RouteRequest, c: Candidate) -> float:
-        if req.cacheable_tokens <= 0:
-            return self.no_index
-        return min(1.0, req.cached.get(c.endpoint.replica_id, 0) / req.cacheable_tokens)
+        return self.scores(req, (c,))[0]
+
+    def scores(self, req: RouteRequest, cands: Sequence[Candidate]) -> list[float]:
+        total = req.cacheable_tokens
+        if total <= 0:
+            return [self.no_index] * len(cands)
+        out = []
+        for c in cands:
+            own = req.cached.get(c.endpoint.replica_id, 0)
+            pull = best_pull(req, c, cands, RUNNING_WEIGHT) if self.peer_pull and req.cached else None
+            held = own if pull is None else own + (pull.tokens - own) * (1.0 - pull.ms / pull.saved_ms)
+            out.append(min(1.0, held / total))
+        return out
 
 
 def queue_depth(p: Params) -> Scorer:
@@ -110,8 +126,9 @@ def link_health(p: Params) -> Scorer:
 
 def kv_cache(p: Params) -> Scorer:
     no_index = p.number("no_index", NO_PREFIX, 0.0, 1.0)
+    peer_pull = p.flag("peer_pull", False)
     p.done()
-    return KvCacheScorer(no_index)
+    return KvCacheScorer(no_index, peer_pull)
 
 
 def prefix_affinity(p: Params) -> Scorer:

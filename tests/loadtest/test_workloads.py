@@ -267,7 +267,7 @@ def test_malformed_traces_name_the_file_and_line(tmp_path: Path, name: str, cont
     ("synthetic:gamma,rate=5,prompt=uniform:9:3,requests=3", "uniform low 9 is above high 3"),
     ("synthetic:gamma,rate=5,output=zipf:3,requests=3", "synthetic.output is 'zipf:3'"),
     ("synthetic:gamma,rate=5,output=0,requests=3", "synthetic.output is '0', must be a whole number >= 1"),
-    ({"trace": "azure-conv", "synthetic": {"rate": 1}}, "exactly one of trace, path or synthetic"),
+    ({"trace": "azure-conv", "synthetic": {"rate": 1}}, "exactly one of trace, path, synthetic or sessions"),
     ({"trace": "azure-conv", "rate_scale": 0}, "rate_scale: Input should be greater than 0"),
     ({"trace": "azure-conv", "rate": 3}, "rate: a azure trace has its own timestamps"),
     ({"trace": "azure-conv", "class_mix": {"a": -1}}, "class_mix {'a': -1.0} needs weights >= 0"),
