@@ -168,7 +168,12 @@ class RemoteKeys:
         else:
             task = self._pending[key] = asyncio.get_running_loop().create_task(self._fetch(url, raw, key, lora))
             task.add_done_callback(lambda _: self._pending.pop(key, None))
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except Exception:  # a bug here must not fail the request: it is routed without the index
+            log.exception("keying a prompt from %s/tokenize failed", url)
+            self.count("failed")
+            return None
 
     async def _fetch(self, url: str, raw: bytes, key: bytes, lora: str) -> Keyed | None:
         try:

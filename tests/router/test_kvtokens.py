@@ -88,7 +88,7 @@ def test_keys_are_kept_shared_and_a_failing_tokenizer_is_left_alone() -> None:
 
     async def main() -> None:
         remote, pool = _remote({"http://a": None, "http://b": UpstreamError("refused"), "http://c": "slow",
-                                "http://d": 404}, now)
+                                "http://d": 404, "http://e": ValueError("a bug")}, now)
         raw, key, kept = remote.known({"model": "m", "prompt": "abcdefghij"})
         assert kept is None
         pool.gate = asyncio.Event()
@@ -103,6 +103,7 @@ def test_keys_are_kept_shared_and_a_failing_tokenizer_is_left_alone() -> None:
         assert await remote.fetch("http://b", *remote.known({"model": "m", "prompt": "x"})[:2]) is None
         assert await remote.fetch("http://c", *remote.known({"model": "m", "prompt": "y"})[:2]) is None  # timed out
         assert await remote.fetch("http://d", *remote.known({"model": "m", "prompt": "z"})[:2]) is None  # refused
+        assert await remote.fetch("http://e", *remote.known({"model": "m", "prompt": "w"})[:2]) is None  # logged
         assert {remote.pick(["http://b", "http://c", "http://a", "http://d"], bytes([k])) for k in range(4)} == {
             "http://a", "http://d"}  # spread over those not failing; a 4xx is the request's fault, not the replica's
         now[0] = DOWN_S + 1
@@ -110,7 +111,7 @@ def test_keys_are_kept_shared_and_a_failing_tokenizer_is_left_alone() -> None:
         for text in ("p", "q", "r"):  # two kept at most: the oldest goes
             await remote.fetch("http://a", *remote.known({"model": "m", "prompt": text})[:2])
         assert remote.known({"model": "m", "prompt": "abcdefghij"})[2] is None
-        assert remote.counts == {"cached": 1, "fetched": 4, "shared": 1, "failed": 2, "refused": 1}
+        assert remote.counts == {"cached": 1, "fetched": 4, "shared": 1, "failed": 3, "refused": 1}
         await remote.aclose()
 
     asyncio.run(main())
