@@ -166,6 +166,8 @@ def test_the_routers_expected_hits_are_the_engines(tmp_path: Path, kind: str) ->
                     (0, "isle_router_prefix_query_tokens"), (1, "vllm:prefix_cache_queries"))])
             text = _scrape(base)
     expected, hits, keyed, queries = (sum(r[i] for r in rows) for i in range(4))
+    print(json.dumps({"kind": kind, "rows": rows, "expected": expected, "hits": hits, "keyed": keyed,
+                      "queries": queries}))  # the figures, with -s
     assert hits > 0.6 * queries  # the sequence is mostly shared
     assert abs(expected - hits) <= 0.1 * hits and abs(keyed - queries) <= 0.1 * queries, rows
     assert all(r[0] == r[1] and r[2] == r[3] for r in rows), rows  # one at a time: exactly, each request
