@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from control.state.files import default_state_dir
 from pools.config import PoolConfig, PoolsConfig, SLOClassConfig
 from pools.placement import POLICIES
-from pools.vllmconfig import VllmAppConfig, VllmSettings, serving_args, settings_for
+from pools.vllmconfig import VllmAppConfig, VllmSettings, serving_args, settings_for, sim_args
 from router.config import RouterConfig
 from topology.configfile import load_yaml_file, validate_mapping
 from topology.errors import ParseError
@@ -69,7 +69,8 @@ class AppArgs(BaseModel):
                                 description="vLLM settings every pool gets (pools[].vllm overrides them) and the "
                                             "per-node port ranges; simulated engines take the serving flags "
                                             "(tool_call_parser, enable_auto_tool_choice, reasoning_parser, "
-                                            "enable_lora, max_loras, max_cpu_loras, max_lora_rank, lora_modules)")
+                                            "enable_lora, max_loras, max_cpu_loras, max_lora_rank, lora_modules, "
+                                            "allow_runtime_lora_updating)")
     bench_on_change: bool = Field(default=False, description="run the topology bench on every node at deploy and "
                                                              "after topology changes (nodes joined, replaced, "
                                                              "back; links marked)")
@@ -135,10 +136,10 @@ class AppArgs(BaseModel):
 
     def engine_args(self) -> dict[str, tuple[str, ...]]:
         """Simulated engines: each pool's serving flags (vLLM's tool-calling, reasoning and LoRA flags,
-        `pools.vllmconfig.serving_args`); a vLLM server has them in its settings' arguments."""
+        `pools.vllmconfig.sim_args`); a vLLM server has them in its settings' arguments."""
         if self.engine != "sim":
             return {}
-        return {p.name: serving_args(self.vllm, p.vllm) for p in self.pools}
+        return {p.name: sim_args(self.vllm, p.vllm) for p in self.pools}
 
     def pools_config(self) -> PoolsConfig:
         return PoolsConfig(pools=self.pools, slo_classes=self.slo_classes)

@@ -104,6 +104,10 @@ class VllmPoolConfig(_Strict):
     max_lora_rank: int | None = Field(default=None, ge=1, description="vLLM's --max-lora-rank (default 16)")
     lora_modules: list[str] | None = Field(default=None, description="vLLM's --lora-modules: adapters registered "
                                            "at start, `name=path` each")
+    allow_runtime_lora_updating: bool | None = Field(
+        default=None, description="VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 for the engines: they serve "
+        "/v1/load_lora_adapter and /v1/unload_lora_adapter, which the router's `lora` loads adapters through "
+        "(a simulated engine gets --allow-runtime-lora-updating, its stand-in for the variable)")
 
     @field_validator("extra_args")
     @classmethod
@@ -187,6 +191,20 @@ def serving_args(app: VllmPoolConfig, pool: VllmPoolConfig | None) -> tuple[str,
     return tuple(argv)
 
 
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def runtime_lora(app: VllmPoolConfig, pool: VllmPoolConfig | None) -> bool:
+    """The pool's engines serve vLLM's LoRA load and unload routes (the pool's setting over the app's)."""
+    mine = (pool or VllmPoolConfig()).allow_runtime_lora_updating
+    return bool(mine if mine is not None else app.allow_runtime_lora_updating)
+
+
+def sim_args(app: VllmPoolConfig, pool: VllmPoolConfig | None) -> tuple[str, ...]:
+    """A simulated engine's serving flags: vLLM's (`serving_args`), and runtime LoRA updating as a flag."""
+    return (*serving_args(app, pool), *(("--allow-runtime-lora-updating",) if runtime_lora(app, pool) else ()))
+
+
 def settings_for(app: VllmAppConfig, pool: VllmPoolConfig | None, catalog_model: str | None,
                  resolve: Callable[[str], str] = lambda p: p) -> VllmSettings:
     """A pool's resolved settings; ValueError when it has no model. `resolve` makes paths absolute."""
@@ -207,6 +225,7 @@ def settings_for(app: VllmAppConfig, pool: VllmPoolConfig | None, catalog_model:
         model=resolve(model), served_model_name=str(pick("served_model_name") or catalog_model or model),
         python=interpreter, max_model_len=own.max_model_len or app.max_model_len, dtype=own.dtype or app.dtype,
         extra_args=(*serving_args(app, own), *(app.extra_args or ()), *(own.extra_args or ())),
-        extra_env={**(app.extra_env or {}), **(own.extra_env or {})},
+        extra_env={**(app.extra_env or {}), **(own.extra_env or {}),
+                   **({RUNTIME_LORA_ENV: "1"} if runtime_lora(app, own) else {})},
         start_timeout_s=float(timeout) if isinstance(timeout, (int, float)) else 600.0,
         cpu_backend=bool(pick("cpu_backend")), log_dir=resolve(app.log_dir) if app.log_dir else None)

@@ -145,7 +145,7 @@ def build(args: argparse.Namespace) -> SimEngine:
                               admin_routes=args.admin_routes, api_key=os.environ.get(API_KEY_ENV, "").strip(),
                               admin_token=os.environ.get(ADMIN_TOKEN_ENV, "") if args.admin_routes else "",
                               kv_events=events, lora_modules=modules,
-                              lora_runtime=runtime_updating(dict(os.environ)))
+                              lora_runtime=args.allow_runtime_lora_updating or runtime_updating(dict(os.environ)))
     return SimEngine(config, identity, time_scale=args.time_scale)
 
 
@@ -202,6 +202,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH",
                    help="vLLM's: adapters registered at start, name=path or JSON {\"name\", \"path\", "
                    "\"base_model_name\"} (the simulated engine reads no weights)")
+    p.add_argument("--allow-runtime-lora-updating", action="store_true",
+                   help="as VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (which it also reads): serve /v1/load_lora_adapter and "
+                   "/v1/unload_lora_adapter (for launchers that pass flags, not environment)")
     p.add_argument("--admin-routes", action="store_true",
                    help="serve /admin/faults and /admin/steps: fault injection and step records for tests and "
                         "chaos runs, never for production (anyone who reaches the port could fail every request)")

@@ -101,3 +101,7 @@ def test_routes_are_gated_as_vllm_gates_them(monkeypatch: pytest.MonkeyPatch) ->
     with running_engine("--model", MODEL, "--gpu", "h100-sxm", "--enable-lora") as engine:
         status, _, _ = _post(engine.base, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/a"})
         assert status == 404  # without VLLM_ALLOW_RUNTIME_LORA_UPDATING the route does not exist
+    with running_engine("--model", MODEL, "--gpu", "h100-sxm", "--enable-lora",
+                        "--allow-runtime-lora-updating") as engine:  # the variable's stand-in, for launchers
+        status, _, _ = _post(engine.base, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/a"})
+        assert status == 200
