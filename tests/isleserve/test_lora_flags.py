@@ -49,3 +49,10 @@ def test_lora_sizes_without_enable_lora_are_refused() -> None:
     raw["vllm"] = {**raw.get("vllm", {}), "max_loras": 4}
     with pytest.raises(ParseError, match=r"--max-loras need enable_lora"):
         parse_app_args(raw)
+
+
+def test_configs_lora_yaml_turns_lora_on_for_engines_and_router() -> None:
+    app = app_args_from_serve_config(str(ROOT / "configs/lora.yaml"))
+    flags = app.engine_args()["mixed"]
+    assert flags == ("--enable-lora", "--max-loras", "1", "--allow-runtime-lora-updating")
+    assert app.router.lora is not None and [a.name for a in app.router.lora.adapters] == ["sql", "chat", "math"]
