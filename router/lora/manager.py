@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+import httpx
 import orjson
 
 from router.lora.config import LoraConfig
@@ -50,8 +51,11 @@ class Adapter:
 
 class LoraManager:
     def __init__(self, config: LoraConfig, metrics: RouterMetrics, engine_key: str = "",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        """`transport`: the engines' HTTP (tests give a fake engine; None: the network)."""
         self.config, self.metrics, self.key, self.clock = config, metrics, engine_key or None, clock
+        self.transport = transport
         self.adapters = {a.name: Adapter(a.name, a.path, a.base_model, "config") for a in config.adapters}
         self.book = AdapterBook()
         self._lock = asyncio.Lock()
@@ -145,8 +149,9 @@ class LoraManager:
         except ClientError as err:
             return 0, str(err)
         text = reply.text()
-        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-            text = str(reply.json()["error"]["message"]) if not reply.ok else text
+        if not reply.ok:  # vLLM's error shape: its message
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                text = str(orjson.loads(reply.body)["error"]["message"])
         if reply.status == 404 and text == "Not Found":
             text = "the engine serves no LoRA load route (start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)"
         return reply.status, text
@@ -155,7 +160,7 @@ class LoraManager:
         client = self._clients.get(url)
         if client is None:
             client = self._clients[url] = AsyncClient(url, key=self.key, timeout_s=self.config.load_timeout_s,
-                                                      max_idle=1)
+                                                      max_idle=1, transport=self.transport)
         return client
 
     def _note(self, plan: LoraPlan) -> None:
