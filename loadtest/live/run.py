@@ -4,7 +4,7 @@
     python -m loadtest run --target http://127.0.0.1:8000 --workload azure-conv --duration 60 \
         [--max-requests N] [--rate-scale X] [--class-mix interactive=0.2,standard=0.6,batch=0.2] \
         [--api-key KEY] [--model M] [--concurrency-limit N] [--timeout S] [--classes FILE] \
-        [--out results.jsonl] [--format text|json] [--progress]
+        [--lora-adapters N|NAME,NAME... [--lora-skew S]] [--out results.jsonl] [--format text|json] [--progress]
 
 Open loop: each request goes at its arrival time (with --concurrency-limit it waits for a slot;
 latency counts from the send) as a streaming chat completion with `include_usage`, `max_tokens` =
@@ -233,6 +233,15 @@ def parse_mix(text: str | None) -> dict[str, float] | None:
     return mix
 
 
+def lora_mix(args: argparse.Namespace) -> dict[str, object] | None:
+    """--lora-adapters and --lora-skew as the workload spec's `lora:` (None: not a LoRA workload)."""
+    text = (args.lora_adapters or "").strip()
+    if not text:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    return {"adapters": int(text) if text.isdigit() else names, "skew": args.lora_skew}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadtest run", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -244,6 +253,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rate-scale", type=float, help="k times the workload's arrival rate over the same span")
     p.add_argument("--class-mix", help="SLO classes by weight, e.g. interactive=0.2,standard=0.6,batch=0.2")
     p.add_argument("--seed", type=int, help="workload seed (synthetic arrivals and lengths, class mix)")
+    p.add_argument("--lora-adapters", help="a LoRA workload: each request names one of these adapters (a count: "
+                   "lora-0, lora-1, ...; or NAME,NAME,...), Zipf over them (workload spec `lora:`)")
+    p.add_argument("--lora-skew", type=float, default=1.0, help="the Zipf exponent over --lora-adapters (0: uniform)")
     p.add_argument("--api-key", default=os.environ.get("ISLE_API_KEY", DEFAULT_KEY),
                    help="bearer key (default: $ISLE_API_KEY, else the development key)")
     p.add_argument("--model", help="model to request (default: the first the router lists)")
@@ -315,7 +327,7 @@ def main(argv: Sequence[str]) -> int:
         host, port = loopback_target(args.target)
         classes = load_classes(args.classes)
         overrides = {"duration_s": args.duration, "max_requests": args.max_requests, "rate_scale": args.rate_scale,
-                     "seed": args.seed, "class_mix": parse_mix(args.class_mix)}
+                     "seed": args.seed, "class_mix": parse_mix(args.class_mix), "lora": lora_mix(args)}
         workload = load_workload(args.workload, overrides)
     except (UsageError, WorkloadError) as err:
         print(f"loadtest run: {err}", file=sys.stderr)

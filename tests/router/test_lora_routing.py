@@ -10,6 +10,8 @@ for many concurrent first requests of an adapter, and the admin routes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -23,6 +25,7 @@ import openai
 import pytest
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
+from tests.conftest import ROOT
 from tests.support.engines import EngineProcess, running_engine, running_router
 
 pytestmark = pytest.mark.integration
@@ -203,3 +206,23 @@ def test_the_admin_routes_load_and_unload_at_run_time(tmp_path: Path) -> None:
             urllib.request.urlopen(req, timeout=10)
         err.value.close()
         assert err.value.code == 403  # a user key does not open the admin routes
+
+
+def test_a_zipf_lora_load_from_the_load_tester(tmp_path: Path) -> None:
+    """`python -m loadtest run --lora-adapters`: every request names an adapter, all are served, each
+    adapter loaded once (two replicas with two slots each hold all three)."""
+    with _cluster(tmp_path, {}, max_loras=2) as (url, _):
+        base = url.removesuffix("/v1")
+        out = tmp_path / "results.jsonl"
+        done = subprocess.run(
+            [sys.executable, "-m", "loadtest", "run", "--target", base, "--workload",
+             "synthetic:poisson,rate=40,prompt=32,output=4,requests=40", "--lora-adapters", "sql,chat,math",
+             "--model", MODEL, "--format", "json", "--out", str(out)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        results = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(results) == 40 and {r["outcome"] for r in results} == {"ok"}
+        held = _get(base + "/admin/lora", DEV_ADMIN_KEY)
+        assert sorted(a["name"] for a in held["adapters"] if a["replicas"]) == ["chat", "math", "sql"]
+        assert _router_counter(base, "isle_router_lora_loads", outcome="loaded") == 3
+        assert _router_counter(base, "isle_router_lora_unloads") == 0
