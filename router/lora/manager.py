@@ -60,6 +60,8 @@ class LoraManager:
         self.book = AdapterBook()
         self._lock = asyncio.Lock()
         self._clients: dict[str, AsyncClient] = {}
+        self._urls: dict[str, str] = {}
+        """Replica id -> the engine URL its holdings were learnt from."""
         self._changes = 0
         """Loads and unloads so far: a refresh read before one of them is not applied."""
         self.plans: list[str] = []
@@ -72,12 +74,24 @@ class LoraManager:
 
     def holders(self, adapter: str, snapshot: Sequence[Candidate]) -> list[Candidate]:
         held = set(self.book.holders(adapter))
-        return [c for c in snapshot if c.endpoint.replica_id in held]
+        return [c for c in snapshot if c.endpoint.replica_id in held and self._same_engine(c)]
 
     def needs_load(self, adapter: str, snapshot: Sequence[Candidate], sheddable: bool) -> bool:
         a = self.adapters.get(adapter)
-        return a is None or not any(adapter in self.book.on(c.endpoint.replica_id)
+        return a is None or not any(adapter in self.book.on(c.endpoint.replica_id) and self._same_engine(c)
                                     for c in base_candidates(snapshot, a.base, sheddable))
+
+    def _same_engine(self, c: Candidate) -> bool:
+        """The replica runs on the engine the book learnt it from (a restart moves it to a new URL)."""
+        return self._urls.get(c.endpoint.replica_id, c.endpoint.url) == c.endpoint.url
+
+    def _forget_moved(self, cands: Sequence[Candidate]) -> None:
+        """A replica on a new engine (restarted, moved) holds nothing the book said of the old one."""
+        for c in cands:
+            rid = c.endpoint.replica_id
+            if not self._same_engine(c):
+                self.book.learn(rid, [])
+            self._urls[rid] = c.endpoint.url
 
     def used(self, adapter: str, replica: str) -> None:
         self.book.used(replica, adapter, self.clock())
@@ -103,6 +117,7 @@ class LoraManager:
             raise ApiError(404, f"The model `{adapter}` does not exist.", "NotFoundError", "model")
         async with self._lock:
             cands = base_candidates(snapshot(), a.base, sheddable)
+            self._forget_moved(cands)
             plan = place(adapter, cands, self.book, self.config.max_loras)
             if plan.kind != "held":
                 await self._carry_out(a, plan, cands)
@@ -185,6 +200,7 @@ class LoraManager:
         a = self.adapters[name] = Adapter(name, path, base, known.source if known is not None else "admin")
         async with self._lock:
             cands = base_candidates(snapshot(), base, True)
+            self._forget_moved(cands)
             if rid is not None:
                 cands = [c for c in cands if c.endpoint.replica_id == rid]
                 if not cands:
@@ -233,6 +249,7 @@ class LoraManager:
         if changes != self._changes or self._lock.locked():
             return  # a load or unload since: the next refresh reads it
         self.book.keep(c.endpoint.replica_id for c in cands)
+        self._forget_moved(cands)
         for rid, (base, held) in found.items():
             self.book.learn(rid, [name for name, _ in held])
             for name, root in held:

@@ -6,6 +6,7 @@ concurrent first requests."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 
@@ -129,3 +130,22 @@ def test_discovery_and_the_admin_routes() -> None:
     assert "found" not in m.adapters and engines.held == {"a": [], "b": ["new"]}
     with pytest.raises(ApiError):
         asyncio.run(admin(None, "GET", "/admin/lora", b"", _snapshot, ["m"]))
+
+
+def test_a_restarted_engine_holds_nothing_until_it_loads_again() -> None:
+    engines = FakeEngines({"a": ["x"], "b": []})
+    m = _manager(engines)
+    moved = [cand("a"), cand("b")]
+    moved[0] = moved[0]._replace(endpoint=dataclasses.replace(moved[0].endpoint, url="http://127.0.0.1:2/a"))
+
+    async def main() -> None:
+        await m.refresh(_snapshot())
+        assert not m.needs_load("x", _snapshot(), sheddable=False)
+        engines.held["a"] = []  # it restarted on another port: nothing loaded there any more
+        assert m.needs_load("x", moved, sheddable=False) and m.holders("x", moved) == []
+        await m.ensure("x", lambda: moved, sheddable=False)
+        await m.aclose()
+
+    asyncio.run(main())
+    assert engines.calls == [("a", "/v1/load_lora_adapter", "x")]
+    assert [c.endpoint.url for c in m.holders("x", moved)] == ["http://127.0.0.1:2/a"]
