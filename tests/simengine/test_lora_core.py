@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvblocks.events import BlockStored
 from physics import catalog
 from physics.costmodel import LOCAL
 from physics.lora import LoraCost
@@ -80,3 +81,22 @@ def test_adapters_cost_step_time() -> None:
     a, b = plain.step(), lora.step()  # resident now: the kernels only
     assert a is not None and b is not None
     assert (b.duration_s - a.duration_s) * 1000 == pytest.approx(cost.step_overhead_ms(1))
+
+
+def test_an_adapters_blocks_are_its_own_in_the_prefix_cache() -> None:
+    core = EngineCore(EngineConfig(model=catalog.model(MODEL), gpu=catalog.gpu("h100-sxm"), tp=1, link=LOCAL,
+                                   prefix_caching=True, lora=LoraSpec(max_loras=2)))
+    ids = tuple(range(1, 161))  # ten full blocks of 16
+
+    def run(rid: str, lora: str | None) -> int:
+        before = core.prefix_hits
+        core.add(rid, len(ids), 1, token_ids=ids, lora=lora)
+        while core.seqs:
+            core.step()
+        return core.prefix_hits - before
+
+    assert run("a1", "sql") == 0
+    assert run("b1", None) == 0  # the base model's blocks are not the adapter's
+    assert run("c1", "chat") == 0
+    assert run("a2", "sql") == 144  # the same adapter: its nine blocks before the last token's
+    assert {e.lora_name for e in core.kv_events if isinstance(e, BlockStored)} == {"sql", None, "chat"}
