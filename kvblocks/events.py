@@ -18,6 +18,8 @@ class BlockStored:
     block_size: int
     lora_name: str | None = None
     medium: str | None = None
+    lora_id: int | None = None
+    """The adapter's integer id on its engine (vLLM's lora_int_id; None: the base model, or not known)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ Two parts, as in vLLM:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvblocks.events import BlockStored, Event
 from physics.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraCost
 from wire.errors import ApiError
 
@@ -209,6 +211,12 @@ class Adapters:
             raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
         del self.loaded[name]
         return name
+
+    def with_id(self, event: Event) -> Event:
+        """A `BlockStored` of an adapter's blocks with the adapter's id (vLLM's `lora_id`)."""
+        if isinstance(event, BlockStored) and event.lora_name and event.lora_name in self.loaded:
+            return dataclasses.replace(event, lora_id=self.loaded[event.lora_name].lora_id)
+        return event
 
     def cards(self, created: int) -> list[dict[str, Any]]:
         """The adapters' ModelCards after the base model's (vLLM's show_available_models)."""

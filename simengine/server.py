@@ -138,6 +138,8 @@ class SimEngine:
         """The prefix cache's events since the last step, one batch (dropped without a publisher)."""
         events, self.core.kv_events = self.core.kv_events, []
         if events and self.publisher is not None:
+            if self.adapters is not None:  # an adapter's blocks carry its id too, as vLLM's do
+                events = [self.adapters.with_id(e) for e in events]
             await self.publisher.publish(EventBatch(time.time(), tuple(events)))
 
     def set_link_factor(self, factor: float) -> None:

@@ -74,7 +74,7 @@ def decode(payload: bytes) -> EventBatch:
     for e in raw.events:
         if isinstance(e, _Stored):
             events.append(BlockStored(tuple(e.block_hashes), e.parent_block_hash, tuple(e.token_ids), e.block_size,
-                                      e.lora_name, e.medium))
+                                      e.lora_name, e.medium, e.lora_id))
         elif isinstance(e, _Removed):
             events.append(BlockRemoved(tuple(e.block_hashes), e.medium))
         else:
@@ -86,8 +86,8 @@ def encode(batch: EventBatch) -> bytes:
     events: list[_Stored | _Removed | _Cleared] = []
     for e in batch.events:
         if isinstance(e, BlockStored):
-            events.append(_Stored(list(e.block_hashes), e.parent_block_hash, list(e.token_ids), e.block_size, None,
-                                  e.medium, e.lora_name))
+            events.append(_Stored(list(e.block_hashes), e.parent_block_hash, list(e.token_ids), e.block_size,
+                                  e.lora_id, e.medium, e.lora_name))
         elif isinstance(e, BlockRemoved):
             events.append(_Removed(list(e.block_hashes), e.medium))
         else:
@@ -100,7 +100,8 @@ class KvEventsConfig:
     """vLLM's `--kv-events-config` (vllm/config/kv_events.py), the keys a ZMQ publisher uses."""
 
     endpoint: str
-    replay_endpoint: str
+    replay_endpoint: str | None
+    """None: no replay (vLLM's default): a subscriber counts what it missed."""
     topic: str = ""
     buffer_steps: int = 10_000
 
@@ -111,7 +112,8 @@ KV_EVENTS_KEYS = frozenset({"enable_kv_cache_events", "publisher", "endpoint", "
 
 def kv_events_config(text: str) -> KvEventsConfig | None:
     """`--kv-events-config` JSON as vLLM reads it; None when it publishes nothing (events off, or
-    the `null` publisher). This project's engines publish on loopback, with a replay endpoint."""
+    the `null` publisher). This project's engines publish on loopback, with a replay endpoint or
+    (as vLLM by default) without one."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
@@ -126,15 +128,16 @@ def kv_events_config(text: str) -> KvEventsConfig | None:
     if doc.get("publisher", "zmq") != "zmq":
         raise ValueError(f"--kv-events-config: publisher {doc['publisher']!r}: zmq or null")
     endpoint, replay = doc.get("endpoint", "tcp://*:5557"), doc.get("replay_endpoint")
-    if not isinstance(replay, str):
-        raise ValueError("--kv-events-config: a replay_endpoint is needed (subscribers ask it for what they missed)")
+    if replay is not None and not isinstance(replay, str):
+        raise ValueError("--kv-events-config: replay_endpoint is a tcp://HOST:PORT string")
     if "*" in str(endpoint):
         raise ValueError(f"--kv-events-config: endpoint {endpoint!r} binds every interface; name the "
                          "subscriber's loopback address (tcp://127.0.0.1:PORT)")
     steps = doc.get("buffer_steps", 10_000)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError("--kv-events-config: buffer_steps must be an integer >= 1")
-    config = KvEventsConfig(_endpoint(str(endpoint)), _endpoint(replay), str(doc.get("topic", "")), steps)
+    config = KvEventsConfig(_endpoint(str(endpoint)), _endpoint(replay) if replay else None, str(doc.get("topic", "")),
+                            steps)
     return config
 
 
@@ -160,21 +163,22 @@ def _bind_or_connect(sock: zmq.asyncio.Socket, endpoint: str) -> None:
 class Publisher:
     """PUB + ROUTER replay, as vLLM's `ZmqEventPublisher` (module docstring); asyncio. Like
     vLLM's, the PUB socket binds a wildcard endpoint and connects to any other (a subscriber
-    bound there); the replay socket always binds."""
+    bound there); the replay socket, when there is one, always binds."""
 
-    def __init__(self, endpoint: str, replay_endpoint: str, topic: str = "", buffer_steps: int = 10_000,
+    def __init__(self, endpoint: str, replay_endpoint: str | None, topic: str = "", buffer_steps: int = 10_000,
                  remote_ok: bool = False) -> None:
         endpoint = endpoint if "*" in endpoint else _endpoint(endpoint, remote_ok)
-        replay_endpoint = _endpoint(replay_endpoint, remote_ok)
         self._ctx = zmq.asyncio.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
-        self._replay = self._ctx.socket(zmq.ROUTER)
+        self._replay = self._ctx.socket(zmq.ROUTER) if replay_endpoint else None
         try:
             _bind_or_connect(self._pub, endpoint)
-            self._replay.bind(replay_endpoint)
-        except zmq.ZMQError:
+            if self._replay is not None and replay_endpoint:
+                self._replay.bind(_endpoint(replay_endpoint, remote_ok))
+        except (zmq.ZMQError, ValueError):
             self._pub.close(linger=0)
-            self._replay.close(linger=0)
+            if self._replay is not None:
+                self._replay.close(linger=0)
             raise
         self._topic = topic.encode()
         self._seq = 0
@@ -182,16 +186,19 @@ class Publisher:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._serve_replay())
+        if self._replay is not None:
+            self._task = asyncio.get_running_loop().create_task(self._serve_replay())
 
     async def publish(self, batch: EventBatch) -> None:
         payload = encode(batch)
         seq = self._seq
         self._seq += 1
-        self._buffer.append((seq, payload))
+        if self._replay is not None:
+            self._buffer.append((seq, payload))
         await self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
 
     async def _serve_replay(self) -> None:
+        assert self._replay is not None
         while True:
             frames = await self._replay.recv_multipart()
             if len(frames) != 3:
@@ -209,7 +216,8 @@ class Publisher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._pub.close(linger=0)
-        self._replay.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
 
 
 class _Source:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvblocks.events import BlockStored
+from kvblocks.events import BlockStored, EventBatch
 from physics import catalog
 from physics.costmodel import LOCAL
 from physics.lora import LoraCost
 from simengine.core import EngineConfig, EngineCore
 from simengine.lora import Adapters, LoraSpec, parse_module, runtime_updating
 from wire.errors import ApiError
+from wire.kvevents import decode, encode
 
 pytestmark = pytest.mark.unit
 MODEL = "llama-3.1-8b"
@@ -100,3 +101,12 @@ def test_an_adapters_blocks_are_its_own_in_the_prefix_cache() -> None:
     assert run("c1", "chat") == 0
     assert run("a2", "sql") == 144  # the same adapter: its nine blocks before the last token's
     assert {e.lora_name for e in core.kv_events if isinstance(e, BlockStored)} == {"sql", None, "chat"}
+
+
+def test_an_adapters_events_carry_its_id_over_the_wire() -> None:
+    reg = Adapters("m")
+    reg.register("sql", "/p/sql")
+    event = reg.with_id(BlockStored((7,), None, tuple(range(16)), 16, "sql"))
+    assert isinstance(event, BlockStored) and event.lora_id == 1
+    assert reg.with_id(BlockStored((8,), None, tuple(range(16)), 16)) == BlockStored((8,), None, tuple(range(16)), 16)
+    assert decode(encode(EventBatch(0.0, (event,)))).events == (event,)  # vLLM's encoding: lora_id and lora_name
