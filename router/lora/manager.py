@@ -61,6 +61,8 @@ class LoraManager:
         self._lock = asyncio.Lock()
         self._clients: dict[str, AsyncClient] = {}
         self._urls: dict[str, str] = {}
+        self._bases: dict[str, str] | None = None
+        """`bases()`, until the adapters change (every change sets it to None)."""
         """Replica id -> the engine URL its holdings were learnt from."""
         self._changes = 0
         """Loads and unloads so far: a refresh read before one of them is not applied."""
@@ -69,8 +71,10 @@ class LoraManager:
 
     # what the request path reads (synchronous, cheap)
     def bases(self) -> Mapping[str, str]:
-        """Adapter -> its base model (`router.call.read_call`)."""
-        return {name: a.base for name, a in self.adapters.items()}
+        """Adapter -> its base model (`router.call.read_call`; rebuilt only when the adapters changed)."""
+        if self._bases is None:
+            self._bases = {name: a.base for name, a in self.adapters.items()}
+        return self._bases
 
     def holders(self, adapter: str, snapshot: Sequence[Candidate]) -> list[Candidate]:
         held = set(self.book.holders(adapter))
@@ -198,6 +202,7 @@ class LoraManager:
             raise ApiError(400, f"base_model {base!r} is not a served model" if base not in served
                            else f"{name} is a served base model")
         a = self.adapters[name] = Adapter(name, path, base, known.source if known is not None else "admin")
+        self._bases = None
         async with self._lock:
             cands = base_candidates(snapshot(), base, True)
             self._forget_moved(cands)
@@ -226,6 +231,7 @@ class LoraManager:
                     done.append(holder)
             if rid is None and self.adapters[name].source != "config":
                 del self.adapters[name]
+                self._bases = None
         return {"lora_name": name, "unloaded_from": done}
 
     # discovery
@@ -255,9 +261,11 @@ class LoraManager:
             for name, root in held:
                 if self.config.discover and name not in self.adapters:
                     self.adapters[name] = Adapter(name, root, base, "engine")
+                    self._bases = None
         everywhere = {n for names in self.book.held.values() for n in names}
         for name in [n for n, a in self.adapters.items() if a.source == "engine" and n not in everywhere]:
             del self.adapters[name]
+            self._bases = None
 
     async def aclose(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
