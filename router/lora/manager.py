@@ -119,6 +119,8 @@ class LoraManager:
         a = self.adapters.get(adapter)
         if a is None:
             raise ApiError(404, f"The model `{adapter}` does not exist.", "NotFoundError", "model")
+        if not self.needs_load(adapter, snapshot(), sheddable):
+            return  # held: no wait behind another adapter's load
         async with self._lock:
             cands = base_candidates(snapshot(), a.base, sheddable)
             self._forget_moved(cands)
