@@ -172,7 +172,9 @@ class ControllerCore:
                                       topology_source=self.spec.topology_source, time_scale=self.spec.time_scale,
                                       vllm=vllm, ports=ports, admin_routes=self.spec.engine_admin_routes,
                                       admin_token=self.engine_admin_token, api_key=self.engine_api_key,
-                                      engine_args=self.spec.engine_args.get(p.pool, ()))
+                                      engine_args=self.spec.engine_args.get(p.pool, ()),
+                                      kv_events_endpoint=self.spec.kv_events_endpoint,
+                                      kv_block_size=self.spec.kv_block_size)
 
     def _start_all(self, placements: tuple[ReplicaPlacement, ...]) -> None:
         """Every placement's replica at once, waiting for them (the first deploy); if one fails,
@@ -276,7 +278,7 @@ class ControllerCore:
         served = {pool: s.served_model_name for pool, s in self.spec.vllm.items()}
         engine: EngineKind = "vllm" if self.spec.engine == "vllm" else "sim"
         self.table = replace(build_table(serving, self.topology, urls, draining, self.table.version + 1, served,
-                                         engine), epoch=self.epoch)
+                                         engine, kv_events=bool(self.spec.kv_events_endpoint)), epoch=self.epoch)
         self._record("routing_table", {"version": self.table.version, "replicas": len(self.table.replicas),
                                        "draining": sorted(draining)})
         self.published_alarms = self.alarms.signature()

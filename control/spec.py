@@ -30,6 +30,14 @@ class VllmLaunch:
     gpu_cpus: tuple[str, ...] = ()
 
 
+def kv_events_args(endpoint: str, topic: str, block_size: int) -> tuple[str, ...]:
+    """vLLM's flags for an engine that publishes its prefix cache's events to `endpoint` under
+    `topic` (ZMQ; no replay endpoint): the simulated engine takes the same ones."""
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": topic}
+    return ("--enable-prefix-caching", "--block-size", str(block_size), "--kv-events-config",
+            json.dumps(config, separators=(",", ":")))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineLaunch:
     """One replica's engine: everything `python -m pools sim-engine` (or, with `vllm`, the vLLM
@@ -62,6 +70,9 @@ class EngineLaunch:
     engine_args: tuple[str, ...] = ()
     """The pool's serving flags (vLLM's tool-calling and reasoning flags, `pools.vllmconfig.
     serving_args`), after the simulated engine's own."""
+    kv_events: tuple[str, ...] = ()
+    """Prefix caching on and its events published to the router (`kv_events_args`): the same
+    flags for both engines."""
     ranks: tuple[EngineLaunch, ...] = ()
     """A gang: one launch per data-parallel rank (each its own engine and actor), started,
     restarted and stopped as a unit; `node` and `gpus` are then its first member's."""
@@ -81,7 +92,7 @@ class EngineLaunch:
                 "--role", self.role, "--port", "0", "--time-scale", str(self.time_scale), "--topology",
                 self.topology_source, "--placement", placement, "--engine-id", self.replica_id,
                 *(("--gang", self.gang) if self.gang else ()), *(("--admin-routes",) if self.admin_routes else ()),
-                *self.engine_args]
+                *self.engine_args, *self.kv_events]
 
     def environment(self) -> dict[str, str]:
         """What a GPU engine gets from the plan (the simulated one ignores it, but carries it)."""
@@ -134,3 +145,9 @@ class ControllerSpec:
     """Simulated engines serve their fault-injection routes (tests and chaos runs only)."""
     engine_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """engine sim: each pool's serving flags (`EngineLaunch.engine_args`)."""
+    kv_events_endpoint: str = ""
+    """Where the router's KV-event subscriber is bound (router config `kv_events.endpoint`):
+    every engine but a gang's is started with prefix caching on, publishing there under its
+    replica id; empty: none publishes."""
+    kv_block_size: int = 16
+    """The engines' KV block size (`--block-size`, the router's `kv_events.block_size`)."""

@@ -35,9 +35,10 @@ def group_health(topology: Topology, p: ReplicaPlacement) -> tuple[bool, float]:
 
 def build_table(plan: PlacementPlan, topology: Topology, urls: Mapping[str, str], draining: Collection[str],
                 version: int, served_names: Mapping[str, str] | None = None,
-                engine: EngineKind = "sim") -> RoutingTable:
+                engine: EngineKind = "sim", kv_events: bool = False) -> RoutingTable:
     """`served_names`: pool -> the model id its engines serve (vLLM's served name), when not the
-    pool's catalogue model; `engine`: what serves every replica (the spec's engine)."""
+    pool's catalogue model; `engine`: what serves every replica (the spec's engine); `kv_events`:
+    the engines publish their prefix caches' events (every replica but a gang's rank)."""
     served = {p.name: (served_names or {}).get(p.name) or p.model or p.name for p in plan.pools}
     gpu_models = {}
     for p in plan.placements:
@@ -49,5 +50,6 @@ def build_table(plan: PlacementPlan, topology: Topology, urls: Mapping[str, str]
     for r in table.replicas:
         rid = r.gang or r.replica_id  # a gang's rank: the gang's placement and state
         healthy, score = group_health(topology, by_id[rid])
-        endpoints.append(replace(r, healthy=healthy, health_score=round(score, 4), draining=rid in draining))
+        endpoints.append(replace(r, healthy=healthy, health_score=round(score, 4), draining=rid in draining,
+                                 kv_events=kv_events and not r.gang))
     return replace(table, replicas=tuple(endpoints), topology_fingerprint=topology.fingerprint())

@@ -70,7 +70,9 @@ def controller_spec(args: AppArgs) -> ControllerSpec:
                           state_dir=args.state_dir, counters_interval_s=args.counters_interval_s,
                           drain_timeout_s=args.drain_timeout_s, vllm=vllm, ports=args.vllm.ports.plan(), bench=bench,
                           autoscale=autoscale, engine_admin_routes=args.engine_admin_routes,
-                          engine_args=args.engine_args())
+                          engine_args=args.engine_args(),
+                          kv_events_endpoint=args.router.kv_events.endpoint if args.router.kv_events else "",
+                          kv_block_size=args.router.kv_events.block_size if args.router.kv_events else 16)
 
 
 class RouterThread:

@@ -82,8 +82,16 @@ def render(state: dict[str, Any]) -> str:
         gpus = ",".join(str(g) for g in r["gpus"])
         lines.append(f"  {r['replica_id']:<14} {r['pool']:<10} {r['role']:<8} {r['node']}:[{gpus}] {r['tier']:<8} "
                      f"{health}; running {r['running']:g}, waiting {r['waiting']:g}, in flight {r['inflight']}, "
-                     f"kv {r['kv_usage']:.0%}")
+                     f"kv {r['kv_usage']:.0%}{_cache(r.get('prefix_cache'))}")
     return "\n".join(lines) + "\n"
+
+
+def _cache(view: dict[str, Any] | None) -> str:
+    """A replica's prefix cache as the router's KV index sees it (router `kv_events`)."""
+    if not view:
+        return ""
+    ratio = f"{view['hit_ratio']:.0%}" if view.get("hit_ratio") is not None else "-"
+    return f", cache {view['blocks']} blocks, hits {ratio}"
 
 
 def _controller_lines(view: dict[str, Any] | None) -> list[str]:

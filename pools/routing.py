@@ -49,10 +49,19 @@ class ReplicaEndpoint:
     kv_events_replay: str = ""
     """The engine's KV-event replay endpoint (`tcp://host:port`, vLLM's `replay_endpoint`): it
     publishes its prefix cache's events under its replica id as topic; empty: it publishes none."""
+    kv_events: bool = False
+    """The engine publishes its prefix cache's events to the router's `kv_events.endpoint`
+    under its replica id as topic, without a replay endpoint (the controller starts its engines
+    so: a gap is counted, not replayed). A replica with `kv_events_replay` publishes too."""
     engine: EngineKind = "sim"
     """What serves it (`EngineKind`). The router keys a prompt's KV blocks from the engine's own
     tokens: the simulated model's text pieces it computes itself, a vLLM replica's from that
     replica's tokenizer (`/tokenize`, `router.kvtokens`)."""
+
+    @property
+    def publishes(self) -> bool:
+        """It publishes KV events (`kv_events`, or a replay endpoint)."""
+        return self.kv_events or bool(self.kv_events_replay)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

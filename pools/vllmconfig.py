@@ -102,6 +102,12 @@ class VllmPoolConfig(_Strict):
     max_cpu_loras: int | None = Field(default=None, ge=1, description="vLLM's --max-cpu-loras: adapters kept in "
                                       "host memory (default: max_loras)")
     max_lora_rank: int | None = Field(default=None, ge=1, description="vLLM's --max-lora-rank (default 16)")
+    enable_prefix_caching: bool | None = Field(
+        default=None, description="vLLM's --enable-prefix-caching / --no-enable-prefix-caching (vLLM's default is "
+        "on; the simulated engine's off). With the router's kv_events the controller turns it on")
+    num_gpu_blocks_override: int | None = Field(
+        default=None, ge=1, description="vLLM's --num-gpu-blocks-override: the KV cache in blocks (a small cache "
+        "for tests and load tests; the simulated engine takes it too)")
     lora_modules: list[str] | None = Field(default=None, description="vLLM's --lora-modules: adapters registered "
                                            "at start, `name=path` each")
     allow_runtime_lora_updating: bool | None = Field(
@@ -161,7 +167,9 @@ class VllmAppConfig(VllmPoolConfig):
 SERVING_FLAGS = (("tool_call_parser", "--tool-call-parser"), ("enable_auto_tool_choice", "--enable-auto-tool-choice"),
                  ("reasoning_parser", "--reasoning-parser"), ("enable_lora", "--enable-lora"),
                  ("max_loras", "--max-loras"), ("max_cpu_loras", "--max-cpu-loras"),
-                 ("max_lora_rank", "--max-lora-rank"), ("lora_modules", "--lora-modules"))
+                 ("max_lora_rank", "--max-lora-rank"), ("lora_modules", "--lora-modules"),
+                 ("enable_prefix_caching", "--enable-prefix-caching"),
+                 ("num_gpu_blocks_override", "--num-gpu-blocks-override"))
 """The serving settings both engines take, and their `vllm serve` flags."""
 
 
@@ -176,6 +184,8 @@ def serving_args(app: VllmPoolConfig, pool: VllmPoolConfig | None) -> tuple[str,
         value = mine if mine is not None else getattr(app, name)
         if value is True:
             argv.append(flag)
+        elif value is False and flag == "--enable-prefix-caching":  # the one whose default is on in vLLM
+            argv.append("--no-enable-prefix-caching")
         elif isinstance(value, str):
             argv += [flag, value]
         elif isinstance(value, int) and not isinstance(value, bool):

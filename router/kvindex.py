@@ -18,8 +18,9 @@ read, by engine kind (`ReplicaEndpoint.engine`):
 The tokens a replica holds are counted as the engine counts its hits (`vllm:prefix_cache_hits`):
 whole blocks, never the prompt's last token (the engine computes it to sample), and
 `prompt_tokens` is what it counts as queried (`vllm:prefix_cache_queries`). Replicas come and go
-with the routing table (`follow`); a replica that leaves, or comes back with a new replay
-endpoint (a restart: an empty cache), is forgotten.
+with the routing table (`follow`: every replica that publishes, `ReplicaEndpoint.publishes`); a
+replica that leaves, or comes back with a new replay endpoint or URL (a restart: an empty
+cache), is forgotten.
 """
 
 from __future__ import annotations
@@ -62,8 +63,11 @@ class KvIndex:
         self.subscriber = Subscriber(endpoint, self._take, on_reset=self.index.forget)
         self.remote = RemoteKeys(pool or Pool(timeout_s=tokenize_timeout_s), block_size, timeout_s=tokenize_timeout_s,
                                  entries=tokenize_cache, clock=clock)
-        self._replay: dict[str, str] = {}
+        self._replay: dict[str, tuple[str, str]] = {}
+        """Each subscribed replica's (replay endpoint, URL)."""
         self._task: asyncio.Task[None] | None = None
+        self._served: dict[str, list[int]] = {}
+        """Replica id -> [hit tokens, queried tokens] of the requests routed to it (`served`)."""
         self.batches = 0
         self.last_batch_wall_s = 0.0
         self.lag_s = 0.0
@@ -77,17 +81,34 @@ class KvIndex:
         self.index.apply(topic, batch)
 
     def follow(self, replicas: Iterable[ReplicaEndpoint]) -> None:
-        """Subscribe to each replica that publishes; forget the ones gone or restarted."""
-        want = {r.replica_id: r.kv_events_replay for r in replicas if r.kv_events_replay}
-        for rid, replay in list(self._replay.items()):
-            if want.get(rid) != replay:
+        """Subscribe to each replica that publishes; forget the ones gone or restarted (a new
+        replay endpoint or URL: a new engine, an empty cache)."""
+        want = {r.replica_id: (r.kv_events_replay, r.url) for r in replicas if r.publishes}
+        for rid, source in list(self._replay.items()):
+            if want.get(rid) != source:
                 self.subscriber.remove(rid)
                 self.index.forget(rid)
                 del self._replay[rid]
-        for rid, replay in want.items():
+        for rid, source in want.items():
             if rid not in self._replay:
-                self.subscriber.add(rid, replay)
-                self._replay[rid] = replay
+                self.subscriber.add(rid, source[0] or None)
+                self._replay[rid] = source
+
+    def served(self, replica: str, hit: int, queried: int) -> None:
+        """A request went to `replica` expecting `hit` of its `queried` prompt tokens from its cache."""
+        counts = self._served.setdefault(replica, [0, 0])
+        counts[0] += hit
+        counts[1] += queried
+
+    def per_replica(self) -> dict[str, dict[str, Any]]:
+        """Each publishing replica's blocks in the index and the share of its requests' prompt
+        tokens it was expected to read from its cache (`isle status`, /admin/replicas)."""
+        out: dict[str, dict[str, Any]] = {}
+        for rid in self._replay:
+            hit, queried = self._served.get(rid, (0, 0))
+            out[rid] = {"blocks": self.index.blocks(rid), "hit_tokens": hit, "query_tokens": queried,
+                        "hit_ratio": round(hit / queried, 4) if queried else None}
+        return out
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.subscriber.run())
@@ -130,7 +151,7 @@ class KvIndex:
         reads it (`lora`: the adapter it names, whose blocks are its own); a coroutine when a vLLM
         replica's tokenizer must be asked first (module docstring)."""
         sims = [e.replica_id for e in endpoints if e.model == model and e.engine == "sim"]
-        reals = [e for e in endpoints if e.model == model and e.engine == "vllm" and e.kv_events_replay]
+        reals = [e for e in endpoints if e.model == model and e.engine == "vllm" and e.publishes]
         view = self.held(self.local(prompt_key, lora), sims) if sims else CacheView()
         if not reals:
             return view

@@ -213,6 +213,10 @@ class RouterMetrics:
                                           "(vllm:prefix_cache_queries)", ["pool", "slo_class"])
         self.prefix_hit_ratio = Family("isle_router_prefix_hit_ratio", "Share of a prompt's full blocks the chosen "
                                        "replica's prefix cache held, per request", ["pool", "slo_class"], RATIO)
+        self.prefix_fallbacks = Family("isle_router_prefix_fallbacks", "Requests a profile with the kv-cache-scorer "
+                                       "routed by the prompt-hash affinity instead of the KV-event index, by reason: "
+                                       "no_index (no kv_events), unkeyed (no replica of its model publishes, or its "
+                                       "prompt could not be keyed)", ["pool", "slo_class", "reason"])
         self.replica_sent = Family("isle_router_replica_requests", "Requests (and PD legs) sent to each replica, "
                                    "retries included: which replicas receive traffic", ["replica"])
         self.lora_loads = Family("isle_router_lora_loads", "LoRA adapters the router loaded on a replica "
@@ -258,7 +262,8 @@ class RouterMetrics:
         return (self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.rejections, self.sent,
                 self.replica_sent, self.fallbacks, self.decision, self.plugins, self.lora_loads, self.lora_unloads,
                 self.lora_load_seconds, self.prefix_hit_blocks,
-                self.prefix_query_blocks, self.prefix_hit_ratio, self.prefix_hit_tokens, self.prefix_query_tokens)
+                self.prefix_query_blocks, self.prefix_hit_ratio, self.prefix_hit_tokens, self.prefix_query_tokens,
+                self.prefix_fallbacks)
 
     def snapshot(self) -> dict[str, Any]:
         """This worker's series as JSON, for the sibling that answers a scrape."""

@@ -158,9 +158,10 @@ async def _forward(ctx: FlightContext, request: Request, response: Responder) ->
 
 
 def admin_view(path: str, replicas: Replicas, worker: int, topology: Topology | None,
-               plan: Mapping[str, Any] | None) -> Any:
+               plan: Mapping[str, Any] | None, caches: Mapping[str, Mapping[str, Any]] | None = None) -> Any:
     """What the admin routes (admin key) answer: the replicas as this worker (`worker`) sees
-    them, the topology, the plan."""
+    them (with `caches`, the router's KV index: each replica's `prefix_cache`), the topology,
+    the plan."""
     if path == "/admin/replicas":
         now = time.monotonic()  # the breakers' clock (router.state)
         return {"version": replicas.table.version, "worker": worker, "replicas": [
@@ -169,7 +170,9 @@ def admin_view(path: str, replicas: Replicas, worker: int, topology: Topology | 
              "gpus": list(s.endpoint.gpus), "tier": s.endpoint.tier, "healthy": s.endpoint.healthy,
              "draining": s.endpoint.draining, "breaker_open": now < s.open_until, "running": s.running,
              "waiting": s.waiting, "kv_usage": s.kv_usage, "inflight": s.inflight,
-             "latency_ms": round(s.latency_ms, 3)} for s in replicas.states.values()]}
+             "latency_ms": round(s.latency_ms, 3),
+             **({"prefix_cache": caches.get(s.endpoint.replica_id)} if caches is not None else {})}
+            for s in replicas.states.values()]}
     if path == "/admin/topology":
         if topology is None:
             raise ApiError(404, "this router was started without a topology", "not_found_error")

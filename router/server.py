@@ -97,6 +97,8 @@ class Router:
         self.rng = random.Random(config.seed)
         self.turns = itertools.count()
         self.profiles = {name: self._profile(name) for name in config.classes()}
+        self.kv_scored = {name: "kv-cache-scorer" in p.scorers for name, p in self.profiles.items()}
+        """Classes whose profile weighs the engines' caches (`isle_router_prefix_fallbacks`)."""
         self.openapi = routes.ServedDocument(list(config.classes()), config.max_tokens_limit,
                                              config.tokenize_auth == "key")
         self.server: asyncio.Server | None = None
@@ -327,7 +329,8 @@ class Router:
                 return self._lora_admin(request, response)
             elif path.startswith("/admin/") and method == "GET":
                 self.auth.admin(request.headers)
-                view = routes.admin_view(path, self.replicas, self.worker, self.topology, self.plan)
+                view = routes.admin_view(path, self.replicas, self.worker, self.topology, self.plan,
+                                         self.kvindex.per_replica() if self.kvindex is not None else None)
                 response.send(200, json.dumps(view).encode())
             else:
                 raise ApiError(404, f"no route {method} {path}", "not_found_error")
@@ -364,11 +367,11 @@ class Router:
                          declared=self.replicas.declared, tenant=tenant, contexts=self.replicas.contexts,
                          largest=self.replicas.largest, adapters=self.loras.bases() if self.loras is not None else None)
 
-    @staticmethod
-    def _with_cached(call: Call, view: CacheView) -> Call:
-        """The request with what each of its model's replicas holds of its prompt (`router.kvindex`)."""
+    def _with_cached(self, call: Call, view: CacheView) -> Call:
+        """The request with what each of its model's replicas holds of its prompt (`router.kvindex`),
+        and the topology a pull between them is priced over (`router.plugins.pull`)."""
         return dataclasses.replace(call, route=call.route._replace(cacheable_tokens=view.cacheable_tokens,
-                                                                   cached=view.held),
+                                                                   cached=view.held, topology=self.topology),
                                    kv_prompt_tokens=view.prompt_tokens)
 
     def _generate(self, request: Request, response: Responder) -> Coroutine[Any, Any, None] | None:
@@ -508,10 +511,14 @@ class Router:
         """What the chosen replica's cache held of the prompt (`isle_router_prefix_*`; with kv_events)."""
         route = call.route
         if self.kvindex is None or call.kv_prompt_tokens <= 0:
+            if self.kv_scored.get(call.slo.name):
+                reason = "no_index" if self.kvindex is None else "unkeyed"
+                self.metrics.child(self.metrics.prefix_fallbacks, chosen.endpoint.pool, call.slo.name, reason).inc()
             return
         bs, m = self.kvindex.block_size, self.metrics
         labels = (chosen.endpoint.pool, call.slo.name)
         hit = route.cached.get(chosen.endpoint.replica_id, 0)
+        self.kvindex.served(chosen.endpoint.replica_id, hit, call.kv_prompt_tokens)
         m.child(m.prefix_hit_tokens, *labels).inc(hit)  # as the engine will count them (vllm:prefix_cache_*)
         m.child(m.prefix_query_tokens, *labels).inc(call.kv_prompt_tokens)
         if route.cacheable_tokens > 0:

@@ -33,6 +33,9 @@ from wire.openai import ADMIN_TOKEN_ENV, API_KEY_ENV
 TP_LINKS = ("nvlink", "pix", "pxb", "phb", "node", "sys", "rdma", "tcp")
 
 
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+"""vLLM's --block-size choices."""
+
 def link_of_kind(kind_name: str, gpu: str) -> LinkCost:
     kind = LinkKind.parse(kind_name)
     facts = gpu_facts(gpu)
@@ -131,7 +134,9 @@ def build(args: argparse.Namespace) -> SimEngine:
     lora, modules = _lora(args)
     config = EngineConfig(model=model, gpu=gpu, tp=args.tp, link=link, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens,
-                          kv_capacity_tokens=args.kv_capacity_tokens, gang=gang,
+                          kv_capacity_tokens=args.num_gpu_blocks_override * args.block_size
+                          if args.num_gpu_blocks_override else args.kv_capacity_tokens, gang=gang,
+                          block_size=args.block_size,
                           prefix_caching=args.enable_prefix_caching, lora=lora)
     if config.capacity() < config.block_size:
         raise ValueError(f"{args.model} at tp={args.tp} leaves no room for KV cache on {args.gpu}")
@@ -179,6 +184,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--kv-capacity-tokens", type=int, help="override the cache size the cost model gives")
+    p.add_argument("--block-size", type=int, default=16, choices=BLOCK_SIZES, help="vLLM's: tokens per KV block "
+                   "(the prefix cache's unit, and the KV events')")
+    p.add_argument("--num-gpu-blocks-override", type=int, help="vLLM's: the KV cache in blocks (over "
+                   "--kv-capacity-tokens)")
     p.add_argument("--kv-hold-s", type=float, default=60.0, help="how long a prefill keeps KV for its decode")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                    help="keep prompt blocks in a prefix cache as vLLM does (off by default here, unlike vLLM: the "

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from control.backend import Backend, Replica
 from control.launch import gang
 from control.nodecheck import RayNode
-from control.spec import EngineLaunch, VllmLaunch
+from control.spec import EngineLaunch, VllmLaunch, kv_events_args
 from pools.model import PlacementPlan, ReplicaPlacement
 from pools.pinning import pin_for
 from pools.ports import EnginePorts, PortInUse, PortPlan, allocate
@@ -40,10 +40,12 @@ def build_launch(plan: PlacementPlan, topology: Topology, bindings: Mapping[str,
                  generation: int, *, topology_source: str, time_scale: float,
                  vllm: VllmSettings | None = None, ports: EnginePorts | None = None,
                  admin_routes: bool = False, admin_token: str = "", api_key: str = "",
-                 engine_args: tuple[str, ...] = ()) -> EngineLaunch:
+                 engine_args: tuple[str, ...] = (), kv_events_endpoint: str = "", kv_block_size: int = 16
+                 ) -> EngineLaunch:
     """`vllm`: the pool's settings for a real vLLM server (`ports` then required), else a simulated
     engine (`engine_args`: its pool's serving flags). A gang: one simulated engine per
-    data-parallel rank (`EngineLaunch.ranks`)."""
+    data-parallel rank (`EngineLaunch.ranks`). With `kv_events_endpoint` (not for a gang's ranks),
+    prefix caching on and its events published there (`control.spec.kv_events_args`)."""
     pool = plan.pool(p.pool)
     if pool.is_gang and p.members:
         if vllm is not None:
@@ -72,7 +74,9 @@ def build_launch(plan: PlacementPlan, topology: Topology, bindings: Mapping[str,
                         model=pool.model or (vllm.served_model_name if vllm else p.pool), gpu=gpu or "", tp=pool.tp,
                         node=p.node, gpus=p.gpus, topology_source=topology_source, time_scale=time_scale, pin=pin,
                         generation=generation, vllm=engine, admin_routes=admin_routes, admin_token=admin_token,
-                        api_key=api_key, engine_args=() if vllm is not None else engine_args)
+                        api_key=api_key, engine_args=() if vllm is not None else engine_args,
+                        kv_events=kv_events_args(kv_events_endpoint, p.replica_id, kv_block_size)
+                        if kv_events_endpoint else ())
 
 
 def ports_taken(launches: Iterable[EngineLaunch], node: str) -> set[int]:

@@ -32,9 +32,17 @@ import yaml
 from isleserve.planning import resolve_topology
 from isleserve.settings import AppArgs, parse_app_args
 from loadtest.live.client import Target, loopback_target
-from loadtest.live.deploy import ROOT, Deployment, ray_deployment
+from loadtest.live.deploy import ROOT, Deployment, free_ports, ray_deployment
 from loadtest.live.run import Driver, pick_model
-from loadtest.live.timings import as_sent, engine_counters, engine_timings, mean_timings, modelled, simulate_deployment
+from loadtest.live.timings import (
+    as_sent,
+    engine_counters,
+    engine_timings,
+    mean_timings,
+    modelled,
+    prefix_counts,
+    simulate_deployment,
+)
 from loadtest.model import RequestResult
 from loadtest.report import write_plots, write_report
 from loadtest.routers import RouterChoice
@@ -88,8 +96,11 @@ def local_misfit(scenario: Scenario, base: AppArgs) -> str | None:
 
 
 def live_args(base: AppArgs, scenario: Scenario, policy: str, use_pools: bool, options: LiveOptions,
-              state_dir: Path) -> AppArgs:
-    """The base args with this policy, the scenario's classes and routing (and pools when they fit)."""
+              state_dir: Path, choice: RouterChoice | None = None, kv_port: int = 0) -> AppArgs:
+    """The base args with this policy, the scenario's classes and routing (and pools when they
+    fit). With a router `choice` (`loadtest.routers`): its profile for every class, the engines' prefix
+    caches on and, for a router that indexes them, their KV events to `kv_port` on loopback (one
+    router worker)."""
     cfg, routing = scenario.config, scenario.config.routing
     raw = base.model_dump(mode="json", exclude_none=True)
     router = raw["router"]
@@ -103,6 +114,13 @@ def live_args(base: AppArgs, scenario: Scenario, policy: str, use_pools: bool, o
     raw.update({"policy": policy, "state_dir": str(state_dir), "topology": _absolute(base.topology)})
     if options.time_scale is not None:
         raw["time_scale"] = options.time_scale
+    if choice is not None:
+        router.update({"default_profile": dict(choice.profile), "profiles": {}})
+        router.pop("kv_events", None)
+        if choice.kv_events:
+            router.update({"kv_events": {"endpoint": f"tcp://127.0.0.1:{kv_port}", "block_size": 16},
+                               "workers": 1})
+        raw["vllm"] = {**raw.get("vllm", {}), "enable_prefix_caching": True}
     if use_pools:
         raw["pools"] = [p.model_dump(mode="json", exclude_none=True) for p in cfg.pools]
     elif cfg.slo_classes:  # the base pools, serving the scenario's classes they name (all when none is left)
@@ -175,7 +193,8 @@ def run_rate(scenario: Scenario, deployment: Deployment, args: AppArgs, rate: fl
     roles = {p["replica_id"]: p["role"] for p in deployment.plan["placements"]}
     before = engine_counters(deployment.engine_urls)
     results, elapsed_s, lag_ms = drive(deployment.router_url, workload, options)
-    virtual = engine_timings(before, engine_counters(deployment.engine_urls), roles)
+    after = engine_counters(deployment.engine_urls)
+    virtual = engine_timings(before, after, roles)
     ts = args.time_scale
     results = modelled(results, ts)
     classes = args.router.classes()
@@ -183,8 +202,10 @@ def run_rate(scenario: Scenario, deployment: Deployment, args: AppArgs, rate: fl
     simulated = simulate_deployment(args, as_sent(results, workload.requests, 1.0))
     sim_summary = summarize(simulated, classes, elapsed_s / ts)
     span = max((r.sent_s for r in results), default=0.0)
+    prefix = prefix_counts(before, after)
     return {
         "scenario": scenario.name, "mode": "live", "policy": args.policy, "routing": "scenario", "rate_scale": rate,
+        **({"prefix": prefix} if prefix["queries"] else {}),
         "rate_rps": round(len(results) / span, 4) if span > 0 else math.nan, "goodput_rps": summary["goodput_rps"],
         "slo_attainment": {k: v["slo_attainment"] for k, v in summary["per_class"].items()}, "summary": summary,
         "topology_fingerprint": deployment.plan["topology_fingerprint"],
@@ -219,28 +240,39 @@ def compare_live(scenario: Scenario, out: Path, options: LiveOptions, progress: 
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     router_url = f"http://127.0.0.1:{options.router_port}"
+    runs: list[tuple[str, RouterChoice | None]] = [(p, None) for p in scenario.config.policies]
+    if routers:
+        runs = [(scenario.config.policies[0], r) for r in routers]
     with tempfile.TemporaryDirectory(prefix="isle-live-") as tmp, (out / "results.jsonl").open("w") as f:
-        for policy in scenario.config.policies:
-            args = live_args(base, scenario, policy, misfit is None, options, Path(tmp) / f"state-{policy}")
-            config = write_serve_config(doc, index, args, Path(tmp) / f"serve-{policy}.yaml")
+        for policy, router in runs:
+            label = policy if router is None else f"{policy}+router:{router.name}"
+            name = label.replace(":", "-").replace("+", "-")
+            args = live_args(base, scenario, policy, misfit is None, options, Path(tmp) / f"state-{name}", router,
+                             free_ports(1)[0])
+            config = write_serve_config(doc, index, args, Path(tmp) / f"serve-{name}.yaml")
             started = time.monotonic()
-            _say(progress, f"{scenario.name}: {policy}: starting a Ray head and deploying {len(args.pools)} pools")
+            _say(progress, f"{scenario.name}: {label}: starting a Ray head and deploying {len(args.pools)} pools")
             with ray_deployment(config, app, router_url, options.api_key, options.admin_key,
                                 options.deploy_timeout_s) as deployment:
                 deploy_s = round(time.monotonic() - started, 1)
-                _say(progress, f"{scenario.name}: {policy}: RUNNING after {deploy_s} s, "
+                _say(progress, f"{scenario.name}: {label}: RUNNING after {deploy_s} s, "
                                f"{len(deployment.engine_urls)} engines (Ray head pid {deployment.ray_head_pid})")
                 for rate in scenario.config.rates:
                     row = run_rate(scenario, deployment, args, rate, options, notes)
                     row["live"]["deploy_s"] = deploy_s
+                    if router is not None:
+                        row.update({"policy": label, "placement_policy": policy, "router": router.name,
+                                    "routing": router.name})
                     rows.append(row)
                     f.write(json.dumps(row) + "\n")
                     f.flush()
                     s = row["summary"]
-                    _say(progress, f"{scenario.name}: {policy} at x{rate:g}: {s['completed']}/{s['requests']} "
+                    hits = f", prefix hits {row['prefix']['hit_ratio']:.1%}" if "prefix" in row else ""
+                    _say(progress, f"{scenario.name}: {label} at x{rate:g}: {s['completed']}/{s['requests']} "
                                    f"completed, goodput {row['goodput_rps']:.2f} req/s, TTFT mean "
-                                   f"{s['ttft_ms']['mean']:.1f} ms, TPOT mean {s['tpot_ms']['mean']:.2f} ms")
-            _say(progress, f"{scenario.name}: {policy}: torn down after {time.monotonic() - started:.0f} s")
+                                   f"{s['ttft_ms']['mean']:.1f} ms, p50 {s['ttft_ms']['median']:.1f} ms, TPOT mean "
+                                   f"{s['tpot_ms']['mean']:.2f} ms{hits}")
+            _say(progress, f"{scenario.name}: {label}: torn down after {time.monotonic() - started:.0f} s")
     shown = scenario if misfit is None else as_deployed(scenario, base)
     write_report(shown, rows, out / "report.md")
     amend_report(out / "report.md", rows, options, misfit)

@@ -34,21 +34,38 @@ def modelled(results: Sequence[RequestResult], time_scale: float) -> list[Reques
 
 # the engines' own (virtual) timings
 HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds")
+PREFIX_COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
 
 
 def engine_counters(engine_urls: Mapping[str, str]) -> dict[str, dict[str, float]]:
-    """Per engine: the sums and counts of its TTFT and TPOT histograms (virtual seconds)."""
+    """Per engine: the sums and counts of its TTFT and TPOT histograms (virtual seconds), and its
+    prefix-cache queries and hits (tokens) when it counts them."""
     out = {}
     for rid, url in engine_urls.items():
-        scrape = parse(client.get_text(f"{url}/metrics", timeout_s=5), HISTOGRAMS)
+        scrape = parse(client.get_text(f"{url}/metrics", timeout_s=5), HISTOGRAMS + PREFIX_COUNTERS)
         counters: dict[str, float] = {}
         for name in HISTOGRAMS:
             h = scrape.histogram(name)
             if h is not None:
                 counters[f"{name.removeprefix('vllm:')}_sum"] = h.sum
                 counters[f"{name.removeprefix('vllm:')}_count"] = h.count
+        for name in PREFIX_COUNTERS:
+            value = scrape.value(f"{name}_total")
+            if value is not None:
+                counters[name.removeprefix("vllm:")] = value
         out[rid] = counters
     return out
+
+
+def prefix_counts(before: Mapping[str, Mapping[str, float]], after: Mapping[str, Mapping[str, float]]
+                  ) -> dict[str, float]:
+    """The engines' prefix-cache queries and hits between two scrapes (tokens, vLLM's counters)
+    and their ratio."""
+    def total(key: str) -> float:
+        return sum(after[rid].get(key, 0.0) - before.get(rid, {}).get(key, 0.0) for rid in after)
+
+    queries, hits = total("prefix_cache_queries"), total("prefix_cache_hits")
+    return {"queries": queries, "hits": hits, "hit_ratio": round(hits / queries, 4) if queries else 0.0}
 
 
 def engine_timings(before: Mapping[str, Mapping[str, float]], after: Mapping[str, Mapping[str, float]],

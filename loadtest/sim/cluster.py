@@ -20,7 +20,7 @@ from typing import Any
 
 from kvblocks.keys import block_keys
 from loadtest.model import OK, RequestResult, TraceRequest
-from loadtest.sim import faults
+from loadtest.sim import faults, prefix
 from loadtest.sim.autoscale import Autoscaler
 from loadtest.sim.model import (
     ARRIVAL,
@@ -47,15 +47,10 @@ from router.decision import decide
 from router.plugins.model import Candidate, RouteRequest
 from router.plugins.pd import PDDecision
 from router.plugins.profile import Profile
-from router.plugins.pull import Pull, best_pull
-from router.plugins.scorers import RUNNING_WEIGHT, KvCacheScorer
 from simengine.fastforward import DecodeRun
 from topology import GpuRef
 
 PREFIX_BLOCKS = 4
-BLOCK_SIZE = 16
-"""The engines' KV block size (`simengine.core.EngineConfig`'s, vLLM's default): the router's
-index keys prompts in these."""
 PLAN_STEPS = 64
 """Decode steps planned at once: arrivals usually cut a run short, so longer plans are waste. A
 plan also stops after the step in progress at the next scrape, which always commits the run so
@@ -155,31 +150,21 @@ class Simulation:
         if cls is None:
             raise ValueError(f"request {tr.index}: unknown SLO class {tr.slo_class!r}")
         model = self._model_for(tr)
-        prefix = zlib.crc32(",".join(map(str, tr.prefix_blocks[:PREFIX_BLOCKS])).encode()) if tr.prefix_blocks else 0
+        head = zlib.crc32(",".join(map(str, tr.prefix_blocks[:PREFIX_BLOCKS])).encode()) if tr.prefix_blocks else 0
         req = _Req(trace=tr, rid=f"q{tr.index}", cls=cls,
-                   route=RouteRequest(model, cls, tr.prompt_tokens, prefix, topology=self.topology))
+                   route=RouteRequest(model, cls, tr.prompt_tokens, head, topology=self.topology))
         if self.config.prefix_caching:
             req.tokens = token_ids(tr)
             if self.config.kv_index:
-                req.keys = block_keys(req.tokens, BLOCK_SIZE)
+                req.keys = block_keys(req.tokens[:-1], prefix.BLOCK_SIZE)  # never the last token (vLLM computes it)
         self.reqs[req.rid] = req
         self._route(t, req)
 
     def _model_for(self, tr: TraceRequest) -> str:
         return self.config.model or min(self.by_model)
 
-    def _cached(self, req: _Req) -> None:
-        """What each replica's prefix cache holds of the prompt now, as the router's index says."""
-        if not req.keys:
-            return
-        held = {}
-        for r in self.by_model.get(req.route.model, ()):
-            if r.core.cache is not None and (n := r.core.cache.hit(req.keys)):
-                held[r.rid] = n * BLOCK_SIZE
-        req.route = req.route._replace(cacheable_tokens=len(req.keys) * BLOCK_SIZE, cached=held)
-
     def _route(self, t: float, req: _Req) -> None:
-        self._cached(req)
+        prefix.cached(self, req)
         snapshot = self._candidates(req.route.model)
         if req.cls.sheddable and Admission.overloaded(snapshot):
             self._record(req, t, "shed")
@@ -201,41 +186,9 @@ class Simulation:
             return
         rep = self.replicas[decision.winner.endpoint.replica_id]
         req.replica, req.prefill, req.tier, req.phase = rep.rid, "", rep.endpoint.tier, "decode"
-        pull = pull_of(profile, req.route, decision.winner, snapshot)
-        if pull is not None and self._pull(t, req, rep, pull):
+        pull = prefix.pull_of(profile, req.route, decision.winner, snapshot)
+        if pull is not None and prefix.start_pull(self, t, req, rep, pull):
             return
-        self._assign(t, rep, req, req.trace.output_tokens)
-
-    def _pull(self, t: float, req: _Req, target: SimReplica, pull: Pull) -> bool:
-        """The winner reads the prompt's leading blocks from `pull.source`'s cache over the
-        network first (a KV connector's pull; the request waits for it)."""
-        source = self.replicas.get(pull.source)
-        if source is None or not source.alive or target.core.cache is None:
-            return False
-        gb = costmodel.kv_bytes(target.core.config.model, pull.tokens) / 1e9
-        src = [GpuRef(source.placement.node, g) for g in source.placement.gpus]
-        dst = [GpuRef(target.placement.node, g) for g in target.placement.gpus]
-        route, latency_s = legs(self.topology, src, dst, gb)
-        req.pull, req.phase = pull, "pull"
-        if not route:
-            self._at(t, KV_READY, req)
-            return True
-        self.next_transfer += 1
-        self.transfers[self.next_transfer] = req
-        self.network.start(t, self.next_transfer, route)
-        req.kv_latency_s = latency_s
-        self._schedule_net()
-        return True
-
-    def _pulled(self, t: float, req: _Req) -> None:
-        rep = self.replicas[req.replica]
-        if not rep.alive:
-            self._record(req, t, "lost")
-            return
-        assert req.pull is not None
-        rep.core.adopt(req.tokens[:req.pull.tokens])
-        self.pulled += req.pull.tokens
-        req.phase = "decode"
         self._assign(t, rep, req, req.trace.output_tokens)
 
     def _pd_choice(self, req: _Req, snapshot: list[Candidate]) -> PDDecision | None:
@@ -391,7 +344,7 @@ class Simulation:
 
     def _kv_ready(self, t: float, req: _Req, _v: int) -> None:
         if req.phase == "pull":
-            self._pulled(t, req)
+            prefix.pulled(self, t, req)
             return
         prefill = self.replicas[req.prefill]
         prefill.core.release(req.rid)
@@ -454,14 +407,6 @@ class Simulation:
         req.phase = "done"
         self.reqs.pop(req.rid, None)
         self.results.append(result_of(req, t, outcome))
-
-
-def pull_of(profile: Profile, req: RouteRequest, winner: Candidate, snapshot: Sequence[Candidate]) -> Pull | None:
-    """The pull the profile's kv-cache-scorer counted for the winner (with `peer_pull`)."""
-    for _, scorer, _ in profile.scorer_plugins:
-        if isinstance(scorer, KvCacheScorer) and scorer.peer_pull:
-            return best_pull(req, winner, snapshot, RUNNING_WEIGHT)
-    return None
 
 
 def simulate(config: SimConfig, workload: Sequence[TraceRequest], until_s: float = math.inf) -> SimResult:

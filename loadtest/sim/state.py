@@ -1,4 +1,4 @@
-"""What the simulator's helpers (`faults`, `autoscale`) see of a running simulation: its
+"""What the simulator's helpers (`faults`, `autoscale`, `prefix`) see of a running simulation: its
 replicas, the router's snapshot of them, the request table and the event queue's entry point
 (`loadtest.sim.cluster.Simulation` is one)."""
 
@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from loadtest.model import RequestResult
 from loadtest.sim.model import SimConfig, _Req
+from loadtest.sim.network import Network
 from loadtest.sim.replica import SimReplica
 from router.plugins.model import Candidate
 from topology import Topology
@@ -25,8 +26,15 @@ class SimState(Protocol):
     results: list[RequestResult]
     events: list[tuple[float, int, int, Any, int]]
     log: list[dict[str, Any]]
+    network: Network
+    transfers: dict[int, _Req]
+    next_transfer: int
+    pulled: int
 
     def _at(self, t: float, kind: int, obj: Any = None, version: int = 0) -> None: ...
     def _refresh(self, r: SimReplica) -> None: ...
     def _record(self, req: _Req, t: float, outcome: str) -> None: ...
     def _route(self, t: float, req: _Req) -> None: ...
+    def _assign(self, t: float, rep: SimReplica, req: _Req, max_tokens: int, hold: bool = False,
+                remote: bool = False) -> None: ...
+    def _schedule_net(self) -> None: ...

@@ -75,7 +75,10 @@ class PrefixAffinityScorer(Scorer):
 class KvCacheScorer(Scorer):
     """The share of the prompt's full blocks the replica's prefix cache holds, from the engines'
     KV events (`router.kvindex`): a replica that would prefill less scores higher. Without an
-    index, or for a prompt under one block, every replica scores `no_index`. With `peer_pull`
+    index's answer (no `kv_events`, no replica of the model publishing, a prompt the router
+    could not key), it falls back to the prompt-hash affinity (`prefix-affinity-scorer`'s
+    rendezvous hash of the prompt's leading blocks; `no_index` for a prompt without one, and
+    the router counts `isle_router_prefix_fallbacks`). With `peer_pull`
     (the deployment's KV connector reads blocks from peers), a prefix a peer holds and the
     replica could pull faster than it would compute it counts too, discounted by the pull's
     cost against the compute it saves (`router.plugins.pull`): an island neighbour of the
@@ -91,7 +94,10 @@ class KvCacheScorer(Scorer):
     def scores(self, req: RouteRequest, cands: Sequence[Candidate]) -> list[float]:
         total = req.cacheable_tokens
         if total <= 0:
-            return [self.no_index] * len(cands)
+            if not req.prefix_hash:
+                return [self.no_index] * len(cands)
+            return [(zlib.crc32(f"{req.prefix_hash}:{c.endpoint.replica_id}".encode()) % 10_000) / 10_000
+                    for c in cands]
         out = []
         for c in cands:
             own = req.cached.get(c.endpoint.replica_id, 0)

@@ -5,6 +5,7 @@ indexed, and the engines' own hit counters agree with the routing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import urllib.request
@@ -14,7 +15,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from router.config import DEV_KEY, RouterConfig
+from isleserve.status import collect, render
+from router.config import DEV_ADMIN_KEY, DEV_KEY, RouterConfig
 from tests.support.engines import running_engine, running_router
 from tests.support.ports import free_ports
 
@@ -65,6 +67,7 @@ def test_a_cached_prefix_is_routed_to_the_engine_that_holds_it(tmp_path: Path) -
 
     with engine("e0", r0) as e0, engine("e1", r1) as e1:
         config = {"port": 0, "require_keys": False,
+                  "admin_keys": [{"tenant": "ops", "key_sha256": hashlib.sha256(DEV_ADMIN_KEY.encode()).hexdigest()}],
                   "kv_events": {"endpoint": f"tcp://127.0.0.1:{sub_port}", "block_size": 16},
                   "default_profile": {"scorers": {"kv-cache-scorer": 1.0, "queue-depth-scorer": 0.1}},
                   "replicas": [{"replica_id": name, "url": e.base, "model": MODEL, "kv_events_replay":
@@ -85,6 +88,11 @@ def test_a_cached_prefix_is_routed_to_the_engine_that_holds_it(tmp_path: Path) -
             seen = _series(url.removesuffix("/v1"), "isle_router_prefix_hit_blocks")
             asked = _series(url.removesuffix("/v1"), "isle_router_prefix_query_blocks")
             assert 4 * 70 <= seen <= asked  # the router counted the blocks it routed to a cache that held them
+            state = collect(url.removesuffix("/v1"), DEV_ADMIN_KEY)  # what `isle status` reads and shows
+            caches = {r["replica_id"]: r["prefix_cache"] for r in state["replicas"]["replicas"]}
+            assert caches["e1"]["blocks"] >= 70 and caches["e1"]["hit_ratio"] > 0.85 and caches["e0"]["blocks"] == 0
+            lines = {line.split()[0]: line for line in render(state).splitlines()[1:] if line.startswith("  e")}
+            assert "cache 0 blocks, hits -" in lines["e0"] and ", hits 9" in lines["e1"]
 
 
 SYSTEM = "You are the leasing office's assistant. " + "".join(DOC.format(n=n) for n in range(40))  # ~870 tokens
@@ -189,7 +197,7 @@ def test_kv_events_config_is_checked(bad: dict[str, Any], message: str) -> None:
         RouterConfig.model_validate({"require_keys": False, **bad})
 
 
-def test_the_scorer_scores_the_held_share_and_is_neutral_without_an_index() -> None:
+def test_the_scorer_scores_the_held_share_and_falls_back_to_the_prompt_hash_without_an_index() -> None:
     from pools.model import DEFAULT_SLO_CLASSES
     from pools.routing import ReplicaEndpoint
     from router.plugins.model import Candidate, RouteRequest
@@ -203,3 +211,19 @@ def test_the_scorer_scores_the_held_share_and_is_neutral_without_an_index() -> N
     assert scorer.score(RouteRequest(MODEL, slo, 100), cand) == 0.5
     assert scorer.score(RouteRequest(MODEL, slo, 1000, cacheable_tokens=960, cached={"e1": 720}), cand) == 0.75
     assert scorer.score(RouteRequest(MODEL, slo, 1000, cacheable_tokens=960, cached={"e0": 960}), cand) == 0.0
+    from router.plugins.scorers import PrefixAffinityScorer  # no index: the prompt-hash affinity, the same prefix alike
+    hashed = RouteRequest(MODEL, slo, 1000, prefix_hash=12345)
+    assert scorer.score(hashed, cand) == PrefixAffinityScorer(0.5).score(hashed, cand) != 0.5
+
+
+def test_without_kv_events_the_scorer_falls_back_and_says_so(tmp_path: Path) -> None:
+    with running_engine("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.01") as e0:
+        config = {"port": 0, "require_keys": False,
+                  "default_profile": {"scorers": {"kv-cache-scorer": 1.0, "queue-depth-scorer": 1.0}},
+                  "replicas": [{"replica_id": "e0", "url": e0.base, "model": MODEL}]}
+        with running_router(config, tmp_path) as (_, url):
+            for k in range(3):
+                _post(url, DOC.format(n=k) * 10, DEV_KEY)
+            text = _scrape(url.removesuffix("/v1"))
+    falls = [x for x in text.splitlines() if x.startswith("isle_router_prefix_fallbacks_total{")]
+    assert len(falls) == 1 and 'reason="no_index"' in falls[0] and falls[0].endswith(" 3.0")

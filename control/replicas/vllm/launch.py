@@ -32,7 +32,7 @@ def server_for(launch: EngineLaunch, host_ip: str, offline: bool = False) -> Vll
     s, ports = launch.vllm.settings, launch.vllm.ports
     return from_launch(launch, model=s.model, port=ports.http, side_channel_port=ports.side_channel,
                        served_model_name=s.served_model_name, host_ip=host_ip, host=host_ip,
-                       max_model_len=s.max_model_len, dtype=s.dtype, extra_args=s.extra_args,
+                       max_model_len=s.max_model_len, dtype=s.dtype, extra_args=(*s.extra_args, *launch.kv_events),
                        extra_env={**s.extra_env, **({API_KEY_ENV: launch.api_key} if launch.api_key else {})},
                        offline=offline,
                        cpu_threads_bind=cpu_threads_bind(launch.vllm.gpu_cpus, launch.tp) if s.cpu_backend else None)

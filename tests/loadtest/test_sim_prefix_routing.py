@@ -1,0 +1,73 @@
+"""Routing on the engines' prefix caches in the offline simulator (`python -m loadtest compare
+--routers`): every engine keeps a prefix cache over the trace's shared blocks, only the router
+changes. What a user comparing routers relies on: the KV-event router reads more of each prompt
+from cache than the prompt-hash one on multi-turn traffic, and pricing pulls over the topology
+never loses to the KV-event router and wins where a hot prefix sits on a busy replica."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from loadtest.compare import run_one, workload_for
+from loadtest.routers import ROUTERS, routers
+from loadtest.scenario import Scenario, load_scenario
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.sim
+
+SCENARIOS = ROOT / "configs" / "scenarios"
+
+
+def scenario(name: str, duration_s: float | None = None) -> Scenario:
+    s = load_scenario(SCENARIOS / f"{name}.yaml")
+    if duration_s is None:
+        return s
+    workload = {**s.config.workload, "duration_s": duration_s}
+    return dataclasses.replace(s, config=s.config.model_copy(update={"workload": workload}))
+
+
+def runs(s: Scenario, names: str, rate: float = 1.0) -> dict[str, dict[str, Any]]:
+    workload = workload_for(s, rate)
+    return {r.name: run_one(s, s.config.policies[0], rate, workload, router=r) for r in routers(names)}
+
+
+def ttft(row: dict[str, Any], stat: str) -> float:
+    return float(row["summary"]["ttft_ms"][stat])
+
+
+def test_the_kv_event_router_reads_more_from_cache_than_the_prompt_hash_on_sessions() -> None:
+    rows = runs(scenario("agentic-live"), "round-robin,prefix-hash,kv-events")
+    hit = {name: row["prefix"]["hit_ratio"] for name, row in rows.items()}
+    assert hit["kv-events"] >= 1.3 * hit["prefix-hash"] and hit["prefix-hash"] > hit["round-robin"] > 0.2
+    assert ttft(rows["kv-events"], "median") < ttft(rows["prefix-hash"], "median")
+    assert rows["kv-events"]["goodput_rps"] >= rows["prefix-hash"]["goodput_rps"]
+    queries = {row["prefix"]["queries"] for row in rows.values()}
+    assert len(queries) == 1  # the same prompts, whoever routes them
+
+
+@pytest.mark.parametrize(("name", "rate", "duration_s"), [("agentic", 1.0, 60), ("agentic", 2.0, 60),
+                                                          ("prefix-cache", 1.0, 120), ("hot-prefix", 1.0, None)])
+def test_pricing_pulls_over_the_topology_never_loses_to_the_kv_event_router(name: str, rate: float,
+                                                                            duration_s: float | None) -> None:
+    rows = runs(scenario(name, duration_s), "kv-events,kv-events+topology", rate)
+    kv, topo = rows["kv-events"], rows["kv-events+topology"]
+    assert topo["goodput_rps"] >= kv["goodput_rps"]
+    assert ttft(topo, "mean") <= ttft(kv, "mean")
+    assert ttft(topo, "p90") <= ttft(kv, "p90")
+
+
+def test_an_idle_island_neighbour_pulls_the_hot_prefix_from_the_busy_replica() -> None:
+    rows = runs(scenario("hot-prefix"), "kv-events,kv-events+topology")
+    kv, topo = rows["kv-events"], rows["kv-events+topology"]
+    assert kv["prefix"]["pulled"] == 0 and topo["prefix"]["pulled"] >= 16_384  # at least the document once
+    assert topo["goodput_rps"] > 1.3 * kv["goodput_rps"]
+    assert ttft(topo, "median") < 0.5 * ttft(kv, "median")
+
+
+def test_routers_are_named_and_unknown_ones_refused() -> None:
+    assert [r.name for r in routers("round-robin,prefix-hash,kv-events,kv-events+topology")] == list(ROUTERS)
+    with pytest.raises(ValueError, match="unknown"):
+        routers("kv-events,llm-d")
