@@ -63,6 +63,10 @@ def test_every_config_file_is_valid(path: Path) -> None:
     elif path.name in ("local.yaml", "prod.yaml", "vllm-cpu.yaml"):
         args = app_args_from_serve_config(str(path))
         assert args.router.require_keys
+    elif path.name == "lora.yaml":
+        args = app_args_from_serve_config(str(path))
+        assert args.router.require_keys and args.router.lora is not None and args.router.lora.adapters
+        assert all(flag in args.engine_args()["mixed"] for flag in ("--enable-lora", "--allow-runtime-lora-updating"))
     else:
         pytest.fail(f"{rel}: a config file no test knows how to validate")
 

@@ -26,6 +26,14 @@ MODEL = "llama-3.1-8b"
 DOC = "Clause {n}: the tenant shall keep the premises in good repair and report any damage. "
 
 
+def _engine(name: str, sub_port: int, replay: int) -> Any:
+    """A simulated engine publishing its prefix cache to the router's subscriber at `sub_port`."""
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{sub_port}",
+              "replay_endpoint": f"tcp://127.0.0.1:{replay}", "topic": name}
+    return running_engine("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.01", "--engine-id", name,
+                          "--enable-prefix-caching", "--kv-events-config", json.dumps(config))
+
+
 def _post(url: str, content: str, key: str | None = None) -> tuple[str, dict[str, Any]]:
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": content}]}
     headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
@@ -58,14 +66,7 @@ def _index_blocks(base: str) -> dict[str, float]:
 
 def test_a_cached_prefix_is_routed_to_the_engine_that_holds_it(tmp_path: Path) -> None:
     sub_port, r0, r1 = free_ports(3)
-    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{sub_port}"}
-
-    def engine(name: str, replay: int) -> Any:
-        config = {**events, "replay_endpoint": f"tcp://127.0.0.1:{replay}", "topic": name}
-        return running_engine("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.01", "--engine-id", name,
-                              "--enable-prefix-caching", "--kv-events-config", json.dumps(config))
-
-    with engine("e0", r0) as e0, engine("e1", r1) as e1:
+    with _engine("e0", sub_port, r0) as e0, _engine("e1", sub_port, r1) as e1:
         config = {"port": 0, "require_keys": False,
                   "admin_keys": [{"tenant": "ops", "key_sha256": hashlib.sha256(DEV_ADMIN_KEY.encode()).hexdigest()}],
                   "kv_events": {"endpoint": f"tcp://127.0.0.1:{sub_port}", "block_size": 16},
@@ -147,14 +148,7 @@ def test_the_routers_expected_hits_are_the_engines(tmp_path: Path, kind: str) ->
     the replicas are declared vLLM, so the router keys each prompt from their /tokenize (the
     simulated engine's serves its own tokens, as vLLM's does)."""
     sub_port, r0, r1 = free_ports(3)
-    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{sub_port}"}
-
-    def engine(name: str, replay: int) -> Any:
-        config = {**events, "replay_endpoint": f"tcp://127.0.0.1:{replay}", "topic": name}
-        return running_engine("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.01", "--engine-id", name,
-                              "--enable-prefix-caching", "--kv-events-config", json.dumps(config))
-
-    with engine("e0", r0) as e0, engine("e1", r1) as e1:
+    with _engine("e0", sub_port, r0) as e0, _engine("e1", sub_port, r1) as e1:
         config = {"port": 0, "require_keys": False,
                   "kv_events": {"endpoint": f"tcp://127.0.0.1:{sub_port}", "block_size": 16},
                   "default_profile": {"scorers": {"kv-cache-scorer": 1.0, "queue-depth-scorer": 0.1}},
