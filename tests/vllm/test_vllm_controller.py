@@ -5,6 +5,8 @@ as pinned replica actors (node affinity and the planned GPU's resource, CUDA_VIS
 nearest NIC, each on the core its "GPU" stands for, on ports from the config's ranges), and
 publishes them; the router follows the table and the openai client gets answers
 disaggregated over NIXL. A restarted controller reattaches to the same servers on the same ports.
+With the router's `kv_events` set, the controller starts both servers publishing their prefix
+caches to it, and the router's expected hits on the prefill replica are vLLM's own.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +32,7 @@ from isleserve.settings import AppArgs, parse_app_args
 from pools.pinning import gpu_resource
 from router.config import DEV_KEY
 from tests.conftest import ROOT
+from tests.support.ports import free_ports
 from tests.support.raycluster import fake_cluster
 from tests.vllm.conftest import READY_TIMEOUT_S, SERVED
 from topology import read_source
@@ -36,6 +40,8 @@ from topology import read_source
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.timeout(900)]
 CONFIG = ROOT / "configs/vllm-cpu.yaml"
 IGNORE_EOS = {"ignore_eos": True}
+BLOCK = 32
+"""The engines' KV block size with the router's kv_events (vLLM's CPU attention wants a multiple of 32)."""
 
 
 @dataclass
@@ -60,6 +66,7 @@ def _args(state_dir: Path) -> AppArgs:
     raw.update(state_dir=str(state_dir))
     raw["vllm"]["start_timeout_s"] = READY_TIMEOUT_S
     raw["router"]["port"] = 0
+    raw["router"]["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{free_ports(1)[0]}", "block_size": BLOCK}
     return parse_app_args(raw)
 
 
@@ -151,3 +158,33 @@ def test_a_restarted_controller_reattaches_on_the_same_ports(deployed: Deployed)
     assert {rid: (r["pid"], r["url"], r["ports"]) for rid, r in deployed.replicas().items()} == before
     out = deployed.client().completions.create(model=SERVED, prompt="still there?", max_tokens=2, temperature=0.0)
     assert out.usage is not None and out.usage.completion_tokens >= 1
+
+
+def _counter(url: str, name: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "_total{"))
+
+
+def test_the_controllers_vllm_servers_publish_their_caches_to_the_router(deployed: Deployed) -> None:
+    router = deployed.router.router
+    assert router.kvindex is not None
+    table = {r.replica_id: r for r in router.replicas.table.replicas}
+    assert all(r.engine == "vllm" and r.kv_events and not r.kv_events_replay for r in table.values())
+    prefill = deployed.replicas()["prefill-0"]["url"]
+    c = deployed.client()
+    system = "You keep the lighthouse logbook and answer in one short line. " * 12  # several blocks of 32
+    before = _counter(prefill, "vllm:prefix_cache_hits")
+    for question in ("When was the lamp last cleaned?", "Who relieved the keeper in March?"):
+        raw = c.chat.completions.with_raw_response.create(
+            model=SERVED, messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+            max_tokens=2, temperature=0.0, extra_body=IGNORE_EOS)
+        assert raw.headers["x-isle-prefill-replica"] == "prefill-0"
+        deadline = time.monotonic() + 10
+        while router.kvindex.index.blocks("prefill-0") == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    hits = _counter(prefill, "vllm:prefix_cache_hits") - before
+    assert router.kvindex.index.blocks("prefill-0") >= 4  # the system prompt's blocks, from vLLM's own events
+    assert hits >= 4 * BLOCK  # the second chat read the shared system prompt from prefill-0's cache
+    view = router.kvindex.per_replica()["prefill-0"]
+    assert view["hit_tokens"] == hits  # the router expected exactly what vLLM counted
