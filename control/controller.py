@@ -278,7 +278,8 @@ class ControllerCore:
         served = {pool: s.served_model_name for pool, s in self.spec.vllm.items()}
         engine: EngineKind = "vllm" if self.spec.engine == "vllm" else "sim"
         self.table = replace(build_table(serving, self.topology, urls, draining, self.table.version + 1, served,
-                                         engine, kv_events=bool(self.spec.kv_events_endpoint)), epoch=self.epoch)
+                                         engine, publishing={rid for rid, r in self.running.items()
+                                                             if r.launch.kv_events}), epoch=self.epoch)
         self._record("routing_table", {"version": self.table.version, "replicas": len(self.table.replicas),
                                        "draining": sorted(draining)})
         self.published_alarms = self.alarms.signature()

@@ -35,10 +35,10 @@ def group_health(topology: Topology, p: ReplicaPlacement) -> tuple[bool, float]:
 
 def build_table(plan: PlacementPlan, topology: Topology, urls: Mapping[str, str], draining: Collection[str],
                 version: int, served_names: Mapping[str, str] | None = None,
-                engine: EngineKind = "sim", kv_events: bool = False) -> RoutingTable:
+                engine: EngineKind = "sim", publishing: Collection[str] = ()) -> RoutingTable:
     """`served_names`: pool -> the model id its engines serve (vLLM's served name), when not the
-    pool's catalogue model; `engine`: what serves every replica (the spec's engine); `kv_events`:
-    the engines publish their prefix caches' events (every replica but a gang's rank)."""
+    pool's catalogue model; `engine`: what serves every replica (the spec's engine); `publishing`:
+    the replicas whose engines publish their prefix caches' events to the router."""
     served = {p.name: (served_names or {}).get(p.name) or p.model or p.name for p in plan.pools}
     gpu_models = {}
     for p in plan.placements:
@@ -51,5 +51,5 @@ def build_table(plan: PlacementPlan, topology: Topology, urls: Mapping[str, str]
         rid = r.gang or r.replica_id  # a gang's rank: the gang's placement and state
         healthy, score = group_health(topology, by_id[rid])
         endpoints.append(replace(r, healthy=healthy, health_score=round(score, 4), draining=rid in draining,
-                                 kv_events=kv_events and not r.gang))
+                                 kv_events=r.replica_id in publishing))
     return replace(table, replicas=tuple(endpoints), topology_fingerprint=topology.fingerprint())

@@ -20,6 +20,9 @@ class BlockStored:
     medium: str | None = None
     lora_id: int | None = None
     """The adapter's integer id on its engine (vLLM's lora_int_id; None: the base model, or not known)."""
+    extra_keys: tuple[object, ...] | None = None
+    """Per block, what else vLLM hashed into it (a cache salt, media digests, prompt embeddings;
+    None entries: nothing): such blocks are another prompt's than their tokens alone say."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,9 +54,11 @@ class BlockIndex:
         if parent is None or len(event.token_ids) != len(event.block_hashes) * event.block_size:
             self.orphans += len(event.block_hashes)
             return
+        extra = event.extra_keys or ()
         for i, h in enumerate(event.block_hashes):
+            salt = extra[i] if i < len(extra) else None  # a salted or multimodal block: never a plain prompt's
             parent = next_key(parent, event.token_ids[i * event.block_size:(i + 1) * event.block_size],
-                              event.lora_name)
+                              event.lora_name if salt is None else f"{event.lora_name or ''}\x00extra{salt!r}")
             if h in r.keys:
                 continue
             r.keys[h] = parent

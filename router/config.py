@@ -110,7 +110,7 @@ class ReplicaConfig(_Strict):
                                    "empty: every class")
     max_num_seqs: int | None = Field(default=None, ge=1, description="the engine's max_num_seqs (None: "
                                      "fair.replica_max_num_seqs)")
-    kv_events_replay: str = Field(default="", pattern=r"^(tcp://(127\.\d+\.\d+\.\d+|localhost|\[::1\]):\d+)?$",
+    kv_events_replay: str = Field(default="", pattern=r"^(tcp://(127\.\d+\.\d+\.\d+|localhost):\d+)?$",
                                   description="the engine's KV-event replay endpoint (vLLM's replay_endpoint); it "
                                   "publishes to `kv_events.endpoint` with its replica_id as topic. Empty: none")
     engine: Literal["sim", "vllm"] = Field(default="sim", description="what serves it: the simulated engine (the "
@@ -119,9 +119,11 @@ class ReplicaConfig(_Strict):
 
 
 class KvEventsConfig(_Strict):
-    endpoint: str = Field(pattern=r"^tcp://(127\.\d+\.\d+\.\d+|localhost|\[::1\]):\d+$",
+    endpoint: str = Field(pattern=r"^tcp://(127\.\d+\.\d+\.\d+|localhost):\d+$",
                           description="where the router binds its subscriber; each engine's --kv-events-config "
-                          "`endpoint` names it (vLLM's publisher connects to it)")
+                          "`endpoint` names it (vLLM's publisher connects to it). IPv4 loopback only: vLLM binds "
+                          "an endpoint with `::` instead of connecting, and every engine on another host would "
+                          "connect to its own loopback")
     block_size: int = Field(default=16, ge=1, description="the engines' KV block size (vLLM's --block-size)")
     tokenize_timeout_s: float = Field(default=0.5, gt=0, description="the longest a request waits for a vLLM "
                                       "replica's /tokenize to key its prompt (past it: routed without the index)")

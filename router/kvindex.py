@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from kvblocks.events import EventBatch
+from kvblocks.events import BlockStored, EventBatch
 from kvblocks.index import BlockIndex
 from pools.routing import ReplicaEndpoint
 from router.kvtokens import MAX_LOOKUP_TOKENS, Keyed, RemoteKeys, tokenize_request, usable_keys
@@ -40,6 +41,7 @@ from router.upstream import Pool
 from wire.kvevents import Subscriber
 from wire.text import BYTES_PER_TOKEN, count_tokens, piece_ids
 
+log = logging.getLogger("isleserve.router")
 NO_BLOCKS: Mapping[str, int] = MappingProxyType({})
 
 
@@ -69,6 +71,9 @@ class KvIndex:
         self._served: dict[str, list[int]] = {}
         """Replica id -> [hit tokens, queried tokens] of the requests routed to it (`served`)."""
         self.batches = 0
+        self.mismatched = 0
+        """Stored blocks left out: their engine's block size is not `block_size`."""
+        self._warned_size = False
         self.last_batch_wall_s = 0.0
         self.lag_s = 0.0
         """How long the last batch took from its engine's clock to here (clocks of one host)."""
@@ -78,6 +83,14 @@ class KvIndex:
         now = time.time()
         self.last_batch_wall_s = now
         self.lag_s = max(0.0, now - batch.ts)
+        odd = [e for e in batch.events if isinstance(e, BlockStored) and e.block_size != self.block_size]
+        if odd:  # an engine with another --block-size: its blocks would never match a request's keys
+            self.mismatched += sum(len(e.block_hashes) for e in odd)
+            if not self._warned_size:
+                self._warned_size = True
+                log.warning("replica %s stores blocks of %d tokens, the router keys %d (kv_events.block_size): "
+                            "its blocks are left out of the index", topic, odd[0].block_size, self.block_size)
+            batch = EventBatch(batch.ts, tuple(e for e in batch.events if e not in odd), batch.data_parallel_rank)
         self.index.apply(topic, batch)
 
     def follow(self, replicas: Iterable[ReplicaEndpoint]) -> None:
@@ -150,7 +163,9 @@ class KvIndex:
         """What the model's replicas hold of a request's (first) prompt, keyed as each engine kind
         reads it (`lora`: the adapter it names, whose blocks are its own); a coroutine when a vLLM
         replica's tokenizer must be asked first (module docstring)."""
-        sims = [e.replica_id for e in endpoints if e.model == model and e.engine == "sim"]
+        if body.get("cache_salt") is not None:  # vLLM hashes the salt into its blocks: keys the router cannot make
+            return CacheView()
+        sims = [e.replica_id for e in endpoints if e.model == model and e.engine == "sim" and e.publishes]
         reals = [e for e in endpoints if e.model == model and e.engine == "vllm" and e.publishes]
         view = self.held(self.local(prompt_key, lora), sims) if sims else CacheView()
         if not reals:
@@ -180,7 +195,8 @@ class KvIndex:
         """What /metrics shows (`router.metrics.kv_index_families`)."""
         sources = self.subscriber.sources.values()
         return {"blocks": {rid: self.index.blocks(rid) for rid in self._replay}, "lag_s": self.lag_s,
-                "batches": self.batches, "gaps": sum(s.gaps for s in sources), "orphans": self.index.orphans,
+                "batches": self.batches, "gaps": sum(s.gaps for s in sources),
+                "orphans": self.index.orphans + self.mismatched,
                 "missed": sum(s.missed for s in sources), "restarts": sum(s.restarts for s in sources),
                 "failed": self.subscriber.failed, "tokenize": dict(self.remote.counts)}
 

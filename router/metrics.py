@@ -334,7 +334,8 @@ def kv_index_families(view: Mapping[str, Any]) -> Iterator[Metric]:
     yield CounterMetricFamily("isle_router_kv_event_gaps", "Gaps in an engine's KV event sequence (replayed "
                               "where the engine still had them)", value=float(view.get("gaps", 0)))
     yield CounterMetricFamily("isle_router_kv_event_orphans", "Stored blocks the index could not key (their "
-                              "parent's event was missed)", value=float(view.get("orphans", 0)))
+                              "parent's event was missed, or their engine's block size is not kv_events.block_size)",
+                              value=float(view.get("orphans", 0)))
     yield CounterMetricFamily("isle_router_kv_event_missed", "KV event batches lost for good (no replay had them: "
                               "the index may hold blocks an engine dropped)", value=float(view.get("missed", 0)))
     yield CounterMetricFamily("isle_router_kv_event_restarts", "Engines seen to restart (their sequence went back; "

@@ -33,8 +33,11 @@ from wire.openai import ADMIN_TOKEN_ENV, API_KEY_ENV
 TP_LINKS = ("nvlink", "pix", "pxb", "phb", "node", "sys", "rdma", "tcp")
 
 
-BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-"""vLLM's --block-size choices."""
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 def link_of_kind(kind_name: str, gpu: str) -> LinkCost:
     kind = LinkKind.parse(kind_name)
@@ -184,7 +187,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--kv-capacity-tokens", type=int, help="override the cache size the cost model gives")
-    p.add_argument("--block-size", type=int, default=16, choices=BLOCK_SIZES, help="vLLM's: tokens per KV block "
+    p.add_argument("--block-size", type=_positive, default=16, help="vLLM's: tokens per KV block "
                    "(the prefix cache's unit, and the KV events')")
     p.add_argument("--num-gpu-blocks-override", type=int, help="vLLM's: the KV cache in blocks (over "
                    "--kv-capacity-tokens)")

@@ -43,6 +43,7 @@ class _Stored(msgspec.Struct, tag="BlockStored", omit_defaults=True):
     lora_id: int | None
     medium: str | None
     lora_name: str | None
+    extra_keys: list[Any] | None = None
 
 
 class _Removed(msgspec.Struct, tag="BlockRemoved", omit_defaults=True):
@@ -74,7 +75,8 @@ def decode(payload: bytes) -> EventBatch:
     for e in raw.events:
         if isinstance(e, _Stored):
             events.append(BlockStored(tuple(e.block_hashes), e.parent_block_hash, tuple(e.token_ids), e.block_size,
-                                      e.lora_name, e.medium, e.lora_id))
+                                      e.lora_name, e.medium, e.lora_id,
+                                      tuple(_hashable(k) for k in e.extra_keys) if e.extra_keys else None))
         elif isinstance(e, _Removed):
             events.append(BlockRemoved(tuple(e.block_hashes), e.medium))
         else:
@@ -82,12 +84,17 @@ def decode(payload: bytes) -> EventBatch:
     return EventBatch(raw.ts, tuple(events), raw.data_parallel_rank)
 
 
+def _hashable(value: Any) -> object:
+    """msgpack arrays come as lists: the tuples vLLM hashed."""
+    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
+
+
 def encode(batch: EventBatch) -> bytes:
     events: list[_Stored | _Removed | _Cleared] = []
     for e in batch.events:
         if isinstance(e, BlockStored):
             events.append(_Stored(list(e.block_hashes), e.parent_block_hash, list(e.token_ids), e.block_size,
-                                  e.lora_id, e.medium, e.lora_name))
+                                  e.lora_id, e.medium, e.lora_name, list(e.extra_keys) if e.extra_keys else None))
         elif isinstance(e, BlockRemoved):
             events.append(_Removed(list(e.block_hashes), e.medium))
         else:

@@ -22,6 +22,7 @@ from pools.pinning import pin_for
 from pools.ports import EnginePorts, PortInUse, PortPlan, allocate
 from pools.vllmconfig import VllmSettings
 from topology import Topology
+from wire.client import is_loopback
 
 PORT_ATTEMPTS = 4
 """A replica whose ports are taken on its node is tried on this many sets of ports."""
@@ -45,7 +46,9 @@ def build_launch(plan: PlacementPlan, topology: Topology, bindings: Mapping[str,
     """`vllm`: the pool's settings for a real vLLM server (`ports` then required), else a simulated
     engine (`engine_args`: its pool's serving flags). A gang: one simulated engine per
     data-parallel rank (`EngineLaunch.ranks`). With `kv_events_endpoint` (not for a gang's ranks),
-    prefix caching on and its events published there (`control.spec.kv_events_args`)."""
+    prefix caching on and its events published there (`control.spec.kv_events_args`), when the
+    engine runs on the router's host: the endpoint is loopback, so only an engine on a Ray node
+    with a loopback address (this product's local Ray) can reach it."""
     pool = plan.pool(p.pool)
     if pool.is_gang and p.members:
         if vllm is not None:
@@ -76,7 +79,8 @@ def build_launch(plan: PlacementPlan, topology: Topology, bindings: Mapping[str,
                         generation=generation, vllm=engine, admin_routes=admin_routes, admin_token=admin_token,
                         api_key=api_key, engine_args=() if vllm is not None else engine_args,
                         kv_events=kv_events_args(kv_events_endpoint, p.replica_id, kv_block_size)
-                        if kv_events_endpoint else ())
+                        if kv_events_endpoint and (ray is None or not ray.address or is_loopback(ray.address))
+                        else ())
 
 
 def ports_taken(launches: Iterable[EngineLaunch], node: str) -> set[int]:

@@ -153,11 +153,14 @@ class LoraManager:
         log.info("adapter %s loaded on %s in %.3f s", a.name, rid, self.clock() - t0)
 
     async def _unload(self, rid: str, url: str, name: str, reason: str) -> None:
+        last = self.book.held.get(rid, {}).get(name)
+        self.book.unloaded(rid, name)  # leaving: a request that comes meanwhile waits for the lock, not for a 404
         status, message = await self._post(url, "/v1/unload_lora_adapter", {"lora_name": name})
         if status not in (200, 404):  # 404: not there (any more): unloaded all the same
+            if last is not None:
+                self.book.loaded(rid, name, last)  # still there
             raise ApiError(503, f"unloading adapter {name} from replica {rid} failed: {status} {message}",
                            "service_unavailable", cause="lora_unload_failed")
-        self.book.unloaded(rid, name)
         self._changes += 1
         self.metrics.child(self.metrics.lora_unloads, rid, reason).inc()
         log.info("adapter %s unloaded from %s (%s)", name, rid, reason)

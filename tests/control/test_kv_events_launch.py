@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from control.launch.build import build_launch
+from control.nodecheck import RayNode
 from control.replicas.sim import ReplicaProcess
 from control.table import build_table
 from pools.model import PlacementRequest, PoolSpec
@@ -52,6 +53,10 @@ def test_the_controllers_engines_publish_their_caches_to_the_router() -> None:
     assert json.loads(argv[argv.index("--kv-events-config") + 1])["topic"] == first.replica_id
     quiet = build_launch(plan, topology, {}, first, 0, topology_source=PAIRS, time_scale=1.0)
     assert "--kv-events-config" not in quiet.command()  # without the router's endpoint: nothing published
+    remote = {first.node: RayNode(node_id="n1", address="10.0.0.7")}  # another host: it could not reach loopback
+    far = build_launch(plan, topology, remote, first, 0, topology_source=PAIRS, time_scale=1.0,
+                       kv_events_endpoint=endpoint, kv_block_size=16)
+    assert not far.kv_events and "--kv-events-config" not in far.command()
 
     async def main() -> tuple[int, int]:
         index = KvIndex(endpoint, 16)  # the router's subscriber, bound before the engine connects
@@ -59,7 +64,7 @@ def test_the_controllers_engines_publish_their_caches_to_the_router() -> None:
         replica = ReplicaProcess(launch)
         try:
             url = await asyncio.to_thread(replica.start)
-            table = build_table(plan, topology, {first.replica_id: url}, (), 1, kv_events=True)
+            table = build_table(plan, topology, {first.replica_id: url}, (), 1, publishing={first.replica_id})
             assert [(r.replica_id, r.publishes) for r in table.replicas] == [(first.replica_id, True)]
             index.follow(table.replicas)
             await asyncio.to_thread(_chat, url, "When does the first ferry leave?")

@@ -149,3 +149,35 @@ def test_a_restarted_engine_holds_nothing_until_it_loads_again() -> None:
     asyncio.run(main())
     assert engines.calls == [("a", "/v1/load_lora_adapter", "x")]
     assert [c.endpoint.url for c in m.holders("x", moved)] == ["http://127.0.0.1:2/a"]
+
+
+def test_an_adapter_being_unloaded_is_not_routed_to() -> None:
+    """One replica, max_loras 1, x held: loading y evicts x; a request for x during that unload
+    must wait and load x again, not be sent to a replica whose x is going."""
+    engines = FakeEngines({"a": ["x"]})
+    gate = asyncio.Event()
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/v1/unload_lora_adapter"):
+            await gate.wait()
+        return engines.handle(request)
+
+    config = LoraConfig.model_validate({"max_loras": 1, "adapters": [
+        {"name": n, "path": f"/p/{n}", "base_model": "m"} for n in ("x", "y")]})
+    m = LoraManager(config, RouterMetrics(), clock=lambda: 0.0, transport=httpx.MockTransport(slow))
+    one = [cand("a")]
+
+    async def main() -> list[str]:
+        await m.refresh(one)
+        loading_y = asyncio.create_task(m.ensure("y", lambda: one, sheddable=False))
+        for _ in range(1000):  # until y's load is waiting on x's unload
+            await asyncio.sleep(0)
+        assert not loading_y.done() and m.book.holders("y") == []
+        assert m.needs_load("x", one, False) and m.holders("x", one) == []  # x is leaving: nobody is sent to it
+        wanting_x = asyncio.create_task(m.ensure("x", lambda: one, sheddable=False))
+        gate.set()
+        await asyncio.gather(loading_y, wanting_x)
+        await m.aclose()
+        return engines.held["a"]
+
+    assert asyncio.run(main()) == ["x"]  # y was loaded, then evicted again for x; x is there when its request goes
