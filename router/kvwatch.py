@@ -1,0 +1,141 @@
+"""The router's measurements of KV handovers (issue 34), judged by `router.plugins.kvpath`:
+
+- per PD request, the router's own view: the prefill leg's end to the decode's first token, less
+  the decode's predicted first step (`router.plugins.ttft.decode_step_ms`), attributed to the
+  (prefill, decode) pair;
+- per decode replica, its NIXL KV-connector counters as vLLM exports them
+  (`vllm:nixl_xfer_time_seconds`, `vllm:nixl_bytes_transferred`, `vllm:nixl_num_failed_transfers`)
+  between two scrapes: achieved bandwidth and failed transfers. A decode fed by one pair in the
+  window gives that pair its bandwidth; failures count against every pair that fed it.
+
+It keeps state but does no I/O: the scraper and the PD flight hand it values and a clock time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from router.plugins import kvpath
+from router.plugins.kvpath import KvPathRules, PairState
+from wire.promtext import MetricsError, parse
+
+NIXL = "vllm:nixl_"
+XFER_SECONDS, BYTES = "vllm:nixl_xfer_time_seconds", "vllm:nixl_bytes_transferred"
+FAILED = "vllm:nixl_num_failed_transfers"
+Pair = tuple[str, str]
+"""(prefill replica id, decode replica id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NixlTotals:
+    """A decode engine's NIXL counters, summed over its engines (`engine` label)."""
+
+    xfer_seconds: float
+    kv_bytes: float
+    transfers: float
+    failed: float
+
+
+def nixl_totals(text: str) -> NixlTotals | None:
+    """The NIXL counters in an engine's /metrics text; None when it exports none (no NIXL
+    connector, or a prefill engine). vLLM's counters carry `_total`; a histogram's `_sum`."""
+    try:
+        scrape = parse(text, names=(NIXL,))
+    except MetricsError:
+        return None
+    seconds = scrape.value(XFER_SECONDS + "_sum")
+    if seconds is None:
+        return None
+    return NixlTotals(xfer_seconds=seconds, kv_bytes=scrape.value(BYTES + "_sum") or 0.0,
+                      transfers=scrape.value(XFER_SECONDS + "_count") or 0.0,
+                      failed=scrape.value(FAILED + "_total") or scrape.value(FAILED) or 0.0)
+
+
+@dataclass(slots=True)
+class DecodeNixl:
+    """One decode replica's NIXL view: the last totals and the last window's rates."""
+
+    last: NixlTotals | None = None
+    bandwidth_gb_s: float = 0.0
+    failed: float = 0.0
+    """Failed transfers in the last window."""
+    fed_by: set[str] = field(default_factory=set)
+    """Prefill replicas whose handovers reached the decode since the last scrape."""
+
+
+@dataclass(slots=True)
+class PairEntry:
+    state: PairState
+    tier: str
+    expected_ms_per_byte: float
+
+
+class KvWatch:
+    def __init__(self, rules: KvPathRules, max_pairs: int = 64) -> None:
+        """`max_pairs`: pairs followed (and labelled in metrics); a pair past it is not."""
+        self.rules, self.max_pairs = rules, max_pairs
+        self.pairs: dict[Pair, PairEntry] = {}
+        self.decodes: dict[str, DecodeNixl] = {}
+
+    def _entry(self, pair: Pair, tier: str, expected_ms_per_byte: float) -> PairEntry | None:
+        found = self.pairs.get(pair)
+        if found is None and len(self.pairs) < self.max_pairs:
+            found = self.pairs[pair] = PairEntry(PairState(), tier, expected_ms_per_byte)
+        return found
+
+    def handover(self, pair: Pair, *, tier: str, expected_ms_per_byte: float, kv_bytes: float,
+                 transfer_ms: float, now: float) -> bool:
+        """A PD request's handover as the router saw it; False when the pair is not followed."""
+        entry = self._entry(pair, tier, expected_ms_per_byte)
+        self.decodes.setdefault(pair[1], DecodeNixl()).fed_by.add(pair[0])
+        if entry is None:
+            return False
+        measured = kvpath.measured_ms_per_byte(expected_ms_per_byte, kv_bytes, transfer_ms, self.rules)
+        entry.state = kvpath.observe(entry.state, now=now, expected_ms_per_byte=expected_ms_per_byte,
+                                     observed_ms_per_byte=measured, failed=0, rules=self.rules)
+        return True
+
+    def scraped(self, decode_id: str, totals: NixlTotals | None, now: float) -> None:
+        """A scrape of a decode replica's NIXL counters; a window's failures judge the pairs that
+        fed it, its bandwidth the one pair that did when only one did."""
+        if totals is None:
+            return
+        d = self.decodes.setdefault(decode_id, DecodeNixl())
+        last, d.last = d.last, totals
+        fed, d.fed_by = d.fed_by, set()
+        if last is None or totals.xfer_seconds < last.xfer_seconds:  # first scrape, or the engine restarted
+            return
+        seconds, moved = totals.xfer_seconds - last.xfer_seconds, totals.kv_bytes - last.kv_bytes
+        d.failed = max(0.0, totals.failed - last.failed)
+        d.bandwidth_gb_s = moved / seconds / 1e9 if seconds > 0 else 0.0
+        measured = seconds * 1e3 / moved if seconds > 0 and moved > 0 and len(fed) == 1 else None
+        for prefill in fed:
+            entry = self.pairs.get((prefill, decode_id))
+            if entry is not None and (measured is not None or d.failed):
+                entry.state = kvpath.observe(entry.state, now=now, expected_ms_per_byte=entry.expected_ms_per_byte,
+                                             observed_ms_per_byte=measured, failed=int(d.failed), rules=self.rules)
+
+    def costs(self, now: float) -> dict[Pair, tuple[float, float, bool]]:
+        """Per followed pair: (measured ms per byte or 0, weight on the KV transfer, open now)."""
+        return {pair: (e.state.ms_per_byte if e.state.samples else 0.0, kvpath.weight(e.state, self.rules),
+                       kvpath.open_to(e.state, now)) for pair, e in self.pairs.items()}
+
+    def chosen(self, pair: Pair) -> None:
+        entry = self.pairs.get(pair)
+        if entry is not None:
+            entry.state = kvpath.probed(entry.state)
+
+    def view(self, now: float) -> dict[str, object]:
+        """For /admin/replicas (`kv_pairs`), `isle status` and the verdict gauges."""
+        pairs: Mapping[Pair, PairEntry] = self.pairs
+        return {
+            "pairs": [{"prefill": p, "decode": d, "pair": f"{p}->{d}", "tier": e.tier, "verdict": e.state.verdict,
+                       "bandwidth_ratio": round(e.state.ratio, 4), "samples": e.state.samples,
+                       "avoided": not kvpath.open_to(e.state, now) or e.state.avoided_until is not None,
+                       "expected_gb_s": round(1e-6 / e.expected_ms_per_byte, 3) if e.expected_ms_per_byte else None,
+                       "measured_gb_s": round(1e-6 / e.state.ms_per_byte, 3) if e.state.ms_per_byte else None}
+                      for (p, d), e in sorted(pairs.items())],
+            "decodes": {d: {"nixl_bandwidth_gb_s": round(n.bandwidth_gb_s, 3), "nixl_failed_transfers": n.failed}
+                        for d, n in sorted(self.decodes.items()) if n.last is not None},
+        }

@@ -1,0 +1,162 @@
+"""The KV-path verdict (router.plugins.kvpath) and the router's measurements (router.kvwatch):
+table-driven raw verdicts, hysteresis over the window, avoidance, cool-down and the probe; NIXL
+counters read from vLLM-shaped text served by a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from router.kvwatch import KvWatch, NixlTotals, nixl_totals
+from router.plugins import kvpath
+from router.plugins.kvpath import KvPathRules, PairState
+
+pytestmark = pytest.mark.unit
+
+RULES = KvPathRules(window_s=10.0, avoid_after_s=20.0, cooldown_s=30.0)
+GB = 1e-6  # ms per byte at 1 GB/s
+NVLINK, RDMA, TCP = GB / 450.0, GB / 50.0, GB / 12.5
+
+
+@pytest.mark.parametrize(("expected", "observed", "failed", "verdict"), [
+    (NVLINK, NVLINK, 0, "as_planned"),
+    (NVLINK, NVLINK * 1.9, 0, "as_planned"),  # above slow_fraction 0.5
+    (NVLINK, TCP, 0, "wrong_path"),  # TCP speed on an NVLink pair
+    (RDMA, TCP, 0, "wrong_path"),
+    (RDMA, GB / 12.0, 0, "wrong_path"),
+    (NVLINK, NVLINK * 3, 0, "slow"),  # 150 GB/s: no slower kind's signature
+    (RDMA, GB / 0.5, 0, "slow"),  # far below every kind
+    (NVLINK, NVLINK, 1, "failing"),
+    (0.0, TCP, 0, "as_planned"),  # a local handover: nothing to judge
+])
+def test_classify(expected: float, observed: float, failed: int, verdict: str) -> None:
+    assert kvpath.classify(expected, observed, failed, RULES) == verdict
+
+
+def run(state: PairState, times: list[float], observed: float, expected: float = NVLINK, failed: int = 0
+        ) -> PairState:
+    for t in times:
+        state = kvpath.observe(state, now=t, expected_ms_per_byte=expected, observed_ms_per_byte=observed,
+                               failed=failed, rules=RULES)
+    return state
+
+
+def test_one_odd_window_flips_nothing_a_sustained_one_does() -> None:
+    s = run(PairState(), [0, 1, 2], NVLINK)
+    s = run(s, [3, 4, 5], TCP)
+    assert s.raw == "wrong_path" and s.verdict == "as_planned"
+    s = run(s, [13, 14], TCP)
+    assert s.verdict == "wrong_path" and kvpath.weight(s, RULES) == RULES.penalty
+    assert kvpath.open_to(s, 14)  # down-weighted, not yet avoided
+
+
+def test_failing_is_at_once() -> None:
+    s = run(PairState(), [0, 1], NVLINK)
+    s = run(s, [2], NVLINK, failed=1)
+    assert s.verdict == "failing"
+
+
+def test_avoided_after_threshold_then_one_probe_after_cooldown() -> None:
+    s = run(PairState(), [float(t) for t in range(0, 40)], TCP)  # wrong_path from 10 s, avoided from 30 s
+    assert s.verdict == "wrong_path" and s.avoided_until is not None
+    assert not kvpath.open_to(s, 40.0)
+    until = s.avoided_until
+    assert kvpath.open_to(s, until)
+    s = kvpath.probed(s)
+    assert not kvpath.open_to(s, until)  # one probe at a time
+    healed = run(s, [until + 1], NVLINK)
+    assert healed.verdict == "as_planned" and healed.avoided_until is None and kvpath.open_to(healed, until + 1)
+    still = run(s, [until + 1], TCP)
+    assert still.verdict == "wrong_path" and still.avoided_until == until + 1 + RULES.cooldown_s
+
+
+def test_noise_within_expectation_counts_as_planned() -> None:
+    assert kvpath.measured_ms_per_byte(NVLINK, 1e8, NVLINK * 1e8 + 4.0, RULES) == NVLINK
+    assert kvpath.measured_ms_per_byte(NVLINK, 1e8, 8.0, RULES) == 8.0 / 1e8
+    assert kvpath.measured_ms_per_byte(NVLINK, 0, 8.0, RULES) is None
+
+
+NIXL_TEXT = """# HELP vllm:nixl_xfer_time_seconds Histogram of transfer duration for NIXL KV Cache transfers.
+# TYPE vllm:nixl_xfer_time_seconds histogram
+vllm:nixl_xfer_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} {count}
+vllm:nixl_xfer_time_seconds_count{engine="0",model_name="m"} {count}
+vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} {seconds}
+# TYPE vllm:nixl_bytes_transferred histogram
+vllm:nixl_bytes_transferred_bucket{engine="0",le="+Inf",model_name="m"} {count}
+vllm:nixl_bytes_transferred_count{engine="0",model_name="m"} {count}
+vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} {kv_bytes}
+# TYPE vllm:nixl_num_failed_transfers counter
+vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} {failed}
+"""
+
+
+@pytest.fixture
+def nixl_server() -> Iterator[tuple[str, dict[str, float]]]:
+    """A real HTTP server on loopback serving vLLM-shaped NIXL metrics, its values settable."""
+    values = {"count": 0.0, "seconds": 0.0, "kv_bytes": 0.0, "failed": 0.0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = NIXL_TEXT
+            for k, v in values.items():
+                body = body.replace("{" + k + "}", repr(v))
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics", values
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def scrape(url: str) -> NixlTotals | None:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return nixl_totals(r.read().decode())
+
+
+def test_nixl_window_gives_bandwidth_and_failures(nixl_server: tuple[str, dict[str, float]]) -> None:
+    url, values = nixl_server
+    watch = KvWatch(RULES)
+    watch.handover(("p0", "d0"), tier="nvlink", expected_ms_per_byte=NVLINK, kv_bytes=1e8,
+                   transfer_ms=NVLINK * 1e8, now=0.0)
+    watch.scraped("d0", scrape(url), 0.0)
+    values.update(count=10, seconds=0.8, kv_bytes=1e10)  # 12.5 GB/s: TCP speed on an NVLink pair
+    watch.handover(("p0", "d0"), tier="nvlink", expected_ms_per_byte=NVLINK, kv_bytes=1e8,
+                   transfer_ms=NVLINK * 1e8, now=1.0)
+    watch.scraped("d0", scrape(url), 1.0)
+    view = watch.view(1.0)
+    assert view["decodes"] == {"d0": {"nixl_bandwidth_gb_s": 12.5, "nixl_failed_transfers": 0.0}}
+    values.update(failed=2)
+    watch.handover(("p0", "d0"), tier="nvlink", expected_ms_per_byte=NVLINK, kv_bytes=1e8,
+                   transfer_ms=NVLINK * 1e8, now=2.0)
+    watch.scraped("d0", scrape(url), 2.0)
+    pairs = watch.view(2.0)["pairs"]
+    assert isinstance(pairs, list) and len(pairs) == 1
+    pair = pairs[0]
+    assert pair["verdict"] == "failing" and pair["pair"] == "p0->d0"
+
+
+def test_engine_without_nixl_gives_none() -> None:
+    assert nixl_totals("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n") is None
+
+
+def test_pairs_are_capped() -> None:
+    watch = KvWatch(RULES, max_pairs=2)
+    followed = [watch.handover((f"p{i}", "d"), tier="rdma", expected_ms_per_byte=RDMA, kv_bytes=1e8,
+                               transfer_ms=1.0, now=0.0) for i in range(3)]
+    assert followed == [True, True, False]
