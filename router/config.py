@@ -20,6 +20,7 @@ from pools.model import DEFAULT_SLO_CLASSES, SLOClass
 from router.fairness import FairConfig
 from router.keys import Stored, sha256_hex
 from router.lora.config import LoraConfig
+from router.plugins.kvpath import KvPathRules
 from router.plugins.profile import DEFAULT_FILTERS, Profile
 from router.plugins.spec import PluginSpec
 from router.quota import Quota
@@ -174,9 +175,36 @@ class ProfileConfig(_Strict):
         return Profile(filters=self.filters, scorers=self.scorers, picker=self.picker, where=where)
 
 
+class KvPathConfig(_Strict):
+    """Each PD pair's KV transfers measured against its path (router.plugins.kvpath)."""
+
+    slow_fraction: float = Field(default=0.5, gt=0, le=1, description="below this fraction of the path's "
+                                 "expected bandwidth a pair is not as planned (slow, or wrong_path on a slower kind's "
+                                 "signature)")
+    signature_tolerance: float = Field(default=2.0, gt=1, description="within this factor of a slower link kind's "
+                                       "bandwidth the pair is wrong_path (e.g. TCP speed on an NVLink pair)")
+    window_s: float = Field(default=10.0, ge=0, description="a verdict changes once the measurements held it this "
+                            "long (failing: at once)")
+    noise_ms: float = Field(default=5.0, ge=0, description="a handover within this much of its expected transfer "
+                            "is as planned")
+    penalty: float = Field(default=4.0, ge=1, description="a wrong_path/failing pair's predicted KV transfer is "
+                           "multiplied by this")
+    avoid_after_s: float = Field(default=20.0, ge=0, description="wrong_path/failing this long: the pair is avoided")
+    cooldown_s: float = Field(default=30.0, gt=0, description="an avoided pair is re-checked after this long (one "
+                              "request probes it)")
+    max_pairs: int = Field(default=64, ge=1, le=4096, description="pairs followed and labelled in metrics")
+
+    def rules(self) -> KvPathRules:
+        return KvPathRules(slow_fraction=self.slow_fraction, signature_tolerance=self.signature_tolerance,
+                           window_s=self.window_s, noise_ms=self.noise_ms, penalty=self.penalty,
+                           avoid_after_s=self.avoid_after_s, cooldown_s=self.cooldown_s)
+
+
 class PDConfig(_Strict):
     enabled: bool = True
     min_prompt_tokens: int = Field(default=256, ge=0, description="shorter prompts go to one mixed replica")
+    kv_path: KvPathConfig = Field(default_factory=KvPathConfig, description="measure each pair's KV transfers "
+                                  "and avoid pairs whose data takes the wrong road")
 
 
 class UpstreamConfig(_Strict):

@@ -29,6 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from router.kvwatch import kv_path_families
 from wire import native
 from wire.limits import CAUSES
 
@@ -191,6 +192,11 @@ class RouterMetrics:
         self.e2e = Family("isle_router_e2e_seconds", "Request latency end to end, from its first byte to its last "
                           "answered", labels, BUCKETS, exposed=("slo_class",))
         self.kv = Family("isle_router_kv_transfer_seconds", "Prefill-to-decode handover (PD)", labels, BUCKETS)
+        self.kv_pair = Family("isle_kv_transfer_seconds", "A PD pair's KV transfer as the router measured it "
+                              "(pair: prefill->decode, capped at pd.kv_path.max_pairs, then other)", ["tier", "pair"],
+                              BUCKETS)
+        self.kv_paths: Callable[[], Mapping[str, Any]] = dict
+        """The pairs' verdicts now (`router.kvwatch.KvWatch.view`: `isle_kv_*` gauges)."""
         self.requests = Family("isle_router_requests", "Requests by SLO class and outcome", ["slo_class", "outcome"])
         self.rejections = Family("isle_router_rejections", "Requests refused, by SLO class ('unknown' before the "
                                  "class is known) and cause", ["slo_class", "cause"])
@@ -259,9 +265,9 @@ class RouterMetrics:
         return found
 
     def families(self) -> tuple[Family, ...]:
-        return (self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.requests, self.rejections, self.sent,
-                self.replica_sent, self.fallbacks, self.decision, self.plugins, self.lora_loads, self.lora_unloads,
-                self.lora_load_seconds, self.prefix_hit_blocks,
+        return (self.ttft, self.tpot, self.itl, self.e2e, self.kv, self.kv_pair, self.requests, self.rejections,
+                self.sent, self.replica_sent, self.fallbacks, self.decision, self.plugins, self.lora_loads,
+                self.lora_unloads, self.lora_load_seconds, self.prefix_hit_blocks,
                 self.prefix_query_blocks, self.prefix_hit_ratio, self.prefix_hit_tokens, self.prefix_query_tokens,
                 self.prefix_fallbacks)
 
@@ -311,6 +317,7 @@ class _Families(Collector):
         yield from front_door_families([m.front_door(), *(p.get("front_door", {}) for p in m.peers)])
         yield from controller_families(m.controller)
         yield from kv_index_families(m.kv_index())
+        yield from kv_path_families(m.kv_paths())
         build = InfoMetricFamily("isle_router_build", "How this router runs its request path (wire/native.py): "
                                  "native=compiled, or interpreted (slower: a build failed, is stale, or was "
                                  "turned off; the start-up line says why)")

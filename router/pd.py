@@ -21,6 +21,7 @@ from router import relay
 from router.call import Call
 from router.config import PDConfig
 from router.flight import FlightContext, fly
+from router.kvwatch import KvWatch
 from router.plugins.model import Candidate
 from router.plugins.pd import PDDecision, pd_decide
 from router.plugins.timing import PluginTimer
@@ -37,18 +38,23 @@ RELEASE_TIMEOUT_S = 2.0
 
 def pd_choice(pd: PDConfig, call: Call, snapshot: list[Candidate], topology: Topology | None,
               mixed: Collection[str], timer: PluginTimer | None = None,
-              timed: Callable[[float], None] | None = None, clock: Callable[[], float] = time.perf_counter
-              ) -> PDDecision | None:
+              timed: Callable[[float], None] | None = None, clock: Callable[[], float] = time.perf_counter,
+              watch: KvWatch | None = None) -> PDDecision | None:
     """The prefill/decode pair for this request, or None: a mixed replica serves it whole.
     `mixed`: the models with mixed replicas in the routing table. `timed` gets the seconds
-    the choice took, for every request PD weighed (`isle_router_decision_seconds{kind="pd"}`)."""
+    the choice took, for every request PD weighed (`isle_router_decision_seconds{kind="pd"}`).
+    `watch`: the pairs' measured KV transfers, priced in place of the cost model's, and told
+    which pair was chosen (an avoided pair's probe)."""
     if not pd.enabled or call.many:
         return None
     t0 = clock()
     out = pd_decide(call.route, snapshot, topology, min_prompt_tokens=pd.min_prompt_tokens,
-                    has_mixed=call.route.model in mixed, timer=timer)
+                    has_mixed=call.route.model in mixed, timer=timer,
+                    measured=watch.costs(time.monotonic()) if watch is not None and watch.pairs else None)
     if timed is not None:
         timed(clock() - t0)
+    if watch is not None and out is not None:
+        watch.chosen((out.prefill.endpoint.replica_id, out.decode.endpoint.replica_id))
     return out
 
 
@@ -142,4 +148,21 @@ async def serve_pd(ctx: FlightContext, call: Call, pd: PDDecision, response: Res
         raise
     kv_s = pd.kv_ms / 1000 if pd.kv_ms else max(0.0, flight.head_at - handover)
     ctx.metrics.child(ctx.metrics.kv, *flight.labels).observe(kv_s)
+    if flight.cand is not None:
+        _measured(ctx, pd, flight.cand, flight.labels[2], flight.head_at - handover)
     return outcome
+
+
+def _measured(ctx: FlightContext, pd: PDDecision, decode: Candidate, tier: str, handover_s: float) -> None:
+    """The router's view of the handover: prefill done -> the decode's first token, less the
+    decode's predicted first step, for the pair (`router.kvwatch`, `isle_kv_transfer_seconds`)."""
+    watch = ctx.replicas.kv_watch
+    expected, step_ms = pd.rates.get(decode.endpoint.replica_id, (0.0, 0.0))
+    if watch is None or not expected:
+        return  # no transfer (one GPU group), or the decode was not priced
+    transfer_ms = max(0.0, handover_s * 1000 - step_ms)
+    pair = (pd.prefill.endpoint.replica_id, decode.endpoint.replica_id)
+    followed = watch.handover(pair, tier=tier, expected_ms_per_byte=expected, kv_bytes=pd.kv_bytes,
+                              transfer_ms=transfer_ms, now=time.monotonic())
+    label = f"{pair[0]}->{pair[1]}" if followed else "other"
+    ctx.metrics.child(ctx.metrics.kv_pair, tier, label).observe(transfer_ms / 1000)

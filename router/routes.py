@@ -172,7 +172,8 @@ def admin_view(path: str, replicas: Replicas, worker: int, topology: Topology | 
              "waiting": s.waiting, "kv_usage": s.kv_usage, "inflight": s.inflight,
              "latency_ms": round(s.latency_ms, 3),
              **({"prefix_cache": caches.get(s.endpoint.replica_id)} if caches is not None else {})}
-            for s in replicas.states.values()]}
+            for s in replicas.states.values()],
+            **({"kv_paths": replicas.kv_watch.view(now)} if replicas.kv_watch is not None else {})}
     if path == "/admin/topology":
         if topology is None:
             raise ApiError(404, "this router was started without a topology", "not_found_error")

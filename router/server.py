@@ -37,6 +37,7 @@ from router.contact import ControllerContact, Silence, router_health
 from router.decision import RouteDecision, decide
 from router.flight import Clock, Flight, FlightContext, fly
 from router.kvindex import CacheView, KvIndex
+from router.kvwatch import KvWatch
 from router.lora import manager as lora
 from router.metrics import BUCKETS, RouterMetrics
 from router.pd import holding_roles, pd_choice, serve_pd
@@ -74,6 +75,7 @@ class Router:
         self.auth = Auth(config)
         self.replicas = Replicas(table, config.upstream.breaker_failures, config.upstream.breaker_open_s,
                                  config.fair.replica_max_num_seqs)
+        self.replicas.kv_watch = KvWatch(config.pd.kv_path.rules(), config.pd.kv_path.max_pairs)
         self.topology = topology
         self.plan = plan
         self.contact: ControllerContact | None = None
@@ -112,6 +114,7 @@ class Router:
         if self.kvindex is not None:
             self.kvindex.follow(table.replicas)
             self.metrics.kv_index = self.kvindex.view
+        self.metrics.kv_paths = lambda: self.replicas.kv_watch.view(time.monotonic()) if self.replicas.kv_watch else {}
         self.siblings: Siblings | None = None
         self.workers: Workers | None = None
         """The leader's other workers (config `workers` > 1)."""
@@ -464,7 +467,8 @@ class Router:
 
     def _pd_choice(self, call: Call, snapshot: list[Candidate], mixed: frozenset[str]) -> PDDecision | None:
         timed = self.metrics.child(self.metrics.decision, "pd").observe
-        pd = pd_choice(self.config.pd, call, snapshot, self.topology, mixed, self.plugin_timer, timed, self.clock)
+        pd = pd_choice(self.config.pd, call, snapshot, self.topology, mixed, self.plugin_timer, timed, self.clock,
+                       self.replicas.kv_watch)
         if pd is not None:
             self._prefix_seen(call, pd.prefill)
         return pd

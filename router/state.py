@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pools.routing import ReplicaEndpoint, RoutingTable
+from router.kvwatch import KvWatch, nixl_totals
 from router.plugins.model import Candidate, ReplicaLoad
 from router.upstream import Pool, UpstreamError
 from wire.promtext import engine_load
@@ -65,6 +66,8 @@ class Replicas:
         """Each model's largest max_model_len among its engines that said: the most a request of
         it may need (`router.call.read_call`), what /v1/models reports."""
         self.breaker_failures, self.breaker_open_s = breaker_failures, breaker_open_s
+        self.kv_watch: KvWatch | None = None
+        """The PD pairs' KV transfers (config `pd.kv_path`): decodes' NIXL counters go there."""
 
     def follow(self, table: RoutingTable) -> None:
         """A newer routing table: keep what we learnt about replicas that stay."""
@@ -178,7 +181,10 @@ class Replicas:
                 s.cached = None
                 self._learn_contexts()
         with contextlib.suppress(UpstreamError, ValueError):
-            values = parse_vllm_metrics(await pool.text(s.endpoint.url, "/metrics"))
+            text = await pool.text(s.endpoint.url, "/metrics")
+            if self.kv_watch is not None and s.endpoint.role == "decode":
+                self.kv_watch.scraped(s.endpoint.replica_id, nixl_totals(text), time.monotonic())
+            values = parse_vllm_metrics(text)
             s.running = values.get("running", s.running)
             s.waiting = values.get("waiting", s.waiting)
             s.kv_usage = values.get("kv_usage", s.kv_usage)

@@ -24,7 +24,7 @@ still splits. A deployment without mixed replicas splits every prompt.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from physics import catalog, costmodel
@@ -59,6 +59,17 @@ class PDDecision:
     """The predicted TTFT less the handover: prefill queue + prefill + the decode's waiting."""
     mixed_ttft_ms: float | None = None
     """The best usable mixed replica's predicted TTFT, when the choice weighed one."""
+    kv_bytes: float = 0.0
+    """The prompt's KV (`costmodel.kv_bytes`): what the handover moves."""
+    rates: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Per decode replica id (of the chosen prefill): the KV path's expected ms per byte, and
+    the decode's predicted first step in ms (`router.kvwatch` measures against them)."""
+
+
+PairCosts = Mapping[tuple[str, str], tuple[float, float, bool]]
+"""Per (prefill, decode) replica ids, as measured (`router.kvwatch.KvWatch.costs`): the KV
+transfer's measured ms per byte (0: not measured), a weight on it, and whether the pair is open
+(an avoided pair is chosen only when no open pair is usable)."""
 
 
 class PDRoute(NamedTuple):
@@ -69,12 +80,13 @@ class PDRoute(NamedTuple):
 
 
 def pd_route(req: RouteRequest, snapshot: Sequence[Candidate], topology: Topology | None, *,
-             min_prompt_tokens: int, has_mixed: bool) -> PDRoute:
-    """`has_mixed`: the routing table has mixed replicas of the model, healthy or not."""
+             min_prompt_tokens: int, has_mixed: bool, measured: PairCosts | None = None) -> PDRoute:
+    """`has_mixed`: the routing table has mixed replicas of the model, healthy or not.
+    `measured`: pairs' measured KV transfers, where the router has them (the cost model elsewhere)."""
     if req.prompt_tokens < min_prompt_tokens and has_mixed:
         return PDRoute(None, f"{req.prompt_tokens} prompt tokens < min_prompt_tokens {min_prompt_tokens}")
     prefills, decodes = usable_of(req, snapshot, "prefill"), usable_of(req, snapshot, "decode")
-    pair = pd_pair(req, prefills, decodes, topology) if prefills and decodes else None
+    pair = pd_pair(req, prefills, decodes, topology, measured) if prefills and decodes else None
     if pair is None:
         return PDRoute(None, f"no usable prefill/decode pair ({len(prefills)} prefill, {len(decodes)} decode)")
     mixed = usable_of(req, snapshot, "mixed") if has_mixed else []
@@ -103,32 +115,37 @@ def idle_replica(load: ReplicaLoad) -> bool:
 
 
 def pd_decide(req: RouteRequest, snapshot: Sequence[Candidate], topology: Topology | None, *, min_prompt_tokens: int,
-              has_mixed: bool, timer: PluginTimer | None = None) -> PDDecision | None:
+              has_mixed: bool, timer: PluginTimer | None = None, measured: PairCosts | None = None
+              ) -> PDDecision | None:
     """The pair for this request, or None: a mixed replica serves it whole (`pd_route` says why).
     The router and the offline simulator both call this."""
     if timer is None or not timer.due():
-        return pd_route(req, snapshot, topology, min_prompt_tokens=min_prompt_tokens, has_mixed=has_mixed).decision
+        return pd_route(req, snapshot, topology, min_prompt_tokens=min_prompt_tokens, has_mixed=has_mixed,
+                        measured=measured).decision
     t0 = timer.clock()
-    out = pd_route(req, snapshot, topology, min_prompt_tokens=min_prompt_tokens, has_mixed=has_mixed).decision
+    out = pd_route(req, snapshot, topology, min_prompt_tokens=min_prompt_tokens, has_mixed=has_mixed,
+                        measured=measured).decision
     timer.record("profile-handler", PD_PLUGIN, timer.clock() - t0)
     return out
 
 
 def _with_mixed(pair: PDDecision, mixed_ms: float) -> PDDecision:
-    return PDDecision(prefill=pair.prefill, decode=pair.decode, predicted_ttft_ms=pair.predicted_ttft_ms,
-                      kv_ms=pair.kv_ms, tier=pair.tier, ranked=pair.ranked, decode_order=pair.decode_order,
-                      tiers=pair.tiers, handover_ms=pair.handover_ms, ready_ms=pair.ready_ms, mixed_ttft_ms=mixed_ms)
+    return replace(pair, mixed_ttft_ms=mixed_ms)
 
 
 def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[Candidate],
-            topology: Topology | None) -> PDDecision | None:
-    """The prefill/decode pair with the lowest predicted TTFT (module docstring)."""
+            topology: Topology | None, measured: PairCosts | None = None) -> PDDecision | None:
+    """The prefill/decode pair with the lowest predicted TTFT (module docstring); with `measured`,
+    a pair's KV transfer as measured and weighted, and an avoided pair only when no open one is."""
     tokens = req.prompt_tokens
     steps = {d.endpoint.replica_id: decode_step_ms(hardware(d.endpoint, topology), d.load.running + 1,
                                                    d.load.kv_usage, tokens) for d in decodes}
     best: _Pair | None = None
+    best_shut = False
     ranked: list[tuple[str, str, float]] = []
     tiers: dict[tuple[str, str], str] = {}
+    shut: set[tuple[str, str]] = set()
+    rates: dict[tuple[str, str], tuple[float, float]] = {}
     for p in prefills:
         hw = hardware(p.endpoint, topology)
         queue = ahead(p.load) / hw.load_ranks * prefill_ms(hw, tokens)  # each one ahead: a prompt like this
@@ -136,23 +153,31 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
         for d in decodes:
             if d.endpoint.model != p.endpoint.model:
                 continue
-            kv, tier_name = kv_ms(p, d, tokens, topology)
-            tiers[(p.endpoint.replica_id, d.endpoint.replica_id)] = tier_name
+            key = (p.endpoint.replica_id, d.endpoint.replica_id)
+            rate, factor, open_now = measured.get(key, (0.0, 1.0, True)) if measured else (0.0, 1.0, True)
+            kv, tier_name, expected = kv_priced(p, d, tokens, topology, rate)
+            kv *= factor
+            tiers[key] = tier_name
             step = steps[d.endpoint.replica_id]
+            rates[key] = (expected, step)
+            if not open_now:
+                shut.add(key)
             pair = _Pair(ready_ms=queue + pre + d.load.waiting * step, handover_ms=kv + step, kv_ms=kv,
                          tier=tier_name, prefill=p, decode=d)
-            ranked.append((p.endpoint.replica_id, d.endpoint.replica_id, pair.ttft_ms()))
-            if best is None or pair.ttft_ms() < best.ttft_ms():
-                best = pair
+            ranked.append((*key, pair.ttft_ms()))
+            if best is None or (key in shut, pair.ttft_ms()) < (best_shut, best.ttft_ms()):
+                best, best_shut = pair, key in shut
     if best is None:
         return None
-    ranked.sort(key=_predicted)
+    ranked.sort(key=lambda r: (r[:2] in shut, r[2]))
     chosen = best.prefill.endpoint.replica_id
     by_id = {c.endpoint.replica_id: c for c in decodes}
     order = tuple(by_id[dec] for pre_id, dec, _ in ranked if pre_id == chosen)
     return PDDecision(prefill=best.prefill, decode=best.decode, predicted_ttft_ms=best.ttft_ms(), kv_ms=best.kv_ms,
                       tier=best.tier, ranked=tuple(ranked[:8]), decode_order=order, handover_ms=best.handover_ms,
-                      ready_ms=best.ready_ms, tiers={dec: t for (pre_id, dec), t in tiers.items() if pre_id == chosen})
+                      ready_ms=best.ready_ms, tiers={dec: t for (pre_id, dec), t in tiers.items() if pre_id == chosen},
+                      kv_bytes=costmodel.kv_bytes(_model(best.prefill), tokens),
+                      rates={dec: r for (pre_id, dec), r in rates.items() if pre_id == chosen})
 
 
 class _Pair(NamedTuple):
@@ -169,18 +194,27 @@ class _Pair(NamedTuple):
         return self.ready_ms + self.handover_ms
 
 
-def _predicted(r: tuple[str, str, float]) -> float:
-    return r[2]
-
-
 def kv_ms(p: Candidate, d: Candidate, tokens: int, topology: Topology | None) -> tuple[float, str]:
     """The KV handover's time and its path's tier. Without a topology that knows both replicas'
     GPUs: the named fallback paths (`costmodel.KV_*_FALLBACK`), tier `local` on one named node
     and `rdma` otherwise."""
+    kv, tier_name, _ = kv_priced(p, d, tokens, topology)
+    return kv, tier_name
+
+
+def kv_priced(p: Candidate, d: Candidate, tokens: int, topology: Topology | None, measured_ms_per_byte: float = 0.0
+              ) -> tuple[float, str, float]:
+    """`kv_ms` with the path's expected ms per byte; `measured_ms_per_byte` (when > 0) in its
+    place where the router measured the pair (`router.kvwatch`)."""
     pe, de = p.endpoint, d.endpoint
-    model = catalog.models().get(pe.catalog_model or "") or catalog.model(FALLBACK_MODEL)
-    ms_per_byte, latency_ms, tier_name = kv_route(topology, pe.node, pe.gpus, de.node, de.gpus)
-    return (costmodel.kv_bytes(model, tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0), tier_name
+    expected, latency_ms, tier_name = kv_route(topology, pe.node, pe.gpus, de.node, de.gpus)
+    ms_per_byte = measured_ms_per_byte if measured_ms_per_byte > 0 and expected else expected
+    kv = costmodel.kv_bytes(_model(p), tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0
+    return kv, tier_name, expected
+
+
+def _model(c: Candidate) -> catalog.ModelSpec:
+    return catalog.models().get(c.endpoint.catalog_model or "") or catalog.model(FALLBACK_MODEL)
 
 
 KvRoute = tuple[float, float, str]
