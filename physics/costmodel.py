@@ -327,14 +327,15 @@ def group_link(topology: Topology | None, gpus: Sequence[GpuRef], tp: int) -> Li
     return LinkCost.of(bottleneck(topology, gpus))
 
 
-def kv_handover_ms(model: ModelSpec, tokens: int, paths: Sequence[Path]) -> float:
+def kv_handover_ms(model: ModelSpec, tokens: int, paths: Sequence[Path], rate_factor: float = 1.0) -> float:
     """KV of `tokens` moved as the engines move it: each prefill TP rank sends its shard to the
     decode rank of the same index, all at once (`paths`: one per rank pair). Pairs carried by the
     same link or NIC pair (the same `Path.via`) share its bandwidth; the slowest carrier and the
-    worst latency decide. No paths, or only local ones: nothing moves."""
+    worst latency decide. No paths, or only local ones: nothing moves. `rate_factor`: the share of
+    that rate the transfer gets (0.5: a NIC on the other socket, `physics.kvpath`)."""
     ms_per_byte, latency_ms = kv_handover_rate(paths)
-    return kv_bytes(model, tokens) * kv_replication(model, len(paths)) * ms_per_byte + latency_ms if ms_per_byte \
-        else 0.0
+    return kv_bytes(model, tokens) * kv_replication(model, len(paths)) * ms_per_byte / rate_factor + latency_ms \
+        if ms_per_byte else 0.0
 
 
 def kv_replication(model: ModelSpec, tp: int) -> float:

@@ -19,6 +19,7 @@ from physics.gang import GangCost
 from pools.ganglinks import boundary_links, gang_links
 from pools.model import GangMember, ReplicaPlacement
 from simengine.core import EngineConfig
+from simengine.kvread import POLICIES
 from simengine.lora import MAX_LORA_RANKS, LoraModule, LoraSpec, parse_module, runtime_updating
 from simengine.pd import Placement, is_loopback
 from simengine.server import EngineIdentity, SimEngine
@@ -153,7 +154,8 @@ def build(args: argparse.Namespace) -> SimEngine:
                               admin_routes=args.admin_routes, api_key=os.environ.get(API_KEY_ENV, "").strip(),
                               admin_token=os.environ.get(ADMIN_TOKEN_ENV, "") if args.admin_routes else "",
                               kv_events=events, lora_modules=modules,
-                              lora_runtime=args.allow_runtime_lora_updating or runtime_updating(dict(os.environ)))
+                              lora_runtime=args.allow_runtime_lora_updating or runtime_updating(dict(os.environ)),
+                              kv_load_failure_policy=args.kv_load_failure_policy)
     return SimEngine(config, identity, time_scale=args.time_scale)
 
 
@@ -191,6 +193,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(the prefix cache's unit, and the KV events')")
     p.add_argument("--num-gpu-blocks-override", type=int, help="vLLM's: the KV cache in blocks (over "
                    "--kv-capacity-tokens)")
+    p.add_argument("--kv-load-failure-policy", default="fail", choices=POLICIES,
+                   help="vLLM's kv_transfer_config field: a failed KV read (admin fault kv_fail_rate) fails the "
+                   "request with a 500 (fail, vLLM's default) or prefills it here (recompute)")
     p.add_argument("--kv-hold-s", type=float, default=60.0, help="how long a prefill keeps KV for its decode")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                    help="keep prompt blocks in a prefix cache as vLLM does (off by default here, unlike vLLM: the "

@@ -7,6 +7,8 @@
     {"refuse_connections": true}      stop accepting connections (false: accept again)
     {"fail_requests": 503}            answer generation requests with this status (0: stop)
     {"clear": true}                   back to normal
+    {"kv_transport": "tcp", "kv_bandwidth_factor": 0.5, "kv_fail_rate": 0.1, "kv_peer": ...}
+                                      the KV reads of a decode engine (`simengine.kvfaults`)
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import math
 import os
 import time
 from typing import Any, Protocol
+
+from simengine.kvfaults import FIELDS as KV_FIELDS
+from simengine.kvfaults import KvFaults
 
 CRASH_EXIT_CODE = 17
 
@@ -37,18 +42,19 @@ class Faults:
         self.tokens = 0
         self.refusing = False
         self.fail_status = 0
+        self.kv = KvFaults()
 
     def describe(self) -> dict[str, Any]:
         return {"slowdown": self.slowdown, "link_bandwidth_factor": self.link_factor,
                 "stalled_for_s": max(0.0, round(self.stall_until - time.monotonic(), 3)),
                 "crash_after_tokens": self.crash_after, "refuse_connections": self.refusing,
-                "fail_requests": self.fail_status}
+                "fail_requests": self.fail_status, **self.kv.describe()}
 
     def apply(self, spec: dict[str, Any], engine: FaultTarget) -> None:
         if not isinstance(spec, dict):
             raise TypeError("a fault is a JSON object")
         unknown = set(spec) - {"slowdown", "link_bandwidth_factor", "stall_s", "crash_after_tokens",
-                               "refuse_connections", "fail_requests", "clear"}
+                               "refuse_connections", "fail_requests", "clear", *KV_FIELDS}
         if unknown:
             raise ValueError(f"unknown fault fields {sorted(unknown)}")
         self._validate(spec)
@@ -76,6 +82,7 @@ class Faults:
             if status and not 400 <= status <= 599:
                 raise ValueError("fail_requests is an HTTP error status (or 0 to stop)")
             self.fail_status = status
+        self.kv.apply(spec)
         if "refuse_connections" in spec:
             self.refusing = bool(spec["refuse_connections"])
             asyncio.get_running_loop().create_task(engine.set_accepting(not self.refusing))
@@ -97,6 +104,7 @@ class Faults:
         status = int(spec.get("fail_requests", 0))
         if status and not 400 <= status <= 599:
             raise ValueError("fail_requests is an HTTP error status (or 0 to stop)")
+        KvFaults.validate(spec)
 
     async def wait_if_stalled(self) -> None:
         left = self.stall_until - time.monotonic()

@@ -31,8 +31,10 @@ from physics.costmodel import LinkCost
 from simengine import pd, protocol, responsesapi, routes, tokens
 from simengine.core import EngineConfig, EngineCore, StepResult
 from simengine.faults import Faults
+from simengine.kvread import KvReader
 from simengine.lora import Adapters, LoraModule
 from simengine.metrics import EngineMetrics, Finished
+from simengine.nixlmetrics import NixlMetrics
 from simengine.output import Token
 from simengine.responses import Choice
 from simengine.serving import Live, choices_for, stream, whole
@@ -81,6 +83,8 @@ class EngineIdentity:
     """`--lora-modules`: adapters registered at start (needs `EngineConfig.lora`)."""
     lora_runtime: bool = False
     """`VLLM_ALLOW_RUNTIME_LORA_UPDATING`: serve /v1/load_lora_adapter and /v1/unload_lora_adapter."""
+    kv_load_failure_policy: str = "fail"
+    """vLLM's kv_transfer_config field: a failed KV read fails the request, or `recompute`s it."""
 
 
 class SimEngine:
@@ -93,6 +97,10 @@ class SimEngine:
         """max_model_len: the model's context, cut to what the KV cache holds (vLLM's auto-fit)."""
         self.metrics = EngineMetrics(identity.served_model, self.limits.max_model_len)
         self.faults = Faults()
+        self.nixl = NixlMetrics(self.metrics.registry, identity.served_model, eager=identity.role != "mixed")
+        self.kv_reader = KvReader(model=config.model, tp=config.tp, block_size=config.block_size,
+                                  topology=identity.topology, placement=identity.placement, metrics=self.nixl,
+                                  faults=self.faults, policy=identity.kv_load_failure_policy, time_scale=time_scale)
         self.live: dict[str, tuple[Live, Choice]] = {}
         self.steps: deque[dict[str, Any]] = deque(maxlen=4096)
         self.wake = asyncio.Event()
@@ -252,6 +260,7 @@ class SimEngine:
         for rid, at in list(self._held_at.items()):
             if now - at > self.id.kv_hold_s:
                 freed = self.core.release(rid) or freed
+                self.nixl.kv_expired()
                 del self._held_at[rid]
         if self._by_client:
             self._by_client = {k: v for k, v in self._by_client.items() if v in self._held_at}
@@ -426,12 +435,10 @@ class SimEngine:
         from simengine.claim import claim_blocks
 
         await claim_blocks(params)
-        src = params.get("isle_placement")
-        source = pd.Placement(node=src["node"], gpus=tuple(src["gpus"])) if isinstance(src, dict) else None
-        ms, via = pd.transfer_ms(self.config.model, prompt_tokens, self.id.topology, source, self.id.placement)
-        live.kv_ms = ms
-        log.debug("KV of %d tokens from %s: %.2f ms over %s", prompt_tokens, params["remote_engine_id"], ms, via)
-        return ms / 1000.0, True
+        read = await self.kv_reader.read(params, prompt_tokens)  # a failed read under policy `fail` raises
+        live.kv_ms = read.ms
+        log.debug("KV of %d tokens from %s: %.2f ms", prompt_tokens, params["remote_engine_id"], read.ms)
+        return read.ms / 1000.0, read.remote_prefill
 
     def _extra(self, live: Live) -> dict[str, Any]:
         """What vLLM adds to a response (`kv_transfer_params`, here only when there are some) and what
