@@ -121,8 +121,14 @@ class KvWatch:
 
     def costs(self, now: float) -> dict[Pair, tuple[float, float, bool]]:
         """Per followed pair: (measured ms per byte or 0, weight on the KV transfer, open now)."""
+        self.settle(now)
         return {pair: (e.state.ms_per_byte if e.state.samples else 0.0, kvpath.weight(e.state, self.rules),
                        kvpath.open_to(e.state, now)) for pair, e in self.pairs.items()}
+
+    def settle(self, now: float) -> None:
+        """Verdicts whose raw verdict held long enough, without new measurements (`kvpath.settle`)."""
+        for e in self.pairs.values():
+            e.state = kvpath.settle(e.state, now, self.rules)
 
     def chosen(self, pair: Pair) -> None:
         entry = self.pairs.get(pair)
@@ -131,6 +137,7 @@ class KvWatch:
 
     def view(self, now: float) -> dict[str, Any]:
         """For /admin/replicas (`kv_pairs`), `isle status` and the verdict gauges."""
+        self.settle(now)
         pairs: Mapping[Pair, PairEntry] = self.pairs
         return {
             "pairs": [{"prefill": p, "decode": d, "pair": f"{p}->{d}", "tier": e.tier, "verdict": e.state.verdict,

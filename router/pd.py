@@ -148,14 +148,14 @@ async def serve_pd(ctx: FlightContext, call: Call, pd: PDDecision, response: Res
         raise
     kv_s = pd.kv_ms / 1000 if pd.kv_ms else max(0.0, flight.head_at - handover)
     ctx.metrics.child(ctx.metrics.kv, *flight.labels).observe(kv_s)
-    if flight.cand is not None:
+    if flight.cand is not None and call.stream:  # a whole answer's first byte comes after every token
         _measured(ctx, pd, flight.cand, flight.labels[2], flight.head_at - handover)
     return outcome
 
 
 def _measured(ctx: FlightContext, pd: PDDecision, decode: Candidate, tier: str, handover_s: float) -> None:
-    """The router's view of the handover: prefill done -> the decode's first token, less the
-    decode's predicted first step, for the pair (`router.kvwatch`, `isle_kv_transfer_seconds`)."""
+    """The router's view of the handover (streamed requests): prefill done -> the decode's first
+    token, less the decode's predicted first step, for the pair (`router.kvwatch`, `isle_kv_transfer_seconds`)."""
     watch = ctx.replicas.kv_watch
     expected, step_ms = pd.rates.get(decode.endpoint.replica_id, (0.0, 0.0))
     if watch is None or not expected:

@@ -115,20 +115,29 @@ def observe(state: PairState, *, now: float, expected_ms_per_byte: float, observ
         fresh = not mean or state.probing  # a probe's measurement stands alone
         mean = observed_ms_per_byte if fresh else (1 - rules.smoothing) * mean + rules.smoothing * observed_ms_per_byte
     raw = classify(expected_ms_per_byte, mean, failed, rules)
-    since = state.raw_since if raw == state.raw else now
-    verdict = state.verdict
-    if raw == FAILING or now - since >= rules.window_s or state.probing:
-        verdict = raw  # a probe's measurement decides at once
-    bad_since = (state.bad_since if state.bad_since is not None else now) if verdict in BAD else None
-    avoided = state.avoided_until
-    if state.probing and verdict not in BAD:
-        avoided = None
-    elif verdict in BAD and (state.probing or (bad_since is not None and now - bad_since >= rules.avoid_after_s)):
-        avoided = now + rules.cooldown_s
     ratio = expected_ms_per_byte / mean if mean and expected_ms_per_byte else 1.0
-    return replace(state, verdict=verdict, raw=raw, raw_since=since, bad_since=bad_since, avoided_until=avoided,
-                   probing=False, ms_per_byte=mean, expected_ms_per_byte=expected_ms_per_byte, ratio=ratio,
-                   samples=state.samples + (observed_ms_per_byte is not None))
+    measured = replace(state, raw=raw, raw_since=state.raw_since if raw == state.raw else now, probing=False,
+                       ms_per_byte=mean, expected_ms_per_byte=expected_ms_per_byte, ratio=ratio,
+                       samples=state.samples + (observed_ms_per_byte is not None))
+    return settle(measured, now, rules, decided=state.probing)  # a probe's measurement decides at once
+
+
+def settle(state: PairState, now: float, rules: KvPathRules, *, decided: bool = False) -> PairState:
+    """The verdict once the raw one held for `window_s` (at once when `decided` or failing),
+    whether new measurements came or not: a pair the choice left alone keeps its last evidence.
+    A bad verdict held for `avoid_after_s` avoids the pair for `cooldown_s`; a probe's bad
+    measurement (`decided`) for another cool-down; a good verdict ends the avoidance."""
+    verdict = state.raw if decided or state.raw == FAILING or now - state.raw_since >= rules.window_s else state.verdict
+    if verdict not in BAD:
+        bad_since, avoided = None, None
+    else:
+        bad_since = state.bad_since if state.bad_since is not None else now
+        avoided = state.avoided_until
+        if decided or (avoided is None and now - bad_since >= rules.avoid_after_s):
+            avoided = now + rules.cooldown_s
+    if (verdict, bad_since, avoided) == (state.verdict, state.bad_since, state.avoided_until):
+        return state
+    return replace(state, verdict=verdict, bad_since=bad_since, avoided_until=avoided)
 
 
 def open_to(state: PairState, now: float) -> bool:

@@ -160,3 +160,13 @@ def test_pairs_are_capped() -> None:
     followed = [watch.handover((f"p{i}", "d"), tier="rdma", expected_ms_per_byte=RDMA, kv_bytes=1e8,
                                transfer_ms=1.0, now=0.0) for i in range(3)]
     assert followed == [True, True, False]
+
+
+def test_a_pair_left_alone_settles_on_its_last_evidence() -> None:
+    s = run(PairState(), [0.0], TCP)  # one slow measurement; the choice then leaves the pair alone
+    assert s.verdict == "as_planned" and s.raw == "wrong_path"
+    s = kvpath.settle(s, 10.0, RULES)
+    assert s.verdict == "wrong_path" and s.avoided_until is None
+    s = kvpath.settle(s, 30.0, RULES)
+    assert s.avoided_until == 30.0 + RULES.cooldown_s
+    assert kvpath.settle(s, 31.0, RULES) is s  # nothing new: the cool-down is not pushed on
