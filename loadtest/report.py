@@ -114,8 +114,8 @@ def write_report(scenario: Scenario, rows: Sequence[Mapping[str, Any]], path: Pa
         out += ["- **GPUs held by other work** (replica churn): " + "; ".join(
             f"{h.node} {h.gpus}" for h in scenario.config.held) + ".", ""]
     if scenario.config.faults:
-        out += ["- **Faults:** " + "; ".join(f"{f.kind} on {f.node} {f.gpus or ''} at {f.at_s:g} s"
-                                             for f in scenario.config.faults) + ".", ""]
+        out += ["- **Faults:** " + "; ".join(f"{f.kind} on {' -> '.join(f.pair) or f.node} {f.gpus or ''} at "
+                                             f"{f.at_s:g} s" for f in scenario.config.faults) + ".", ""]
     out += ["## Verdict", "", *verdict(rows), "", *section(rows, list(classes)), "## Results", "",
             "| rate | policy | offered req/s | goodput req/s | output tok/s per GPU at SLO | "
             + " | ".join(f"{c} SLO met" for c in classes) + " | TTFT p50 / p99 ms | TPOT p50 / p99 ms | completed |",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loadtest.sim.model import Fault
 from pools.config import AutoscalingPoolConfig, PoolConfig, SLOClassConfig
@@ -28,10 +28,20 @@ class _Strict(BaseModel):
 
 class FaultConfig(_Strict):
     at_s: float = Field(ge=0)
-    kind: Literal["link_degrade", "link_restore", "node_loss"]
-    node: str
+    kind: Literal["link_degrade", "link_restore", "node_loss", "kv_transport_fallback", "kv_remote_nic", "kv_restore"]
+    node: str = Field(default="", description="link and node faults: the node")
     gpus: list[int] = Field(default_factory=list, description="the link's two GPUs; empty: every link of the node")
-    factor: float = Field(default=0.25, gt=0, le=1, description="bandwidth left on a degraded link")
+    factor: float = Field(default=0.25, gt=0, le=1, description="bandwidth left on a degraded link; kv_remote_nic: "
+                          "the KV rate left (0.5: the NIC on the other socket)")
+    pair: list[str] = Field(default_factory=list, description="kv_* faults: the prefill and decode replica ids")
+
+    @model_validator(mode="after")
+    def _target(self) -> FaultConfig:
+        if self.kind.startswith("kv_") and len(self.pair) != 2:
+            raise ValueError(f"{self.kind} needs pair: [prefill replica, decode replica]")
+        if not self.kind.startswith("kv_") and not self.node:
+            raise ValueError(f"{self.kind} needs node")
+        return self
 
 
 class HeldConfig(_Strict):
@@ -122,7 +132,8 @@ class Scenario:
         return {name: profile(routing.profiles.get(name, routing.default_profile)) for name in self.classes()}
 
     def faults(self) -> tuple[Fault, ...]:
-        return tuple(Fault(at_s=f.at_s, kind=f.kind, node=f.node, gpus=tuple(f.gpus), factor=f.factor)
+        return tuple(Fault(at_s=f.at_s, kind=f.kind, node=f.node, gpus=tuple(f.gpus), factor=f.factor,
+                           pair=tuple(f.pair))
                      for f in self.config.faults)
 
     def held(self) -> frozenset[GpuRef]:

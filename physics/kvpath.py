@@ -4,7 +4,8 @@ engine and the offline simulator alike:
     transport "tcp"      the KV moves at TCP speed whatever the path (UCX/NIXL fell back to TCP
                          when RDMA or CUDA IPC was not set up): each rank pair's path becomes the
                          cost model's TCP path (`topology.kinds.DEFAULTS[TCP]`: 100 GbE, 12.5 GB/s,
-                         30 us), carried by what carried it before (its `via`)
+                         30 us), and every rank pair shares one TCP carrier (UCX's TCP transport
+                         takes the host's one interface, not the GPUs' rails)
     bandwidth_factor     the share of the path's KV rate left (0.5: NIXL picked the NIC on the
                          other socket, the bytes cross the inter-socket link)
 
@@ -22,6 +23,7 @@ from topology import LinkKind, Path
 from topology.kinds import DEFAULTS
 
 TRANSPORTS = ("default", "tcp")
+TCP_CARRIER = "tcp fallback: the host's TCP interface"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,7 +48,8 @@ class KvPathFault:
         if self.transport != "tcp" or p.tier == "local":
             return p
         tcp = DEFAULTS[LinkKind.TCP]
-        return replace(p, kind=LinkKind.TCP, tier="tcp", bandwidth_gb_s=tcp.bandwidth_gb_s, latency_us=tcp.latency_us)
+        return replace(p, kind=LinkKind.TCP, tier="tcp", bandwidth_gb_s=tcp.bandwidth_gb_s, latency_us=tcp.latency_us,
+                       via=TCP_CARRIER)
 
     def rate_gb_s(self, p: Path) -> float:
         """One flow's KV rate on `p` under the fault (`costmodel.kv_rate_gb_s`)."""

@@ -42,6 +42,7 @@ from loadtest.sim.network import Network, legs
 from loadtest.sim.replica import Phase, SimReplica, build_replicas
 from loadtest.sim.tokens import token_ids
 from physics import costmodel
+from physics.kvpath import NO_FAULT, KvPathFault
 from router.admission import Admission
 from router.decision import decide
 from router.plugins.model import Candidate, RouteRequest
@@ -88,6 +89,8 @@ class Simulation:
         self.default_profile = Profile()
         self.next_transfer = 0
         self.transfers: dict[int, _Req] = {}
+        self.kv_faults: dict[tuple[str, str], KvPathFault] = {}
+        """(prefill, decode) -> the transport fault on that pair's KV (`loadtest.sim.faults`)."""
         self.log: list[dict[str, Any]] = []
         self.count = 0
         self.autoscaler = Autoscaler(self, config.autoscale) if config.autoscale is not None else None
@@ -318,7 +321,7 @@ class Simulation:
         gb = costmodel.kv_bytes(model, req.trace.prompt_tokens) / 1e9
         src = [GpuRef(prefill.placement.node, g) for g in prefill.placement.gpus]
         dst = [GpuRef(decode.placement.node, g) for g in decode.placement.gpus]
-        route, latency_s = legs(self.topology, src, dst, gb)
+        route, latency_s = legs(self.topology, src, dst, gb, self.kv_faults.get((prefill.rid, decode.rid), NO_FAULT))
         req.phase = "transfer"
         if not route:
             self._at(t, KV_READY, req)

@@ -24,12 +24,16 @@ ARRIVAL, START, STEP_END, RUN_END, NET, KV_READY, SCRAPE, FAULT, DRAIN, AUTOSCAL
 class Fault:
     at_s: float
     kind: str
-    """link_degrade | link_restore | node_loss"""
-    node: str
+    """link_degrade | link_restore | node_loss | kv_transport_fallback | kv_remote_nic | kv_restore"""
+    node: str = ""
     gpus: tuple[int, ...] = ()
     """The link's two GPUs (link faults); empty: every link of the node."""
     factor: float = 0.25
-    """Bandwidth left on a degraded link (latency grows by the inverse)."""
+    """Bandwidth left on a degraded link (latency grows by the inverse); kv_remote_nic: the KV
+    rate left (0.5: the NIC on the other socket)."""
+    pair: tuple[str, ...] = ()
+    """kv_* faults: the (prefill, decode) replicas whose KV transfers it changes
+    (`loadtest.sim.kvfaults`)."""
 
 
 class PDChoice:

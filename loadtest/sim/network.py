@@ -9,11 +9,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from physics.costmodel import kv_rate_gb_s, kv_setup_ms
+from physics.kvpath import NO_FAULT, KvPathFault
 from topology import GpuRef, Topology, path
 from topology.paths import Path
 
 EPS_S = 1e-12
+Leg = tuple[float, tuple[str, ...], float | tuple[float, ...]]
 
 
 @dataclass(slots=True, eq=False)
@@ -38,16 +39,17 @@ class Network:
     version: int = 0
     """Bumped whenever rates change: a scheduled completion from an older version is stale."""
 
-    def start(self, t: float, tid: int, legs: Sequence[tuple[float, tuple[str, ...], float]]) -> None:
-        """Start transfer `tid` at `t`: legs of (GB, resources, resource capacity GB/s)."""
+    def start(self, t: float, tid: int, legs: Sequence[Leg]) -> None:
+        """Start transfer `tid` at `t`: legs of (GB, resources, resource capacity GB/s: one for
+        all, or one per resource)."""
         self._advance(t)
         live = [(gb, res, cap) for gb, res, cap in legs if gb > 0 and res]
         if not live:
             raise ValueError("a transfer with nothing to move needs no network")
         self.transfers[tid] = _Transfer(flows=len(live))
         for gb, res, cap in live:
-            for r in res:
-                self.capacity_gb_s.setdefault(r, cap)
+            for r, c in zip(res, cap if isinstance(cap, tuple) else (cap,) * len(res), strict=True):
+                self.capacity_gb_s.setdefault(r, c)
             self.flows.append(Flow(transfer=tid, gb_left=gb, resources=res))
         self._rates()
 
@@ -105,17 +107,26 @@ def resources(p: Path, a: GpuRef, b: GpuRef) -> tuple[str, ...]:
     return (f"{a.node}:{p.via or f'{a.index}-{b.index}'}",)
 
 
-def legs(topology: Topology, source: Sequence[GpuRef], target: Sequence[GpuRef], total_gb: float
-         ) -> tuple[list[tuple[float, tuple[str, ...], float]], float]:
+def legs(topology: Topology, source: Sequence[GpuRef], target: Sequence[GpuRef], total_gb: float,
+         fault: KvPathFault = NO_FAULT) -> tuple[list[Leg], float]:
     """One leg per GPU pair (each moves its shard of the KV) at the rate a KV transfer reaches on
     its path, and the worst path's latency plus setup (s): the cost model's KV physics
-    (`costmodel.kv_rate_gb_s`, `kv_setup_ms`), shared here under contention."""
+    (`costmodel.kv_rate_gb_s`, `kv_setup_ms`), shared here under contention. A pair's transport
+    fault (`physics.kvpath`) adds one more resource to each leg, the faulted rate of its carrier
+    (legs on one carrier share it, as they share the carrier), so the slower of the two decides."""
     pairs = list(zip(source, target, strict=False)) or [(source[0], target[0])]
-    out, latency = [], 0.0
+    out: list[Leg] = []
+    latency = 0.0
     for a, b in pairs:
         p = path(topology, a, b)
         if p.tier == "local":
             continue
-        out.append((total_gb / len(pairs), resources(p, a, b), kv_rate_gb_s(p)))
-        latency = max(latency, kv_setup_ms(p) / 1e3)
+        res, rate = resources(p, a, b), NO_FAULT.rate_gb_s(p)
+        if fault.active:  # the carriers keep their own capacity; the fault's resource has the faulted rate
+            tag = f"tcp x{fault.bandwidth_factor} {a.node}>{b.node}" if fault.transport == "tcp" else \
+                f"x{fault.bandwidth_factor} {a.node}>{b.node} {res[0]}"  # TCP: one carrier for all ranks
+            out.append((total_gb / len(pairs), (*res, tag), (*(rate,) * len(res), fault.rate_gb_s(p))))
+        else:
+            out.append((total_gb / len(pairs), res, rate))
+        latency = max(latency, fault.setup_ms(p) / 1e3)
     return out, latency

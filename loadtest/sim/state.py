@@ -10,6 +10,7 @@ from loadtest.model import RequestResult
 from loadtest.sim.model import SimConfig, _Req
 from loadtest.sim.network import Network
 from loadtest.sim.replica import SimReplica
+from physics.kvpath import KvPathFault
 from router.plugins.model import Candidate
 from topology import Topology
 
@@ -28,6 +29,7 @@ class SimState(Protocol):
     log: list[dict[str, Any]]
     network: Network
     transfers: dict[int, _Req]
+    kv_faults: dict[tuple[str, str], KvPathFault]
     next_transfer: int
     pulled: int
 
