@@ -2,7 +2,9 @@
 
 - per PD request, the router's own view: the prefill leg's end to the decode's first token, less
   the decode's predicted first step (`router.plugins.ttft.decode_step_ms`), attributed to the
-  (prefill, decode) pair;
+  (prefill, decode) pair (`isle_kv_transfer_seconds`). It carries HTTP and the decode's
+  tokenizing (a cold 11k-token prompt: 58 ms more on the simulated engine), so it judges a pair
+  only where the decode exports no NIXL counters;
 - per decode replica, its NIXL KV-connector counters as vLLM exports them
   (`vllm:nixl_xfer_time_seconds`, `vllm:nixl_bytes_transferred`, `vllm:nixl_num_failed_transfers`)
   between two scrapes: achieved bandwidth and failed transfers. A decode fed by one pair in the
@@ -72,6 +74,10 @@ class PairEntry:
     state: PairState
     tier: str
     expected_ms_per_byte: float
+    latency_ms: float = 0.0
+    """The path's set-up latency per transfer (`kv_route`)."""
+    decode_tp: int = 1
+    """The decode's ranks: vLLM's NIXL counters record one transfer per rank, of its shard."""
 
 
 class KvWatch:
@@ -81,20 +87,22 @@ class KvWatch:
         self.pairs: dict[Pair, PairEntry] = {}
         self.decodes: dict[str, DecodeNixl] = {}
 
-    def _entry(self, pair: Pair, tier: str, expected_ms_per_byte: float) -> PairEntry | None:
-        found = self.pairs.get(pair)
-        if found is None and len(self.pairs) < self.max_pairs:
-            found = self.pairs[pair] = PairEntry(PairState(), tier, expected_ms_per_byte)
-        return found
-
     def handover(self, pair: Pair, *, tier: str, expected_ms_per_byte: float, kv_bytes: float,
-                 transfer_ms: float, now: float) -> bool:
-        """A PD request's handover as the router saw it; False when the pair is not followed."""
-        entry = self._entry(pair, tier, expected_ms_per_byte)
-        self.decodes.setdefault(pair[1], DecodeNixl()).fed_by.add(pair[0])
+                 transfer_ms: float | None, now: float, latency_ms: float = 0.0, decode_tp: int = 1) -> bool:
+        """A PD request's handover as the router saw it (`transfer_ms` None: it went over the pair,
+        untimed); False when the pair is not followed (past `max_pairs`)."""
+        decode = self.decodes.setdefault(pair[1], DecodeNixl())
+        decode.fed_by.add(pair[0])
+        entry = self.pairs.get(pair)
         if entry is None:
-            return False
-        measured = kvpath.measured_ms_per_byte(expected_ms_per_byte, kv_bytes, transfer_ms, self.rules)
+            if len(self.pairs) >= self.max_pairs:
+                return False
+            entry = self.pairs[pair] = PairEntry(PairState(), tier, expected_ms_per_byte)
+        entry.tier, entry.expected_ms_per_byte = tier, expected_ms_per_byte
+        entry.latency_ms, entry.decode_tp = latency_ms, max(1, decode_tp)
+        if transfer_ms is None or decode.last is not None:
+            return True  # a decode that exports NIXL counters is judged by them, not by the router's clock
+        measured = kvpath.measured_ms_per_byte(expected_ms_per_byte, latency_ms, kv_bytes, transfer_ms, self.rules)
         entry.state = kvpath.observe(entry.state, now=now, expected_ms_per_byte=expected_ms_per_byte,
                                      observed_ms_per_byte=measured, failed=0, rules=self.rules)
         return True
@@ -110,12 +118,19 @@ class KvWatch:
         if last is None or totals.xfer_seconds < last.xfer_seconds:  # first scrape, or the engine restarted
             return
         seconds, moved = totals.xfer_seconds - last.xfer_seconds, totals.kv_bytes - last.kv_bytes
+        transfers = totals.transfers - last.transfers
         d.failed = max(0.0, totals.failed - last.failed)
         d.bandwidth_gb_s = moved / seconds / 1e9 if seconds > 0 else 0.0
-        measured = seconds * 1e3 / moved if seconds > 0 and moved > 0 and len(fed) == 1 else None
         for prefill in fed:
             entry = self.pairs.get((prefill, decode_id))
-            if entry is not None and (measured is not None or d.failed):
+            if entry is None:
+                continue
+            measured = None
+            if seconds > 0 and moved > 0 and transfers > 0 and len(fed) == 1:  # one rank's shard per transfer
+                measured = kvpath.measured_ms_per_byte(entry.expected_ms_per_byte, entry.latency_ms,
+                                                       moved / transfers * entry.decode_tp,
+                                                       seconds * 1e3 / transfers, self.rules)
+            if measured is not None or d.failed:
                 entry.state = kvpath.observe(entry.state, now=now, expected_ms_per_byte=entry.expected_ms_per_byte,
                                              observed_ms_per_byte=measured, failed=int(d.failed), rules=self.rules)
 

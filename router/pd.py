@@ -148,21 +148,24 @@ async def serve_pd(ctx: FlightContext, call: Call, pd: PDDecision, response: Res
         raise
     kv_s = pd.kv_ms / 1000 if pd.kv_ms else max(0.0, flight.head_at - handover)
     ctx.metrics.child(ctx.metrics.kv, *flight.labels).observe(kv_s)
-    if flight.cand is not None and call.stream:  # a whole answer's first byte comes after every token
-        _measured(ctx, pd, flight.cand, flight.labels[2], flight.head_at - handover)
+    if flight.cand is not None:  # a whole answer's first byte comes after every token: fed, not timed
+        _measured(ctx, pd, flight.cand, flight.labels[2], flight.head_at - handover if call.stream else None)
     return outcome
 
 
-def _measured(ctx: FlightContext, pd: PDDecision, decode: Candidate, tier: str, handover_s: float) -> None:
+def _measured(ctx: FlightContext, pd: PDDecision, decode: Candidate, tier: str, handover_s: float | None) -> None:
     """The router's view of the handover (streamed requests): prefill done -> the decode's first
     token, less the decode's predicted first step, for the pair (`router.kvwatch`, `isle_kv_transfer_seconds`)."""
     watch = ctx.replicas.kv_watch
-    expected, step_ms = pd.rates.get(decode.endpoint.replica_id, (0.0, 0.0))
+    expected, latency_ms, step_ms = pd.rates.get(decode.endpoint.replica_id, (0.0, 0.0, 0.0))
     if watch is None or not expected:
         return  # no transfer (one GPU group), or the decode was not priced
-    transfer_ms = max(0.0, handover_s * 1000 - step_ms)
+    transfer_ms = None if handover_s is None else max(0.0, handover_s * 1000 - step_ms)
     pair = (pd.prefill.endpoint.replica_id, decode.endpoint.replica_id)
-    followed = watch.handover(pair, tier=tier, expected_ms_per_byte=expected, kv_bytes=pd.kv_bytes,
-                              transfer_ms=transfer_ms, now=time.monotonic())
+    followed = watch.handover(pair, tier=tier, expected_ms_per_byte=expected, latency_ms=latency_ms,
+                              decode_tp=decode.endpoint.tp, kv_bytes=pd.kv_bytes, transfer_ms=transfer_ms,
+                              now=time.monotonic())
+    if transfer_ms is None:
+        return
     label = f"{pair[0]}->{pair[1]}" if followed else "other"
     ctx.metrics.child(ctx.metrics.kv_pair, tier, label).observe(transfer_ms / 1000)

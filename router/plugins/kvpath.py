@@ -82,15 +82,16 @@ def slower_signature(expected_gb_s: float, observed_gb_s: float, tolerance: floa
     return None if best is None else best[1]
 
 
-def measured_ms_per_byte(expected_ms_per_byte: float, kv_bytes: float, transfer_ms: float,
+def measured_ms_per_byte(expected_ms_per_byte: float, latency_ms: float, kv_bytes: float, transfer_ms: float,
                          rules: KvPathRules) -> float | None:
-    """A handover's measured ms per byte, from its transfer time as the router saw it; the
-    expected rate when it is within `noise_ms` of the expectation; None without bytes."""
+    """A transfer's measured ms per byte, from its time (the path's set-up `latency_ms` taken
+    off, as `kv_route` prices it); the expected rate when it is within `noise_ms` of the
+    expectation; None without bytes."""
     if kv_bytes <= 0:
         return None
-    if transfer_ms <= expected_ms_per_byte * kv_bytes + rules.noise_ms:
+    if transfer_ms <= expected_ms_per_byte * kv_bytes + latency_ms + rules.noise_ms:
         return expected_ms_per_byte
-    return transfer_ms / kv_bytes
+    return (transfer_ms - latency_ms) / kv_bytes
 
 
 def classify(expected_ms_per_byte: float, observed_ms_per_byte: float, failed: int, rules: KvPathRules) -> str:

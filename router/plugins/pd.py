@@ -61,9 +61,10 @@ class PDDecision:
     """The best usable mixed replica's predicted TTFT, when the choice weighed one."""
     kv_bytes: float = 0.0
     """The prompt's KV (`costmodel.kv_bytes`): what the handover moves."""
-    rates: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    """Per decode replica id (of the chosen prefill): the KV path's expected ms per byte, and
-    the decode's predicted first step in ms (`router.kvwatch` measures against them)."""
+    rates: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    """Per decode replica id (of the chosen prefill): the KV path's expected ms per byte, its
+    set-up latency in ms, and the decode's predicted first step in ms (`router.kvwatch`
+    measures against them)."""
 
 
 PairCosts = Mapping[tuple[str, str], tuple[float, float, bool]]
@@ -145,7 +146,7 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
     ranked: list[tuple[str, str, float]] = []
     tiers: dict[tuple[str, str], str] = {}
     shut: set[tuple[str, str]] = set()
-    rates: dict[tuple[str, str], tuple[float, float]] = {}
+    rates: dict[tuple[str, str], tuple[float, float, float]] = {}
     for p in prefills:
         hw = hardware(p.endpoint, topology)
         queue = ahead(p.load) / hw.load_ranks * prefill_ms(hw, tokens)  # each one ahead: a prompt like this
@@ -155,11 +156,11 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
                 continue
             key = (p.endpoint.replica_id, d.endpoint.replica_id)
             rate, factor, open_now = measured.get(key, (0.0, 1.0, True)) if measured else (0.0, 1.0, True)
-            kv, tier_name, expected = kv_priced(p, d, tokens, topology, rate)
+            kv, tier_name, expected, latency = kv_priced(p, d, tokens, topology, rate)
             kv *= factor
             tiers[key] = tier_name
             step = steps[d.endpoint.replica_id]
-            rates[key] = (expected, step)
+            rates[key] = (expected, latency, step)
             if not open_now:
                 shut.add(key)
             pair = _Pair(ready_ms=queue + pre + d.load.waiting * step, handover_ms=kv + step, kv_ms=kv,
@@ -198,19 +199,19 @@ def kv_ms(p: Candidate, d: Candidate, tokens: int, topology: Topology | None) ->
     """The KV handover's time and its path's tier. Without a topology that knows both replicas'
     GPUs: the named fallback paths (`costmodel.KV_*_FALLBACK`), tier `local` on one named node
     and `rdma` otherwise."""
-    kv, tier_name, _ = kv_priced(p, d, tokens, topology)
+    kv, tier_name, _, _ = kv_priced(p, d, tokens, topology)
     return kv, tier_name
 
 
 def kv_priced(p: Candidate, d: Candidate, tokens: int, topology: Topology | None, measured_ms_per_byte: float = 0.0
-              ) -> tuple[float, str, float]:
-    """`kv_ms` with the path's expected ms per byte; `measured_ms_per_byte` (when > 0) in its
+              ) -> tuple[float, str, float, float]:
+    """`kv_ms` with the path's expected ms per byte and set-up latency; `measured_ms_per_byte` (when > 0) in its
     place where the router measured the pair (`router.kvwatch`)."""
     pe, de = p.endpoint, d.endpoint
     expected, latency_ms, tier_name = kv_route(topology, pe.node, pe.gpus, de.node, de.gpus)
     ms_per_byte = measured_ms_per_byte if measured_ms_per_byte > 0 and expected else expected
     kv = costmodel.kv_bytes(_model(p), tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0
-    return kv, tier_name, expected
+    return kv, tier_name, expected, latency_ms
 
 
 def _model(c: Candidate) -> catalog.ModelSpec:

@@ -75,9 +75,10 @@ def test_avoided_after_threshold_then_one_probe_after_cooldown() -> None:
 
 
 def test_noise_within_expectation_counts_as_planned() -> None:
-    assert kvpath.measured_ms_per_byte(NVLINK, 1e8, NVLINK * 1e8 + 4.0, RULES) == NVLINK
-    assert kvpath.measured_ms_per_byte(NVLINK, 1e8, 8.0, RULES) == 8.0 / 1e8
-    assert kvpath.measured_ms_per_byte(NVLINK, 0, 8.0, RULES) is None
+    assert kvpath.measured_ms_per_byte(NVLINK, 0.0, 1e8, NVLINK * 1e8 + 4.0, RULES) == NVLINK
+    assert kvpath.measured_ms_per_byte(NVLINK, 0.0, 1e8, 8.0, RULES) == 8.0 / 1e8
+    assert kvpath.measured_ms_per_byte(NVLINK, 2.0, 1e8, 12.0, RULES) == 10.0 / 1e8  # set-up latency off
+    assert kvpath.measured_ms_per_byte(NVLINK, 0.0, 0, 8.0, RULES) is None
 
 
 NIXL_TEXT = """# HELP vllm:nixl_xfer_time_seconds Histogram of transfer duration for NIXL KV Cache transfers.
