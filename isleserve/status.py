@@ -83,7 +83,22 @@ def render(state: dict[str, Any]) -> str:
         lines.append(f"  {r['replica_id']:<14} {r['pool']:<10} {r['role']:<8} {r['node']}:[{gpus}] {r['tier']:<8} "
                      f"{health}; running {r['running']:g}, waiting {r['waiting']:g}, in flight {r['inflight']}, "
                      f"kv {r['kv_usage']:.0%}{_cache(r.get('prefix_cache'))}")
+    lines.extend(_kv_path_lines(table.get("kv_paths")))
     return "\n".join(lines) + "\n"
+
+
+def _kv_path_lines(view: dict[str, Any] | None) -> list[str]:
+    """Each PD pair's KV-path verdict as the router judges it (router `pd.kv_path`)."""
+    if not view or not view.get("pairs"):
+        return []
+    lines = ["kv paths (prefill->decode):"]
+    for p in view["pairs"]:
+        measured = f"{p['measured_gb_s']:g}" if p.get("measured_gb_s") is not None else "-"
+        expected = f"{p['expected_gb_s']:g}" if p.get("expected_gb_s") is not None else "-"
+        avoided = ", AVOIDED" if p.get("avoided") else ""
+        lines.append(f"  {p['pair']:<24} {p['tier']:<8} {p['verdict']}{avoided}; {measured} of {expected} GB/s "
+                     f"({p['bandwidth_ratio']:.0%}), {p['samples']} samples")
+    return lines
 
 
 def _cache(view: dict[str, Any] | None) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import threading
 import urllib.error
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 
+from isleserve import status
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.router.test_kvpath import NIXL_TEXT
 from tests.router.test_router import get
@@ -143,5 +145,7 @@ def test_transport_fallback_is_flagged_and_traffic_leaves_the_pair(cluster: dict
         assert row["avoided"] and row["bandwidth_ratio"] < 0.5
         _, text = get(f"{cluster['base']}/metrics")
         assert 'isle_kv_pair_verdict{pair="p1->d1",verdict="wrong_path"} 1.0' in text.decode()
+        shown = status.render(status.collect(cluster["base"], DEV_ADMIN_KEY))
+        assert re.search(r"p1->d1 +nvlink +wrong_path, AVOIDED", shown), shown
     finally:
         fault(d1, {"clear": True})
