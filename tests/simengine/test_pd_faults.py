@@ -121,6 +121,9 @@ def test_held_kv_expires_even_when_the_engine_is_blocked() -> None:
                                                          "max_tokens": 4})
         assert status == 200, body
         assert time.monotonic() - start < 5  # served once the hold expired; the engine did not wedge
+        with urllib.request.urlopen(f"{e.base}/metrics", timeout=5) as resp:  # vLLM counts it on the P side
+            text = resp.read().decode()
+        assert 'vllm:nixl_num_kv_expired_reqs_total{engine="0",model_name="llama-3.1-8b"} 1.0' in text
 
 
 def test_rejected_faults_change_nothing_and_context_is_enforced() -> None:
