@@ -14,6 +14,8 @@ import pytest
 from router.kvwatch import KvWatch, NixlTotals, nixl_totals
 from router.plugins import kvpath
 from router.plugins.kvpath import KvPathRules, PairState
+from router.plugins.pd import pd_pair
+from tests.router.test_pd_or_mixed import TOPOLOGY, rep, req
 
 pytestmark = pytest.mark.unit
 
@@ -171,3 +173,21 @@ def test_a_pair_left_alone_settles_on_its_last_evidence() -> None:
     s = kvpath.settle(s, 30.0, RULES)
     assert s.avoided_until == 30.0 + RULES.cooldown_s
     assert kvpath.settle(s, 31.0, RULES) is s  # nothing new: the cool-down is not pushed on
+
+
+def test_the_pair_choice_prices_measured_transfers_and_skips_avoided_pairs() -> None:
+    p = rep("p", "prefill", "h100-0", (0,))
+    d1, d2 = rep("d1", "decode", "h100-0", (1,)), rep("d2", "decode", "h100-0", (2,))
+    r = req(8000)
+    plain = pd_pair(r, [p], [d1, d2], TOPOLOGY)
+    assert plain is not None and plain.decode.endpoint.replica_id == "d1"  # equal paths: the first
+    expected, _, _ = plain.rates["d1"]
+    slow = pd_pair(r, [p], [d1, d2], TOPOLOGY, {("p", "d1"): (expected * 40, 1.0, True)})
+    assert slow is not None and slow.decode.endpoint.replica_id == "d2"  # measured at TCP speed: the other
+    assert slow.kv_ms == plain.kv_ms
+    # avoided: never first while an open pair is usable, though the model prices it cheaper
+    avoided = pd_pair(r, [p], [d1, d2], TOPOLOGY, {("p", "d2"): (expected * 40, 1.0, True),
+                                                    ("p", "d1"): (0.0, 1.0, False)})
+    assert avoided is not None and [c.endpoint.replica_id for c in avoided.decode_order] == ["d2", "d1"]
+    only = pd_pair(r, [p], [d1], TOPOLOGY, {("p", "d1"): (0.0, 4.0, False)})
+    assert only is not None and only.decode.endpoint.replica_id == "d1" and only.kv_ms > plain.kv_ms
