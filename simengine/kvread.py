@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,8 @@ class KvReader:
     policy: str = "fail"
     time_scale: float = 1.0
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    finished_error: Callable[[], None] = lambda: None
+    """A request failed by its read (`fail`): vLLM counts it in vllm:request_success{finished_reason="error"}."""
 
     async def read(self, params: dict[str, Any], tokens: int) -> KvRead:
         src = params.get("isle_placement")
@@ -63,6 +66,7 @@ class KvReader:
             if self.policy == "fail":
                 await asyncio.sleep(delay_s)
                 self.metrics.failure(peer)
+                self.finished_error()
                 raise ApiError(500, "Internal server error", "InternalServerError")
             loop.call_later(delay_s, self.metrics.failure, peer)
             return KvRead(ms=ms, remote_prefill=False)

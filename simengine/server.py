@@ -100,7 +100,8 @@ class SimEngine:
         self.nixl = NixlMetrics(self.metrics.registry, identity.served_model, eager=identity.role != "mixed")
         self.kv_reader = KvReader(model=config.model, tp=config.tp, block_size=config.block_size,
                                   topology=identity.topology, placement=identity.placement, metrics=self.nixl,
-                                  faults=self.faults, policy=identity.kv_load_failure_policy, time_scale=time_scale)
+                                  faults=self.faults, policy=identity.kv_load_failure_policy, time_scale=time_scale,
+                                  finished_error=self.metrics.success["error"].inc)
         self.live: dict[str, tuple[Live, Choice]] = {}
         self.steps: deque[dict[str, Any]] = deque(maxlen=4096)
         self.wake = asyncio.Event()

@@ -118,6 +118,7 @@ def test_nixl_metrics_and_kv_faults_follow_the_cost_model() -> None:
         assert status == 500 and err["error"]["type"] == "InternalServerError", err
         m = scrape(d.base)
         assert value(m, "vllm:nixl_num_failed_transfers", "vllm:nixl_num_failed_transfers_total") == 1
+        assert value(m, "vllm:request_success", "vllm:request_success_total", finished_reason="error") == 1
         assert value(m, "isle_engine_kv_transfer_failures", "isle_engine_kv_transfer_failures_total",
                      remote_engine_id="pf-0") == 1
 
