@@ -4,11 +4,15 @@
   the decode's predicted first step (`router.plugins.ttft.decode_step_ms`), attributed to the
   (prefill, decode) pair (`isle_kv_transfer_seconds`). It carries HTTP and the decode's
   tokenizing (a cold 11k-token prompt: 58 ms more on the simulated engine), so it judges a pair
-  only where the decode exports no NIXL counters;
+  only where the counters below cannot;
 - per decode replica, its NIXL KV-connector counters as vLLM exports them
   (`vllm:nixl_xfer_time_seconds`, `vllm:nixl_bytes_transferred`, `vllm:nixl_num_failed_transfers`)
-  between two scrapes: achieved bandwidth and failed transfers. A decode fed by one pair in the
-  window gives that pair its bandwidth; failures count against every pair that fed it.
+  between two scrapes: achieved bandwidth and failed transfers. vLLM's labels do not say which
+  prefill a transfer came from, so a decode only one prefill feeds gives that pair its windows'
+  bandwidth; failures count against every pair that fed it in the window. Where the engine also
+  exports its transfers per prefill (`isle_engine_kv_transfer_*{remote_engine_id}`: the
+  simulated engine; the id is the prefill's replica id under the controller), those judge each
+  pair exactly.
 
 It keeps state but does no I/O: the scraper and the PD flight hand it values and a clock time.
 """
@@ -26,10 +30,22 @@ from router.plugins.kvpath import KvPathRules, PairState
 from wire.promtext import MetricsError, parse
 
 NIXL = "vllm:nixl_"
+PEER = "isle_engine_kv_transfer_"
+PEER_SECONDS, PEER_BYTES, PEER_FAILED = PEER + "seconds", PEER + "bytes_total", PEER + "failures_total"
 XFER_SECONDS, BYTES = "vllm:nixl_xfer_time_seconds", "vllm:nixl_bytes_transferred"
 FAILED = "vllm:nixl_num_failed_transfers"
 Pair = tuple[str, str]
 """(prefill replica id, decode replica id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerTotals:
+    """A decode engine's whole handovers from one prefill engine (all ranks together)."""
+
+    seconds: float
+    handovers: float
+    kv_bytes: float
+    failed: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,21 +56,29 @@ class NixlTotals:
     kv_bytes: float
     transfers: float
     failed: float
+    peers: Mapping[str, PeerTotals] = field(default_factory=dict)
+    """Per prefill engine id, where the engine says (`PEER`)."""
 
 
 def nixl_totals(text: str) -> NixlTotals | None:
     """The NIXL counters in an engine's /metrics text; None when it exports none (no NIXL
     connector, or a prefill engine). vLLM's counters carry `_total`; a histogram's `_sum`."""
     try:
-        scrape = parse(text, names=(NIXL,))
+        scrape = parse(text, names=(NIXL, PEER))
     except MetricsError:
         return None
     seconds = scrape.value(XFER_SECONDS + "_sum")
     if seconds is None:
         return None
+    ids = {labels.get("remote_engine_id", "") for labels, _ in scrape.samples.get(PEER_SECONDS + "_count", ())}
+    peers = {peer: PeerTotals(seconds=scrape.value(PEER_SECONDS + "_sum", remote_engine_id=peer) or 0.0,
+                              handovers=scrape.value(PEER_SECONDS + "_count", remote_engine_id=peer) or 0.0,
+                              kv_bytes=scrape.value(PEER_BYTES, remote_engine_id=peer) or 0.0,
+                              failed=scrape.value(PEER_FAILED, remote_engine_id=peer) or 0.0)
+             for peer in ids if peer}
     return NixlTotals(xfer_seconds=seconds, kv_bytes=scrape.value(BYTES + "_sum") or 0.0,
                       transfers=scrape.value(XFER_SECONDS + "_count") or 0.0,
-                      failed=scrape.value(FAILED + "_total") or scrape.value(FAILED) or 0.0)
+                      failed=scrape.value(FAILED + "_total") or scrape.value(FAILED) or 0.0, peers=peers)
 
 
 @dataclass(slots=True)
@@ -67,6 +91,12 @@ class DecodeNixl:
     """Failed transfers in the last window."""
     fed_by: set[str] = field(default_factory=set)
     """Prefill replicas whose handovers reached the decode since the last scrape."""
+    feeders: set[str] = field(default_factory=set)
+    """Every prefill replica that fed it."""
+
+    def attributes(self, prefill: str) -> bool:
+        """Whether its counters judge `prefill`'s pair: per peer, or with one feeder only."""
+        return self.last is not None and (bool(self.last.peers) or self.feeders == {prefill})
 
 
 @dataclass(slots=True)
@@ -93,6 +123,7 @@ class KvWatch:
         untimed); False when the pair is not followed (past `max_pairs`)."""
         decode = self.decodes.setdefault(pair[1], DecodeNixl())
         decode.fed_by.add(pair[0])
+        decode.feeders.add(pair[0])
         entry = self.pairs.get(pair)
         if entry is None:
             if len(self.pairs) >= self.max_pairs:
@@ -100,8 +131,8 @@ class KvWatch:
             entry = self.pairs[pair] = PairEntry(PairState(), tier, expected_ms_per_byte)
         entry.tier, entry.expected_ms_per_byte = tier, expected_ms_per_byte
         entry.latency_ms, entry.decode_tp = latency_ms, max(1, decode_tp)
-        if transfer_ms is None or decode.last is not None:
-            return True  # a decode that exports NIXL counters is judged by them, not by the router's clock
+        if transfer_ms is None or decode.attributes(pair[0]):
+            return True  # the engine's counters judge the pair, not the router's clock
         measured = kvpath.measured_ms_per_byte(expected_ms_per_byte, latency_ms, kv_bytes, transfer_ms, self.rules)
         entry.state = kvpath.observe(entry.state, now=now, expected_ms_per_byte=expected_ms_per_byte,
                                      observed_ms_per_byte=measured, failed=0, rules=self.rules)
@@ -121,6 +152,9 @@ class KvWatch:
         transfers = totals.transfers - last.transfers
         d.failed = max(0.0, totals.failed - last.failed)
         d.bandwidth_gb_s = moved / seconds / 1e9 if seconds > 0 else 0.0
+        if totals.peers:
+            self._peers(decode_id, totals, last, now)
+            return
         for prefill in fed:
             entry = self.pairs.get((prefill, decode_id))
             if entry is None:
@@ -130,9 +164,27 @@ class KvWatch:
                 measured = kvpath.measured_ms_per_byte(entry.expected_ms_per_byte, entry.latency_ms,
                                                        moved / transfers * entry.decode_tp,
                                                        seconds * 1e3 / transfers, self.rules)
-            if measured is not None or d.failed:
-                entry.state = kvpath.observe(entry.state, now=now, expected_ms_per_byte=entry.expected_ms_per_byte,
-                                             observed_ms_per_byte=measured, failed=int(d.failed), rules=self.rules)
+            self._observe(entry, measured, int(d.failed), now)
+
+    def _peers(self, decode_id: str, totals: NixlTotals, last: NixlTotals, now: float) -> None:
+        """Each prefill's whole handovers in the window (`PEER`) judge its pair."""
+        for prefill, peer in totals.peers.items():
+            entry = self.pairs.get((prefill, decode_id))
+            before = last.peers.get(prefill, PeerTotals(seconds=0.0, handovers=0.0, kv_bytes=0.0, failed=0.0))
+            handovers, failed = peer.handovers - before.handovers, max(0.0, peer.failed - before.failed)
+            if entry is None or handovers < 0:
+                continue
+            measured = None
+            if handovers > 0 and peer.kv_bytes > before.kv_bytes:
+                measured = kvpath.measured_ms_per_byte(entry.expected_ms_per_byte, entry.latency_ms,
+                                                       (peer.kv_bytes - before.kv_bytes) / handovers,
+                                                       (peer.seconds - before.seconds) * 1e3 / handovers, self.rules)
+            self._observe(entry, measured, int(failed), now)
+
+    def _observe(self, entry: PairEntry, measured: float | None, failed: int, now: float) -> None:
+        if measured is not None or failed:
+            entry.state = kvpath.observe(entry.state, now=now, expected_ms_per_byte=entry.expected_ms_per_byte,
+                                         observed_ms_per_byte=measured, failed=failed, rules=self.rules)
 
     def costs(self, now: float) -> dict[Pair, tuple[float, float, bool]]:
         """Per followed pair: (measured ms per byte or 0, weight on the KV transfer, open now)."""

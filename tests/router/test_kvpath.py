@@ -191,3 +191,30 @@ def test_the_pair_choice_prices_measured_transfers_and_skips_avoided_pairs() -> 
     assert avoided is not None and [c.endpoint.replica_id for c in avoided.decode_order] == ["d2", "d1"]
     only = pd_pair(r, [p], [d1], TOPOLOGY, {("p", "d1"): (0.0, 4.0, False)})
     assert only is not None and only.decode.endpoint.replica_id == "d1" and only.kv_ms > plain.kv_ms
+
+
+def peer_text(p1: tuple[float, float, float], p2: tuple[float, float, float]) -> str:
+    """A decode's NIXL counters plus the engine's per-prefill handovers (seconds, count, bytes)."""
+    lines = [NIXL_TEXT.replace("{count}", "1.0").replace("{seconds}", "1.0").replace("{kv_bytes}", "1.0")
+             .replace("{failed}", "0.0"), "# TYPE isle_engine_kv_transfer_seconds histogram",
+             "# TYPE isle_engine_kv_transfer_bytes counter"]
+    for peer, (seconds, count, kv_bytes) in (("p1", p1), ("p2", p2)):
+        labels = f'engine="0",model_name="m",remote_engine_id="{peer}"'
+        lines += [f"isle_engine_kv_transfer_seconds_bucket{{{labels},le=\"+Inf\"}} {count}",
+                  f"isle_engine_kv_transfer_seconds_count{{{labels}}} {count}",
+                  f"isle_engine_kv_transfer_seconds_sum{{{labels}}} {seconds}",
+                  f"isle_engine_kv_transfer_bytes_total{{{labels}}} {kv_bytes}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_decode_fed_by_two_prefills_judges_each_pair_by_its_per_prefill_counters() -> None:
+    watch = KvWatch(RULES)
+    for p in ("p1", "p2"):
+        watch.handover((p, "d"), tier="nvlink", expected_ms_per_byte=NVLINK, kv_bytes=1e9, transfer_ms=None, now=0.0)
+    watch.scraped("d", nixl_totals(peer_text((0, 0, 0), (0, 0, 0))), 0.0)
+    totals = nixl_totals(peer_text((0.16, 2, 2e9), (0.0044, 2, 2e9)))  # p1 at 12.5 GB/s, p2 at 450
+    assert totals is not None and set(totals.peers) == {"p1", "p2"}
+    watch.scraped("d", totals, 0.0)
+    watch.scraped("d", nixl_totals(peer_text((0.32, 4, 4e9), (0.0088, 4, 4e9))), 11.0)
+    verdicts = {row["pair"]: row["verdict"] for row in watch.view(11.0)["pairs"]}
+    assert verdicts == {"p1->d": "wrong_path", "p2->d": "as_planned"}
