@@ -29,7 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from router.kvwatch import kv_path_families
+from router.kvmetrics import kv_path_families
 from wire import native
 from wire.limits import CAUSES
 
