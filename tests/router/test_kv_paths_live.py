@@ -1,8 +1,8 @@
 """Issue 34 on loopback with real parts: the router in front of a simulated prefill and decode
 engine (processes) measures each PD handover per pair and shows its verdict in /admin/replicas and
 /metrics; a decode's NIXL counters, served vLLM-shaped by a real HTTP server on loopback, give
-the decode's bandwidth. With the engine's transport-fallback fault (the engine side of issue 34,
-once it exports it), the pair turns wrong_path and traffic leaves it."""
+the decode's bandwidth. With the engine's transport-fallback fault (`kv_transport: tcp`), the
+pair turns wrong_path, judged from the engine's per-prefill counters, and traffic leaves it."""
 
 from __future__ import annotations
 
