@@ -6,10 +6,8 @@ pair turns wrong_path, judged from the engine's per-prefill counters, and traffi
 
 from __future__ import annotations
 
-import http.server
 import json
 import re
-import threading
 import urllib.error
 from collections.abc import Iterator
 from typing import Any
@@ -19,9 +17,9 @@ import pytest
 
 from isleserve import status
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
-from tests.router.test_kvpath import NIXL_TEXT
 from tests.router.test_router import get
 from tests.support.engines import EngineProcess, fault, running_router, start_engine, stop_engine, wait_until_idle
+from tests.support.nixl import serving_nixl
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -34,28 +32,12 @@ def nixl_url() -> Iterator[str]:
     """A decode-shaped /metrics with NIXL counters that grow by 1 GB in 0.1 s per scrape (10 GB/s)."""
     scrapes = [0]
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            n = scrapes[0] = scrapes[0] + 1
-            body = NIXL_TEXT
-            for k, v in {"count": n, "seconds": 0.1 * n, "kv_bytes": 1e9 * n, "failed": 0}.items():
-                body = body.replace("{" + k + "}", repr(float(v)))
-            data = body.encode()
-            self.send_response(200)
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def grow() -> dict[str, float]:
+        n = scrapes[0] = scrapes[0] + 1
+        return {"count": n, "seconds": 0.1 * n, "kv_bytes": 1e9 * n, "failed": 0}
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_nixl(grow) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

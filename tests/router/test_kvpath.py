@@ -4,8 +4,6 @@ counters read from vLLM-shaped text served by a real HTTP server on loopback."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 import urllib.request
 from collections.abc import Iterator
 
@@ -16,6 +14,7 @@ from router.plugins import kvpath
 from router.plugins.kvpath import KvPathRules, PairState
 from router.plugins.pd import pd_pair
 from tests.router.test_pd_or_mixed import TOPOLOGY, rep, req
+from tests.support.nixl import NIXL_TEXT, serving_nixl
 
 pytestmark = pytest.mark.unit
 
@@ -83,48 +82,14 @@ def test_noise_within_expectation_counts_as_planned() -> None:
     assert kvpath.measured_ms_per_byte(NVLINK, 0.0, 0, 8.0, RULES) is None
 
 
-NIXL_TEXT = """# HELP vllm:nixl_xfer_time_seconds Histogram of transfer duration for NIXL KV Cache transfers.
-# TYPE vllm:nixl_xfer_time_seconds histogram
-vllm:nixl_xfer_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} {count}
-vllm:nixl_xfer_time_seconds_count{engine="0",model_name="m"} {count}
-vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} {seconds}
-# TYPE vllm:nixl_bytes_transferred histogram
-vllm:nixl_bytes_transferred_bucket{engine="0",le="+Inf",model_name="m"} {count}
-vllm:nixl_bytes_transferred_count{engine="0",model_name="m"} {count}
-vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} {kv_bytes}
-# TYPE vllm:nixl_num_failed_transfers counter
-vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} {failed}
-"""
 
 
 @pytest.fixture
 def nixl_server() -> Iterator[tuple[str, dict[str, float]]]:
     """A real HTTP server on loopback serving vLLM-shaped NIXL metrics, its values settable."""
     values = {"count": 0.0, "seconds": 0.0, "kv_bytes": 0.0, "failed": 0.0}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = NIXL_TEXT
-            for k, v in values.items():
-                body = body.replace("{" + k + "}", repr(v))
-            data = body.encode()
-            self.send_response(200)
-            self.send_header("content-type", "text/plain; version=0.0.4")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics", values
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_nixl(lambda: values) as base:
+        yield f"{base}/metrics", values
 
 
 def scrape(url: str) -> NixlTotals | None:
