@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -160,6 +161,8 @@ class RayBackend:
 class _ControllerActor:
     def __init__(self, spec: ControllerSpec) -> None:
         self.core = ControllerCore(spec, RayBackend())
+        self.core.host_names = frozenset({str(ray.util.get_node_ip_address()),  # type: ignore[no-untyped-call]
+                                          socket.gethostname()})
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.loop: threading.Thread | None = None

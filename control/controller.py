@@ -95,6 +95,9 @@ class ControllerCore:
         """The alive Ray nodes at the last look (one that joins is discovered)."""
         self.discovered: Topology | None = None
         self.bindings: Mapping[str, nodecheck.RayNode] = {}
+        self.host_names: frozenset[str] = frozenset()
+        """This controller's host as Ray names nodes (its address and hostname; set by its actor):
+        an engine on a node so named shares its host, and the router's (both on the head node)."""
         self.known: dict[str, nodecheck.RayNode] = {}
         """The last Ray node seen carrying each topology node: a node whose Ray node died between
         two looks is lost even when a discovery in between no longer binds it."""
@@ -173,7 +176,7 @@ class ControllerCore:
                                       vllm=vllm, ports=ports, admin_routes=self.spec.engine_admin_routes,
                                       admin_token=self.engine_admin_token, api_key=self.engine_api_key,
                                       engine_args=self.spec.engine_args.get(p.pool, ()),
-                                      kv_events_endpoint=self.spec.kv_events_endpoint,
+                                      kv_events_endpoint=self.spec.kv_events_endpoint, host_names=self.host_names,
                                       kv_block_size=self.spec.kv_block_size)
 
     def _start_all(self, placements: tuple[ReplicaPlacement, ...]) -> None:

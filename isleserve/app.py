@@ -172,7 +172,7 @@ class RouterThread:
 def build(args: dict[str, Any]) -> Any:
     from ray import serve
 
-    from control.actors import get_or_create_controller
+    from control.actors import HEAD_RESOURCE, get_or_create_controller
 
     app_args = parse_app_args(args)
     check_exposure(app_args.insecure)
@@ -197,6 +197,9 @@ def build(args: dict[str, Any]) -> Any:
             if router is not None:
                 router.stop()
 
+    # on the head node, with the controller: its listener is on that host's loopback, and so is the
+    # KV-event subscriber the controller's engines on that host publish to
     deployment: Any = serve.deployment(name="isleserve-router", num_replicas=1,
-                                       ray_actor_options={"num_cpus": 0})(IsleServe)
+                                       ray_actor_options={"num_cpus": 0, "resources": {HEAD_RESOURCE: 0.001}}
+                                       )(IsleServe)
     return deployment.bind(args)

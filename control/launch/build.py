@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -41,14 +41,15 @@ def build_launch(plan: PlacementPlan, topology: Topology, bindings: Mapping[str,
                  generation: int, *, topology_source: str, time_scale: float,
                  vllm: VllmSettings | None = None, ports: EnginePorts | None = None,
                  admin_routes: bool = False, admin_token: str = "", api_key: str = "",
-                 engine_args: tuple[str, ...] = (), kv_events_endpoint: str = "", kv_block_size: int = 16
-                 ) -> EngineLaunch:
+                 engine_args: tuple[str, ...] = (), kv_events_endpoint: str = "", kv_block_size: int = 16,
+                 host_names: Collection[str] = ()) -> EngineLaunch:
     """`vllm`: the pool's settings for a real vLLM server (`ports` then required), else a simulated
     engine (`engine_args`: its pool's serving flags). A gang: one simulated engine per
     data-parallel rank (`EngineLaunch.ranks`). With `kv_events_endpoint` (not for a gang's ranks),
     prefix caching on and its events published there (`control.spec.kv_events_args`), when the
     engine runs on the router's host: the endpoint is loopback, so only an engine on a Ray node
-    with a loopback address (this product's local Ray) can reach it."""
+    with a loopback address (this product's local Ray) or one of `host_names` (the controller's
+    address and hostname: the router shares its host) can reach it."""
     pool = plan.pool(p.pool)
     if pool.is_gang and p.members:
         if vllm is not None:
@@ -79,8 +80,12 @@ def build_launch(plan: PlacementPlan, topology: Topology, bindings: Mapping[str,
                         generation=generation, vllm=engine, admin_routes=admin_routes, admin_token=admin_token,
                         api_key=api_key, engine_args=() if vllm is not None else engine_args,
                         kv_events=kv_events_args(kv_events_endpoint, p.replica_id, kv_block_size)
-                        if kv_events_endpoint and (ray is None or not ray.address or is_loopback(ray.address))
-                        else ())
+                        if kv_events_endpoint and same_host(ray, host_names) else ())
+
+
+def same_host(ray: RayNode | None, host_names: Collection[str]) -> bool:
+    """The engine's Ray node is this host (unknown counts as this host: no Ray, or one node)."""
+    return ray is None or not ray.address or is_loopback(ray.address) or ray.address in host_names
 
 
 def ports_taken(launches: Iterable[EngineLaunch], node: str) -> set[int]:
