@@ -87,6 +87,8 @@ class KvCacheScorer(Scorer):
     def __init__(self, no_index: float, peer_pull: bool = False) -> None:
         self.no_index = no_index
         self.peer_pull = peer_pull
+        self.fallback = PrefixAffinityScorer(no_index)
+        """Without an index's answer: the prompt-hash affinity (`no_index` without a prefix)."""
 
     def score(self, req: RouteRequest, c: Candidate) -> float:
         return self.scores(req, (c,))[0]
@@ -94,10 +96,7 @@ class KvCacheScorer(Scorer):
     def scores(self, req: RouteRequest, cands: Sequence[Candidate]) -> list[float]:
         total = req.cacheable_tokens
         if total <= 0:
-            if not req.prefix_hash:
-                return [self.no_index] * len(cands)
-            return [(zlib.crc32(f"{req.prefix_hash}:{c.endpoint.replica_id}".encode()) % 10_000) / 10_000
-                    for c in cands]
+            return [self.fallback.score(req, c) for c in cands]
         out = []
         for c in cands:
             own = req.cached.get(c.endpoint.replica_id, 0)
