@@ -153,11 +153,6 @@ class KvIndex:
         held = {rid: n * bs for rid in replicas if (n := self.index.leading(rid, keys))}
         return CacheView(keyed.prompt_tokens, len(keys) * bs, held)
 
-    def lookup(self, prompt_key: str, replicas: Iterable[str]) -> tuple[int, Mapping[str, int]]:
-        """(tokens a simulated engine could read from its cache, replica id -> the leading ones it holds)."""
-        view = self.held(self.local(prompt_key), replicas)
-        return view.cacheable_tokens, view.held
-
     def request(self, model: str, body: Mapping[str, Any], path: str, prompt_key: str,
                 endpoints: Sequence[ReplicaEndpoint], lora: str = "") -> CacheView | Coroutine[Any, Any, CacheView]:
         """What the model's replicas hold of a request's (first) prompt, keyed as each engine kind

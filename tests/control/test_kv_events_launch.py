@@ -71,7 +71,8 @@ def test_the_controllers_engines_publish_their_caches_to_the_router() -> None:
             blocks = await wait_until_async(lambda: index.index.blocks(first.replica_id) or None, 10.0,
                                             "the engine's first blocks in the router's index")
             body = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "And back?"}]}
-            cacheable, held = index.lookup(chat_prompt(body["messages"]).key, [first.replica_id])
+            view = index.held(index.local(chat_prompt(body["messages"]).key), [first.replica_id])
+            cacheable, held = view.cacheable_tokens, view.held
             assert held.get(first.replica_id, 0) >= len(SYSTEM) // 4 - 32  # the system prompt, but its last blocks
             return blocks, cacheable
         finally:
