@@ -171,7 +171,9 @@ class ControllerCore:
         vllm = self.spec.vllm.get(p.pool) if self.spec.engine == "vllm" else None
         if vllm is not None and ports is None:
             ports = self.ports.allocate(p.node, side_channel=p.role != "mixed")
-        return launching.build_launch(self.plan, self.topology, self.bindings, p, generation,
+        # pinned by every binding ever seen: a node whose Ray node just died (not yet called lost)
+        # keeps its dead pin, so the start fails there instead of running "anywhere" under its name
+        return launching.build_launch(self.plan, self.topology, self.known, p, generation,
                                       topology_source=self.spec.topology_source, time_scale=self.spec.time_scale,
                                       vllm=vllm, ports=ports, admin_routes=self.spec.engine_admin_routes,
                                       admin_token=self.engine_admin_token, api_key=self.engine_api_key,

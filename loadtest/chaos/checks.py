@@ -53,11 +53,14 @@ def crash_details(pairs: Sequence[tuple[ChaosRecord, Verdict]], fault: Mapping[s
 def node_loss_details(pairs: Sequence[tuple[ChaosRecord, Verdict]], fault: Mapping[str, Any],
                       table_changes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Whether the router's table offered the lost node after marking it, whether any token came
-    from it after it died (before the controller's replacements served), and what the
-    replacements served."""
+    from it after it died (before that replica's replacement served: a replica keeps its id when
+    it moves, so each victim is judged up to its own replacement), and what the replacements
+    served."""
     victims, node = set(fault.get("replicas", [])), fault.get("node")
     at, detected = float(fault["at_s"]), fault.get("detected_s")
-    replaced = fault.get("controller_replaced_s") or fault.get("recovered_s")
+    fallback = fault.get("controller_replaced_s") or fault.get("recovered_s")
+    own = fault.get("replaced_s_by_replica") or {}
+    replaced_at = {v: own.get(v, fallback) for v in victims}
     offered = [c["at_s"] for c in table_changes if detected is not None and c["at_s"] >= detected
                and any(r["node"] == node and r["healthy"] and not r["draining"] for r in c["replicas"].values())]
 
@@ -65,9 +68,9 @@ def node_loss_details(pairs: Sequence[tuple[ChaosRecord, Verdict]], fault: Mappi
         return None if r.first_token_s is None else r.sent_s + r.first_token_s
 
     from_dead = [r for r, _ in pairs if r.replica in victims and (t := first_at(r)) is not None
-                 and at + 1.0 <= t and (replaced is None or t < replaced)]
-    by_replacement = [r for r, v in pairs if r.replica in victims and replaced is not None and v.bucket == COMPLETED
-                      and (t := first_at(r)) is not None and t >= replaced]
+                 and at + 1.0 <= t and ((done := replaced_at[r.replica]) is None or t < done)]
+    by_replacement = [r for r, v in pairs if r.replica in victims and (done := replaced_at[r.replica]) is not None
+                      and v.bucket == COMPLETED and (t := first_at(r)) is not None and t >= done]
     return {"table_offers_lost_node_after_detection": len(offered), "first_tokens_from_lost_node_after_kill":
             len(from_dead), "served_by_replacements": len(by_replacement)}
 

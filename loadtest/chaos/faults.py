@@ -234,11 +234,14 @@ async def node_loss(f: NodeLoss, ctx: FaultContext) -> dict[str, Any]:
     detected = await obs.wait_for(gone, timeout)
     back = await obs.wait_for(moved, timeout)
     noticed = [e["at_s"] for e in ctx.events("topology", at) if "Ray node gone" in str(e.get("reason"))]
-    serving = [e["at_s"] for e in ctx.events("move", at) if e.get("replica_id") in victims
-               and e.get("result") == "replacement serving"]
+    serving: dict[str, float] = {}  # each victim's first replacement serving
+    for e in ctx.events("move", at):
+        if e.get("replica_id") in victims and e.get("result") == "replacement serving":
+            serving.setdefault(str(e["replica_id"]), float(e["at_s"]))
     return {"at_s": at, "recovered_s": back, "node": f.node, "replicas": victims, "processes_killed": killed,
             "detected_s": detected, "controller_noticed_s": noticed[0] if noticed else None,
-            "controller_replaced_s": max(serving) if len(serving) >= len(victims) else None,
+            "controller_replaced_s": max(serving.values()) if len(serving) >= len(victims) else None,
+            "replaced_s_by_replica": serving,
             "lost_node_in_table_after": any(r.node == f.node for r in obs.table.values()),
             "new_placements": {v: {"node": obs.table[v].node, "gpus": list(obs.table[v].gpus)}
                                for v in victims if v in obs.table}}

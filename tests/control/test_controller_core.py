@@ -135,6 +135,27 @@ def test_a_node_lost_while_a_discovery_ran_is_still_lost(tmp_path: Path) -> None
         backend.stop_all()
 
 
+def test_a_replica_restarted_as_its_node_dies_stays_pinned_there(tmp_path: Path) -> None:
+    """The Ray node dies and a discovery unbinds it before the loop calls it lost; a restart
+    built then must keep the dead node's pin (and fail there), not run on any node under the
+    lost node's name (found by the chaos run: tokens kept coming from "the lost node")."""
+    backend = engine_backend(nodes=("a", "b"))
+    core = ControllerCore(controller_spec(tmp_path), backend)
+    try:
+        core.deploy()
+        rid, running = next((rid, r) for rid, r in core.running.items() if r.placement.node == "a")
+        pinned = running.launch.pin.ray_node_id
+        assert pinned is not None
+        backend.alive["a"] = False
+        core._discover()
+        assert "a" not in core.bindings
+        fresh = core._launch(running.placement, core.fleet.generation(rid))
+        assert fresh.pin.ray_node_id == pinned and not any("runs on any node" in n for n in fresh.pin.notes)
+    finally:
+        core.shutdown()
+        backend.stop_all()
+
+
 def _pairs_spec(path: Path, degraded: str) -> None:
     capture = ROOT / "tests/data/pairs-4gpu.txt"
     path.write_text(f"name: pairs\nfabric: {{technology: ib-hdr}}\nnodes:\n"

@@ -197,6 +197,18 @@ def test_node_loss_details_read_the_table_history_and_first_tokens() -> None:
     assert node_loss_details(pairs, fault, bad)["table_offers_lost_node_after_detection"] == 1
 
 
+def test_node_loss_judges_each_lost_replica_up_to_its_own_replacement() -> None:
+    """Two replicas lost with one node, replaced 10 s apart: the first replacement's tokens (same
+    replica id, another node) are not tokens from the dead node; a token before a replica's own
+    replacement is."""
+    fault = {"at_s": 10.0, "detected_s": 25.0, "controller_replaced_s": 37.0, "node": "pcie-box",
+             "replicas": ["mixed-1", "decode-0"], "replaced_s_by_replica": {"mixed-1": 27.0, "decode-0": 37.0}}
+    pairs = classified([record(0, sent_s=30.0, replica="mixed-1", first_token_s=0.2),
+                        record(1, sent_s=20.0, replica="decode-0", first_token_s=0.2)])
+    d = node_loss_details(pairs, fault, [])
+    assert d["first_tokens_from_lost_node_after_kill"] == 1 and d["served_by_replacements"] == 1
+
+
 def test_memory_keeps_a_short_series() -> None:
     samples = [(float(t), 200.0 + (t % 7), t % 50) for t in range(600)]
     m = memory(samples, load_end_s=500.0)
