@@ -2,7 +2,10 @@
 and their NVLink islands, pools, replicas with their GPUs and health, the plan's policy and the
 routing table's version.
 
-    isle status [--url http://127.0.0.1:8000] [--admin-key KEY] [--format text|json]
+    isle status [--url http://127.0.0.1:8000] [--admin-key KEY] [--format text|json] [--draw FILE.svg]
+
+--draw also draws the deployment: its topology, the plan's replicas outlined by role, and each
+prefill->decode pair's KV path coloured by the router's verdict (dashed while avoided).
 
 The admin key comes from --admin-key, else $ISLE_ADMIN_KEY, else the development admin key of
 the local configs (`isle-dev-admin`).
@@ -16,6 +19,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from router.config import DEV_ADMIN_KEY
@@ -87,6 +91,29 @@ def render(state: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def overlay(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The plan the drawing outlines, with the router's KV-path verdicts as its `kv_paths`."""
+    if state["plan"] is None:
+        return None
+    pairs = (state["replicas"].get("kv_paths") or {}).get("pairs") or []
+    return {**state["plan"], "kv_paths": [{k: p.get(k) for k in ("prefill", "decode", "verdict", "avoided")}
+                                          for p in pairs]}
+
+
+def draw_state(state: dict[str, Any], out: str) -> str | None:
+    """Draw the deployment to `out`; why not, when it cannot be drawn."""
+    from topology.draw import draw
+    from topology.errors import TopologyError
+
+    if state["topology"] is None:
+        return "the router has no topology to draw (/admin/topology answered 404)"
+    try:
+        draw(from_dict(state["topology"]), Path(out), plan=overlay(state), title=f"isle status {state['url']}")
+    except (TopologyError, OSError) as err:
+        return str(err)
+    return None
+
+
 def _kv_path_lines(view: dict[str, Any] | None) -> list[str]:
     """Each PD pair's KV-path verdict as the router judges it (router `pd.kv_path`)."""
     if not view or not view.get("pairs"):
@@ -152,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the router's base URL")
     parser.add_argument("--admin-key", default=None, help="admin API key (default: $ISLE_ADMIN_KEY, else the dev key)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--draw", metavar="FILE", help="also draw the deployment (.svg or .png): topology, "
+                        "replicas by role, each PD pair's KV path coloured by its verdict")
     args = parser.parse_args(argv)
     key = args.admin_key or os.environ.get("ISLE_ADMIN_KEY") or DEV_ADMIN_KEY
     base = args.url.rstrip("/")
@@ -169,4 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     sys.stdout.write(json.dumps(state, indent=2) + "\n" if args.format == "json" else render(state))
+    if args.draw:
+        why = draw_state(state, args.draw)
+        if why is not None:
+            print(f"isle status: --draw {args.draw}: {why}", file=sys.stderr)
+            return 1
+        print(f"isle status: drawn to {args.draw}", file=sys.stderr)
     return 0

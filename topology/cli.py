@@ -83,6 +83,11 @@ def _plan_overlay(source: str) -> dict[str, object]:
         and all(isinstance(g, int) and not isinstance(g, bool) for g in p["gpus"]) for p in placements)
     if not ok:
         raise TopologyError(f"{source}: a plan is an object whose `placements` list has node and gpus (integers)")
+    paths = plan.get("kv_paths", [])
+    if not isinstance(paths, list) or not all(isinstance(k, dict) and isinstance(k.get("prefill"), str)
+                                              and isinstance(k.get("decode"), str) for k in paths):
+        raise TopologyError(f"{source}: `kv_paths` is a list of objects with prefill and decode replica ids (and "
+                            "a verdict), as `isle status --format json` gives them under replicas.kv_paths.pairs")
     return plan  # type: ignore[no-any-return]
 
 
@@ -146,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="draw the topology as SVG or PNG")
     p.add_argument("source")
     p.add_argument("--out", required=True, help="FILE.svg or FILE.png")
-    p.add_argument("--plan", help="placement plan JSON to overlay")
+    p.add_argument("--plan", help="placement plan JSON to overlay (`python -m pools plan --format json`); its "
+                   "optional `kv_paths` list draws each prefill->decode pair coloured by its KV-path verdict")
     p.add_argument("--title")
     _add_read_options(p)
     p.set_defaults(func=cmd_show)

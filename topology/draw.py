@@ -2,8 +2,10 @@
 NVLink/XGMI coloured by kind (width by lanes), NVSwitch fabrics as a bar, PCIe switch pairs
 dotted, unhealthy links and GPUs in red, NICs in lanes by their nearest GPUs with the PCIe level,
 the reader's notes under each node's name, and optionally a placement plan's replicas outlined
-by role. Where each thing goes is `topology.drawlayout`; no label overlaps another or is crossed
-by a line (tests/topology/test_draw_labels.py measures it on every shipped capture).
+by role, with each prefill->decode pair's KV path (the plan's `kv_paths`, as the router judges
+them) a curve between the two replicas coloured by its verdict, dashed while avoided. Where each
+thing goes is `topology.drawlayout`; no label overlaps another or is crossed by a line
+(tests/topology/test_draw_labels.py measures it on every shipped capture).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ KIND_COLOURS = {LinkKind.NVSWITCH: "#1a7f37", LinkKind.NVLINK: "#1a7f37", LinkKi
                 LinkKind.NODE: "#afb8c1", LinkKind.SYS: "#d0d7de"}
 ROLE_COLOURS = {"prefill": "#d4a72c", "decode": "#0969da", "mixed": "#8250df"}
 UNHEALTHY = "#cf222e"
+VERDICT_COLOURS = {"as_planned": "#116329", "slow": "#bf8700", "wrong_path": "#a40e26", "failing": "#6639ba"}
+"""A KV path's verdict (router.plugins.kvpath's vocabulary); another one is drawn grey."""
 
 
 DPI = 160
@@ -182,7 +186,33 @@ def _draw_plan(ax: Any, panels: Mapping[str, Panel], plan: Mapping[str, Any], pa
                                                 ec=colour, lw=2.0, zorder=6))
 
 
-def _legend(ax: Any, with_plan: bool, x: float, y: float) -> None:
+def _centre(panels: Mapping[str, Panel], plan: Mapping[str, Any], replica: str) -> tuple[float, float] | None:
+    """The middle of a replica's GPUs (its first node's, for a gang) in the drawing, if drawn."""
+    placement = next((p for p in plan.get("placements", []) if p.get("replica_id") == replica), None)
+    if placement is None:
+        return None
+    for node, gpus in plan_groups(placement).items():
+        panel = panels.get(node)
+        pts = [panel.pos[g] for g in gpus if g in panel.pos] if panel else []
+        if pts:
+            return sum(q[0] for q in pts) / len(pts), sum(q[1] for q in pts) / len(pts)
+    return None
+
+
+def _draw_kv_paths(ax: Any, panels: Mapping[str, Panel], plan: Mapping[str, Any], patches: Any) -> None:
+    """Each prefill->decode pair of `kv_paths` a curve from the prefill's GPUs to the decode's,
+    coloured by verdict, dashed while the router avoids it."""
+    for pair in plan.get("kv_paths") or []:
+        a, b = _centre(panels, plan, str(pair.get("prefill"))), _centre(panels, plan, str(pair.get("decode")))
+        if a is None or b is None or a == b:
+            continue
+        colour = VERDICT_COLOURS.get(str(pair.get("verdict")), "#6e7781")
+        ax.add_patch(patches.FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=9, color=colour, lw=1.8,
+                                             ls="--" if pair.get("avoided") else "-", alpha=0.85,
+                                             connectionstyle="arc3,rad=0.25", shrinkA=8, shrinkB=8, zorder=7))
+
+
+def _legend(ax: Any, with_plan: bool, x: float, y: float, verdicts: tuple[str, ...] = ()) -> None:
     from matplotlib.lines import Line2D
 
     handles = [
@@ -195,6 +225,10 @@ def _legend(ax: Any, with_plan: bool, x: float, y: float) -> None:
     ]
     if with_plan:
         handles += [Line2D([], [], color=c, lw=2, label=f"{role} replica") for role, c in ROLE_COLOURS.items()]
+    handles += [Line2D([], [], color=VERDICT_COLOURS.get(v, "#6e7781"), lw=1.8, label=f"KV path {v}")
+                for v in verdicts]
+    if verdicts:
+        handles.append(Line2D([], [], color="#6e7781", lw=1.8, ls="--", label="KV path avoided"))
     ax.legend(handles=handles, loc="upper left", fontsize=6, frameon=False, bbox_to_anchor=(x, y),
               bbox_transform=ax.transData, ncol=3, borderaxespad=0.0)
 
@@ -227,8 +261,11 @@ def figure(topology: Topology, plan: Mapping[str, Any] | None = None, title: str
         _draw_gpus_and_nics(ax, panel, patches)
     if plan:
         _draw_plan(ax, {p.node.name: p for p in lay.panels}, plan, patches)
+        _draw_kv_paths(ax, {p.node.name: p for p in lay.panels}, plan, patches)
+    verdicts = tuple(sorted({str(k.get("verdict")) for k in (plan or {}).get("kv_paths") or []},
+                            key=lambda v: (list(VERDICT_COLOURS).index(v) if v in VERDICT_COLOURS else 9, v)))
     ax.text(left + 0.05, top - 0.3, heading, fontsize=9, va="center")
-    _legend(ax, bool(plan), left + 0.05, -lay.height - 0.25)
+    _legend(ax, bool(plan), left + 0.05, -lay.height - 0.25, verdicts)
     ax.set_xlim(left, right)
     ax.set_ylim(bottom, top)
     ax.set_aspect("equal")

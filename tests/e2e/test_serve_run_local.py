@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +29,7 @@ from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 from tests.docs.mdblocks import commands
 from tests.security.listeners import grpc_statuses, http_answer, listeners, process_tree, ray_services
+from topology.draw import VERDICT_COLOURS
 from wire import native
 from wire.processes import ChildExited, ChildNotReady, Group, Output, ReadyLine, ReadyProbe, Stop, session_pids
 from wire.supervisor import Child
@@ -197,9 +199,14 @@ def test_chat_streams_metrics_and_admin(product: Child) -> None:
     for p in plan["placements"]:  # every planned replica, on its planned node and GPUs
         gpus = ",".join(str(g) for g in p["gpus"])
         assert any(p["replica_id"] in line and f"{p['node']}:[{gpus}]" in line for line in status.splitlines()), status
-    as_json = json.loads(subprocess.run([isle, "status", "--format", "json"], capture_output=True, text=True,
-                                        timeout=30, check=True).stdout)
+    drawing = Path(tempfile.mkdtemp()) / "deployment.svg"
+    as_json = json.loads(subprocess.run([isle, "status", "--format", "json", "--draw", str(drawing)],
+                                        capture_output=True, text=True, timeout=60, check=True).stdout)
     assert as_json["plan"]["placements"] == plan["placements"]
+    # the streamed long prompt went prefill -> decode: its pair is judged, and drawn in its verdict's colour
+    pair = {p["pair"]: p for p in as_json["replicas"]["kv_paths"]["pairs"]}["prefill-0->decode-0"]
+    assert pair["verdict"] in VERDICT_COLOURS and pair["samples"] >= 1
+    assert f'stroke: {VERDICT_COLOURS[pair["verdict"]]}' in drawing.read_text()
     refused = subprocess.run([isle, "status", "--admin-key", "wrong"], capture_output=True, text=True, timeout=30,
                              check=False)
     assert refused.returncode == 1 and "check --admin-key" in refused.stderr

@@ -76,3 +76,34 @@ def test_the_rule_catches_what_it_forbids() -> None:
     overlaps, crossings = _check(fig)
     assert overlaps == [("first label", "second label")] and crossings == ["crossed"]
     assert not Label("a", 0, 0, 1, 1).overlaps(Label("b", 1, 0, 2, 1))  # touching is not overlapping
+
+
+def test_kv_paths_are_drawn_by_verdict_between_their_replicas() -> None:
+    """`isle status --draw`: each prefill->decode pair a curve coloured by the router's verdict,
+    dashed while avoided; a pair naming a replica the plan lacks is not drawn."""
+    from matplotlib.patches import FancyArrowPatch
+
+    from topology.draw import VERDICT_COLOURS
+
+    topology = read_source(str(ROOT / "configs/clusters/local-sim.yaml"), ReadOptions())
+    plan = {"placements": [
+        {"replica_id": "prefill-0", "node": "h100-0", "role": "prefill", "gpus": [0, 1]},
+        {"replica_id": "decode-0", "node": "h100-0", "role": "decode", "gpus": [2, 3]},
+        {"replica_id": "decode-1", "node": "h100-1", "role": "decode", "gpus": [0, 1]}],
+        "kv_paths": [{"prefill": "prefill-0", "decode": "decode-0", "verdict": "as_planned", "avoided": False},
+                     {"prefill": "prefill-0", "decode": "decode-1", "verdict": "wrong_path", "avoided": True},
+                     {"prefill": "prefill-0", "decode": "gone-7", "verdict": "slow", "avoided": False}]}
+    fig = figure(topology, plan, title="kv paths")
+    try:
+        arrows = [p for p in fig.axes[0].patches if isinstance(p, FancyArrowPatch)]
+        drawn = sorted((p.get_edgecolor(), p.get_linestyle()) for p in arrows)
+        import matplotlib.colors as mc
+
+        assert drawn == sorted([(mc.to_rgba(VERDICT_COLOURS["as_planned"], 0.85), "-"),
+                                (mc.to_rgba(VERDICT_COLOURS["wrong_path"], 0.85), "--")])
+        legend = {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
+        assert {"KV path as_planned", "KV path wrong_path", "KV path slow", "KV path avoided"} <= legend
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
