@@ -85,6 +85,8 @@ class DecodeNixl:
 
     last: NixlTotals | None = None
     bandwidth_gb_s: float = 0.0
+    """Of the last window that moved KV: one without transfers (a decode between PD requests)
+    says nothing of the path, and the gauge would read 0 most of the time under sparse traffic."""
     failed: float = 0.0
     """Failed transfers in the last window."""
     fed_by: set[str] = field(default_factory=set)
@@ -149,7 +151,8 @@ class KvWatch:
         seconds, moved = totals.xfer_seconds - last.xfer_seconds, totals.kv_bytes - last.kv_bytes
         transfers = totals.transfers - last.transfers
         d.failed = max(0.0, totals.failed - last.failed)
-        d.bandwidth_gb_s = moved / seconds / 1e9 if seconds > 0 else 0.0
+        if seconds > 0 and moved > 0:
+            d.bandwidth_gb_s = moved / seconds / 1e9
         if totals.peers:
             self._peers(decode_id, totals, last, now)
             return
