@@ -91,6 +91,11 @@ class DecodeNixl:
     """Failed transfers in the last window."""
     fed_by: set[str] = field(default_factory=set)
     """Prefill replicas whose handovers reached the decode since the last scrape."""
+    judged: NixlTotals | None = None
+    """The totals the pairs were last judged up to: vLLM counts a transfer when it completes,
+    the router records the handover when the decode's answer ends, so a scrape between the two
+    sees transfers that no handover explains yet; they wait for the next window, whose handovers
+    do (`fed_by`)."""
     feeders: set[str] = field(default_factory=set)
     """Every prefill replica that fed it."""
 
@@ -147,15 +152,27 @@ class KvWatch:
         last, d.last = d.last, totals
         fed, d.fed_by = d.fed_by, set()
         if last is None or totals.xfer_seconds < last.xfer_seconds:  # first scrape, or the engine restarted
+            d.judged = totals
             return
         seconds, moved = totals.xfer_seconds - last.xfer_seconds, totals.kv_bytes - last.kv_bytes
-        transfers = totals.transfers - last.transfers
         d.failed = max(0.0, totals.failed - last.failed)
         if seconds > 0 and moved > 0:
             d.bandwidth_gb_s = moved / seconds / 1e9
         if totals.peers:
             self._peers(decode_id, totals, last, now)
+            d.judged = totals
             return
+        base = d.judged or last
+        if not fed and (totals.transfers > base.transfers or totals.failed > base.failed):
+            return  # transfers whose handovers the router has not recorded yet (`DecodeNixl.judged`)
+        d.judged = totals
+        self._judge(decode_id, fed, totals, base, now)
+
+    def _judge(self, decode_id: str, fed: set[str], totals: NixlTotals, base: NixlTotals, now: float) -> None:
+        """The transfers since `base` judge the pairs that `fed` the decode: their failures each,
+        their bandwidth the one pair when only one did."""
+        seconds, moved = totals.xfer_seconds - base.xfer_seconds, totals.kv_bytes - base.kv_bytes
+        transfers, failed = totals.transfers - base.transfers, max(0.0, totals.failed - base.failed)
         for prefill in fed:
             entry = self.pairs.get((prefill, decode_id))
             if entry is None:
@@ -165,7 +182,7 @@ class KvWatch:
                 measured = kvpath.measured_ms_per_byte(entry.expected_ms_per_byte, entry.latency_ms,
                                                        moved / transfers * entry.decode_tp,
                                                        seconds * 1e3 / transfers, self.rules)
-            self._observe(entry, measured, int(d.failed), now)
+            self._observe(entry, measured, int(failed), now)
 
     def _peers(self, decode_id: str, totals: NixlTotals, last: NixlTotals, now: float) -> None:
         """Each prefill's whole handovers in the window (`PEER`) judge its pair."""

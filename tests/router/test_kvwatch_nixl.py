@@ -37,3 +37,26 @@ def test_a_window_without_transfers_keeps_the_decodes_last_bandwidth() -> None:
     for t in (1.0, 1.5, 2.0):
         watch.scraped("d1", totals(1, 0.003, 6.0e5), t)
     assert watch.view(2.0)["decodes"]["d1"] == {"nixl_bandwidth_gb_s": 0.2, "nixl_failed_transfers": 0.0}
+
+
+def test_a_transfer_counted_before_its_handover_judges_the_pair_at_the_next_scrape() -> None:
+    """A scrape lands after vLLM counted the transfer and before the decode's answer ended (when
+    the router records the handover): the window's 0.6 MB in 3 ms judge p1->d1 at the next
+    scrape (it judged nothing: the next window moved nothing). 0.2 GB/s on a 40 GB/s path."""
+    watch = KvWatch(RULES)
+    watch.scraped("d1", totals(0, 0.0, 0), 0.0)
+    watch.scraped("d1", totals(1, 0.003, 6.0e5), 0.5)  # counted; the answer still streams
+    handover(watch, 0.6)
+    watch.scraped("d1", totals(1, 0.003, 6.0e5), 1.0)
+    (row,) = watch.view(1.0)["pairs"]
+    assert (row["pair"], row["samples"], row["measured_gb_s"], row["verdict"]) == ("p1->d1", 1, 0.2, "slow")
+
+
+def test_failures_before_the_handover_count_against_the_pair_that_fed_it() -> None:
+    watch = KvWatch(RULES)
+    watch.scraped("d1", totals(0, 0.0, 0), 0.0)
+    watch.scraped("d1", totals(0, 0.0, 0, failed=1), 0.5)
+    handover(watch, 0.6)
+    watch.scraped("d1", totals(0, 0.0, 0, failed=1), 1.0)
+    (row,) = watch.view(1.0)["pairs"]
+    assert row["verdict"] == "failing"
