@@ -78,21 +78,23 @@ test test-vllm: export RAY_AUTH_MODE ?= disabled
 # The checks in lanes, at once (out/tests/LANE.log, shown when each ends): lint (ruff, mypy,
 # import-linter) then `make install-run` in a fresh copy (tests/e2e/test_install_run.py: pip
 # and a compile); the e2e tier that wants port 8000 (`isle run`, `serve deploy`) and the live
-# compare, one test at a time; the chaos run alone (a timeline on a Ray cluster of its own:
-# mostly waiting); the ray tier (each test its own cluster); and beside them every other test
-# over PYTEST_JOBS pytest-xdist workers (CI's two cores; a file to a worker, so that module
-# fixtures start once). Then the files marked `serial` alone (wall-clock bounds another test's
-# load could break). Every pytest prints its 25 slowest tests; no cache: lanes end at once.
+# compare, one test at a time; the chaos runs alone, one after the other (each a timeline on a
+# Ray cluster of its own: mostly waiting); the ray tier (each test its own cluster); and beside
+# them every other test over PYTEST_JOBS pytest-xdist workers (CI's two cores; a file to a
+# worker, so that module fixtures start once). Then the files marked `serial` alone (wall-clock
+# bounds another test's load could break). Every pytest prints its 25 slowest tests; no cache:
+# lanes end at once.
 PYTEST_JOBS ?= auto
 PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
-ALONE = tests/e2e/test_install_run.py tests/e2e/test_chaos.py
+CHAOS = tests/e2e/test_chaos.py tests/e2e/test_chaos_kv.py
+ALONE = tests/e2e/test_install_run.py $(CHAOS)
 
 test: install
 	@mkdir -p out/tests; \
 	{ $(BIN)/ruff check . && $(BIN)/mypy && $(BIN)/lint-imports && \
 	  $(PYTEST) tests/e2e/test_install_run.py; } >out/tests/lint.log 2>&1 & lint=$$!; \
 	$(PYTEST) -m "e2e and not serial" $(ALONE:%=--ignore=%) >out/tests/e2e.log 2>&1 & e2e=$$!; \
-	$(PYTEST) -m "not serial" tests/e2e/test_chaos.py >out/tests/chaos.log 2>&1 & chaos=$$!; \
+	$(PYTEST) -m "not serial" $(CHAOS) >out/tests/chaos.log 2>&1 & chaos=$$!; \
 	$(PYTEST) -m "ray and not e2e and not serial" >out/tests/ray.log 2>&1 & ray=$$!; \
 	$(PYTEST) -n $(PYTEST_JOBS) --dist loadfile -m "not e2e and not ray and not serial"; rest=$$?; \
 	failed=$$([ $$rest -eq 0 ] || echo the rest); \

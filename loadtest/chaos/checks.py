@@ -7,6 +7,7 @@ and the run's verdict: one named check per behaviour the chaos run exists to pro
     node_loss       its replicas re-placed; the router's table never offers it again once it
                     marked it gone; no token from it after it died
     overload        429 + Retry-After to sheddable classes first; interactive attainment holds
+    kv_*            the pair flagged and avoided, interactive TTFT p99 back (`loadtest.chaos.kvreport`)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loadtest.chaos.driver import ChaosRecord
+from loadtest.chaos.kvreport import KV_KINDS, kv_checks
 from loadtest.chaos.report import COMPLETED, ERRORED, Verdict, window
 from pools.model import SLOClass
 
@@ -116,6 +118,8 @@ def checks(report: Mapping[str, Any], classes: Mapping[str, SLOClass]) -> dict[s
                 first and first[0] in sheddable and shed["without_retry_after"] == 0
                 and not d["shed_by_class"].get(INTERACTIVE))
             out["overload_interactive_attainment_holds"] = bool(ok and attainment is not None and attainment >= HOLDS)
+        elif kind in KV_KINDS:
+            out.update(kv_checks(f))
     mem = report["router_memory"]
     out["router_memory_bounded"] = bool(mem.get("samples") and mem["after_load_mb"] <= mem["early_max_mb"] * 1.5
                                         + MEMORY_SLACK_MB)

@@ -13,6 +13,9 @@ what was done to which process, what the controller logged (`events.jsonl`).
     node_loss       every process of the Ray node carrying the node; detected when the table
                     marks its replicas, recovered when all of them serve from other nodes
     overload        the offered load times `factor` for `duration_s`
+
+The KV-path faults (one prefill->decode pair's KV at TCP speed, or at a share of its rate) are
+in `loadtest.chaos.kvfaults`.
 """
 
 from __future__ import annotations
@@ -67,6 +70,10 @@ class Observer:
     changes: list[dict[str, Any]] = field(default_factory=list)
     """The table each time something other than load changed: (time, version, replicas)."""
     rss: list[tuple[float, float, int]] = field(default_factory=list)
+    kv_paths: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The router's KV-path verdicts now, per pair (`prefill->decode`): verdict, avoided, ratio."""
+    kv_changes: list[dict[str, Any]] = field(default_factory=list)
+    """The verdicts each time a pair's verdict or avoidance changed: (time, pairs)."""
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     seen: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -100,7 +107,19 @@ class Observer:
                                  "replicas": {k: {"node": n, "url": u, "healthy": h, "draining": d, "breaker_open": b}
                                               for k, (n, u, h, d, b) in sorted(shape.items())}})
         self.table, self.version = table, int(body["version"])
+        self._kv(body.get("kv_paths"))
         self.seen.set()
+
+    def _kv(self, view: Any) -> None:
+        if not isinstance(view, dict):
+            return
+        rows = {str(p["pair"]): {"verdict": str(p["verdict"]), "avoided": bool(p["avoided"]),
+                                 "bandwidth_ratio": p.get("bandwidth_ratio"), "samples": p.get("samples")}
+                for p in view.get("pairs", [])}
+        shape = {k: (v["verdict"], v["avoided"]) for k, v in rows.items()}
+        if shape != {k: (v["verdict"], v["avoided"]) for k, v in self.kv_paths.items()}:
+            self.kv_changes.append({"at_s": round(self.now(), 2), "pairs": rows})
+        self.kv_paths = rows
 
     def first_change(self, after_s: float, what: Callable[[Mapping[str, Mapping[str, Any]]], bool]) -> float | None:
         """When the recorded table first satisfied `what` at or after `after_s` (from the history,
@@ -125,6 +144,12 @@ class FaultContext:
     observer: Observer
     wall_offset: float
     """time.time() minus the run clock: controller events onto the run clock."""
+    lifts: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """Faults that last until the end of the run: undone then (`lift_all`), also after an error."""
+
+    async def lift_all(self) -> None:
+        while self.lifts:
+            await self.lifts.pop()()
 
     def events(self, kind: str, after_s: float) -> list[dict[str, Any]]:
         return [{**e, "at_s": round(e["time"] - self.wall_offset, 2)} for e in self.cluster.events()
@@ -135,7 +160,7 @@ def _post(url: str, body: Mapping[str, Any], key: str | None = None) -> Any:
     return client.post_json(url, body, key=key, timeout_s=5)
 
 
-def _engine_admin_token(ctx: FaultContext) -> str | None:
+def engine_admin_token(ctx: FaultContext) -> str | None:
     """The token the deployment's engines want on their admin routes (the controller keeps it in
     the run's state directory)."""
     saved = DiskFiles(ctx.cluster.state_dir).read(TOKEN_FILE)
@@ -194,7 +219,7 @@ async def link_degrade(f: LinkDegrade, ctx: FaultContext) -> dict[str, Any]:
         return {"error": f"{f.replica} has no TP link (GPUs {list(old.gpus)})"}
     a, b = old.gpus[0], old.gpus[1]
     await asyncio.to_thread(_post, f"{old.url}/admin/faults", {"link_bandwidth_factor": f.bandwidth_factor},
-                            _engine_admin_token(ctx))
+                            engine_admin_token(ctx))
     at = ctx.driver.now()
     await asyncio.sleep(f.detect_after_s)
     marked_from = ctx.driver.now()
@@ -262,11 +287,13 @@ ACTIONS: dict[str, Callable[[Any, FaultContext], Awaitable[dict[str, Any]]]] = {
     "replica_crash": replica_crash, "link_degrade": link_degrade, "node_loss": node_loss, "overload": overload}
 
 
-async def inflict(f: Fault, ctx: FaultContext) -> dict[str, Any]:
+async def inflict(f: Fault, ctx: FaultContext,
+                  actions: Mapping[str, Callable[[Any, FaultContext], Awaitable[dict[str, Any]]]] = ACTIONS
+                  ) -> dict[str, Any]:
     """Do one fault and wait for recovery; a fault that could not be done is a record with `error`."""
     started = ctx.driver.now()
     try:
-        record = await ACTIONS[f.kind](f, ctx)
+        record = await actions[f.kind](f, ctx)
     except Exception as err:  # the run goes on: the report says what failed
         record = {"error": f"{type(err).__name__}: {err}"}
     record.setdefault("at_s", started)

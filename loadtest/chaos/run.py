@@ -10,11 +10,14 @@ plan (`loadtest.chaos.capacity`; `--capacity-rps` gives it instead), drives it o
 `load` x capacity (`loadtest.chaos.driver`) and, after a quiet window, does each fault of the spec
 in turn, waiting for recovery and a quiet window after each (`loadtest.chaos.faults`): a replica's
 engine killed mid-stream, a TP group's NVLink degraded then marked unhealthy, a Ray node lost, a
-3x burst. Then it stops sending, waits for every request (each has a deadline), tears everything
-down (also on an error, Ctrl-C or SIGTERM) and writes:
+3x burst; or (`configs/chaos-kv.yaml`, `loadtest.chaos.kvfaults`) one PD pair's KV at TCP speed
+or through a remote NIC, until the router flags and avoids the pair. Then it stops sending, waits
+for every request (each has a deadline), tears everything down (also on an error, Ctrl-C or
+SIGTERM) and writes:
 
     DIR/chaos.json      sent, completed, errored (by cause), lost, hung, duplicated_tokens; per
-                        fault its times (drain, re-place), interactive attainment and TTFT before,
+                        fault its times (drain, re-place; a KV fault's flag and avoidance and the
+                        pair's share of PD requests), interactive attainment and TTFT before,
                         during and after; shedding; router RSS over time; the checks and `passed`
     DIR/requests.jsonl  every request: class, times, status, replica, tokens, verdict
     DIR/events.jsonl    the controller's record of the run
@@ -39,14 +42,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from isleserve.settings import AppArgs
 from loadtest.chaos import capacity as chaoscapacity
 from loadtest.chaos.checks import checks, crash_details, node_loss_details, overload_details
 from loadtest.chaos.cluster import ChaosCluster, chaos_args, chaos_deployment
 from loadtest.chaos.driver import ChaosDriver, ChaosRecord
-from loadtest.chaos.faults import FaultContext, Observer, inflict, wall_offset
+from loadtest.chaos.faults import ACTIONS, FaultContext, Observer, inflict, wall_offset
+from loadtest.chaos.kvfaults import ACTIONS as KV_ACTIONS
+from loadtest.chaos.kvreport import KV_KINDS, kv_details, kv_summary
 from loadtest.chaos.load import RequestFactory
 from loadtest.chaos.report import classified, fault_windows, memory, shedding, totals, window
-from loadtest.chaos.spec import ChaosSpec, load_chaos_spec
+from loadtest.chaos.spec import ChaosSpec, kv_pair_problems, load_chaos_spec
 from loadtest.live.client import Target, loopback_target
 from loadtest.live.deploy import ROOT, DeployError
 from loadtest.live.run import pick_model
@@ -83,17 +89,18 @@ async def drive(spec: ChaosSpec, cluster: ChaosCluster, factory: RequestFactory,
     faults: list[dict[str, Any]] = []
     try:
         await asyncio.wait_for(observer.seen.wait(), 30)
-        say(f"load: {rate_wall_rps:.2f} req/s (wall); quiet for {spec.window_s:g} s")
-        await asyncio.sleep(spec.window_s)
+        say(f"load: {rate_wall_rps:.2f} req/s (wall); warm-up {spec.warmup_s:g} s, then quiet for {spec.window_s:g} s")
+        await asyncio.sleep(spec.warmup_s + spec.window_s)
         for f in spec.faults:
             say(f"fault: {f.kind} at {driver.now():.0f} s ({driver.in_flight()} requests in flight)")
-            record = await inflict(f, ctx)
+            record = await inflict(f, ctx, {**ACTIONS, **KV_ACTIONS})
             faults.append(record)
             said = record.get("error") or (f"recovered at {record['recovered_s']:.0f} s"
                                            if record.get("recovered_s") is not None else "NOT recovered")
             say(f"fault: {f.kind}: {said}; quiet for {spec.window_s:g} s")
             await asyncio.sleep(spec.window_s)
     finally:
+        await ctx.lift_all()  # faults that last until the end of the run
         driver.stop()
         load_end = driver.now()
         say(f"stopped sending at {load_end:.0f} s; waiting for {driver.in_flight()} requests in flight")
@@ -106,8 +113,12 @@ async def drive(spec: ChaosSpec, cluster: ChaosCluster, factory: RequestFactory,
 
 
 def _fault_entry(f: dict[str, Any], pairs: Any, spec: ChaosSpec, classes: dict[str, SLOClass],
-                 table_changes: list[dict[str, Any]]) -> dict[str, Any]:
+                 table_changes: list[dict[str, Any]], baseline: tuple[float, float]) -> dict[str, Any]:
     entry = dict(f)
+    if f["kind"] in KV_KINDS:  # its own windows: the run's no-fault window, during, after the pair is avoided
+        entry["details"] = {} if "error" in f else kv_details(pairs, f, baseline, spec.window_s, classes,
+                                                               spec.time_scale)
+        return entry
     at, back = f["at_s"], f.get("recovered_s")
     entry["time_to_recover_s"] = None if back is None else round(back - at, 2)
     if f["kind"] == "link_degrade" and f.get("controller_marked_s") is not None:
@@ -139,6 +150,8 @@ def build_report(spec: ChaosSpec, run: Run, cluster: ChaosCluster, capacity: cha
     classes = cluster.args.router.classes()
     pairs = classified(run.records)
     rate = spec.load * capacity.rps
+    first = float(run.faults[0]["at_s"]) if run.faults else run.load_end_s
+    baseline = (max(0.0, first - spec.window_s), first)  # the quiet window before any fault: the no-fault run
     report: dict[str, Any] = {
         "command": command,
         "load": {"capacity_rps": capacity.rps, "capacity_from": capacity_source, "capacity_probes": capacity.probes,
@@ -147,10 +160,11 @@ def build_report(spec: ChaosSpec, run: Run, cluster: ChaosCluster, capacity: cha
                  "max_send_lag_ms": run.max_lag_ms, "workload": spec.workload.model_dump()},
         **totals(pairs),
         "by_class": {name: window(pairs, 0.0, None, name, classes, spec.time_scale) for name in sorted(classes)},
-        "faults": [_fault_entry(f, pairs, spec, classes, run.observer.changes) for f in run.faults],
+        "faults": [_fault_entry(f, pairs, spec, classes, run.observer.changes, baseline) for f in run.faults],
         "shedding": shedding(pairs, classes),
         "router_memory": memory(run.observer.rss, run.load_end_s),
         "routing_table_changes": run.observer.changes,
+        "kv_path_changes": run.observer.kv_changes,
         "deployment": {"serve_config": cluster.serve_config.name, "deploy_s": round(deploy_s, 1),
                        "head_node": spec.head_node, "ray_nodes": list(spec.ray_nodes),
                        "sessions": [cluster.head.proc.pid, *(p.pid for p in cluster.nodes.values())],
@@ -182,6 +196,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
              f"{report['errored_by_cause']}, lost {report['lost']}, hung {report['hung']}, duplicated tokens "
              f"{report['duplicated_tokens']}"]
     for f in report["faults"]:
+        if f["kind"] in KV_KINDS:
+            lines.append(kv_summary(f))
+            continue
         w = f.get("interactive", {})
         att = " / ".join("-" if w.get(k, {}).get("slo_attainment") is None else f"{w[k]['slo_attainment']:.0%}"
                          for k in ("before", "during", "after"))
@@ -225,6 +242,10 @@ def main(argv: Sequence[str]) -> int:
 
     command = "python -m loadtest chaos " + " ".join(argv)
     factory = RequestFactory(spec.workload)
+    problems = kv_pair_problems(spec.faults, _roles(chaos_args(spec, base, Path("state"))[2]))
+    if problems:
+        print("loadtest chaos: " + "; ".join(problems), file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="isle-chaos-") as tmp:
         work = Path(tmp)
         _, _, app_args = chaos_args(spec, base, work / "state")
@@ -248,6 +269,12 @@ def main(argv: Sequence[str]) -> int:
     for line in summary_lines(report):
         say(line)
     return 0 if report["passed"] else 1
+
+
+def _roles(args: AppArgs) -> dict[str, str]:
+    """Replica id -> role, as the controller names the replicas it starts with."""
+    return {f"{p.name}-{i}": p.role for p in args.pools
+            for i in range(p.replicas if isinstance(p.replicas, int) else 0)}
 
 
 def _run(coro: Any) -> Any:

@@ -47,7 +47,7 @@ def test_every_config_file_is_valid(path: Path) -> None:
             assert doc["tokenizer_class"] == "PreTrainedTokenizerFast"
     elif path.suffix == ".json":
         assert json.loads(path.read_text())["panels"]
-    elif path.name == "chaos.yaml":
+    elif path.name in ("chaos.yaml", "chaos-kv.yaml"):
         from loadtest.chaos.spec import load_chaos_spec
 
         spec, base = load_chaos_spec(path)
@@ -60,7 +60,7 @@ def test_every_config_file_is_valid(path: Path) -> None:
         for job in jobs.values():
             for sd in job["http_sd_configs"]:  # the router's discovery, with the admin key as a bearer token
                 assert sd["url"].endswith(PATH) and sd["authorization"]["type"] == "Bearer"
-    elif path.name in ("local.yaml", "prod.yaml", "vllm-cpu.yaml"):
+    elif path.name in ("local.yaml", "prod.yaml", "vllm-cpu.yaml", "pd-pairs.yaml"):
         args = app_args_from_serve_config(str(path))
         assert args.router.require_keys
     elif path.name == "lora.yaml":
