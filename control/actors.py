@@ -204,6 +204,10 @@ class _ControllerActor:
         with self.lock:
             return self.core.mark_link(node, a, b, healthy, reason)
 
+    def replace_replica(self, replica_id: str, reason: str = "") -> list[dict[str, Any]]:
+        with self.lock:
+            return self.core.replace_replica(replica_id, reason)
+
     def table(self) -> RoutingTable:
         return self.core.table
 

@@ -1,5 +1,5 @@
-"""The control plane's subcommands of `python -m pools`: `mark-link` and `stop-controller` (the
-running controller, through Ray) and `launch` (the vLLM command of each node of a planned gang
+"""The control plane's subcommands of `python -m pools`: `mark-link`, `replace` and
+`stop-controller` (the running controller, through Ray) and `launch` (the vLLM command of each node of a planned gang
 replica)."""
 
 from __future__ import annotations
@@ -35,6 +35,21 @@ def cmd_mark_link(args: argparse.Namespace) -> int:
     call: Any = _controller(args.address).mark_link.remote(args.node, args.gpu_a, args.gpu_b, args.healthy,
                                                            args.reason or "")
     moves: list[dict[str, object]] = ray.get(call)
+    print(json.dumps({"moves": moves}, indent=2))
+    return 0
+
+
+def cmd_replace(args: argparse.Namespace) -> int:
+    """Tell the running controller to move one replica (make-before-break) off its GPUs and NICs."""
+    import ray
+
+    call: Any = _controller(args.address).replace_replica.remote(args.replica, args.reason or "")
+    try:
+        moves: list[dict[str, object]] = ray.get(call)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, ValueError):  # no such replica, or no room: one line, exit 2
+            raise ValueError(str(err.cause)) from None
+        raise
     print(json.dumps({"moves": moves}, indent=2))
     return 0
 
@@ -126,6 +141,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--reason", help="recorded with the change")
     p.add_argument("--address", default="auto", help="Ray address (default: the running cluster)")
     p.set_defaults(func=cmd_mark_link)
+    p = sub.add_parser("replace", help="move a replica (make-before-break) off its GPUs and NICs in the running "
+                                       "controller: a PD pair on the wrong path")
+    p.add_argument("replica", help="replica id (`isle status`, /admin/replicas)")
+    p.add_argument("--reason", help="recorded with the move")
+    p.add_argument("--address", default="auto", help="Ray address (default: the running cluster)")
+    p.set_defaults(func=cmd_replace)
     p = sub.add_parser("stop-controller", help="stop the detached controller and every replica it started")
     p.add_argument("--address", default="auto", help="Ray address (default: the running cluster)")
     p.set_defaults(func=cmd_stop_controller)

@@ -40,6 +40,7 @@ from control.autoscaling import IDLE_GRACE_S, Autoscaling, FleetView, decide_cha
 from control.backend import Backend
 from control.benching import BenchKeeper
 from control.fleet import Fleet, Running
+from control.kvpaths import KvPathWatch
 from control.launch import build as launching
 from control.launch import gang
 from control.spec import ControllerSpec, EngineLaunch
@@ -53,7 +54,8 @@ from control.state.secrets import ENGINE_KEY_FILE, TOKEN_FILE, drawn_secret
 from control.table import build_table
 from pools.model import PlacementPlan, PlacementRequest, ReplicaPlacement
 from pools.placement import get_policy
-from pools.placement.replan import replan
+from pools.placement.evict import evict
+from pools.placement.replan import Replan, replan
 from pools.placement.rollout import Change, changes
 from pools.ports import EnginePorts
 from pools.routing import EngineKind, RoutingTable
@@ -113,6 +115,7 @@ class ControllerCore:
         self.last_changes: list[Change] = []
         self.counters_at = clock()
         self.autoscaling = Autoscaling(spec.autoscale, clock)
+        self.kv_paths = KvPathWatch(spec.kv_path_action, self._record, clock)
 
     @property
     def running(self) -> dict[str, Running]:
@@ -315,7 +318,10 @@ class ControllerCore:
             return []  # the plan already fits this graph (scores may differ: see _read_counters)
         self._record("topology", {"reason": why, "previous": old.fingerprint(), "lost_nodes": sorted(self.lost),
                                   "marks": [m.key for m in self.marks.values()]})
-        result = replan(self.plan, new, previous=old, held=self._held())
+        return self._carry_out(replan(self.plan, new, previous=old, held=self._held()), why)
+
+    def _carry_out(self, result: Replan, why: str) -> list[Change]:
+        """A re-plan's plan recorded, installed and carried out (`apply`), the table published."""
         where = {**{rid: r.placement for rid, r in self.running.items()}, **self.fleet.starts.targets()}
         todo = changes(where, result.plan, result.moves)
         self._record("plan", {**result.plan.to_json(), "reason": why, "moves": [c.to_json() for c in todo]})
@@ -323,6 +329,21 @@ class ControllerCore:
         self.last_changes = todo
         self._publish()
         return todo
+
+    def replace_replica(self, replica_id: str, reason: str = "") -> list[dict[str, Any]]:
+        """Move one serving replica make-before-break off its GPUs, and off their NICs where room
+        allows (`pools.placement.evict`); the moves. ValueError: no such replica serving steadily,
+        or no room."""
+        assert self.plan is not None and self.topology is not None
+        r = self.running.get(replica_id)
+        if r is None or r.draining or replica_id in self.fleet.starts.flight:
+            raise ValueError(f"replica {replica_id!r} is not serving steadily (unknown, being started or draining)")
+        why = reason or "re-placed by the operator"
+        found = evict(self.plan, self.topology, replica_id, why, held=self._held())
+        self._record("replace", {"replica_id": replica_id, "reason": why, "where": found.why})
+        if found.replan is None:
+            raise ValueError(found.why)
+        return [c.to_json() for c in self._carry_out(found.replan, f"re-place {replica_id}: {why}")]
 
     def apply(self, plan: PlacementPlan, todo: Sequence[Change], why: str) -> None:
         """Install `plan` and carry out its changes: the one way a re-plan (a topology change) and
@@ -379,6 +400,8 @@ class ControllerCore:
             changed = True  # routers follow the table's version to the measured topology
         if self.autoscaling.due():
             changed = self._autoscale() or changed
+        busy = frozenset(self.fleet.starts.flight) | {rid for rid, r in self.running.items() if r.draining}
+        self.kv_paths.act(frozenset(self.running), busy, self.replace_replica)  # publishes what it moves
         changed = changed or self.alarms.signature() != self.published_alarms  # the routers' /health follows
         return self._publish() if changed else self.table
 
@@ -387,6 +410,7 @@ class ControllerCore:
         """A router's load report in; the autoscaler's status out (the router's metrics show it)."""
         try:
             self.autoscaling.observe(report)
+            self.kv_paths.observe(report)  # recorded by the next pass (this call holds no lock)
         except ValueError as err:
             refused = self.autoscaling.refused
             if refused & (refused - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: a flood does not flood the log
@@ -448,7 +472,9 @@ class ControllerCore:
                 "starting": {rid: i.kind for rid, i in sorted(self.fleet.starts.flight.items())},
                 "marked_links": [list(m.key) for m in self.marks.values()], "lost_nodes": sorted(self.lost),
                 "last_moves": [c.to_json() for c in self.last_changes], "events": str(self.events.path),
-                "bench": self.bench.status(), "health": self.alarms.health(),
+                "bench": self.bench.status(), "health": self.alarms.health(), "kv_paths": self.kv_paths.status(),
+                "transport_env": {rid: list(r.transport_env) for rid, r in sorted(self.running.items())
+                                  if r.transport_env},
                 **({"autoscaling": self.autoscaling.status(self.plan, serving_counts(self.running))}
                    if self.autoscaling.enabled else {})}
 

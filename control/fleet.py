@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from control.backend import Backend, Replica
+from control.envcheck import transport_events
 from control.launch import gang
 from control.launch.build import Started
 from control.launch.portbook import PortBook
@@ -35,6 +36,8 @@ class Running:
     retire_by: float = 0.0
     idle_from: float = 0.0
     """Retiring: not taken for idle before this (the routers may still be sending it one)."""
+    transport_env: tuple[dict[str, Any], ...] = ()
+    """Its engine's environment against the plan at its start (`control.envcheck`): the mismatches."""
 
 
 class Fleet:
@@ -59,6 +62,8 @@ class Fleet:
         return self.generations[rid]
 
     def started(self, p: ReplicaPlacement, done: Started) -> Running:
+        """A start's result, recorded (with its engine's environment checked against the plan:
+        `control.envcheck`) before the caller installs and publishes it."""
         launch = done.launch
         self.record("replica_started", {"replica_id": p.replica_id, "generation": launch.generation, "url": done.url,
                                         "node": p.node, "gpus": list(p.gpus), "ray_node": launch.pin.ray_node_id,
@@ -67,7 +72,10 @@ class Fleet:
                                         "ports": launch.vllm.ports.to_json() if launch.vllm else None,
                                         **({"ranks": gang.urls_of(p.replica_id, done.replica, done.url)}
                                            if launch.ranks else {})})
-        return Running(replica=done.replica, launch=launch, placement=p, url=done.url)
+        mismatches = tuple(transport_events(launch, done.env))
+        for event in mismatches:
+            self.record("transport_env", event)
+        return Running(replica=done.replica, launch=launch, placement=p, url=done.url, transport_env=mismatches)
 
     @staticmethod
     def stop(replica: Replica) -> None:

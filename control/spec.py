@@ -9,13 +9,17 @@ from dataclasses import dataclass, field
 from control.benches.schedule import BenchPolicy
 from control.state.files import default_state_dir
 from pools.autoscale.policy import AutoscalingConfig
+from pools.kvrepair import KvPathAction
 from pools.model import DEFAULT_SLO_CLASSES, PoolSpec, SLOClass
 from pools.pinning import Pin
 from pools.ports import EnginePorts, PortPlan
+from pools.transportenv import TRANSPORT_ENV
 from pools.vllmconfig import VllmSettings
 
-ENGINE_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_IB_HCA", "UCX_NET_DEVICES", "NCCL_SOCKET_IFNAME")
-"""The variables pinning sets, which a replica reports back from its engine's environment."""
+ENGINE_ENV = tuple(dict.fromkeys(("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_IB_HCA", "UCX_NET_DEVICES",
+                                   "NCCL_SOCKET_IFNAME", *TRANSPORT_ENV)))
+"""The variables pinning sets and those that choose the engine's transports
+(`pools.transportenv`), which a replica reports back from its engine's environment."""
 
 SIM_READY_TIMEOUT_S = 60.0
 
@@ -151,3 +155,5 @@ class ControllerSpec:
     replica id; empty: none publishes."""
     kv_block_size: int = 16
     """The engines' KV block size (`--block-size`, the router's `kv_events.block_size`)."""
+    kv_path_action: KvPathAction = field(default_factory=KvPathAction)
+    """What the controller does about a PD pair the router judges wrong_path/failing (`pools.kvrepair`)."""

@@ -72,7 +72,8 @@ def controller_spec(args: AppArgs) -> ControllerSpec:
                           autoscale=autoscale, engine_admin_routes=args.engine_admin_routes,
                           engine_args=args.engine_args(),
                           kv_events_endpoint=args.router.kv_events.endpoint if args.router.kv_events else "",
-                          kv_block_size=args.router.kv_events.block_size if args.router.kv_events else 16)
+                          kv_block_size=args.router.kv_events.block_size if args.router.kv_events else 16,
+                          kv_path_action=args.kv_path_action.policy())
 
 
 class RouterThread:

@@ -14,6 +14,7 @@ validated by pydantic with every problem reported at once, and the plan they wou
           bench_on_change: false                        # topology bench at deploy and after changes
           bench_interval_s: 0                           # and on a schedule (0: never)
           autoscaling: {interval_s: 5, look_back_s: 10, window_s: 60}   # pools with `autoscaling:`
+          kv_path_action: {action: none, after_s: 120}  # or replace: re-place a decode on the wrong path
           router: {port: 8000, keys: [...], admin_keys: [...], ...}
 """
 
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from control.state.files import default_state_dir
 from pools.config import PoolConfig, PoolsConfig, SLOClassConfig
+from pools.kvrepair import KvPathAction
 from pools.placement import POLICIES
 from pools.vllmconfig import VllmAppConfig, VllmSettings, serving_args, settings_for, sim_args
 from router.config import RouterConfig
@@ -43,6 +45,23 @@ class AutoscaleLoopConfig(BaseModel):
     window_s: float = Field(default=60.0, gt=0, description="tail latencies over this long")
     drain_timeout_s: float = Field(default=600.0, gt=0, description="a scaled-in replica stops once idle, or after "
                                                                     "this long at the latest")
+
+
+class KvPathActionConfig(BaseModel):
+    """What the controller does about a prefill/decode pair the router judges `wrong_path` or
+    `failing` (issue 34). Every verdict change is a `kv_path` event either way, and per request
+    the router already avoids a bad pair (re-pairing)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    action: Literal["none", "replace"] = Field(default="none", description="`replace`: re-place the pair's decode "
+                                                                           "replica (make-before-break, off its GPUs "
+                                                                           "and NICs); `none`: events only")
+    after_s: float = Field(default=120.0, gt=0, description="once the pair has been wrong_path/failing this long")
+    cooldown_s: float = Field(default=600.0, ge=0, description="a replica re-placed for its path is not re-placed "
+                                                               "for it again this soon")
+
+    def policy(self) -> KvPathAction:
+        return KvPathAction(action=self.action, after_s=self.after_s, cooldown_s=self.cooldown_s)
 
 
 class AppArgs(BaseModel):
@@ -87,6 +106,9 @@ class AppArgs(BaseModel):
     autoscaling: AutoscaleLoopConfig = Field(
         default_factory=AutoscaleLoopConfig,
         description="the autoscaler's loop, for pools with `autoscaling:` (control.autoscaling)")
+    kv_path_action: KvPathActionConfig = Field(
+        default_factory=KvPathActionConfig,
+        description="what the controller does about a PD pair whose KV transfers take the wrong path (control.kvpaths)")
 
     @model_validator(mode="before")
     @classmethod

@@ -47,6 +47,9 @@ class Pin:
     host only when that host has them all (`host_affinity`)."""
     notes: tuple[str, ...] = ()
     """Why something was not pinned (shown by info() and recorded)."""
+    rdma: bool = False
+    """The fabric is RDMA: the engine's network traffic should take the NICs' RDMA transports
+    (`pools.transportenv` checks the engine's environment against it)."""
 
 
 def gpu_resource(node: str, index: int) -> str:
@@ -125,12 +128,13 @@ def pin_for(topology: Topology, placement: ReplicaPlacement, ray_node_id: str | 
             else:
                 notes.append(f"Ray node lacks resource {name}: pinned by node affinity only")
     env = {"CUDA_VISIBLE_DEVICES": visible_devices(node, placement.gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    env.update(nic_env(nearest_nics(node, placement.gpus), rdma=topology.fabric.kind.name == "RDMA"))
+    rdma = topology.fabric.kind.name == "RDMA"
+    env.update(nic_env(nearest_nics(node, placement.gpus), rdma=rdma))
     cpus, why = numa_cpus(node, placement.gpus)
     if why:
         notes.append(why)
     return Pin(node=placement.node, ray_node_id=ray_node_id, resources=resources, env=env, cpus=cpus,
-               notes=tuple(notes))
+               notes=tuple(notes), rdma=rdma)
 
 
 def pin_cpus(pid: int, cpus: tuple[int, ...], notes: list[str]) -> None:

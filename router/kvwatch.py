@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pools.kvpaths import PairVerdict
 from router.plugins import kvpath
 from router.plugins.kvpath import KvPathRules, PairState
 from wire.promtext import MetricsError, parse
@@ -220,6 +221,15 @@ class KvWatch:
         if entry is not None:
             entry.state = kvpath.probed(entry.state)
 
+    def verdicts(self, now: float) -> tuple[PairVerdict, ...]:
+        """Each followed pair's verdict for the controller (the load report's `kv_paths`)."""
+        self.settle(now)
+        return tuple(PairVerdict(prefill=p, decode=d, verdict=e.state.verdict, tier=e.tier or "-",
+                                 measured_gb_s=_gb_s(e.state.ms_per_byte), expected_gb_s=_gb_s(e.expected_ms_per_byte),
+                                 samples=e.state.samples,
+                                 avoided=not kvpath.open_to(e.state, now) or e.state.avoided_until is not None)
+                     for (p, d), e in sorted(self.pairs.items()))
+
     def view(self, now: float) -> dict[str, Any]:
         """For /admin/replicas (`kv_pairs`), `isle status` and the verdict gauges."""
         self.settle(now)
@@ -236,3 +246,6 @@ class KvWatch:
                         for d, n in sorted(self.decodes.items()) if n.last is not None},
         }
 
+
+def _gb_s(ms_per_byte: float) -> float | None:
+    return round(1e-6 / ms_per_byte, 3) if ms_per_byte else None

@@ -232,7 +232,8 @@ class Router:
     async def load_report(self) -> LoadReport:
         """What the controller's autoscaler reads (`pools.autoscale.report`): per pool, the engines'
         load as this worker last scraped it, the requests in flight per replica (this worker's),
-        and every worker's request counts and TTFT/TPOT histograms (cumulative, by class)."""
+        and every worker's request counts and TTFT/TPOT histograms (cumulative, by class); and
+        this worker's KV-path verdicts for the controller's `kv_path` events (`control.kvpaths`)."""
         peers = await self.siblings.snapshots() if self.siblings is not None else []
         m = self.metrics
         gauges: dict[str, list[float]] = {}
@@ -257,7 +258,9 @@ class Router:
                 counts = summed.setdefault((cls, pool), [0] * len(h.counts))
                 summed[(cls, pool)] = [a + b for a, b in zip(counts, h.counts, strict=True)]
             series[key] = {k: tuple(v) for k, v in summed.items()}
-        return LoadReport(buckets=tuple(BUCKETS), pools=pools, ttft=series["ttft"], tpot=series["tpot"])
+        kv_paths = self.replicas.kv_watch.verdicts(time.monotonic()) if self.replicas.kv_watch is not None else ()
+        return LoadReport(buckets=tuple(BUCKETS), pools=pools, ttft=series["ttft"], tpot=series["tpot"],
+                          kv_paths=kv_paths)
 
     def _publish_health(self) -> None:
         self.metrics.healthy = {c.endpoint.replica_id: 1.0 if c.endpoint.healthy and not c.load.breaker_open else 0.0

@@ -35,6 +35,23 @@ class Started:
     launch: EngineLaunch
     """As started (its ports may differ from the first ones it was given)."""
     url: str
+    env: Mapping[str, Mapping[str, str]] | None = None
+    """The engine process's environment as its host read it right after the start (the pinning
+    and transport variables, `control.spec.ENGINE_ENV`), by replica or gang rank id; None: unread."""
+
+
+def engine_envs(replica: Replica) -> dict[str, dict[str, str]] | None:
+    """What the replica (each rank of a gang) reports of its engine's environment; None when it
+    says nothing (a replica without a process) or cannot be asked."""
+    try:
+        info = replica.info()
+    except Exception:  # the start succeeded: a failed look leaves the check undone, nothing more
+        return None
+    ranks = info.get("ranks")
+    found = {rid: dict(r["env"]) for rid, r in ranks.items() if isinstance(r.get("env"), dict)} \
+        if isinstance(ranks, dict) else {str(info.get("replica_id", "")): dict(info["env"])} \
+        if isinstance(info.get("env"), dict) else {}
+    return found or None
 
 
 def build_launch(plan: PlacementPlan, topology: Topology, bindings: Mapping[str, RayNode], p: ReplicaPlacement,
@@ -116,7 +133,8 @@ def start_one(backend: Backend, launch: EngineLaunch, reallocate: Callable[[Engi
         try:
             if created is not None:
                 created(replica)
-            return Started(replica=replica, launch=launch, url=replica.start())
+            url = replica.start()
+            return Started(replica=replica, launch=launch, url=url, env=engine_envs(replica))
         except PortInUse as err:
             stop_quietly(replica)
             if attempt == PORT_ATTEMPTS:

@@ -11,7 +11,11 @@ loses nothing; a figure that went down means the router restarted and counts fro
      "pools": {POOL: {"running": float, "waiting": float, "sent": int,
                       "inflight": {REPLICA: int}}},
      "ttft": [[SLO_CLASS, POOL, [count per bucket, +Inf last]], ...],
-     "tpot": [...]}
+     "tpot": [...],
+     "kv_paths": [each prefill -> decode pair's KV-path verdict (`pools.kvpaths`)]}
+
+The KV-path verdicts ride along for the controller's `kv_path` events and actions
+(`control.kvpaths`), not for the autoscaler.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from pools.kvpaths import MAX_PAIRS, PairVerdict, bounded_name, verdicts_from_json
+
 Counts = tuple[int, ...]
-KEYS = ("buckets", "pools", "ttft", "tpot")
+KEYS = ("buckets", "pools", "ttft", "tpot", "kv_paths")
 _COUNT = {"type": "integer", "minimum": 0, "maximum": 1 << 53}
 _NAME = {"type": "string", "minLength": 1, "maxLength": 256}
 _SERIES = {"type": "array", "maxItems": 4096, "items": {
@@ -42,6 +48,7 @@ SCHEMA: dict[str, Any] = {
                       "inflight": {"type": "object", "maxProperties": 4096, "additionalProperties": _COUNT}}}},
         "ttft": _SERIES,
         "tpot": _SERIES,
+        "kv_paths": {"type": "array", "maxItems": MAX_PAIRS, "items": {"type": "object"}},
     },
 }
 """The JSON form as a JSON Schema (for other routers and for tests; `from_json` checks more: bucket
@@ -67,11 +74,14 @@ class LoadReport:
     ttft: Mapping[tuple[str, str], Counts] = field(default_factory=dict)
     """(SLO class, pool) -> cumulative count per bucket, +Inf last."""
     tpot: Mapping[tuple[str, str], Counts] = field(default_factory=dict)
+    kv_paths: tuple[PairVerdict, ...] = ()
+    """Each followed prefill -> decode pair's KV-path verdict (`pools.kvpaths`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"buckets": list(self.buckets), "pools": {k: p.to_json() for k, p in self.pools.items()},
                 "ttft": [[c, p, list(n)] for (c, p), n in sorted(self.ttft.items())],
-                "tpot": [[c, p, list(n)] for (c, p), n in sorted(self.tpot.items())]}
+                "tpot": [[c, p, list(n)] for (c, p), n in sorted(self.tpot.items())],
+                "kv_paths": [v.to_json() for v in self.kv_paths]}
 
     @staticmethod
     def from_json(doc: Any) -> LoadReport:
@@ -83,7 +93,8 @@ class LoadReport:
         bounds = _bounds(report.get("buckets", []))
         pools = dict(_pool(name, raw) for name, raw in _mapping(report.get("pools", {}), "pools", MAX_POOLS).items())
         return LoadReport(buckets=bounds, pools=pools, ttft=_series(report.get("ttft", []), "ttft", len(bounds) + 1),
-                          tpot=_series(report.get("tpot", []), "tpot", len(bounds) + 1))
+                          tpot=_series(report.get("tpot", []), "tpot", len(bounds) + 1),
+                          kv_paths=verdicts_from_json(report.get("kv_paths", [])))
 
 
 MAX_POOLS = 256
@@ -94,12 +105,6 @@ MAX_GAUGE = 1e7
 """Requests running or waiting in one pool: more than any deployment holds."""
 MAX_COUNT = 1 << 53
 """A cumulative count (requests sent, observations in a bucket): still exact as a float."""
-
-
-def _bounded_name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= 256:
-        raise ValueError(f"{what} must be a non-empty string of at most 256 characters")
-    return value
 
 
 def _gauge(value: Any, what: str) -> float:
@@ -139,11 +144,11 @@ def _pool(name: Any, raw: Any) -> tuple[str, PoolLoad]:
     where = f"pools[{name!r}]"
     doc = _mapping(raw, where, 8)
     inflight = _mapping(doc.get("inflight", {}), f"{where}.inflight", MAX_REPLICAS)
-    return _bounded_name(name, "a pool name"), PoolLoad(
+    return bounded_name(name, "a pool name"), PoolLoad(
         running=_gauge(doc.get("running", 0.0), f"{where}.running"),
         waiting=_gauge(doc.get("waiting", 0.0), f"{where}.waiting"),
         sent=_count(doc.get("sent", 0), f"{where}.sent"),
-        inflight={_bounded_name(k, "a replica id"): _count(v, f"{where}.inflight[{k!r}]") for k, v in inflight.items()})
+        inflight={bounded_name(k, "a replica id"): _count(v, f"{where}.inflight[{k!r}]") for k, v in inflight.items()})
 
 
 def _series(raw: Any, key: str, buckets: int) -> dict[tuple[str, str], Counts]:
@@ -156,6 +161,6 @@ def _series(raw: Any, key: str, buckets: int) -> dict[tuple[str, str], Counts]:
         klass, pool, counts = entry
         if len(counts) != buckets:
             raise ValueError(f"load report: {key} histograms need {buckets} counts (the bounds and +Inf)")
-        out[(_bounded_name(klass, "an SLO class"), _bounded_name(pool, "a pool name"))] = tuple(
+        out[(bounded_name(klass, "an SLO class"), bounded_name(pool, "a pool name"))] = tuple(
             _count(n, f"a {key} count") for n in counts)
     return out

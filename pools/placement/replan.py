@@ -9,7 +9,7 @@ unplaced get another chance (a new node may hold them).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pools.model import DEFAULT_SLO_CLASSES, PlacementPlan, PlacementRequest, ReplicaPlacement
@@ -70,10 +70,14 @@ def _refresh(layout: Layout, p: ReplicaPlacement, old: PlacementPlan) -> Replica
 
 
 def replan(old: PlacementPlan, topology: Topology, seed: int = 0, previous: Topology | None = None,
-           held: Sequence[ReplicaPlacement] = ()) -> Replan:
+           held: Sequence[ReplicaPlacement] = (), evict: Mapping[str, str] | None = None,
+           avoid: frozenset[GpuRef] = frozenset()) -> Replan:
     """`previous`, the topology `old` was made for, lets placements on unchanged nodes (the
     same node objects) skip their re-check: the work is proportional to what changed. `held`:
-    replicas outside the plan that still run (draining): their GPUs and ids are not given out."""
+    replicas outside the plan that still run (draining): their GPUs and ids are not given out.
+    `evict`: replicas that move whatever their placement (replica id -> why), placed anew off
+    the GPUs in `avoid` (`pools.placement.evict`)."""
+    evict = evict or {}
     policy = get_policy(old.policy)
     kept: list[ReplicaPlacement] = []
     to_move: dict[str, list[str]] = {}
@@ -85,7 +89,7 @@ def replan(old: PlacementPlan, topology: Topology, seed: int = 0, previous: Topo
                      if previous.has_node(n.name) and previous.node(n.name) is n}
     for p in old.placements:
         same = p.node in unchanged and all(n in unchanged for n, _ in p.extra_nodes)
-        why = None if same else _why_invalid(old, topology, p, policy.island_aware)
+        why = evict.get(p.replica_id) or (None if same else _why_invalid(old, topology, p, policy.island_aware))
         if why is None:
             kept.append(p)
         else:
@@ -97,7 +101,7 @@ def replan(old: PlacementPlan, topology: Topology, seed: int = 0, previous: Topo
         for rid in old.new_ids(pool.name, max(short, 0), (p.replica_id for p in held)):
             to_move.setdefault(pool.name, []).append(rid)
             reasons[rid] = "was unplaced"
-    occupied = frozenset(GpuRef(n, g) for p in (*kept, *held) for n, g in p.gpu_refs())
+    occupied = frozenset(GpuRef(n, g) for p in (*kept, *held) for n, g in p.gpu_refs()) | avoid
     sub_pools = tuple(replace(pool, replicas=len(to_move[pool.name])) for pool in old.pools if pool.name in to_move)
     classes = old.slo_classes or {c.name: c for c in DEFAULT_SLO_CLASSES}
     request = PlacementRequest(topology=topology, pools=sub_pools, seed=seed, occupied=occupied,

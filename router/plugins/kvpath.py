@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pools.kvpaths import AS_PLANNED, BAD, FAILING, SLOW, VERDICTS, WRONG_PATH
 from topology.kinds import DEFAULTS, LinkKind
 
-AS_PLANNED, SLOW, WRONG_PATH, FAILING = "as_planned", "slow", "wrong_path", "failing"
-VERDICTS = (AS_PLANNED, SLOW, WRONG_PATH, FAILING)
-BAD = frozenset((WRONG_PATH, FAILING))
+__all__ = ["AS_PLANNED", "BAD", "FAILING", "SLOW", "VERDICTS", "WRONG_PATH", "KvPathRules", "PairState", "classify",
+           "measured_ms_per_byte", "observe", "open_to", "probed", "settle", "slower_signature", "weight"]
+"""The verdict names are `pools.kvpaths`' (the controller reads them too)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

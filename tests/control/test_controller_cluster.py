@@ -271,6 +271,29 @@ def test_a_marked_link_drains_and_replaces_the_replica(product: Product) -> None
     assert wrong.returncode == 2 and "node a has no link GPU0-GPU7" in wrong.stderr
 
 
+def test_replace_moves_a_replica_off_its_gpus_on_command(product: Product) -> None:
+    """`python -m pools replace` (a PD pair on the wrong path, say): make-before-break onto free GPUs."""
+    taken = {(p["node"], tuple(p["gpus"])) for p in product.plan()["placements"]}
+    victim = sorted(product.replicas())[0]
+    old = product.replicas()[victim]
+
+    def replace(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pools", "replace", *args, "--address", product.address],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    done = replace(victim, "--reason", "test: KV path wrong_path")
+    assert done.returncode == 0, done.stderr
+    (move,) = json.loads(done.stdout)["moves"]
+    assert (move["replica_id"], move["order"]) == (victim, "make-before-break")
+    new = wait_until(lambda: (r := product.replicas()[victim])["pid"] != old["pid"] and r, 60, "the replacement",
+                     interval_s=0.5)
+    placed = next(p for p in product.plan()["placements"] if p["replica_id"] == victim)
+    assert (placed["node"], tuple(placed["gpus"])) not in taken and new["env"]["CUDA_VISIBLE_DEVICES"] != ""
+    wait_until(lambda: not _alive(old["pid"]), 40, "the old replica stopped once idle", interval_s=0.5)
+    wrong = replace("mixed-9")
+    assert wrong.returncode == 2 and "replica 'mixed-9' is not serving steadily" in wrong.stderr
+
+
 def test_a_restarted_controller_reattaches_to_its_replicas(product: Product) -> None:
     before = {rid: (r["actor_pid"], r["pid"], r["url"]) for rid, r in product.replicas().items()}
     names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True))

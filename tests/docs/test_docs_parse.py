@@ -42,6 +42,7 @@ REAL_RUNS: dict[str, str] = {
     "python -m router bench": "router/test_bench_parts.py",  # the bench's parts on loopback (not the full run)
     "python -m pools sim-engine": "simengine/test_generation.py",  # the engine process answers as vLLM does
     "python -m pools mark-link": "control/test_controller_cluster.py",  # the command on a fake Ray cluster
+    "python -m pools replace": "control/test_controller_cluster.py",  # the command on the same cluster
     "python -m pools stop-controller": "e2e/test_serve_deploy.py",
     "python -m pools bench": "pools/test_cli.py",        # the placement bench on 2 racks; `bench engine`: none
     "python -m pools node-labels": "pools/test_node_labels.py",

@@ -1,0 +1,32 @@
+"""The router's KV-path verdicts as the controller gets them (router.kvwatch.KvWatch.verdicts,
+the load report's `kv_paths`): the same verdicts and figures /admin/replicas shows."""
+
+from __future__ import annotations
+
+import pytest
+
+from pools.autoscale.report import LoadReport
+from router.kvwatch import KvWatch
+from router.plugins.kvpath import KvPathRules
+
+pytestmark = pytest.mark.unit
+
+GB = 1e-6  # ms per byte at 1 GB/s
+RDMA, TCP = GB / 50.0, GB / 12.5
+
+
+def test_verdicts_match_the_admin_view_and_cross_the_wire() -> None:
+    watch = KvWatch(KvPathRules(window_s=10.0, noise_ms=0.0))
+    for now in (0.0, 5.0, 11.0):  # TCP speed on an RDMA pair, held past the window
+        watch.handover(("p0", "d0"), tier="rdma", expected_ms_per_byte=RDMA, kv_bytes=1e8, transfer_ms=TCP * 1e8,
+                       now=now)
+    watch.handover(("p0", "d1"), tier="rdma", expected_ms_per_byte=RDMA, kv_bytes=1e8, transfer_ms=RDMA * 1e8,
+                   now=11.0)
+    verdicts = watch.verdicts(11.0)
+    view = watch.view(11.0)["pairs"]
+    assert [(x.pair, x.verdict, x.measured_gb_s, x.expected_gb_s, x.samples, x.avoided) for x in verdicts] == [
+        (p["pair"], p["verdict"], p["measured_gb_s"], p["expected_gb_s"], p["samples"], p["avoided"]) for p in view]
+    assert [(x.pair, x.verdict, x.measured_gb_s) for x in verdicts] == [
+        ("p0->d0", "wrong_path", 12.5), ("p0->d1", "as_planned", 50.0)]
+    report = LoadReport(kv_paths=verdicts)
+    assert LoadReport.from_json(report.to_json()).kv_paths == verdicts
