@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pools.pinning import nic_env, pin_for
 from pools.model import ReplicaPlacement
+from pools.pinning import nic_env, pin_for
 from pools.transportenv import transport_mismatches
 from tests.conftest import ROOT
 from topology import read_source
