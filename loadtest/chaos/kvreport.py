@@ -4,7 +4,11 @@ observer recorded them, the fault's record and the requests (`x-isle-prefill-rep
 
     time_to_flag_s      from the strike to the router's first verdict other than as_planned
     time_to_avoid_s     ... to the router avoiding the pair (not chosen while another is usable)
+    time_to_leave_s     ... to the last request sent over the pair before that (the router prices
+                        each pair at its measured rate, so traffic may leave before the verdict)
     share_on_pair       the pair's share of the PD requests sent in each window
+    ttft_on_pair        TTFT (modelled ms, every class) of the requests the pair served, in the
+                        no-fault window and during the fault: what the fault cost those it hit
     interactive         interactive TTFT (modelled ms) in each window:
         no_fault        the run's quiet window before its first fault (requests over before it)
         during          sent from the strike until the pair was avoided (or the watch ended)
@@ -24,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from loadtest.chaos.driver import ChaosRecord
-from loadtest.chaos.report import Verdict, stats
+from loadtest.chaos.report import Verdict, stats, ttft_ms
 from pools.model import SLOClass
 
 FLAG_WITHIN_S = 30.0
@@ -85,11 +89,21 @@ def kv_details(pairs: Sequence[tuple[ChaosRecord, Verdict]], fault: Mapping[str,
     base, after = interactive["no_fault"]["ttft_p99_ms"], interactive["after"]["ttft_p99_ms"]
     on_pair = [r.sent_s for r, _ in pairs if (r.prefill_replica, r.replica) == (prefill, decode)
                and at <= r.sent_s < windows["during"][1]]
+    last = max(on_pair) if on_pair else None
+    served = {name: [r for r, v in pairs if (r.prefill_replica, r.replica) == (prefill, decode)
+                     and windows[name][0] <= r.sent_s < windows[name][1]] for name in ("no_fault", "during")}
     return {"time_to_flag_s": _since(fault.get("flagged_s"), at), "time_to_avoid_s": _since(fault.get("avoided_s"), at),
-            "last_request_on_pair_s": round(max(on_pair), 2) if on_pair else None,
+            "time_to_leave_s": _since(last, at), "last_request_on_pair_s": None if last is None else round(last, 2),
             "share_on_pair": {name: share_on_pair(pairs, prefill, decode, *w) for name, w in windows.items()},
+            "ttft_on_pair": {name: _ttfts(rs, time_scale) for name, rs in served.items()},
             "interactive": interactive,
             "ttft_p99_ratio": round(after / base, 3) if base and after is not None else None}
+
+
+def _ttfts(records: Sequence[ChaosRecord], time_scale: float) -> dict[str, Any]:
+    ms = sorted(t for r in records if (t := ttft_ms(r, time_scale)) is not None)
+    return {"requests": len(ms), "ttft_p50_ms": round(ms[len(ms) // 2], 1) if ms else None,
+            "ttft_max_ms": round(ms[-1], 1) if ms else None}
 
 
 def _since(t: Any, t0: float) -> float | None:
@@ -117,6 +131,15 @@ def kv_checks(fault: Mapping[str, Any]) -> dict[str, bool]:
     return out
 
 
+def kv_progress(record: Mapping[str, Any]) -> str:
+    """What the router did about the pair, as the run goes on."""
+    pair, flagged, avoided = record.get("pair"), record.get("flagged_s"), record.get("avoided_s")
+    if flagged is None:
+        return f"the router did not flag {pair}"
+    then = "did not avoid it" if avoided is None else f"avoided it at {avoided:.0f} s"
+    return f"the router flagged {pair} at {flagged:.0f} s and {then}"
+
+
 def kv_summary(f: Mapping[str, Any]) -> str:
     """One line for the run's printed summary."""
     d, share = f.get("details") or {}, (f.get("details") or {}).get("share_on_pair", {})
@@ -131,7 +154,8 @@ def kv_summary(f: Mapping[str, Any]) -> str:
         return "-" if v is None else f"{v:.0f}"
 
     return (f"{f['kind']} {f.get('pair')}: flagged after {d.get('time_to_flag_s')} s ({f.get('flag_verdict')}), "
-            f"avoided after {d.get('time_to_avoid_s')} s; share of PD requests on the pair no-fault/during/after "
+            f"avoided after {d.get('time_to_avoid_s')} s, last request over it {d.get('time_to_leave_s')} s after "
+            f"the fault; share of PD requests on the pair no-fault/during/after "
             f"{pct('no_fault')} / {pct('during')} / {pct('after')}; interactive TTFT p99 {p99('no_fault')} / "
             f"{p99('during')} / {p99('after')} ms (after / no-fault {d.get('ttft_p99_ratio')})"
             + (f"; error: {f['error']}" if f.get("error") else ""))

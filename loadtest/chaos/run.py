@@ -49,7 +49,7 @@ from loadtest.chaos.cluster import ChaosCluster, chaos_args, chaos_deployment
 from loadtest.chaos.driver import ChaosDriver, ChaosRecord
 from loadtest.chaos.faults import ACTIONS, FaultContext, Observer, inflict, wall_offset
 from loadtest.chaos.kvfaults import ACTIONS as KV_ACTIONS
-from loadtest.chaos.kvreport import KV_KINDS, kv_details, kv_summary
+from loadtest.chaos.kvreport import KV_KINDS, kv_details, kv_progress, kv_summary
 from loadtest.chaos.load import RequestFactory
 from loadtest.chaos.report import classified, fault_windows, memory, shedding, totals, window
 from loadtest.chaos.spec import ChaosSpec, kv_pair_problems, load_chaos_spec
@@ -95,7 +95,8 @@ async def drive(spec: ChaosSpec, cluster: ChaosCluster, factory: RequestFactory,
             say(f"fault: {f.kind} at {driver.now():.0f} s ({driver.in_flight()} requests in flight)")
             record = await inflict(f, ctx, {**ACTIONS, **KV_ACTIONS})
             faults.append(record)
-            said = record.get("error") or (f"recovered at {record['recovered_s']:.0f} s"
+            said = record.get("error") or (kv_progress(record) if f.kind in KV_KINDS else
+                                           f"recovered at {record['recovered_s']:.0f} s"
                                            if record.get("recovered_s") is not None else "NOT recovered")
             say(f"fault: {f.kind}: {said}; quiet for {spec.window_s:g} s")
             await asyncio.sleep(spec.window_s)

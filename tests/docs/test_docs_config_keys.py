@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from loadtest.chaos.spec import ChaosSpec, LinkDegrade, NodeLoss, Overload, ReplicaCrash, WorkloadShape
+from loadtest.chaos.spec import (
+    ChaosSpec,
+    KvRemoteNic,
+    KvTransportFallback,
+    LinkDegrade,
+    NodeLoss,
+    Overload,
+    ReplicaCrash,
+    WorkloadShape,
+)
 from loadtest.scenario import AutoscaleScenarioConfig, FaultConfig, HeldConfig, RoutingConfig, ScenarioConfig
 from tests.docs.mdblocks import ROOT
 
@@ -15,7 +24,8 @@ pytestmark = pytest.mark.unit
 
 PAGES: list[tuple[str, tuple[type[BaseModel], ...]]] = [
     ("loadtests.md", (ScenarioConfig, FaultConfig, HeldConfig, RoutingConfig, AutoscaleScenarioConfig)),
-    ("reliability.md", (ChaosSpec, ReplicaCrash, LinkDegrade, NodeLoss, Overload, WorkloadShape)),
+    ("reliability.md", (ChaosSpec, ReplicaCrash, LinkDegrade, NodeLoss, Overload, KvTransportFallback, KvRemoteNic,
+                        WorkloadShape)),
 ]
 
 

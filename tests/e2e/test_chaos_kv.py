@@ -55,8 +55,10 @@ def test_the_tcp_pair_is_flagged_avoided_and_ttft_recovers(run: Run) -> None:
     share = d["share_on_pair"]
     assert share["no_fault"]["share"] > 0.1 and share["after"]["share"] <= 0.05, share
     ttft = d["interactive"]
-    assert ttft["during"]["ttft_p99_ms"] > ttft["no_fault"]["ttft_p99_ms"]  # the fault hurt before it was avoided
-    assert ttft["after"]["requests"] >= 100 and d["ttft_p99_ratio"] <= 1.10, ttft
+    assert ttft["no_fault"]["requests"] >= 100 and ttft["after"]["requests"] >= 100, ttft
+    assert d["ttft_p99_ratio"] <= 1.10, ttft
+    row = tcp["router_row_at_end_of_watch"]  # the router measured TCP speed on an NVLink pair
+    assert row["verdict"] == "wrong_path" and row["bandwidth_ratio"] < 0.1, row
     # the requests say the same: the pair served none sent in the after window but the router's probes
     start, end = ttft["after"]["from_s"], ttft["after"]["to_s"]
     on_pair = [r for r in requests if start <= r["sent_s"] < end

@@ -17,7 +17,15 @@ from loadtest.chaos.checks import checks
 from loadtest.chaos.driver import ChaosRecord
 from loadtest.chaos.faults import Observer
 from loadtest.chaos.kvfaults import fault_body, lift_body
-from loadtest.chaos.kvreport import first_kv, kv_checks, kv_details, kv_summary, kv_windows, share_on_pair
+from loadtest.chaos.kvreport import (
+    first_kv,
+    kv_checks,
+    kv_details,
+    kv_progress,
+    kv_summary,
+    kv_windows,
+    share_on_pair,
+)
 from loadtest.chaos.report import classified
 from loadtest.chaos.spec import KvRemoteNic, KvTransportFallback, kv_pair_problems, load_chaos_spec
 from simengine.kvfaults import KvFaults
@@ -156,7 +164,7 @@ def _fault(records: list[ChaosRecord], **update: Any) -> dict[str, Any]:
 def test_kv_figures_read_detection_share_and_ttft_per_window() -> None:
     fault = _fault(_requests())
     d = fault["details"]
-    assert (d["time_to_flag_s"], d["time_to_avoid_s"], d["last_request_on_pair_s"]) == (11.5, 20.0, 76.0)
+    assert (d["time_to_flag_s"], d["time_to_avoid_s"], d["time_to_leave_s"]) == (11.5, 20.0, 16.0)
     assert kv_windows(FAULT, (0.0, 60.0), 60.0) == {"no_fault": (0.0, 60.0), "during": (60.0, 80.0),
                                                     "after": (80.0, 140.0)}
     share = d["share_on_pair"]
@@ -165,6 +173,8 @@ def test_kv_figures_read_detection_share_and_ttft_per_window() -> None:
     assert ttft["no_fault"]["ttft_p99_ms"] == 100.0 and ttft["during"]["ttft_p99_ms"] == 300.0
     assert ttft["no_fault"]["requests"] == 59  # two were still running when the fault struck
     assert d["ttft_p99_ratio"] == 1.0
+    assert d["ttft_on_pair"] == {"no_fault": {"requests": 15, "ttft_p50_ms": 100.0, "ttft_max_ms": 100.0},
+                                 "during": {"requests": 5, "ttft_p50_ms": 300.0, "ttft_max_ms": 300.0}}
     assert all(kv_checks(fault).values()) and len(kv_checks(fault)) == 3
     assert "flagged after 11.5 s (wrong_path)" in kv_summary(fault) and "25% / 25% / 0%" in kv_summary(fault)
 
@@ -187,6 +197,8 @@ def test_a_remote_nic_is_judged_by_ttft_and_its_flag_reported() -> None:
     nic = _fault(_requests(), kind="kv_remote_nic", flagged_s=None, avoided_s=None, recovered_s=None)
     assert set(kv_checks(nic)) == {"kv_remote_nic_interactive_ttft_p99_recovers"}
     assert "flagged after None s" in kv_summary(nic)
+    assert kv_progress(nic) == "the router did not flag prefill-0->decode-0"
+    assert kv_progress(FAULT) == "the router flagged prefill-0->decode-0 at 72 s and avoided it at 80 s"
 
 
 def test_the_runs_checks_include_the_kv_faults() -> None:
