@@ -267,8 +267,11 @@ class Router:
                                 for c in self.replicas.snapshot()}  # replicas that left the table leave the gauge
 
     async def stop(self) -> None:
-        for t in [*self._tasks, *self._background]:
+        tasks = [*self._tasks, *self._background]
+        for t in tasks:
             t.cancel()
+        if tasks:  # each ends where it was (a scrape, a LoRA refresh) before what it uses closes
+            await asyncio.wait(tasks, timeout=5.0)
         if self.kvindex is not None:
             await self.kvindex.stop()
         if self.server is not None:

@@ -304,3 +304,23 @@ def test_first_byte_timeout_bounds_the_time_to_the_first_token_not_to_the_head()
             await _stop(router, servers)
 
     asyncio.run(main())
+
+
+def test_stop_leaves_no_task_of_the_router_running() -> None:
+    """Its scrapes and LoRA refresh end inside `stop` (a task merely cancelled would run on
+    against closed clients, and asyncio would warn it was destroyed pending)."""
+    async def main() -> None:
+        config = RouterConfig.model_validate({
+            "port": 0, "keys": [{"tenant": "t", "key_sha256": sha256(DEV_KEY)}],
+            "admin_keys": [{"tenant": "ops", "key_sha256": sha256("admin")}],
+            "lora": {"adapters": [{"name": "sql", "base_model": "m", "path": "/adapters/sql"}], "refresh_s": 0.05},
+            "replicas": [{"replica_id": "r1", "url": "http://127.0.0.1:9", "model": "m", "role": "mixed"}]})
+        router = Router(config, table_from_config(config))
+        await router.start()
+        await asyncio.sleep(0.2)
+        before = asyncio.all_tasks() - {asyncio.current_task()}
+        assert before
+        await router.stop()
+        assert [t for t in before if not t.done()] == []
+
+    asyncio.run(main())
