@@ -361,6 +361,10 @@ def test_client_disconnect_cancels_the_upstream_request(cluster: dict[str, Any])
 
 def test_pd_falls_back_to_the_next_decode_and_the_tier_says_cross_node(cluster: dict[str, Any]) -> None:
     engines = cluster["engines"]
+    pair_idle(cluster)
+    first = client(cluster).completions.with_raw_response.create(
+        model=MODEL, prompt=LONG + "first", max_tokens=3, extra_headers={"x-slo-class": "interactive"})
+    assert first.headers["x-isle-replica"] == "d1" and first.headers["x-isle-tier"] == "nvlink"  # same island
     fault(engines["d1"], {"fail_requests": 503})  # the same-island decode is failing
     try:
         pair_idle(cluster)
