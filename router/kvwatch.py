@@ -216,6 +216,15 @@ class KvWatch:
         for e in self.pairs.values():
             e.state = kvpath.settle(e.state, now, self.rules)
 
+    def forget(self, replica_ids: set[str]) -> None:
+        """Replicas that moved or left: their pairs' and NIXL counters' evidence goes with them."""
+        if replica_ids:
+            self.pairs = {k: e for k, e in self.pairs.items() if not replica_ids & set(k)}
+            self.decodes = {d: n for d, n in self.decodes.items() if d not in replica_ids}
+            for n in self.decodes.values():
+                n.fed_by -= replica_ids
+                n.feeders -= replica_ids
+
     def chosen(self, pair: Pair) -> None:
         entry = self.pairs.get(pair)
         if entry is not None:

@@ -74,6 +74,10 @@ class Replicas:
         if not table.supersedes(self.table):
             return
         old = self.states
+        if self.kv_watch is not None:  # a moved replica's pairs: the old path's evidence says nothing of the new
+            where = {r.replica_id: (r.node, r.gpus) for r in table.replicas}
+            self.kv_watch.forget({rid for rid, st in old.items()
+                                  if where.get(rid) != (st.endpoint.node, st.endpoint.gpus)})
         limited = [self._limited(r) for r in table.replicas]
         self.states = {r.replica_id: _carried(old[r.replica_id], r) if r.replica_id in old else ReplicaState(r)
                        for r in limited}

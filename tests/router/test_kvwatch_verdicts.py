@@ -1,13 +1,16 @@
 """The router's KV-path verdicts as the controller gets them (router.kvwatch.KvWatch.verdicts,
-the load report's `kv_paths`): the same verdicts and figures /admin/replicas shows."""
+the load report's `kv_paths`): the same verdicts and figures /admin/replicas shows; a replica
+the controller re-places is judged afresh."""
 
 from __future__ import annotations
 
 import pytest
 
 from pools.autoscale.report import LoadReport
+from pools.routing import ReplicaEndpoint, RoutingTable
 from router.kvwatch import KvWatch
 from router.plugins.kvpath import KvPathRules
+from router.state import Replicas
 
 pytestmark = pytest.mark.unit
 
@@ -30,3 +33,20 @@ def test_verdicts_match_the_admin_view_and_cross_the_wire() -> None:
         ("p0->d0", "wrong_path", 12.5), ("p0->d1", "as_planned", 50.0)]
     report = LoadReport(kv_paths=verdicts)
     assert LoadReport.from_json(report.to_json()).kv_paths == verdicts
+
+
+def test_a_moved_replica_takes_its_pairs_evidence_with_it() -> None:
+    def table(version: int, decode_gpus: tuple[int, ...]) -> RoutingTable:
+        return RoutingTable(version=version, replicas=(
+            ReplicaEndpoint(replica_id="p0", url="http://127.0.0.1:1", model="m", pool="prefill", role="prefill",
+                            node="a", gpus=(0, 1)),
+            ReplicaEndpoint(replica_id="d0", url="http://127.0.0.1:2", model="m", pool="decode", role="decode",
+                            node="a", gpus=decode_gpus)))
+
+    replicas = Replicas(table(1, (2, 3)), 3, 5.0, 0)
+    replicas.kv_watch = watch = KvWatch(KvPathRules(window_s=0.0, noise_ms=0.0))
+    watch.handover(("p0", "d0"), tier="rdma", expected_ms_per_byte=RDMA, kv_bytes=1e8, transfer_ms=TCP * 1e8, now=0.0)
+    replicas.follow(table(2, (2, 3)))  # the same place: the evidence stays
+    assert [x.verdict for x in watch.verdicts(1.0)] == ["wrong_path"]
+    replicas.follow(table(3, (4, 5)))  # re-placed (`python -m pools replace`): judged afresh
+    assert watch.verdicts(2.0) == () and watch.decodes == {}
