@@ -3,6 +3,8 @@ room allows, off its GPUs alone when not, nowhere when no GPUs are free; every o
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pools.model import PlacementPlan, PlacementRequest, PoolSpec
@@ -47,3 +49,20 @@ def test_no_free_gpus_is_a_value() -> None:
     assert found.replan is None and found.why == "no free GPUs for decode-0 off its own"
     with pytest.raises(ValueError, match="no replica 'decode-9'"):
         evict(plan, topology, "decode-9", "test")
+
+
+def test_off_its_nic_where_room_allows_else_off_its_gpus(tmp_path: Path) -> None:
+    """An 8x RTX 4090 box: NIC eth0 nearest GPUs 0-3, eth1 nearest 4-7; three TP-2 replicas."""
+    spec = tmp_path / "box.yaml"
+    spec.write_text("name: box\nfabric: {technology: ib-ndr}\nnodes:\n  - {name: box, template: rtx4090-pcie}\n")
+    topology = read_source(str(spec))
+    pools = (PoolSpec(name="decode", role="decode", tp=2, replicas=3, model="llama-3.1-8b"),)
+    plan = get_policy("island-aligned").place(PlacementRequest(topology=topology, pools=pools))
+    assert {rid: gpus for rid, (_, gpus) in where(plan).items()} == {
+        "decode-0": (0, 1), "decode-1": (2, 3), "decode-2": (4, 5)}
+    away = evict(plan, topology, "decode-0", "test")  # GPUs 6-7 sit behind eth1
+    assert away.replan is not None and where(away.replan.plan)["decode-0"] == ("box", (6, 7))
+    assert away.why == "off its GPUs and their NICs (box:eth0)"
+    near = evict(plan, topology, "decode-2", "test")  # the only free GPUs share its NIC
+    assert near.replan is not None and where(near.replan.plan)["decode-2"] == ("box", (6, 7))
+    assert near.why == "off its GPUs (no room away from their NICs)"
