@@ -1,9 +1,10 @@
 """Issue 34's proof of the path under load, as an operator runs it: `python -m loadtest chaos
---spec configs/chaos-kv.yaml --scale 0.5`, four NVLink PD pairs on a Ray head of its own at 80 %
-load; one pair's KV falls back to TCP, then another's goes through a remote NIC. What a user
-notices, read from chaos.json and requests.jsonl: the pair flagged within 30 s, its traffic gone
-elsewhere, interactive TTFT p99 back within 10 % of the run's no-fault window, nothing lost or
-hung, and nothing left running."""
+--spec configs/chaos-kv.yaml` at full length (120 s windows: p99 over ~280 interactive requests
+each; half that is at the mercy of one stall of a shared machine), four NVLink PD pairs on a Ray
+head of its own at 60 % load; one pair's KV falls back to TCP, then another's goes through a
+remote NIC. What a user notices, read from chaos.json and requests.jsonl: the pair flagged within
+30 s, its traffic gone elsewhere, interactive TTFT p99 back within 10 % of the run's no-fault
+window, nothing lost or hung, and nothing left running."""
 
 from __future__ import annotations
 
@@ -28,15 +29,15 @@ Run = tuple[int, str, dict[str, Any], list[dict[str, Any]]]
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     out = tmp_path_factory.mktemp("chaos-kv")
     done = subprocess.run([sys.executable, "-m", "loadtest", "chaos", "--spec", "configs/chaos-kv.yaml", "--out",
-                           str(out), "--scale", "0.5"], cwd=ROOT, env={**os.environ, **RAY_ENV}, capture_output=True,
-                          text=True, timeout=840, check=False)
+                           str(out)], cwd=ROOT, env={**os.environ, **RAY_ENV}, capture_output=True, text=True,
+                          timeout=1000, check=False)
     assert (out / "chaos.json").exists(), done.stderr[-3000:]
     report = json.loads((out / "chaos.json").read_text())
     requests = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     return done.returncode, done.stderr, report, requests
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1100)
 def test_every_request_is_accounted_for(run: Run) -> None:
     _, _, report, requests = run
     assert report["sent"] == len(requests) > 500
@@ -45,7 +46,7 @@ def test_every_request_is_accounted_for(run: Run) -> None:
     assert all(r["prefill_replica"] for r in requests if r["verdict"] == "completed")  # every prompt split
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1100)
 def test_the_tcp_pair_is_flagged_avoided_and_ttft_recovers(run: Run) -> None:
     _, stderr, report, requests = run
     tcp = next(f for f in report["faults"] if f["kind"] == "kv_transport_fallback")
@@ -70,7 +71,7 @@ def test_the_tcp_pair_is_flagged_avoided_and_ttft_recovers(run: Run) -> None:
     assert "kv_transport_fallback prefill-0->decode-0: flagged after" in stderr
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1100)
 def test_the_remote_nic_is_reported(run: Run) -> None:
     rc, _, report, _ = run
     nic = next(f for f in report["faults"] if f["kind"] == "kv_remote_nic")
@@ -79,7 +80,7 @@ def test_the_remote_nic_is_reported(run: Run) -> None:
     assert rc == (0 if report["passed"] else 1)
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1100)
 def test_the_run_leaves_nothing_running(run: Run) -> None:
     _, _, report, _ = run
     sessions = report["deployment"]["sessions"]

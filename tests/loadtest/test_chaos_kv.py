@@ -193,9 +193,12 @@ def test_each_kv_check_can_fail() -> None:
     assert not any(kv_checks({**FAULT, "error": "decode-0 not in the router's table", "details": {}}).values())
 
 
-def test_a_remote_nic_is_judged_by_ttft_and_its_flag_reported() -> None:
+def test_a_remote_nic_is_judged_once_the_router_flags_it() -> None:
     nic = _fault(_requests(), kind="kv_remote_nic", flagged_s=None, avoided_s=None, recovered_s=None)
-    assert set(kv_checks(nic)) == {"kv_remote_nic_interactive_ttft_p99_recovers"}
+    assert kv_checks(nic) == {}  # not flagged: reported, not judged
+    flagged = kv_checks(_fault(_requests(after_ttft_s=0.56), kind="kv_remote_nic"))
+    assert flagged == {"kv_remote_nic_flagged_within_30s": True, "kv_remote_nic_traffic_moves_off_pair": True,
+                       "kv_remote_nic_interactive_ttft_p99_recovers": False}
     assert "flagged after None s" in kv_summary(nic)
     assert kv_progress(nic) == "the router did not flag prefill-0->decode-0"
     assert kv_progress(FAULT) == "the router flagged prefill-0->decode-0 at 72 s and avoided it at 80 s"
