@@ -100,22 +100,29 @@ def on_verdicts(state: RepairState, verdicts: Sequence[PairVerdict], now: float,
     replaced = {rid: t for rid, t in state.replaced_at.items() if now - t < policy.cooldown_s}
     out: list[Replacement] = []
     waiting: list[str] = []
-    for (prefill, decode), since in sorted(bad_since.items(), key=lambda kv: (kv[1], kv[0])):
-        pair, held = f"{prefill}->{decode}", now - since
-        if policy.action != "replace":
-            continue
-        if held < policy.after_s:
-            waiting.append(f"{pair}: {seen[(prefill, decode)]} for {held:.0f} s of {policy.after_s:g} s")
-        elif decode not in running or decode in busy:
-            waiting.append(f"{pair}: decode {decode} is not serving steadily (being started, moved or drained)")
-        elif decode in replaced:
-            waiting.append(f"{pair}: decode {decode} was re-placed {now - replaced[decode]:.0f} s ago "
-                           f"(cool-down {policy.cooldown_s:g} s)")
-        elif out:
-            waiting.append(f"{pair}: one re-placement per pass")
-        else:
+    if policy.action == "replace":
+        for (prefill, decode), since in sorted(bad_since.items(), key=lambda kv: (kv[1], kv[0])):
+            pair = f"{prefill}->{decode}"
+            why_not = _held_back(policy, now - since, seen[(prefill, decode)], decode, running, busy, replaced, now)
+            if why_not is None and out:
+                why_not = "one re-placement per pass"
+            if why_not is not None:
+                waiting.append(f"{pair}: {why_not}")
+                continue
             out.append(Replacement(replica_id=decode, pair=pair, reason=(
-                f"KV path {pair} judged {seen[(prefill, decode)]} for {held:.0f} s (kv_path_action: replace)")))
+                f"KV path {pair} judged {seen[(prefill, decode)]} for {now - since:.0f} s (kv_path_action: replace)")))
             replaced[decode] = now
     new = replace(state, verdicts=seen, bad_since=bad_since, replaced_at=replaced)
     return RepairTick(state=new, changes=tuple(changes), replace=tuple(out), waiting=tuple(waiting))
+
+
+def _held_back(policy: KvPathAction, held_s: float, verdict: str, decode: str, running: frozenset[str],
+               busy: frozenset[str], replaced: Mapping[str, float], now: float) -> str | None:
+    """Why a bad pair's decode is not re-placed now; None: it is due."""
+    if held_s < policy.after_s:
+        return f"{verdict} for {held_s:.0f} s of {policy.after_s:g} s"
+    if decode not in running or decode in busy:
+        return f"decode {decode} is not serving steadily (being started, moved or drained)"
+    if decode in replaced:
+        return f"decode {decode} was re-placed {now - replaced[decode]:.0f} s ago (cool-down {policy.cooldown_s:g} s)"
+    return None

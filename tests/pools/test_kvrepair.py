@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pools.autoscale.report import LoadReport
-from pools.kvpaths import PairVerdict, verdicts_from_json
+from pools.kvpaths import VERDICTS, PairVerdict, verdicts_from_json
 from pools.kvrepair import KvPathAction, RepairState, on_verdicts
 
 pytestmark = pytest.mark.unit
@@ -92,3 +94,26 @@ def test_a_broken_verdict_is_refused(raw: Any, message: str) -> None:
         verdicts_from_json(raw)
     with pytest.raises(ValueError, match=message):
         LoadReport.from_json({"kv_paths": raw})
+
+
+DECODES = ("decode-0", "decode-1", "decode-2")
+
+
+@given(st.lists(st.tuples(st.floats(0.0, 50.0), st.lists(st.tuples(st.sampled_from(DECODES),
+                                                                     st.sampled_from(VERDICTS)), max_size=3),
+                          st.sets(st.sampled_from(DECODES))), max_size=30))
+def test_never_more_than_one_move_a_pass_nor_a_busy_or_cooling_replica(
+        passes: list[tuple[float, list[tuple[str, str]], set[str]]]) -> None:
+    state, now = RepairState(), 0.0
+    moved_at: dict[str, float] = {}
+    for step_s, reported, busy in passes:
+        now += step_s
+        verdicts = [v(verdict, decode=d) for d, verdict in dict(reported).items()]
+        tick = on_verdicts(state, verdicts, now, REPLACE, RUNNING, frozenset(busy))
+        assert len(tick.replace) <= 1
+        for r in tick.replace:
+            assert r.replica_id not in busy and r.replica_id in RUNNING
+            assert now - moved_at.get(r.replica_id, -1e9) >= REPLACE.cooldown_s
+            assert now - state.bad_since[("prefill-0", r.replica_id)] >= REPLACE.after_s
+            moved_at[r.replica_id] = now
+        state = tick.state
