@@ -180,6 +180,8 @@ def test_the_pair_is_judged_from_vllms_nixl_counters(router: Router, pair: dict[
     metrics = router_metrics(router)
     count = re.search(r'^isle_kv_transfer_seconds_count\{pair="p1->d1",tier="nvlink"\} (\S+)$', metrics, re.M)
     assert count is not None and float(count.group(1)) == REQUESTS  # the router's own view, per streamed request
+    seconds = re.search(r'^isle_kv_transfer_seconds_sum\{pair="p1->d1",tier="nvlink"\} (\S+)$', metrics, re.M)
+    print(f"router's view: {REQUESTS} handovers in {float(seconds.group(1)) * 1e3:.0f} ms" if seconds else metrics)
     assert f'isle_kv_pair_verdict{{pair="p1->d1",verdict="{row["verdict"]}"}} 1.0' in metrics
     assert 'isle_kv_pair_verdict{pair="p1->d1",verdict="as_planned"} 0.0' in metrics
     gauge = re.search(r'^isle_kv_nixl_bandwidth_gbps\{replica="d1"\} (\S+)$', metrics, re.M)
