@@ -2,7 +2,7 @@
 capacity, every request accounted for.
 
     python -m loadtest chaos --out out/chaos [--spec configs/chaos.yaml] [--scale K]
-        [--capacity-rps R] [--load F]
+        [--capacity-rps R] [--load F] [--no-faults SECONDS | --reference DIR]
 
 It deploys `configs/local.yaml` on a Ray head of its own with one Ray node per simulated node
 (`loadtest.chaos.cluster`), finds the deployment's capacity with the simulator on the deployed
@@ -24,6 +24,8 @@ SIGTERM) and writes:
 
 Exit status 0 when every check passed, 1 otherwise (or when the deployment did not come up).
 `--scale K` multiplies the quiet windows and fault durations (a shorter run for tests).
+`--no-faults SECONDS` drives the same load with no fault (a reference run); `--reference DIR`
+compares each KV fault's after window with the same window of such a run (`loadtest.chaos.kvreport`).
 """
 
 from __future__ import annotations
@@ -49,9 +51,9 @@ from loadtest.chaos.cluster import ChaosCluster, chaos_args, chaos_deployment
 from loadtest.chaos.driver import ChaosDriver, ChaosRecord
 from loadtest.chaos.faults import ACTIONS, FaultContext, Observer, inflict, wall_offset
 from loadtest.chaos.kvfaults import ACTIONS as KV_ACTIONS
-from loadtest.chaos.kvreport import KV_KINDS, kv_details, kv_progress, kv_summary
+from loadtest.chaos.kvreport import KV_KINDS, kv_details, kv_progress, kv_summary, recorded
 from loadtest.chaos.load import RequestFactory
-from loadtest.chaos.report import classified, fault_windows, memory, shedding, totals, window
+from loadtest.chaos.report import Verdict, classified, fault_windows, memory, shedding, totals, window
 from loadtest.chaos.spec import ChaosSpec, kv_pair_problems, load_chaos_spec
 from loadtest.live.client import Target, loopback_target
 from loadtest.live.deploy import ROOT, DeployError
@@ -62,6 +64,8 @@ from topology.configfile import format_validation
 from topology.errors import ParseError
 
 DEFAULT_SPEC = ROOT / "configs" / "chaos.yaml"
+Reference = list[tuple[ChaosRecord, Verdict]] | None
+"""A no-fault run's requests (`--reference`)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -74,7 +78,8 @@ class Run:
 
 
 async def drive(spec: ChaosSpec, cluster: ChaosCluster, factory: RequestFactory, rate_wall_rps: float,
-                say: Callable[[str], None]) -> Run:
+                say: Callable[[str], None], hold_s: float = 0.0) -> Run:
+    """The timeline; `hold_s`: the load goes on that long after the faults (a no-fault run's length)."""
     host, port = loopback_target(cluster.router_url)
     target = Target(host, port)
     model = await pick_model(target, DEV_KEY)
@@ -100,6 +105,7 @@ async def drive(spec: ChaosSpec, cluster: ChaosCluster, factory: RequestFactory,
                                            if record.get("recovered_s") is not None else "NOT recovered")
             say(f"fault: {f.kind}: {said}; quiet for {spec.window_s:g} s")
             await asyncio.sleep(spec.window_s)
+        await asyncio.sleep(hold_s)
     finally:
         await ctx.lift_all()  # faults that last until the end of the run
         driver.stop()
@@ -114,11 +120,12 @@ async def drive(spec: ChaosSpec, cluster: ChaosCluster, factory: RequestFactory,
 
 
 def _fault_entry(f: dict[str, Any], pairs: Any, spec: ChaosSpec, classes: dict[str, SLOClass],
-                 table_changes: list[dict[str, Any]], baseline: tuple[float, float]) -> dict[str, Any]:
+                 table_changes: list[dict[str, Any]], baseline: tuple[float, float], reference: Reference
+                 ) -> dict[str, Any]:
     entry = dict(f)
     if f["kind"] in KV_KINDS:  # its own windows: the run's no-fault window, during, after the pair is avoided
         entry["details"] = {} if "error" in f else kv_details(pairs, f, baseline, spec.window_s, classes,
-                                                               spec.time_scale)
+                                                               spec.time_scale, reference)
         return entry
     at, back = f["at_s"], f.get("recovered_s")
     entry["time_to_recover_s"] = None if back is None else round(back - at, 2)
@@ -147,7 +154,7 @@ def _since(t: float | None, t0: float) -> float | None:
 
 
 def build_report(spec: ChaosSpec, run: Run, cluster: ChaosCluster, capacity: chaoscapacity.Capacity,
-                 capacity_source: str, command: str, deploy_s: float) -> dict[str, Any]:
+                 capacity_source: str, command: str, deploy_s: float, reference: Reference = None) -> dict[str, Any]:
     classes = cluster.args.router.classes()
     pairs = classified(run.records)
     rate = spec.load * capacity.rps
@@ -161,7 +168,8 @@ def build_report(spec: ChaosSpec, run: Run, cluster: ChaosCluster, capacity: cha
                  "max_send_lag_ms": run.max_lag_ms, "workload": spec.workload.model_dump()},
         **totals(pairs),
         "by_class": {name: window(pairs, 0.0, None, name, classes, spec.time_scale) for name in sorted(classes)},
-        "faults": [_fault_entry(f, pairs, spec, classes, run.observer.changes, baseline) for f in run.faults],
+        "faults": [_fault_entry(f, pairs, spec, classes, run.observer.changes, baseline, reference)
+                   for f in run.faults],
         "shedding": shedding(pairs, classes),
         "router_memory": memory(run.observer.rss, run.load_end_s),
         "routing_table_changes": run.observer.changes,
@@ -218,6 +226,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity-rps", type=float, help="the deployment's capacity in modelled req/s (skips the "
                    "simulator's estimate)")
     p.add_argument("--load", type=float, help="offered load as a fraction of capacity (default: the spec's)")
+    p.add_argument("--no-faults", type=float, metavar="SECONDS", help="do no fault: the load runs the warm-up, the "
+                   "quiet window and SECONDS more (a reference run for --reference)")
+    p.add_argument("--reference", metavar="DIR", help="a --no-faults run of the same spec and seed: each KV fault's "
+                   "after window is compared with the same window there")
     return p
 
 
@@ -242,6 +254,14 @@ def main(argv: Sequence[str]) -> int:
         print(f"chaos: {line}", file=sys.stderr, flush=True)
 
     command = "python -m loadtest chaos " + " ".join(argv)
+    if args.no_faults is not None:
+        spec = spec.model_copy(update={"faults": []})
+    try:
+        reference = None if args.reference is None else recorded(
+            json.loads(line) for line in (Path(args.reference) / "requests.jsonl").read_text().splitlines())
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        print(f"loadtest chaos: --reference {args.reference}: {err}", file=sys.stderr)
+        return 2
     factory = RequestFactory(spec.workload)
     problems = kv_pair_problems(spec.faults, _roles(chaos_args(spec, base, Path("state"))[2]))
     if problems:
@@ -260,9 +280,10 @@ def main(argv: Sequence[str]) -> int:
         try:
             with chaos_deployment(spec, base, work, say) as cluster:
                 deploy_s = time.monotonic() - started
-                run = _run(drive(spec, cluster, factory, spec.load * capacity.rps / spec.time_scale, say))
+                run = _run(drive(spec, cluster, factory, spec.load * capacity.rps / spec.time_scale, say,
+                                 args.no_faults or 0.0))
                 say("tearing down")
-            report = build_report(spec, run, cluster, capacity, source, command, deploy_s)
+            report = build_report(spec, run, cluster, capacity, source, command, deploy_s, reference)
             write_outputs(Path(args.out), report, run, cluster)
         except DeployError as err:
             say(f"the deployment did not come up: {err}")

@@ -1,6 +1,6 @@
 """Issue 34's proof of the path under load, as an operator runs it: `python -m loadtest chaos
 --spec configs/chaos-kv.yaml` at full length (120 s windows: p99 over ~280 interactive requests
-each; half that is at the mercy of one stall of a shared machine), four NVLink PD pairs on a Ray
+each; in half that, one clump of the seeded workload decides it), four NVLink PD pairs on a Ray
 head of its own at 60 % load; one pair's KV falls back to TCP, then another's goes through a
 remote NIC. What a user notices, read from chaos.json and requests.jsonl: the pair flagged within
 30 s, its traffic gone elsewhere, interactive TTFT p99 back within 10 % of the run's no-fault

@@ -5,6 +5,7 @@ during and after avoidance) and the checks."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,6 +25,7 @@ from loadtest.chaos.kvreport import (
     kv_progress,
     kv_summary,
     kv_windows,
+    recorded,
     share_on_pair,
 )
 from loadtest.chaos.report import classified
@@ -216,3 +218,24 @@ def test_share_counts_pd_requests_only() -> None:
                           record(2, sent_s=3.0, prefill_replica="p", replica="e")])
     assert share_on_pair(records, "p", "d", 0.0, 10.0) == {"pd_requests": 2, "on_pair": 1, "share": 0.5}
     assert share_on_pair(records, "p", "d", 5.0, 10.0)["share"] is None
+
+
+def test_a_reference_run_judges_the_same_window_with_the_same_requests() -> None:
+    """A no-fault run of the same seed, read back from its requests.jsonl rows: the after window's
+    p99 is set against the same window there, and the check follows that ratio."""
+    rows = [{**dataclasses.asdict(r), "tokens": len(r.words), "verdict": v.bucket, "cause": v.cause, "duplicated": 0}
+            for r, v in classified(_requests(after_ttft_s=0.5))]
+    for row in rows:
+        del row["words"]
+    reference = recorded(rows)
+    assert reference[0][0].prefill_replica == "prefill-0" and reference[0][1].bucket == "completed"
+    slower_here = _fault(_requests(after_ttft_s=0.56))  # 12 % above both the no-fault window and the reference
+    slower_here["details"] = kv_details(classified(_requests(after_ttft_s=0.56)), slower_here, (0.0, 60.0), 60.0,
+                                        CLASSES, TS, reference)
+    d = slower_here["details"]
+    assert d["reference_after"]["ttft_p99_ms"] == 100.0 and d["ttft_p99_ratio_vs_reference"] == 1.12
+    assert not kv_checks(slower_here)["kv_transport_fallback_interactive_ttft_p99_recovers"]
+    assert "the same window in the reference run 100.0 ms, after / it 1.12" in kv_summary(slower_here)
+    same = _fault(_requests())
+    same["details"] = kv_details(classified(_requests()), same, (0.0, 60.0), 60.0, CLASSES, TS, reference)
+    assert same["details"]["ttft_p99_ratio_vs_reference"] == 1.0 and all(kv_checks(same).values())
