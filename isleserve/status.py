@@ -152,7 +152,36 @@ def _controller_lines(view: dict[str, Any] | None) -> list[str]:
     starting = view.get("starting")
     if isinstance(starting, dict) and starting:  # replica -> why (restart, move, resume)
         lines.append("starting: " + ", ".join(f"{rid} ({why})" for rid, why in sorted(starting.items())))
-    return lines + _autoscaling_lines(view.get("autoscaling"))
+    return lines + _transport_lines(view.get("transport_env")) + _kv_action_lines(view.get("kv_paths")) \
+        + _autoscaling_lines(view.get("autoscaling"))
+
+
+def _transport_lines(env: dict[str, Any] | None) -> list[str]:
+    """Engines whose transport variables differ from what their plan implies (checked at start)."""
+    if not env:
+        return []
+    lines = ["transport variables not as planned (checked at each engine's start):"]
+    for rid, found in sorted(env.items()):
+        for m in found:
+            rank = f" rank {m['rank']}" if m.get("rank") is not None else ""
+            actual = "unset" if m.get("actual") is None else f"{m['variable']}={m['actual']}"
+            lines.append(f"  {rid}{rank}: {actual}, plan {m.get('planned') or '-'}: {m['why']}")
+    return lines
+
+
+def _kv_action_lines(view: dict[str, Any] | None) -> list[str]:
+    """The controller's side of the KV-path verdicts: its policy, the pairs not as planned and
+    what waits (`kv_path_action`)."""
+    if not view or (view.get("action") == "none" and not view.get("not_as_planned")):
+        return []
+    bad = ", ".join(f"{pair} {verdict}" for pair, verdict in sorted(view.get("not_as_planned", {}).items()))
+    action = view.get("action")
+    when = f" after {view['after_s']:g} s" if action != "none" else ""
+    lines = [f"kv_path_action: {action}{when}" + (f"; not as planned: {bad}" if bad else "")]
+    lines.extend(f"  waiting: {w}" for w in view.get("waiting", []))
+    if view.get("cooling_down"):
+        lines.append("  cooling down: " + ", ".join(view["cooling_down"]))
+    return lines
 
 
 def _autoscaling_lines(auto: dict[str, Any] | None) -> list[str]:
