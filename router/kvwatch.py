@@ -141,7 +141,8 @@ class KvWatch:
             return True  # the engine's counters judge the pair, not the router's clock
         measured = kvpath.measured_ms_per_byte(expected_ms_per_byte, latency_ms, kv_bytes, transfer_ms, self.rules)
         entry.state = kvpath.observe(entry.state, now=now, expected_ms_per_byte=expected_ms_per_byte,
-                                     observed_ms_per_byte=measured, failed=0, rules=self.rules)
+                                     observed_ms_per_byte=measured, failed=0, rules=self.rules,
+                                     seen_ms_per_byte=kvpath.seen_ms_per_byte(latency_ms, kv_bytes, transfer_ms))
         return True
 
     def scraped(self, decode_id: str, totals: NixlTotals | None, now: float) -> None:
@@ -178,12 +179,10 @@ class KvWatch:
             entry = self.pairs.get((prefill, decode_id))
             if entry is None:
                 continue
-            measured = None
+            timed = None
             if seconds > 0 and moved > 0 and transfers > 0 and len(fed) == 1:  # one rank's shard per transfer
-                measured = kvpath.measured_ms_per_byte(entry.expected_ms_per_byte, entry.latency_ms,
-                                                       moved / transfers * entry.decode_tp,
-                                                       seconds * 1e3 / transfers, self.rules)
-            self._observe(entry, measured, int(failed), now)
+                timed = (moved / transfers * entry.decode_tp, seconds * 1e3 / transfers)
+            self._observe(entry, timed, int(failed), now)
 
     def _peers(self, decode_id: str, totals: NixlTotals, last: NixlTotals, now: float) -> None:
         """Each prefill's whole handovers in the window (`PEER`) judge its pair."""
@@ -193,17 +192,22 @@ class KvWatch:
             handovers, failed = peer.handovers - before.handovers, max(0.0, peer.failed - before.failed)
             if entry is None or handovers < 0:
                 continue
-            measured = None
+            timed = None
             if handovers > 0 and peer.kv_bytes > before.kv_bytes:
-                measured = kvpath.measured_ms_per_byte(entry.expected_ms_per_byte, entry.latency_ms,
-                                                       (peer.kv_bytes - before.kv_bytes) / handovers,
-                                                       (peer.seconds - before.seconds) * 1e3 / handovers, self.rules)
-            self._observe(entry, measured, int(failed), now)
+                timed = ((peer.kv_bytes - before.kv_bytes) / handovers,
+                         (peer.seconds - before.seconds) * 1e3 / handovers)
+            self._observe(entry, timed, int(failed), now)
 
-    def _observe(self, entry: PairEntry, measured: float | None, failed: int, now: float) -> None:
+    def _observe(self, entry: PairEntry, timed: tuple[float, float] | None, failed: int, now: float) -> None:
+        """`timed`: one transfer's (bytes, ms) in the window, if it moved any."""
+        measured = seen = None
+        if timed is not None:
+            measured = kvpath.measured_ms_per_byte(entry.expected_ms_per_byte, entry.latency_ms, *timed, self.rules)
+            seen = kvpath.seen_ms_per_byte(entry.latency_ms, *timed)
         if measured is not None or failed:
             entry.state = kvpath.observe(entry.state, now=now, expected_ms_per_byte=entry.expected_ms_per_byte,
-                                         observed_ms_per_byte=measured, failed=failed, rules=self.rules)
+                                         observed_ms_per_byte=measured, failed=failed, rules=self.rules,
+                                         seen_ms_per_byte=seen)
 
     def costs(self, now: float) -> dict[Pair, tuple[float, float, bool]]:
         """Per followed pair: (measured ms per byte or 0, weight on the KV transfer, open now)."""
@@ -234,7 +238,8 @@ class KvWatch:
         """Each followed pair's verdict for the controller (the load report's `kv_paths`)."""
         self.settle(now)
         return tuple(PairVerdict(prefill=p, decode=d, verdict=e.state.verdict, tier=e.tier or "-",
-                                 measured_gb_s=_gb_s(e.state.ms_per_byte), expected_gb_s=_gb_s(e.expected_ms_per_byte),
+                                 measured_gb_s=_gb_s(e.state.seen_ms_per_byte or e.state.ms_per_byte),
+                                 expected_gb_s=_gb_s(e.expected_ms_per_byte),
                                  samples=e.state.samples,
                                  avoided=not kvpath.open_to(e.state, now) or e.state.avoided_until is not None)
                      for (p, d), e in sorted(self.pairs.items()))
@@ -249,7 +254,7 @@ class KvWatch:
                        "bandwidth_ratio": round(e.state.ratio, 4), "samples": e.state.samples,
                        "avoided": not kvpath.open_to(e.state, now) or e.state.avoided_until is not None,
                        "expected_gb_s": round(1e-6 / e.expected_ms_per_byte, 3) if e.expected_ms_per_byte else None,
-                       "measured_gb_s": round(1e-6 / e.state.ms_per_byte, 3) if e.state.ms_per_byte else None}
+                       "measured_gb_s": _gb_s(e.state.seen_ms_per_byte or e.state.ms_per_byte)}
                       for (p, d), e in sorted(pairs.items())],
             "decodes": {d: {"nixl_bandwidth_gb_s": round(n.bandwidth_gb_s, 3), "nixl_failed_transfers": n.failed}
                         for d, n in sorted(self.decodes.items()) if n.last is not None},

@@ -63,7 +63,11 @@ class PairState:
     probing: bool = False
     """The cool-down ended and a probe request was let through; its measurement decides."""
     ms_per_byte: float = 0.0
-    """Moving mean of the measured transfer (0: not measured yet)."""
+    """Moving mean of the measured transfer as judged (one within `noise_ms` of its expectation
+    counts at the expected rate; 0: not measured yet)."""
+    seen_ms_per_byte: float = 0.0
+    """Moving mean of the measured transfer as timed, no allowance: what is shown as measured (a
+    0.2 ms read of a 40 GB/s path that moved at 4 GB/s is judged as planned, shown at 4)."""
     expected_ms_per_byte: float = 0.0
     ratio: float = 1.0
     """Observed over expected bandwidth, of the moving mean."""
@@ -95,6 +99,12 @@ def measured_ms_per_byte(expected_ms_per_byte: float, latency_ms: float, kv_byte
     return (transfer_ms - latency_ms) / kv_bytes
 
 
+def seen_ms_per_byte(latency_ms: float, kv_bytes: float, transfer_ms: float) -> float | None:
+    """A transfer's ms per byte as timed (the path's set-up `latency_ms` off, never below a
+    microsecond); None without bytes."""
+    return max(transfer_ms - latency_ms, 1e-3) / kv_bytes if kv_bytes > 0 else None
+
+
 def classify(expected_ms_per_byte: float, observed_ms_per_byte: float, failed: int, rules: KvPathRules) -> str:
     """One window's raw verdict (module docstring)."""
     if failed > 0:
@@ -110,16 +120,19 @@ def classify(expected_ms_per_byte: float, observed_ms_per_byte: float, failed: i
 
 
 def observe(state: PairState, *, now: float, expected_ms_per_byte: float, observed_ms_per_byte: float | None,
-            failed: int, rules: KvPathRules) -> PairState:
-    """The pair's state after one measurement (`observed_ms_per_byte` None: failures only)."""
-    mean = state.ms_per_byte
+            failed: int, rules: KvPathRules, seen_ms_per_byte: float | None = None) -> PairState:
+    """The pair's state after one measurement (`observed_ms_per_byte` None: failures only;
+    `seen_ms_per_byte`: the same measurement without the noise allowance, else the observed)."""
+    mean, seen = state.ms_per_byte, state.seen_ms_per_byte
     if observed_ms_per_byte is not None and observed_ms_per_byte > 0:
         fresh = not mean or state.probing  # a probe's measurement stands alone
+        timed = seen_ms_per_byte if seen_ms_per_byte is not None and seen_ms_per_byte > 0 else observed_ms_per_byte
         mean = observed_ms_per_byte if fresh else (1 - rules.smoothing) * mean + rules.smoothing * observed_ms_per_byte
+        seen = timed if fresh or not seen else (1 - rules.smoothing) * seen + rules.smoothing * timed
     raw = classify(expected_ms_per_byte, mean, failed, rules)
     ratio = expected_ms_per_byte / mean if mean and expected_ms_per_byte else 1.0
     measured = replace(state, raw=raw, raw_since=state.raw_since if raw == state.raw else now, probing=False,
-                       ms_per_byte=mean, expected_ms_per_byte=expected_ms_per_byte, ratio=ratio,
+                       ms_per_byte=mean, seen_ms_per_byte=seen, expected_ms_per_byte=expected_ms_per_byte, ratio=ratio,
                        samples=state.samples + (observed_ms_per_byte is not None))
     return settle(measured, now, rules, decided=state.probing)  # a probe's measurement decides at once
 

@@ -8,7 +8,7 @@ import pytest
 
 from pools.autoscale.report import LoadReport
 from pools.routing import ReplicaEndpoint, RoutingTable
-from router.kvwatch import KvWatch
+from router.kvwatch import KvWatch, NixlTotals
 from router.plugins.kvpath import KvPathRules
 from router.state import Replicas
 
@@ -50,3 +50,17 @@ def test_a_moved_replica_takes_its_pairs_evidence_with_it() -> None:
     assert [x.verdict for x in watch.verdicts(1.0)] == ["wrong_path"]
     replicas.follow(table(3, (4, 5)))  # re-placed (`python -m pools replace`): judged afresh
     assert watch.verdicts(2.0) == () and watch.decodes == {}
+
+
+def test_a_read_within_the_noise_allowance_is_judged_as_planned_but_shown_as_timed() -> None:
+    """A 0.2 ms NIXL read of 0.8 MB on a 40 GB/s path moved at 4 GB/s: within `noise_ms` of its
+    expectation it is judged as planned (the allowance covers vLLM's once-a-step completion
+    check), but the pair shows what was timed, not 40 of 40 GB/s (the vLLM CPU tier's case)."""
+    nvlink = GB / 40.0
+    watch = KvWatch(KvPathRules(window_s=0.0, noise_ms=5.0))
+    watch.scraped("d0", NixlTotals(xfer_seconds=0.0, kv_bytes=0.0, transfers=0.0, failed=0.0), 0.0)
+    watch.handover(("p0", "d0"), tier="nvlink", expected_ms_per_byte=nvlink, kv_bytes=8e5, transfer_ms=None, now=0.5)
+    watch.scraped("d0", NixlTotals(xfer_seconds=2e-4, kv_bytes=8e5, transfers=1.0, failed=0.0), 1.0)
+    pair = watch.view(1.0)["pairs"][0]
+    assert pair["verdict"] == "as_planned" and pair["samples"] == 1
+    assert pair["measured_gb_s"] == 4.0 and pair["expected_gb_s"] == 40.0
