@@ -78,8 +78,9 @@ test test-vllm: export RAY_AUTH_MODE ?= disabled
 # The checks in lanes, at once (out/tests/LANE.log, shown when each ends): lint (ruff, mypy,
 # import-linter) then `make install-run` in a fresh copy (tests/e2e/test_install_run.py: pip
 # and a compile); the e2e tier that wants port 8000 (`isle run`, `serve deploy`) and the live
-# compare, one test at a time; the chaos runs alone, one after the other (each a timeline on a
-# Ray cluster of its own: mostly waiting); the ray tier (each test its own cluster); and beside
+# compare, one test at a time; the ray tier (each test its own cluster), then the chaos runs
+# alone, one after the other (each a timeline on a Ray cluster of its own; run beside the ray
+# tier, a 9-minute chaos run starved its clusters past their waits on two cores); and beside
 # them every other test over PYTEST_JOBS pytest-xdist workers (CI's two cores; a file to a
 # worker, so that module fixtures start once). Then the files marked `serial` alone (wall-clock
 # bounds another test's load could break). Every pytest prints its 25 slowest tests; no cache:
@@ -94,14 +95,15 @@ test: install
 	{ $(BIN)/ruff check . && $(BIN)/mypy && $(BIN)/lint-imports && \
 	  $(PYTEST) tests/e2e/test_install_run.py; } >out/tests/lint.log 2>&1 & lint=$$!; \
 	$(PYTEST) -m "e2e and not serial" $(ALONE:%=--ignore=%) >out/tests/e2e.log 2>&1 & e2e=$$!; \
-	$(PYTEST) -m "not serial" $(CHAOS) >out/tests/chaos.log 2>&1 & chaos=$$!; \
-	$(PYTEST) -m "ray and not e2e and not serial" >out/tests/ray.log 2>&1 & ray=$$!; \
+	{ $(PYTEST) -m "ray and not e2e and not serial" >out/tests/ray.log 2>&1; echo $$? >out/tests/ray.rc; \
+	  $(PYTEST) -m "not serial" $(CHAOS) >out/tests/chaos.log 2>&1; } & chaos=$$!; \
 	$(PYTEST) -n $(PYTEST_JOBS) --dist loadfile -m "not e2e and not ray and not serial"; rest=$$?; \
 	failed=$$([ $$rest -eq 0 ] || echo the rest); \
-	for lane in lint e2e chaos ray; do \
+	for lane in lint e2e chaos; do \
 	  eval "wait \$$$$lane" || failed="$$failed $$lane"; \
-	  echo "--- lane $$lane (out/tests/$$lane.log)"; cat out/tests/$$lane.log; \
 	done; \
+	[ "$$(cat out/tests/ray.rc)" = 0 ] || failed="$$failed ray"; \
+	for lane in lint e2e ray chaos; do echo "--- lane $$lane (out/tests/$$lane.log)"; cat out/tests/$$lane.log; done; \
 	[ -z "$$failed" ] || { echo "failed: $$failed"; exit 1; }
 	$(PYTEST) -m serial
 

@@ -78,7 +78,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gang]:
             gang = Gang(controller=controller, state_dir=Path(spec.state_dir))
             engines = [r["pid"] for r in gang.ranks().values()]
             yield gang
-            engines += [r["pid"] for r in gang.ranks().values()]
+            engines += [r["pid"] for r in gang.ranks().values() if "pid" in r]  # a rank still starting has none
         finally:
             ray.get(controller.shutdown.remote(), timeout=60)
     assert engines and not [pid for pid in engines if pid and _alive(pid)], "engine processes left behind"
@@ -109,7 +109,8 @@ def test_each_rank_is_an_endpoint_and_a_dead_rank_restarts_the_whole_gang(deploy
         table = deployed.table()
         return table if all(r.url not in old_urls for r in table.replicas) else None
 
-    table = wait_until(restarted, 45, "the gang restarted (every rank a new URL)", interval_s=0.5)
+    # ~10 s alone; two loaded cores (CI's other lanes) have taken 4x that
+    table = wait_until(restarted, 120, "the gang restarted (every rank a new URL)", interval_s=0.5)
     after = deployed.ranks()
     assert [after[rid]["actor"] for rid in RANKS] == [f"isleserve-{rid}-g1" for rid in RANKS]  # all of them
     assert not [rid for rid in RANKS if _alive(before[rid]["pid"])]  # the living ranks were stopped too
