@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from control.replicas.vllm.command import VllmServer
-from control.replicas.vllm.process import VllmProcess
+from control.replicas.vllm.process import VllmProcess, free_port
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.conftest import ROOT
 from wire.processes import ChildError, ReadyLine
@@ -106,6 +106,21 @@ def router_config(servers: Sequence[VllmServer], **extra: Any) -> dict[str, Any]
 @pytest.fixture(scope="module")
 def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm-logs")
+
+
+PD_CORES = {"p1": 0, "d1": 1}
+"""The disaggregated pair of the PD tests: prefill p1 and decode d1, a core each."""
+
+
+@pytest.fixture(scope="module")
+def pair(log_dir: Path) -> Iterator[dict[str, VllmProcess]]:
+    """A real vLLM prefill (p1) and decode (d1) with NIXL over UCX, for one test module."""
+    procs = start_all([cpu_server(rid, role, PD_CORES[rid], free_port(), free_port())
+                       for rid, role in (("p1", "prefill"), ("d1", "decode"))], log_dir)
+    try:
+        yield {p.server.replica_id: p for p in procs}
+    finally:
+        stop_all(procs)
 
 
 @contextmanager

@@ -39,19 +39,18 @@ from typing import Any
 import openai
 import pytest
 
-from control.replicas.vllm.process import VllmProcess, free_port
+from control.replicas.vllm.process import VllmProcess
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from router.plugins import kvpath
 from router.plugins.kvpath import KvPathRules
 from tests.conftest import ROOT
 from tests.support.wait import wait_until
-from tests.vllm.conftest import SERVED, Router, cpu_server, router_config, start_all, start_router, stop_all
+from tests.vllm.conftest import PD_CORES, SERVED, Router, router_config, start_router
 from wire.promtext import parse
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 TOPOLOGY = ROOT / "configs" / "clusters" / "cpu-pair.yaml"
-CORES = {"p1": 0, "d1": 1}
-"""Each server's core, and its "GPU" in cpu-pair.yaml (the capture's CPU affinity)."""
+"""Each server's core (`PD_CORES`) is its "GPU" there (the capture's CPU affinity)."""
 BLOCK_BYTES = 128 * 1024
 """One KV block of the tiny model: 128 tokens (the CPU backend's block) x 2 layers x K and V x
 4 heads x 32 x 2 bytes (bf16)."""
@@ -90,22 +89,12 @@ def prompt(i: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def pair(log_dir: Path) -> Iterator[dict[str, VllmProcess]]:
-    procs = start_all([cpu_server(rid, role, CORES[rid], free_port(), free_port())
-                       for rid, role in (("p1", "prefill"), ("d1", "decode"))], log_dir)
-    try:
-        yield {p.server.replica_id: p for p in procs}
-    finally:
-        stop_all(procs)
-
-
-@pytest.fixture(scope="module")
 def router(pair: dict[str, VllmProcess], log_dir: Path) -> Iterator[Router]:
     config = router_config([p.server for p in pair.values()], topology=str(TOPOLOGY),
                            pd={"enabled": True, "min_prompt_tokens": 0,
                                "kv_path": {"window_s": 0.0, "noise_ms": 0.0}})
     for replica in config["replicas"]:
-        replica.update(node="cpu", gpus=[CORES[replica["replica_id"]]])
+        replica.update(node="cpu", gpus=[PD_CORES[replica["replica_id"]]])
     with start_router(config, log_dir) as r:
         yield r
 

@@ -13,23 +13,13 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from control.replicas.vllm.process import VllmProcess, free_port
+from control.replicas.vllm.process import VllmProcess
 from router.config import DEV_KEY
-from tests.vllm.conftest import SERVED, Router, cpu_server, router_config, start_all, start_router, stop_all
+from tests.vllm.conftest import SERVED, Router, router_config, start_router
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 IGNORE_EOS = {"ignore_eos": True}
 PROMPT = "".join(f"def handler_{i}(request, topology):\n    return route(request, island={i})\n" for i in range(18))
-
-
-@pytest.fixture(scope="module")
-def pair(log_dir: Path) -> Iterator[dict[str, VllmProcess]]:
-    procs = start_all([cpu_server("p1", "prefill", 0, free_port(), free_port()),
-                       cpu_server("d1", "decode", 1, free_port(), free_port())], log_dir)
-    try:
-        yield {p.server.replica_id: p for p in procs}
-    finally:
-        stop_all(procs)
 
 
 @pytest.fixture(scope="module")
