@@ -4,6 +4,7 @@ end-to-end test)."""
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import pytest
 
@@ -25,14 +26,15 @@ def test_status_shows_the_controllers_transport_check_and_kv_path_action() -> No
     `/admin/plan`'s controller view carries them (control.envcheck, control.kvpaths)."""
     from isleserve.status import render
 
-    controller = {
+    controller: dict[str, Any] = {
         "transport_env": {"decode-0": [{"variable": "UCX_TLS", "planned": None, "actual": "tcp,cuda_copy",
                                         "why": "no RDMA transport on an RDMA plan", "node": "a", "gpus": [2, 3]}]},
         "kv_paths": {"action": "replace", "after_s": 120.0, "not_as_planned": {"prefill-0->decode-0": "wrong_path"},
                      "waiting": ["prefill-0->decode-0: wrong_path for 35 s of 120 s"], "cooling_down": ["decode-1"]}}
-    state = {"url": "http://127.0.0.1:8000", "topology": None, "replicas": {"version": 3, "replicas": []},
-             "plan": {"policy": "island-aligned", "topology_fingerprint": "ab88732aef53ce41", "placements": [],
-                      "unplaced": [], "controller": controller}}
+    state: dict[str, Any] = {
+        "url": "http://127.0.0.1:8000", "topology": None, "replicas": {"version": 3, "replicas": []},
+        "plan": {"policy": "island-aligned", "topology_fingerprint": "ab88732aef53ce41", "placements": [],
+                 "unplaced": [], "controller": controller}}
     shown = render(state)
     assert "  decode-0: UCX_TLS=tcp,cuda_copy, plan -: no RDMA transport on an RDMA plan" in shown
     assert "kv_path_action: replace after 120 s; not as planned: prefill-0->decode-0 wrong_path" in shown
