@@ -35,6 +35,9 @@ FOLLOW_INTERVAL_S = 1.0
 CONTROLLER_TIMEOUT_S = 5.0
 """How long one call to the controller may take: an actor that Ray is restarting blocks `ray.get`,
 and the follow loop must keep ticking to say the controller is silent (router.contact)."""
+START_TIMEOUT_S = 120.0
+"""How long a Serve replica waits for its router to listen (seconds alone; two loaded cores
+beside other deployments can take far longer)."""
 ENGINE_KEY_ENV = "ISLE_ROUTER_ENGINE_KEY"
 """Where the router finds the engines' key (RouterConfig.upstream.key_env)."""
 log = logging.getLogger("isleserve.serve")
@@ -97,7 +100,11 @@ class RouterThread:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._run, name="isleserve-router", daemon=True)
         self.thread.start()
-        if not self.ready.wait(30) or self.error is not None:
+        # a start that fails says so at once (`_run` sets ready with the error); this bounds a slow
+        # one only, and Serve tries a raised constructor again thrice before DEPLOY_FAILED
+        if not self.ready.wait(START_TIMEOUT_S):
+            raise RuntimeError(f"the router did not start within {START_TIMEOUT_S:g} s")
+        if self.error is not None:
             raise RuntimeError(f"the router did not start: {self.error}")
         log.info("request path: %s", native.explain())
         log.info(ready_line(args.router.host, self.router.port, len(table.replicas)))

@@ -198,7 +198,11 @@ def serve_deploy(head: RayHead, config: Path, app: str, timeout_s: float) -> dic
             if status.get("status") == "RUNNING":
                 return status
             if status.get("status") == "DEPLOY_FAILED":
-                raise DeployError(f"serve status: DEPLOY_FAILED: {str(status.get('message', '')).strip()[-1500:]}")
+                failed = "; ".join(f"{name}: {str(d.get('message', '')).strip()[-1500:]}"
+                                   for name, d in (status.get("deployments") or {}).items()
+                                   if isinstance(d, dict) and d.get("status") not in ("HEALTHY", "UPDATING"))
+                raise DeployError(f"serve status: DEPLOY_FAILED: {str(status.get('message', '')).strip()[-500:]}"
+                                  + (f" ({failed})" if failed else ""))
         time.sleep(2)
     raise DeployError(f"serve status did not reach RUNNING within {timeout_s:g} s: {head.serve('status').stdout}")
 
