@@ -141,8 +141,7 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
     tokens = req.prompt_tokens
     steps = {d.endpoint.replica_id: decode_step_ms(hardware(d.endpoint, topology), d.load.running + 1,
                                                    d.load.kv_usage, tokens) for d in decodes}
-    best: _Pair | None = None
-    best_shut = False
+    top: tuple[bool, _Pair] | None = None  # (avoided, pair): an avoided pair ranks after every open one
     ranked: list[tuple[str, str, float]] = []
     tiers: dict[tuple[str, str], str] = {}
     shut: set[tuple[str, str]] = set()
@@ -166,10 +165,11 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
             pair = _Pair(ready_ms=queue + pre + d.load.waiting * step, handover_ms=kv + step, kv_ms=kv,
                          tier=tier_name, prefill=p, decode=d)
             ranked.append((*key, pair.ttft_ms()))
-            if best is None or (key in shut, pair.ttft_ms()) < (best_shut, best.ttft_ms()):
-                best, best_shut = pair, key in shut
-    if best is None:
+            if top is None or (not open_now, pair.ttft_ms()) < (top[0], top[1].ttft_ms()):
+                top = (not open_now, pair)
+    if top is None:
         return None
+    best = top[1]
     ranked.sort(key=lambda r: (r[:2] in shut, r[2]))
     chosen = best.prefill.endpoint.replica_id
     by_id = {c.endpoint.replica_id: c for c in decodes}
@@ -195,18 +195,13 @@ class _Pair(NamedTuple):
         return self.ready_ms + self.handover_ms
 
 
-def kv_ms(p: Candidate, d: Candidate, tokens: int, topology: Topology | None) -> tuple[float, str]:
-    """The KV handover's time and its path's tier. Without a topology that knows both replicas'
-    GPUs: the named fallback paths (`costmodel.KV_*_FALLBACK`), tier `local` on one named node
-    and `rdma` otherwise."""
-    kv, tier_name, _, _ = kv_priced(p, d, tokens, topology)
-    return kv, tier_name
-
-
 def kv_priced(p: Candidate, d: Candidate, tokens: int, topology: Topology | None, measured_ms_per_byte: float = 0.0
               ) -> tuple[float, str, float, float]:
-    """`kv_ms` with the path's expected ms per byte and set-up latency; `measured_ms_per_byte` (when > 0) in its
-    place where the router measured the pair (`router.kvwatch`)."""
+    """The KV handover's time, its path's tier, the path's expected ms per byte and set-up
+    latency; `measured_ms_per_byte` (when > 0) in place of the expected rate where the router
+    measured the pair (`router.kvwatch`). Without a topology that knows both replicas' GPUs: the
+    named fallback paths (`costmodel.KV_*_FALLBACK`), tier `local` on one named node and `rdma`
+    otherwise."""
     pe, de = p.endpoint, d.endpoint
     expected, latency_ms, tier_name = kv_route(topology, pe.node, pe.gpus, de.node, de.gpus)
     ms_per_byte = measured_ms_per_byte if measured_ms_per_byte > 0 and expected else expected
