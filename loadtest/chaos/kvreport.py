@@ -35,6 +35,7 @@ from typing import Any
 
 from loadtest.chaos.driver import ChaosRecord
 from loadtest.chaos.report import Verdict, stats, ttft_ms
+from loadtest.summary import percentile
 from pools.model import SLOClass
 
 FLAG_WITHIN_S = 30.0
@@ -130,9 +131,9 @@ def recorded(rows: Iterable[Mapping[str, Any]]) -> list[tuple[ChaosRecord, Verdi
 
 
 def _ttfts(records: Sequence[ChaosRecord], time_scale: float) -> dict[str, Any]:
-    ms = sorted(t for r in records if (t := ttft_ms(r, time_scale)) is not None)
-    return {"requests": len(ms), "ttft_p50_ms": round(ms[len(ms) // 2], 1) if ms else None,
-            "ttft_max_ms": round(ms[-1], 1) if ms else None}
+    ms = [t for r in records if (t := ttft_ms(r, time_scale)) is not None]
+    return {"requests": len(ms), "ttft_p50_ms": round(percentile(ms, 50), 1) if ms else None,
+            "ttft_max_ms": round(max(ms), 1) if ms else None}
 
 
 def _since(t: Any, t0: float) -> float | None:
