@@ -22,12 +22,13 @@ def cmd_cost(args: argparse.Namespace) -> int:
         out = cost.collective(args.op, args.bytes, args.gpus, args.link, args.gpu, args.gbps, args.gpus_per_node,
                               nvls=not args.no_nvls)
     elif args.what == "kv":
-        out = cost.kv(args.model, args.tokens, args.link, args.gbps, args.tp)
+        out = cost.kv(args.model, args.tokens, args.link, args.gbps, args.tp, args.nics)
     elif args.what == "moe":
         out = cost.moe(args.model, args.gpu, args.tp, args.dp, args.phase, args.link, tokens=args.tokens or 0,
                        prompts=args.prompts, batch=args.batch or 0, context=args.context, domain_gpus=args.domain_gpus,
                        gbps=args.gbps, imbalance=args.imbalance, overlap=args.overlap, expert_parallel=not args.no_ep,
-                       a2a=args.a2a, sms=args.sms)
+                       dtype=args.dtype, a2a=args.a2a, sms=args.sms, draft_tokens=args.draft_tokens,
+                       acceptance_rate=args.acceptance_rate, acceptance_length=args.acceptance_length)
     else:
         out = cost.pp(args.model, args.gpu, args.tp, args.pp, args.phase, args.boundary.split(","),
                       tokens=args.tokens or 0, batch=args.batch or 0, context=args.context, gbps=args.gbps,
@@ -105,6 +106,7 @@ def add_cost_parsers(sub: Any) -> None:
     q.add_argument("--link", required=True, choices=["nvlink", "pcie", "rdma", "tcp"])
     q.add_argument("--gbps", type=float, help="the NIC rate in Gbit/s (rdma, tcp)")
     q.add_argument("--tp", type=int, default=1, help="rank pairs moving their shards at once, each over its own link")
+    q.add_argument("--nics", type=int, help="rdma/tcp: NICs per node the pairs share (default: one per pair)")
     _gang_parsers(kinds)
     for q in (kinds.choices[name] for name in ("prefill", "decode", "collective", "kv", "moe", "pp")):
         q.add_argument("--format", choices=["json", "text"], default="text")
@@ -134,6 +136,12 @@ def _gang_parsers(kinds: Any) -> None:
                                  "uccl-ep-ll, hybrid-ep, deepep-v2, mori-ep, mori-ep-ll, pplx-garden, "
                                  "trtllm-nvlink-one-sided (default: deepep-normal at prefill, deepep-ll at decode)")
     q.add_argument("--sms", type=int, default=0, help="SMs the all-to-all kernel runs on (default 0: unbounded)")
+    q.add_argument("--dtype", choices=list(_WEIGHT_DTYPES),
+                   help="weight format (default: the model's own): bf16, fp8, fp4/nvfp4, mxfp4, int4")
+    q.add_argument("--draft-tokens", type=int, default=0, help="decode with MTP: draft tokens per step")
+    q.add_argument("--acceptance-rate", type=float, help="MTP: each draft's chance to be accepted")
+    q.add_argument("--acceptance-length", type=float,
+                   help="MTP: mean tokens a step yields (instead of --acceptance-rate)")
     q = kinds.add_parser("pp", help="a prefill or decode cycle over pipeline stages")
     q.add_argument("--model", required=True)
     q.add_argument("--gpu", required=True)

@@ -353,15 +353,19 @@ def moe_decode(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLink
 def moe_step(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, *, prefill_tokens: int = 0,
              prefill_context: int = 0, prefill_sequences: int = 1, decodes: int = 0, decode_context: int = 0,
              tp_link: LinkCost = LOCAL, imbalance: float | None = None, overlap: bool = False,
-             expert_parallel: bool = True, eff: Efficiency = DEFAULT, a2a: str | None = None) -> MoEStep:
+             expert_parallel: bool = True, eff: Efficiency = DEFAULT, a2a: str | None = None,
+             verify_tokens: int = 1) -> MoEStep:
     """`moe_forward` for the cost command: `prefill_tokens` new prompt tokens per rank (of
     `prefill_sequences` prompts of equal length, each after `prefill_context` cached tokens), or
-    `decodes` sequences reading `decode_context` tokens each."""
+    `decodes` sequences reading `decode_context` tokens each, each sequence passing
+    `verify_tokens` tokens through the layers (a speculative verify: the drafts and its own) while
+    its KV cache is read once."""
     if prefill_tokens > 0:
         seqs = max(1, min(prefill_sequences, prefill_tokens))
         base, extra = divmod(prefill_tokens, seqs)
         chunks = [(base + (1 if k < extra else 0), prefill_context) for k in range(seqs)]
         return moe_forward(model, gpu, tp, dp, links, chunks, 0, 0, tp_link=tp_link, imbalance=imbalance,
                            overlap=overlap, expert_parallel=expert_parallel, eff=eff, a2a=a2a)
-    return moe_forward(model, gpu, tp, dp, links, (), decodes, decodes * decode_context, tp_link=tp_link,
+    return moe_forward(model, gpu, tp, dp, links, (), decodes * max(verify_tokens, 1), decodes * decode_context,
+                       tp_link=tp_link,
                        imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel, eff=eff, a2a=a2a)

@@ -129,13 +129,27 @@ def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str |
     part = catalog.gpu(gpu)
     out: dict[str, Any] = {"what": "decode", "model": model, "gpu": gpu, "tp": tp, "batch": batch, "context": context,
                            **_echo(spec, gpu), "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp)}
+    length = _acceptance(draft_tokens, acceptance_rate, acceptance_length)
+    if length is None:
+        step = costmodel.decode_step_ms(spec, part, tp, tp_link, batch, batch * context)
+        return {**out, "step_ms": step, "speculative": None, "ms": step}
+    draft_ms, verify_ms = costmodel.speculative_decode_ms(spec, part, tp, tp_link, batch, batch * context, draft_tokens)
+    step = draft_ms + verify_ms
+    return {**out, "step_ms": step, "speculative": {"draft_tokens": draft_tokens, "acceptance_rate": acceptance_rate,
+                                                   "acceptance_length": length, "draft_ms": draft_ms,
+                                                   "verify_ms": verify_ms},
+            "ms": step / length}
+
+
+def _acceptance(draft_tokens: int, acceptance_rate: float | None, acceptance_length: float | None) -> float | None:
+    """Tokens a speculative step yields per sequence (None: no speculation), from the acceptance
+    length itself or each draft's acceptance rate; bad combinations are errors."""
     if draft_tokens < 0:
         raise ValueError(f"--draft-tokens must be 0 or more, got {draft_tokens}")
     if draft_tokens == 0:
         if acceptance_rate is not None or acceptance_length is not None:
             raise ValueError("--acceptance-rate/--acceptance-length go with --draft-tokens")
-        step = costmodel.decode_step_ms(spec, part, tp, tp_link, batch, batch * context)
-        return {**out, "step_ms": step, "speculative": None, "ms": step}
+        return None
     if (acceptance_rate is None) == (acceptance_length is None):
         raise ValueError("speculative decoding needs one of --acceptance-rate (per draft token, 0..1) "
                          "or --acceptance-length (tokens per step, 1..draft tokens + 1)")
@@ -143,14 +157,9 @@ def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str |
         raise ValueError(f"--acceptance-rate is a probability (0..1), got {acceptance_rate}")
     if acceptance_length is not None and not 1 <= acceptance_length <= draft_tokens + 1:
         raise ValueError(f"--acceptance-length is 1..{draft_tokens + 1} tokens per step, got {acceptance_length}")
-    length = acceptance_length if acceptance_length is not None else costmodel.speculative_tokens(
-        float(acceptance_rate or 0.0), draft_tokens)
-    draft_ms, verify_ms = costmodel.speculative_decode_ms(spec, part, tp, tp_link, batch, batch * context, draft_tokens)
-    step = draft_ms + verify_ms
-    return {**out, "step_ms": step, "speculative": {"draft_tokens": draft_tokens, "acceptance_rate": acceptance_rate,
-                                                   "acceptance_length": length, "draft_ms": draft_ms,
-                                                   "verify_ms": verify_ms},
-            "ms": step / length}
+    if acceptance_length is not None:
+        return acceptance_length
+    return costmodel.speculative_tokens(float(acceptance_rate or 0.0), draft_tokens)
 
 
 def loaded_decode(model: str, gpu: str, tp: int, concurrency: int, prompt_tokens: int, output_tokens: int,
@@ -236,29 +245,36 @@ def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | N
             "nvls": nvls, "link": view, "us": us}
 
 
-def _kv_paths(link_name: str, gbps: float | None, n: int) -> tuple[costmodel.LinkCost, list[Path]]:
-    """`n` KV paths of kind `link_name`, each its own carrier (nvlink: the NVSwitch default)."""
+def _kv_paths(link_name: str, gbps: float | None, n: int, carriers: int | None = None
+              ) -> tuple[costmodel.LinkCost, list[Path]]:
+    """`n` KV paths of kind `link_name` (nvlink: the NVSwitch default) over `carriers` links or
+    NICs, rank i on carrier i mod carriers (None: each path its own)."""
     kind = LinkKind.NVSWITCH if link_name == "nvlink" else LINKS[link_name]
     cost = link("nvswitch" if link_name == "nvlink" else link_name, gbps)
+    shared = n if carriers is None else max(1, min(carriers, n))
     return cost, [Path(kind=kind, tier=KV_LINKS[link_name], bandwidth_gb_s=cost.bandwidth_gb_s,
-                       latency_us=cost.latency_us, via=f"{link_name} link {rank}") for rank in range(n)]
+                       latency_us=cost.latency_us, via=f"{link_name} link {rank % shared}") for rank in range(n)]
 
 
-def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: int = 1) -> dict[str, Any]:
+def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: int = 1,
+       nics: int | None = None) -> dict[str, Any]:
     """Moving the KV cache of `tokens` tokens of `model` between two replicas: each of `tp` rank
     pairs moves its shard at once over its own link (`costmodel.kv_handover_ms`; on a network,
-    its own NIC of `--gbps`)."""
+    its own NIC of `--gbps`, or one of `nics` the node's ranks share)."""
     _positive(tokens=tokens, tp=tp)
+    if nics is not None:
+        _positive(nics=nics)
     if link_name not in KV_LINKS:
         raise ValueError(f"--link for a KV transfer is nvlink, pcie, rdma or tcp, not {link_name!r}")
     if gbps is not None and link_name not in NETWORK:
         raise ValueError(f"--gbps is a network rate: it goes with --link rdma or tcp, not {link_name}")
     spec = catalog.model(model)
-    cost, paths = _kv_paths(link_name, gbps, tp)
+    cost, paths = _kv_paths(link_name, gbps, tp, nics if link_name in NETWORK else None)
     ms = costmodel.kv_handover_ms(spec, tokens, paths)
-    return {"what": "kv", "model": model, "tokens": tokens, "tp": tp, "gbps": gbps,
+    carriers = len({p.via for p in paths})
+    return {"what": "kv", "model": model, "tokens": tokens, "tp": tp, "gbps": gbps, "nics": carriers,
             "kv_bytes": costmodel.kv_bytes(spec, tokens), "link": _link_view(link_name, cost),
-            "achieved_gb_s": costmodel.kv_rate_gb_s(paths[0]) * tp, "setup_ms": costmodel.kv_setup_ms(paths[0]),
+            "achieved_gb_s": costmodel.kv_rate_gb_s(paths[0]) * carriers, "setup_ms": costmodel.kv_setup_ms(paths[0]),
             "ms": ms}
 
 
@@ -296,10 +312,13 @@ def _gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gb
 def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, tokens: int = 0, prompts: int = 1,
         batch: int = 0, context: int = 0, domain_gpus: int | None = None, gbps: float | None = None,
         imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
-        dtype: str | None = None, a2a: str | None = None, sms: int = 0) -> dict[str, Any]:
+        dtype: str | None = None, a2a: str | None = None, sms: int = 0, draft_tokens: int = 0,
+        acceptance_rate: float | None = None, acceptance_length: float | None = None) -> dict[str, Any]:
     """One step of an MoE gang of `dp` data-parallel ranks of TP=`tp` (`physics.moecost`);
     `a2a`: the all-to-all kernel (`a2akernels.KERNELS`; default DeepEP's normal kernels at prefill,
-    its low-latency ones at decode) on `sms` SMs (0: unbounded)."""
+    its low-latency ones at decode) on `sms` SMs (0: unbounded). Decode with `draft_tokens` > 0
+    (MTP): the gang verifies k + 1 tokens of every sequence in one step (the KV read once) after k
+    draft passes of one layer each, and yields the acceptance length per sequence."""
     if a2a is not None:
         a2akernels.kernel(a2a)
     _positive(tp=tp, dp=dp)
@@ -317,6 +336,9 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
         raise ValueError(f"--context must be 0 or more, got {context}")
     if imbalance is not None and imbalance < 1:
         raise ValueError(f"--imbalance is max over mean GPU load, at least 1, got {imbalance}")
+    length = _acceptance(draft_tokens, acceptance_rate, acceptance_length)
+    if length is not None and phase != "decode":
+        raise ValueError("--draft-tokens: speculative decoding is a decode setting")
     links = _gang_links(link_name, gpu, tp * dp, domain_gpus, gbps, sms)
     tp_line, _ = fabric("nvswitch", gpu, tp)
     tp_link = costmodel.LinkCost(bandwidth_gb_s=tp_line, latency_us=DEFAULTS[LinkKind.NVSWITCH].latency_us,
@@ -324,8 +346,16 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
     step = moecost.moe_step(spec, catalog.gpu(gpu), tp, dp, links, prefill_tokens=tokens if phase == "prefill" else 0,
                             prefill_context=context if phase == "prefill" else 0, prefill_sequences=prompts,
                             decodes=batch if phase == "decode" else 0, decode_context=context, tp_link=tp_link,
-                            imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel, a2a=a2a)
-    per_rank = tokens if phase == "prefill" else batch
+                            imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel, a2a=a2a,
+                            verify_tokens=draft_tokens + 1)
+    total_ms, draft_ms = step.total_ms, 0.0
+    if length is not None:
+        plain = moecost.moe_step(spec, catalog.gpu(gpu), tp, dp, links, decodes=batch, decode_context=context,
+                                 tp_link=tp_link, imbalance=imbalance, overlap=overlap,
+                                 expert_parallel=expert_parallel, a2a=a2a)
+        draft_ms = draft_tokens * plain.total_ms / spec.layers
+        total_ms += draft_ms
+    per_rank = tokens if phase == "prefill" else batch * (length or 1.0)
     ep = tp * dp if expert_parallel else tp
     return {"what": "moe", "model": model, "gpu": gpu, "tp": tp, "dp": dp, "ep": ep, "expert_parallel": expert_parallel,
             "phase": phase, "a2a": a2a or ("deepep-normal" if phase == "prefill" else "deepep-ll"), "sms": sms,
@@ -336,8 +366,10 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
             "fits": costmodel.fits(spec, catalog.gpu(gpu).memory_gb, tp, ep=ep),
             "imbalance": step.imbalance, "dense_ms": step.dense_ms, "experts_ms": step.experts_ms,
             "dispatch_ms": step.dispatch_ms, "combine_ms": step.combine_ms, "allreduce_ms": step.allreduce_ms,
-            "overhead_ms": step.overhead_ms, "a2a_share": step.a2a_share, "ms": step.total_ms,
-            "tokens_per_s_per_gpu": per_rank / tp / (step.total_ms / 1e3) if step.total_ms > 0 else 0.0}
+            "overhead_ms": step.overhead_ms, "a2a_share": step.a2a_share, "ms": total_ms,
+            "speculative": None if length is None else {"draft_tokens": draft_tokens, "acceptance_length": length,
+                                                        "draft_ms": draft_ms, "verify_ms": step.total_ms},
+            "tokens_per_s_per_gpu": per_rank / tp / (total_ms / 1e3) if total_ms > 0 else 0.0}
 
 
 PP_LINKS = ("nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "tcp")

@@ -153,9 +153,17 @@ def _step(model: str, gpu: str, tp: int, batch: int, context: int, weights: str 
 
 
 def _speculation(spec: Any) -> tuple[int, float | None]:
+    """(draft tokens, acceptance length) a point states; a length stated as a range ("1.8-1.9")
+    is its middle."""
     if not isinstance(spec, dict) or str(spec.get("method", "none")).lower() in ("none", "off"):
         return 0, None
     draft, length = spec.get("draft_tokens"), spec.get("acceptance_length")
+    if isinstance(length, str):
+        try:
+            ends = [float(part) for part in length.split("-")]
+        except ValueError:
+            ends = []
+        length = sum(ends) / len(ends) if 1 <= len(ends) <= 2 else None
     if not isinstance(draft, int) or not isinstance(length, int | float):
         raise ValueError("speculative decoding without its draft tokens and acceptance length stated")
     return int(draft), float(length)
@@ -257,12 +265,18 @@ def _kv(p: dict[str, Any], model: str | None) -> tuple[float | None, str]:
     link = _link(p)
     unit, tokens, size, rails = p["unit"], num(p, "tokens"), num(p, "bytes"), num(p, "rails")
     if unit in ("ms", "us") and model and tokens:
-        ms = cost.kv(model, int(tokens), link, num(p, "gbps"), _int(p, "tp", 1))["ms"]
+        ms = cost.kv(model, int(tokens), link, num(p, "gbps"), _int(p, "tp", 1), _nics(p))["ms"]
         return (ms if unit == "ms" else ms * 1e3), ""
     if unit == "GB/s" and size and rails:
         # a benchmark keeping many blocks in flight pays each block's set-up once per round of them
         return cost.kv_payload_gb_s(size * (num(p, "blocks_in_flight") or 1.0), link, num(p, "gbps"), int(rails)), ""
     return None, "the transfer's size (tokens of a catalogue model, or bytes and NICs) is not stated"
+
+
+def _nics(p: dict[str, Any]) -> int | None:
+    """The NICs a node's ranks share for a KV transfer (`rails`) on a network link; None: one each."""
+    rails = num(p, "rails")
+    return int(rails) if rails and _link(p) in cost.NETWORK else None
 
 
 def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
@@ -334,16 +348,46 @@ def _moe(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
         return None, "prefill tokens per rank not stated"
     if phase == "decode" and not batch:
         return None, "decode batch per rank not stated"
-    answer = cost.moe(model, gpu, _int(p, "tp", 1), int(dp), phase, _link(p), tokens=int(tokens or 0),
+    # attention DP (SGLang's --tp N --dp N, TensorRT-LLM's attention DP): tp names the whole gang;
+    # each DP rank's attention runs on ep / dp GPUs
+    ep = num(p, "ep")
+    tp = max(1, int(ep) // int(dp)) if ep else _int(p, "tp", 1)
+    draft, length = _speculation(p.get("spec")) if phase == "decode" else (0, None)
+    if batch and str(p.get("batch_per", "rank")).startswith("gang"):
+        batch = max(1.0, batch / dp)  # a benchmark's concurrency over every DP rank
+    # a gang over several nodes ("nvlink + rdma") runs its all-to-all across the network
+    link = "rdma" if "rdma" in str(p.get("link") or "").lower() else _link(p)
+    answer = cost.moe(model, gpu, tp, int(dp), phase, link, tokens=int(tokens or 0),
                       prompts=_int(p, "prompts", 1), batch=int(batch or 0), context=_int(p, "context", 0),
                       domain_gpus=_int(p, "gpus_per_node", 8), gbps=num(p, "gbps"), overlap=bool(p.get("overlap")),
-                      dtype=weights)
+                      dtype=weights, draft_tokens=draft, acceptance_length=length)
     per_gpu = float(answer["tokens_per_s_per_gpu"])
+    prompt, output = num(p, "prompt_tokens"), num(p, "output_tokens")
+    if phase == "decode" and "whole run" in str(p.get("convention", "")) and prompt and output and not draft:
+        per_gpu = _moe_run_per_gpu(model, gpu, tp, int(dp), link, int(batch or 1), int(prompt), int(output),
+                                   _int(p, "gpus_per_node", 8), num(p, "gbps"), weights)
     if p["unit"] == "tokens/s-per-node":
         return per_gpu * _int(p, "gpus_per_node", 8), ""
     if p["unit"] == "tokens/s-per-gpu":
         return per_gpu, ""
     return None, f"no prediction for an MoE point in {p['unit']}"
+
+
+def _moe_run_per_gpu(model: str, gpu: str, tp: int, dp: int, link: str, batch: int, prompt: int, output: int,
+                     domain: int, gbps: float | None, weights: str | None) -> float:
+    """Output tokens/s per GPU of a whole benchmark run whose requests arrive and finish together
+    (fixed lengths at a fixed concurrency): each rank prefills its `batch` prompts, then decodes
+    `output` steps whose context grows from the prompt (sampled, trapezoid between)."""
+    def step(phase: str, **kw: Any) -> float:
+        return float(cost.moe(model, gpu, tp, dp, phase, link, domain_gpus=domain, gbps=gbps, dtype=weights,
+                              **kw)["ms"])
+
+    pre = step("prefill", tokens=batch * prompt, prompts=batch)
+    marks = sorted({round(i * (output - 1) / (SAMPLES - 1)) for i in range(SAMPLES)})
+    steps = [step("decode", batch=batch, context=prompt + t) for t in marks]
+    decode = sum((a + b) / 2 * (t1 - t0) for t0, t1, a, b in zip(marks, marks[1:], steps, steps[1:], strict=False))
+    total_ms = pre + decode + steps[-1]
+    return batch * output / (total_ms / 1e3) / tp
 
 
 def pd_ttft_ms(p: dict[str, Any], model: str, gpu: str) -> float:
@@ -353,6 +397,6 @@ def pd_ttft_ms(p: dict[str, Any], model: str, gpu: str) -> float:
     weights, kv_dtype = _dtype(p)
     tp, tokens = _int(p, "tp", 1), _int(p, "tokens", 1)
     pre = cost.prefill(model, gpu, tp, tokens, 0, weights, kv_dtype=kv_dtype)["ms"]
-    kv = cost.kv(model, tokens, _link(p), num(p, "gbps"), tp)["ms"]
+    kv = cost.kv(model, tokens, _link(p), num(p, "gbps"), tp, _nics(p))["ms"]
     first = cost.decode(model, gpu, tp, 1, tokens, weights, kv_dtype=kv_dtype)["ms"]
     return float(pre + kv + first + VLLM_PD_PATH_MS)
