@@ -55,6 +55,9 @@ class GpuSpec:
     fp4_source: str = ""
     nvls: bool = False
     """Its NVSwitch does NVLink SHARP (NCCL's NVLS all-reduce)."""
+    nvls_efficiency: float = 0.85
+    """NCCL's `nvlsEfficiency` for its generation (tuning.cc: Hopper 0.85, Blackwell 0.74;
+    `collectives.NVLS_HOPPER`)."""
     collectives: str = "nccl"
     """The collective library its engines use: nccl (NVIDIA) or rccl (AMD)."""
 

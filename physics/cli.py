@@ -20,7 +20,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         out = _decode(cost, args)
     elif args.what == "collective":
         out = cost.collective(args.op, args.bytes, args.gpus, args.link, args.gpu, args.gbps, args.gpus_per_node,
-                              nvls=not args.no_nvls)
+                              nvls=not args.no_nvls, algorithm=args.algorithm)
     elif args.what == "kv":
         out = cost.kv(args.model, args.tokens, args.link, args.gbps, args.tp, args.nics)
     elif args.what == "moe":
@@ -100,6 +100,8 @@ def add_cost_parsers(sub: Any) -> None:
     q.add_argument("--gbps", type=float, help="per-GPU network rate in Gbit/s (rdma, tcp)")
     q.add_argument("--gpus-per-node", type=int, help="rdma/tcp: GPUs per node (default 8 when more than 8, else 1)")
     q.add_argument("--no-nvls", action="store_true", help="as NCCL_NVLS_ENABLE=0: no NVLink SHARP all-reduce")
+    q.add_argument("--algorithm", choices=["ring", "tree", "nvls"],
+                   help="as NCCL_ALGO: pin the algorithm (default: the cheapest, as NCCL's tuner picks)")
     q = kinds.add_parser("kv", help="moving the KV cache of N tokens between two replicas")
     q.add_argument("--model", required=True)
     q.add_argument("--tokens", type=int, required=True)

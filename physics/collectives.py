@@ -30,6 +30,8 @@ from typing import Literal
 
 Hw = Literal["nvlink", "pci", "net"]
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall")
+ALGORITHMS = ("ring", "tree", "nvls")
+"""What `NCCL_ALGO` can pin (NCCL's names, lower case); None: NCCL's tuner picks the cheapest."""
 
 BASE_LAT_US: dict[str, tuple[float, float, float]] = {"tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4)}
 """NCCL's baseLat (tuning.cc), µs, per protocol (LL, LL128, Simple)."""
@@ -51,6 +53,14 @@ Network: 364.9 GB/s busbw over p5en's 3200 Gb/s of EFA per node (same source, 4 
 NVLS_EFFICIENCY = 0.61
 """NVLS all-reduce's algorithm bandwidth over the per-GPU NVLink line: busbw 480 GB/s on 8x
 H200 (algbw 480 / (2 x 7/8) = 274 of 450; ml-engineering, NCCL_NVLS_ENABLE=1 row)."""
+NVLS_HOPPER = 0.85
+"""NCCL's `nvlsEfficiency` for Hopper (NVIDIA/nccl src/graph/tuning.cc, later src/tuning/nvls.cc:
+Hopper 0.85, Blackwell 0.74): what its tuner takes an NVLS all-reduce to reach of the NVLink
+bandwidth on each generation. `NVLS_EFFICIENCY` is measured on Hopper; a part of another
+generation (`catalog.GpuSpec.nvls_efficiency`) scales it by its own figure over this one:
+Blackwell's NVLink doubled and its switch's reductions did not keep pace (8x B200, NCCL 2.27.7:
+NVLS busbw 838 GB/s = 0.53 of its 900 GB/s as algorithm bandwidth, 0.61 x 0.74 / 0.85 = 0.53;
+ml-engineering, calibration point mleng-b200-8gpu-allreduce-nvls-8GiB-busbw)."""
 NVLS_LATENCY_US = 25.0
 """NVLS all-reduce's latency: NCCL's hwLat for NVLS over NVLink (Simple) is 25 µs with no base
 latency (tuning.cc, `hwLat[NVLINK][NVLS] = {0, 0, 25}`): the switch's multicast set-up and the
@@ -59,8 +69,9 @@ keeps ring LL/LL128."""
 NVLS_MIN_GPUS = 5
 """NCCL ran ring, not NVLS, for 4 GPUs of an H200 node (the same busbw with NVLS on and off, ml-
 engineering's GPU-count sweep) and NVLS for 8."""
-TREE_PROTOCOL_SHARE = (1 / 3.8, 0.92, 1.0)
-"""Share of the bus bandwidth a tree carries per protocol (tuning.cc: tree LL x 1/3.8). Tree LL
+TREE_PROTOCOL_SHARE = (0.92 / 3.8, 0.92 * 120 / 128, 0.92)
+"""Share of the bus bandwidth a tree carries per protocol (tuning.cc: a tree all-reduce x 0.92 under
+every protocol, then LL x 1/3.8 and, across nodes, LL128 x 120/128 on top). Tree LL
 is what NCCL picks for small all-reduces across nodes: its latency, 2 x ((GPUs per node - 1)
 intra-node steps + floor(log2(nodes)) network steps, NCCL's log2i), beats a ring's 2 x (ranks - 1) steps (nccl-tests
 8 KiB over 2 and 4 nodes of 8 H100: 32.1 and 46.8 µs; NCCLT-309 in physics/data/published)."""
@@ -99,26 +110,45 @@ latency)."""
 
 def collective_us(op: str, message_bytes: float, ranks: int, line_gb_s: float, hw: Hw, *, nodes: int = 1,
                   nvls: bool = False, node_gb_s: float | None = None, net_latency_us: float = RDMA_LATENCY_US,
-                  library: str = "nccl") -> float:
+                  library: str = "nccl", algorithm: str | None = None, nvls_efficiency: float = NVLS_HOPPER) -> float:
     """One collective of `message_bytes` per GPU (nccl-tests' size) over `ranks` GPUs on `nodes`
     nodes. `line_gb_s`: each GPU's line rate inside its node (per direction); across nodes
     `node_gb_s` is the node's NIC bandwidth in total (one rail per GPU: 8 x 400 Gb/s = 400 GB/s).
     `nvls`: the node's NVSwitch does NVLink SHARP (H100 and later). `net_latency_us`: the
     network's latency; NCCL's network step latencies are for RDMA verbs, a slower transport
     (sockets) adds the difference to every step that crosses nodes. `library`: nccl or rccl
-    (`TREE_LIBRARIES`)."""
+    (`TREE_LIBRARIES`). `algorithm`: the one NCCL is pinned to (`NCCL_ALGO=Ring`, `Tree`, `NVLS`,
+    as a benchmark that sweeps the algorithms runs it); NCCL still picks the protocol, and where the
+    pinned algorithm cannot run the collective (NVLS across nodes or without NVLink SHARP, a tree
+    inside one node) NCCL falls back to its tuner's choice, and so does this. `nvls_efficiency`:
+    NCCL's `nvlsEfficiency` for the part's generation (`NVLS_HOPPER`)."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPS)})")
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
     if ranks <= 1 or message_bytes <= 0:
         return 0.0
     extra = max(0.0, float(net_latency_us) - RDMA_LATENCY_US)
-    return _collective_us(op, float(message_bytes), ranks, float(line_gb_s), hw, max(1, min(nodes, ranks)), nvls,
-                          None if node_gb_s is None else float(node_gb_s), extra, library in TREE_LIBRARIES)
+    return _collective_us(op, float(message_bytes), ranks, float(line_gb_s), hw, max(1, min(nodes, ranks)),
+                          nvls_efficiency / NVLS_HOPPER if nvls else 0.0,
+                          None if node_gb_s is None else float(node_gb_s), extra, library in TREE_LIBRARIES, algorithm)
 
 
 @functools.lru_cache(maxsize=65536)
-def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: int, nvls: bool,
-                   node_gb_s: float | None, extra_us: float, tree: bool = True) -> float:
+def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: int, nvls: float,
+                   node_gb_s: float | None, extra_us: float, tree: bool = True, algorithm: str | None = None) -> float:
+    times = _algorithm_us(op, size, ranks, line, hw, nodes, nvls, node_gb_s, extra_us, tree)
+    if op == "alltoall":
+        return times["alltoall"]
+    pinned = times.get(algorithm or "", math.inf)
+    return (pinned if pinned < math.inf else min(times.values())) + LAUNCH_US
+
+
+def _algorithm_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: int, nvls: float,
+                  node_gb_s: float | None, extra_us: float, tree: bool) -> dict[str, float]:
+    """Each algorithm's time under its cheapest protocol (NCCL's tuner within one algorithm), without
+    the launch; an algorithm that cannot run the collective is absent. `nvls`: the part's NVLS
+    efficiency over Hopper's (0: no NVLS)."""
     per_node = max(1, ranks // nodes)
     intra: Hw = "pci" if hw == "pci" else "nvlink"
     bus = max(line, 0.01) * BUS_EFFICIENCY[intra] if per_node > 1 else math.inf
@@ -126,12 +156,12 @@ def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes:
     if nodes > 1:
         net = (node_gb_s if node_gb_s is not None else max(line, 0.01) * per_node) * BUS_EFFICIENCY["net"]
     if op == "alltoall":
-        return _alltoall_us(size, ranks, per_node, bus, net, intra, nodes) + extra_us + LAUNCH_US
+        return {"alltoall": _alltoall_us(size, ranks, per_node, bus, net, intra, nodes) + extra_us + LAUNCH_US}
     if nodes > 1:
         bus = min(bus, net)  # one rail per GPU: the ring crosses every node on each rail
     steps = 2 * (ranks - 1) if op == "allreduce" else ranks - 1
     inter_steps = (2 if op == "allreduce" else 1) * (nodes - 1)
-    best = math.inf
+    ring = tree_us = math.inf
     for p in range(3):
         if p == 1 and nodes > 1:
             continue  # NCCL enables LL128 only when no step leaves the node (tuning.cc, typeInter <= PXB)
@@ -140,17 +170,20 @@ def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes:
         lat = BASE_LAT_US["ring"][p] + (steps - inter_steps) * intra_lat + inter_steps * inter_lat
         if op == "allreduce" and nodes > 1 and p == 2:
             lat *= RING_PLATEAU
-        best = min(best, lat + size / (1e3 * bus * PROTOCOL_SHARE[p] * ranks / steps))
+        ring = min(ring, lat + size / (1e3 * bus * PROTOCOL_SHARE[p] * ranks / steps))
         if op == "allreduce" and nodes > 1 and tree:  # tree: Simple for bandwidth, LL for small messages
             log_size = int(math.log2(max(size, 64.0) / 64.0))
             correction = TREE_CORRECTION[p][log_size] if log_size < len(TREE_CORRECTION[p]) else 1.0
             tree_bw = net * TREE_PROTOCOL_SHARE[p] * correction * (1.0 if nodes == 2 else TREE_DEEP_SHARE)
             tree_lat = BASE_LAT_US["tree"][p] + 2 * ((per_node - 1) * HW_LAT_US[intra]["tree"][p]
                                                      + int(math.log2(nodes)) * (HW_LAT_US["net"]["tree"][p] + extra_us))
-            best = min(best, tree_lat + size / (1e3 * tree_bw))
-    if op == "allreduce" and nvls and nodes == 1 and intra == "nvlink" and ranks >= NVLS_MIN_GPUS:
-        best = min(best, NVLS_LATENCY_US + size / (1e3 * line * NVLS_EFFICIENCY))
-    return best + LAUNCH_US
+            tree_us = min(tree_us, tree_lat + size / (1e3 * tree_bw))
+    times = {"ring": ring}
+    if tree_us < math.inf:
+        times["tree"] = tree_us
+    if op == "allreduce" and nvls > 0 and nodes == 1 and intra == "nvlink" and ranks >= NVLS_MIN_GPUS:
+        times["nvls"] = NVLS_LATENCY_US + size / (1e3 * line * NVLS_EFFICIENCY * nvls)
+    return times
 
 
 def _alltoall_us(size: float, ranks: int, per_node: int, bus: float, net: float, intra: Hw, nodes: int) -> float:

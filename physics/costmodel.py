@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from physics.catalog import GpuSpec, ModelSpec
-from physics.collectives import BUS_EFFICIENCY, Hw, collective_us
+from physics.collectives import BUS_EFFICIENCY, NVLS_HOPPER, Hw, collective_us
 from topology import GpuRef, LinkKind, Path, Topology, bottleneck
 from topology.kinds import DEFAULTS
 
@@ -125,7 +125,8 @@ def allreduce_ms(message_bytes: float, tp: int, link: LinkCost, gpu: GpuSpec | N
         return collective_us("allreduce", message_bytes, tp, TP_LINK_FALLBACK.bandwidth_gb_s, "net", nodes=2,
                              node_gb_s=link.bandwidth_gb_s, net_latency_us=link.latency_us,
                              library=gpu.collectives if gpu is not None else "nccl") / 1e3
-    return collective_us("allreduce", message_bytes, tp, link.bandwidth_gb_s, link.hw, nvls=nvls) / 1e3
+    return collective_us("allreduce", message_bytes, tp, link.bandwidth_gb_s, link.hw, nvls=nvls,
+                         nvls_efficiency=gpu.nvls_efficiency if gpu is not None else NVLS_HOPPER) / 1e3
 
 
 def prefill_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, tokens: int,

@@ -207,12 +207,14 @@ def fabric(link_name: str, gpu: str | None, gpus: int) -> tuple[float, str]:
 
 
 def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | None = None,
-               gbps: float | None = None, gpus_per_node: int | None = None, nvls: bool = True) -> dict[str, Any]:
+               gbps: float | None = None, gpus_per_node: int | None = None, nvls: bool = True,
+               algorithm: str | None = None) -> dict[str, Any]:
     """One collective of `size_bytes` per GPU (as nccl-tests counts its size) over `gpus` GPUs
     (`physics.collectives`: the algorithm and protocol NCCL would pick). Over rdma/tcp the GPUs sit
     on `gpus_per_node`-GPU nodes (default: 8 when there are more than 8, else one per node), one
     NIC of `--gbps` (default: the kind's) per GPU; inside each node, the GPU's NVLink. `nvls`
-    False: as with NCCL_NVLS_ENABLE=0."""
+    False: as with NCCL_NVLS_ENABLE=0. `algorithm`: as NCCL_ALGO (ring, tree, nvls; None: the
+    cheapest)."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPS)})")
     _positive(bytes=size_bytes, gpus=gpus)
@@ -231,18 +233,21 @@ def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | N
         us = collectives.collective_us(op, size_bytes, gpus, line, "net", nodes=nodes,
                                        node_gb_s=nic.bandwidth_gb_s * min(per_node, gpus),
                                        net_latency_us=nic.latency_us,
-                                       library=spec.collectives if spec is not None else "nccl")
+                                       library=spec.collectives if spec is not None else "nccl",
+                                       algorithm=algorithm)
         view = {**_link_view(link_name, nic), "nodes": nodes, "gpus_per_node": per_node, "nic_gb_s": nic.bandwidth_gb_s,
                 "intra_node_gb_s": line, "intra_node_source": source}
     else:
         line, source = fabric(link_name, gpu, gpus)
         kind = LINKS[link_name]
         hw: Hw = "nvlink" if kind.is_gpu_fabric else "pci"
+        part_nvls = spec.nvls_efficiency if spec is not None else collectives.NVLS_HOPPER
         us = collectives.collective_us(op, size_bytes, gpus, line, hw,
-                                       nvls=nvls and kind is LinkKind.NVSWITCH and spec is not None and spec.nvls)
+                                       nvls=nvls and kind is LinkKind.NVSWITCH and spec is not None and spec.nvls,
+                                       algorithm=algorithm, nvls_efficiency=part_nvls)
         view = {"name": link_name, "bandwidth_gb_s": line, "latency_us": DEFAULTS[kind].latency_us, "source": source}
     return {"what": "collective", "op": op, "bytes": size_bytes, "gpus": gpus, "gpu": gpu, "gbps": gbps,
-            "nvls": nvls, "link": view, "us": us}
+            "nvls": nvls, "algorithm": algorithm, "link": view, "us": us}
 
 
 def _kv_paths(link_name: str, gbps: float | None, n: int, carriers: int | None = None

@@ -64,9 +64,9 @@ def _stated(value: Any) -> bool:
 
 
 def _free(name: str, where: str, low: float, high: float, kinds: str, mechanism: str, kernel: str = "",
-          gpu: str = "", needs: str = "") -> Free:
+          gpu: str = "", needs: str = "", prior: float | None = None) -> Free:
     return Free(name, where, low, high, frozenset(kinds.split()), mechanism, kernel, gpu,
-                1.0 if kernel or gpu else None, needs)
+                1.0 if kernel or gpu else prior, needs)
 
 
 def _kernel(name: str) -> tuple[Free, Free]:
@@ -98,6 +98,9 @@ FREE: tuple[Free, ...] = (
     _free("nvls_efficiency", "collectives:NVLS_EFFICIENCY", 0.3, 0.95, "collective",
           "NVLS all-reduce's algorithm bandwidth over the NVLink line"),
     _free("launch_us", "collectives:LAUNCH_US", 2.0, 30.0, "collective", "a measured collective's launch and sync"),
+    _free("per_call_us", "predict:PER_CALL_US", 1.0, 200.0, "collective",
+          "what timing one collective call on its own adds (a barrier, a launch from Python, a synchronize)",
+          needs="timing", prior=0.0),
     _free("kv_line_efficiency", "costmodel:KV_LINE_EFFICIENCY", 0.5, 0.98, "kv pd-ttft",
           "share of a NIC's line a KV transfer engine reaches"),
     _free("kv_setup_ms", "costmodel:KV_SETUP_MS", 0.02, 3.0, "kv pd-ttft", "a KV transfer's request and completion"),

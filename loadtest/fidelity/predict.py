@@ -9,6 +9,10 @@ Conventions the conversion applies, each written next to the points it concerns:
                           decode step), or `tokens/s-per-gpu` of one static batch (output x batch /
                           the batch's whole latency / TP)
     "end-to-end latency"  one offline batch: its prefill and every decode step
+    a2a `p2p: false`      the kernel reaches its own node's peers through the NIC as well (NVSHMEM
+                          P2P disabled: DeepEP's first low-latency kernels set NVSHMEM_DISABLE_P2P=1,
+                          deepseek-ai/DeepEP ebfe47e deep_ep/buffer.py, until "LL nvlink p2p" #173,
+                          2025-05-23): priced with every rank its own NVLink domain
     a2a GB/s (`count`)    nodes-touched: a token once per node it is sent to, its own included
                           (DeepEP, UCCL-EP, MoRI, HybridEP internode tests); rows-received: every
                           token row a rank receives, its own included (their intranode tests);
@@ -48,6 +52,14 @@ benchmark measures TTFT through it (two HTTP hops, the decode's wait for the con
 the KV in, two engine loops): the 128-token row of MOONCAKE-PD (46.09 ms) less the model's 11.1
 ms for those three. A property of the measured system, not of isleserve's router; only pd-ttft
 points use it (a free constant of the fit)."""
+PER_CALL_US = 30.0
+"""What timing one collective call on its own adds to it (`timing: per-call`: all_reduce_bench.py's
+torch.distributed loop, a barrier before each call, the call launched from Python through
+ProcessGroupNCCL, then a synchronize): the host's launch and the ranks' skew after the barrier,
+which nccl-tests hides by timing `-n` calls back to back (`collectives.LAUNCH_US` is what is left of
+it there). Set by MLENG's one-node B200 table: 32 KiB in 47.8 µs (busbw 1.2 GB/s) where nccl-tests'
+model is ~17 µs. A free constant of the fit, moved only by points that state per-call timing (none
+moved: none added)."""
 SAMPLES = 16
 """Decode steps priced along a generation (the rest interpolated): the step grows with context."""
 
@@ -250,8 +262,11 @@ def _collective(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
     gbps = num(p, "gbps") if link in cost.NETWORK else None
     nodes = num(p, "nodes")
     per_node = int(gpus // nodes) if nodes and link in cost.NETWORK else None
-    us = cost.collective(op, int(size), int(gpus), link, gpu, gbps, per_node,
-                         nvls=p.get("nvls", True) is not False)["us"]
+    algorithm = p.get("algorithm")
+    us = cost.collective(op, int(size), int(gpus), link, gpu, gbps, per_node, nvls=p.get("nvls", True) is not False,
+                         algorithm=str(algorithm).lower() if algorithm else None)["us"]
+    if p.get("timing") == "per-call":
+        us += PER_CALL_US
     unit = p["unit"]
     if unit == "us":
         return us, ""
@@ -294,6 +309,10 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
     per_node = _int(p, "gpus_per_node", 8)
     if link == "nvlink":
         per_node = int(ep)
+    reach = per_node
+    if p.get("p2p") is False and link != "nvlink":
+        # peers on its own node through the NIC too (NVSHMEM P2P off): each rank its own domain
+        reach = 1
     gbps = num(p, "gbps") if link != "nvlink" else None
     dispatch = str(p.get("dtype") or "bf16").split(" ")[0].lower()
     element = moecost.FP8_DISPATCH_BYTES if dispatch == "fp8" else 2.0
@@ -304,7 +323,7 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
     for op in ops:
         size = element if op == "dispatch" else 2.0
         us += cost.a2a(gpu, int(ep), int(tokens), int(hidden), int(topk), "fp8" if size != 2.0 else "bf16", mode,
-                       link, per_node, gbps, groups, sms)["us"]
+                       link, reach, gbps, groups, sms)["us"]
     unit = p["unit"]
     if unit == "us":
         return us, ""

@@ -36,6 +36,29 @@ def test_nvls_on_an_hgx_h100_node_of_eight_but_ring_for_four() -> None:
     assert busbw("allreduce", big, 8, eight_ring) < 450  # below the line, as nccl-tests measure
 
 
+def test_a_pinned_algorithm_is_priced_as_nccl_runs_it() -> None:
+    """NCCL_ALGO=NVLS at 8 KiB pays NVLS's 25 µs where the tuner would take ring LL (Azure's NVLS
+    sweep: ~27 µs at 8 KiB on 8x H100); an algorithm that cannot run falls back to the tuner's."""
+    free = collectives.collective_us("allreduce", 8 << 10, 8, 450, "nvlink", nvls=True)
+    pinned = collectives.collective_us("allreduce", 8 << 10, 8, 450, "nvlink", nvls=True, algorithm="nvls")
+    assert pinned > free + 5
+    assert collectives.collective_us("allreduce", 8 << 10, 8, 450, "nvlink", nvls=False, algorithm="nvls") == free
+    with pytest.raises(ValueError):
+        collectives.collective_us("allreduce", 8 << 10, 8, 450, "nvlink", algorithm="collnet")
+
+
+def test_blackwell_nvls_reaches_less_of_its_line_than_hopper() -> None:
+    """NCCL's nvlsEfficiency (Hopper 0.85, Blackwell 0.74): 8x B200's NVLS busbw ~838 GB/s of a
+    900 GB/s line (ml-engineering), 8x H200's ~480 of 450."""
+    big = 8 << 30
+    b200 = catalog.gpu("b200")
+    blackwell = collectives.collective_us("allreduce", big, 8, 900, "nvlink", nvls=True,
+                                          nvls_efficiency=b200.nvls_efficiency)
+    hopper = collectives.collective_us("allreduce", big, 8, 450, "nvlink", nvls=True)
+    assert busbw("allreduce", big, 8, blackwell) == pytest.approx(838, rel=0.05)
+    assert busbw("allreduce", big, 8, hopper) == pytest.approx(480, rel=0.05)
+
+
 def test_small_all_reduces_pay_latency_and_large_ones_the_bus_rate() -> None:
     """Over PCIe: a few-KB all-reduce costs NCCL's LL latency (doubling it changes little), a
     1 GB one runs at the bus rate nccl-tests reach."""
