@@ -2,6 +2,6 @@
 step (`costmodel`), NCCL's collectives (`collectives`), the MoE all-to-all on an expert-parallel
 gang (`moecost`), pipeline stages (`pipeline`), a gang's step (`gang`), the model and GPU
 catalogues with their sourced data (`catalog`, `data/`), and the `cost` command's queries
-(`queries`, `cli`). Pure: imports `topology` (link kinds and paths) only, no I/O module."""
+(`queries`; a gang's: `gangqueries`; `cli`). Pure: imports `topology` (link kinds and paths) only, no I/O module."""
 
 import wire  # noqa: F401  (wire decides first whether the cost model runs compiled)

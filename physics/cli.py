@@ -11,6 +11,7 @@ _WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp4", "nvfp4", "mxfp4", "int4")
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
+    from physics import gangqueries as gangs
     from physics import queries as cost
 
     if args.what == "prefill":
@@ -24,13 +25,13 @@ def cmd_cost(args: argparse.Namespace) -> int:
     elif args.what == "kv":
         out = cost.kv(args.model, args.tokens, args.link, args.gbps, args.tp, args.nics)
     elif args.what == "moe":
-        out = cost.moe(args.model, args.gpu, args.tp, args.dp, args.phase, args.link, tokens=args.tokens or 0,
+        out = gangs.moe(args.model, args.gpu, args.tp, args.dp, args.phase, args.link, tokens=args.tokens or 0,
                        prompts=args.prompts, batch=args.batch or 0, context=args.context, domain_gpus=args.domain_gpus,
                        gbps=args.gbps, imbalance=args.imbalance, overlap=args.overlap, expert_parallel=not args.no_ep,
                        dtype=args.dtype, a2a=args.a2a, sms=args.sms, draft_tokens=args.draft_tokens,
                        acceptance_rate=args.acceptance_rate, acceptance_length=args.acceptance_length)
     else:
-        out = cost.pp(args.model, args.gpu, args.tp, args.pp, args.phase, args.boundary.split(","),
+        out = gangs.pp(args.model, args.gpu, args.tp, args.pp, args.phase, args.boundary.split(","),
                       tokens=args.tokens or 0, batch=args.batch or 0, context=args.context, gbps=args.gbps,
                       dtype=args.dtype, link_name=args.link, chunk=args.chunk)
     if args.format == "json":

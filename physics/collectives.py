@@ -135,19 +135,17 @@ def collective_us(op: str, message_bytes: float, ranks: int, line_gb_s: float, h
 
 
 @functools.lru_cache(maxsize=65536)
-def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: int, nvls: float,
+def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: int, nvls_scale: float,
                    node_gb_s: float | None, extra_us: float, tree: bool = True, algorithm: str | None = None) -> float:
-    times = _algorithm_us(op, size, ranks, line, hw, nodes, nvls, node_gb_s, extra_us, tree)
-    if op == "alltoall":
-        return times["alltoall"]
+    times = _algorithm_us(op, size, ranks, line, hw, nodes, nvls_scale, node_gb_s, extra_us, tree)
     pinned = times.get(algorithm or "", math.inf)
     return (pinned if pinned < math.inf else min(times.values())) + LAUNCH_US
 
 
-def _algorithm_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: int, nvls: float,
+def _algorithm_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: int, nvls_scale: float,
                   node_gb_s: float | None, extra_us: float, tree: bool) -> dict[str, float]:
     """Each algorithm's time under its cheapest protocol (NCCL's tuner within one algorithm), without
-    the launch; an algorithm that cannot run the collective is absent. `nvls`: the part's NVLS
+    the launch; an algorithm that cannot run the collective is absent. `nvls_scale`: the part's NVLS
     efficiency over Hopper's (0: no NVLS)."""
     per_node = max(1, ranks // nodes)
     intra: Hw = "pci" if hw == "pci" else "nvlink"
@@ -156,7 +154,7 @@ def _algorithm_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: 
     if nodes > 1:
         net = (node_gb_s if node_gb_s is not None else max(line, 0.01) * per_node) * BUS_EFFICIENCY["net"]
     if op == "alltoall":
-        return {"alltoall": _alltoall_us(size, ranks, per_node, bus, net, intra, nodes) + extra_us + LAUNCH_US}
+        return {"alltoall": _alltoall_us(size, ranks, per_node, bus, net, intra, nodes) + extra_us}
     if nodes > 1:
         bus = min(bus, net)  # one rail per GPU: the ring crosses every node on each rail
     steps = 2 * (ranks - 1) if op == "allreduce" else ranks - 1
@@ -181,8 +179,8 @@ def _algorithm_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: 
     times = {"ring": ring}
     if tree_us < math.inf:
         times["tree"] = tree_us
-    if op == "allreduce" and nvls > 0 and nodes == 1 and intra == "nvlink" and ranks >= NVLS_MIN_GPUS:
-        times["nvls"] = NVLS_LATENCY_US + size / (1e3 * line * NVLS_EFFICIENCY * nvls)
+    if op == "allreduce" and nvls_scale > 0 and nodes == 1 and intra == "nvlink" and ranks >= NVLS_MIN_GPUS:
+        times["nvls"] = NVLS_LATENCY_US + size / (1e3 * line * NVLS_EFFICIENCY * nvls_scale)
     return times
 
 

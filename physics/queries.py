@@ -1,10 +1,11 @@
-"""`python -m pools cost prefill|decode|collective|kv|moe|pp ... --format json`: what the cost model (the
-one the planner, the simulated engine and the simulator use) predicts, as one JSON object with
-the inputs echoed and the link it assumed. Pure: each answer is a function of its inputs. Links
-are the topology defaults of each kind (`topology.kinds.DEFAULTS`: bandwidth per GPU and direction,
-latency, and their sources); `--gbps` replaces a network link's bandwidth with a NIC rate in Gbit/s.
-A TP group's link defaults to NVSwitch (placement keeps TP inside an NVLink island). `--dtype`
-sets the weights' bytes and the rate they compute at (`compute`).
+"""`python -m pools cost prefill|decode|collective|kv ... --format json`: what the cost model (the
+one the planner, the simulated engine and the simulator use) predicts (a gang's `moe`, `pp` and
+`a2a`: `physics.gangqueries`), as one JSON object with the inputs echoed and the link it
+assumed. Pure: each answer is a function of its inputs. Links are the topology defaults of each
+kind (`topology.kinds.DEFAULTS`: bandwidth per GPU and direction, latency, and their sources);
+`--gbps` replaces a network link's bandwidth with a NIC rate in Gbit/s. A TP group's link
+defaults to NVSwitch (placement keeps TP inside an NVLink island). `--dtype` sets the weights'
+bytes and the rate they compute at (`compute`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from physics import a2akernels, catalog, collectives, costmodel, moecost, pipeline
+from physics import catalog, collectives, costmodel
 from physics.catalog import ModelSpec
 from physics.collectives import Hw
 from topology import LinkKind, Path
 from topology.gpus import gpu_facts
 from topology.kinds import DEFAULTS, default_bandwidth_gb_s
 from topology.paths import Tier
-from topology.readers.spec import FABRICS
 
 LINKS: dict[str, LinkKind] = {
     "nvswitch": LinkKind.NVSWITCH, "nvlink": LinkKind.NVLINK, "xgmi": LinkKind.XGMI, "pcie": LinkKind.PIX,
@@ -31,8 +31,6 @@ KV_LINKS: dict[str, Tier] = {"nvlink": "nvlink", "pcie": "pcie", "rdma": "rdma",
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall")
 DTYPES = tuple(catalog.WEIGHT_DTYPES)
 KV_DTYPES = tuple(catalog.KV_DTYPES)
-A2A_DTYPES = ("bf16", "fp8")
-"""What an all-to-all dispatches (fp8 with its scales: DeepEP's format)."""
 
 
 def link(name: str, gbps: float | None = None) -> costmodel.LinkCost:
@@ -58,11 +56,11 @@ def tp_link_of(link_name: str, gpu: str, tp: int) -> costmodel.LinkCost:
                               switched=kind is LinkKind.NVSWITCH)
 
 
-def _link_view(name: str, cost: costmodel.LinkCost) -> dict[str, Any]:
+def link_view(name: str, cost: costmodel.LinkCost) -> dict[str, Any]:
     return {"name": name, "bandwidth_gb_s": cost.bandwidth_gb_s, "latency_us": cost.latency_us}
 
 
-def _model(name: str, dtype: str | None, kv_dtype: str | None = None) -> ModelSpec:
+def model_spec(name: str, dtype: str | None, kv_dtype: str | None = None) -> ModelSpec:
     """The catalogue model in `dtype`/`kv_dtype` (None: as catalogued)."""
     return catalog.model(name).with_dtypes(dtype, kv_dtype)
 
@@ -72,7 +70,7 @@ def dtype_of(spec: ModelSpec) -> str:
     return spec.weight_format
 
 
-def _positive(**values: int) -> None:
+def positive(**values: int) -> None:
     for key, value in values.items():
         if value < 1:
             raise ValueError(f"--{key} must be at least 1, got {value}")
@@ -94,16 +92,16 @@ def prefill(model: str, gpu: str, tp: int, tokens: int, context: int = 0, dtype:
             link_name: str = "nvswitch", kv_dtype: str | None = None, sequences: int = 1) -> dict[str, Any]:
     """A prefill of `tokens` new tokens after `context` cached ones, on TP=`tp`; weights as `dtype`, KV as
     `kv_dtype` (None: as catalogued); `sequences` such prompts in one step, each attending over its own."""
-    _positive(tp=tp, tokens=tokens)
+    positive(tp=tp, tokens=tokens)
     if sequences < 1:
         raise ValueError(f"sequences must be at least 1, got {sequences}")
     if context < 0:
         raise ValueError(f"--context must be 0 or more, got {context}")
-    spec, tp_link = _model(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
+    spec, tp_link = model_spec(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
     ms = costmodel.forward_ms(spec, catalog.gpu(gpu), tp, tp_link, ((tokens, context),) * sequences, 0, 0)
     return {"what": "prefill", "model": model, "gpu": gpu, "tp": tp, "tokens": tokens, "context": context,
             "sequences": sequences,
-            **_echo(spec, gpu), "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp), "ms": ms}
+            **_echo(spec, gpu), "link": link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp), "ms": ms}
 
 
 def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str | None = None,
@@ -116,10 +114,10 @@ def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str |
     step yields, from `acceptance_length` (mean tokens per step) or `acceptance_rate` (per draft).
     `expert_skew`: the MoE routing's Zipf exponent (0 uniform; a small batch of a skewed model
     touches fewer experts)."""
-    _positive(tp=tp, batch=batch)
+    positive(tp=tp, batch=batch)
     if context < 0:
         raise ValueError(f"--context must be 0 or more, got {context}")
-    spec, tp_link = _model(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
+    spec, tp_link = model_spec(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
     if expert_skew is not None:
         if expert_skew < 0:
             raise ValueError(f"--expert-skew must be 0 or more, got {expert_skew}")
@@ -128,8 +126,8 @@ def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str |
         spec = replace(spec, moe=replace(spec.moe, routing_skew=expert_skew))
     part = catalog.gpu(gpu)
     out: dict[str, Any] = {"what": "decode", "model": model, "gpu": gpu, "tp": tp, "batch": batch, "context": context,
-                           **_echo(spec, gpu), "link": _link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp)}
-    length = _acceptance(draft_tokens, acceptance_rate, acceptance_length)
+                           **_echo(spec, gpu), "link": link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp)}
+    length = speculative_length(draft_tokens, acceptance_rate, acceptance_length)
     if length is None:
         step = costmodel.decode_step_ms(spec, part, tp, tp_link, batch, batch * context)
         return {**out, "step_ms": step, "speculative": None, "ms": step}
@@ -141,7 +139,8 @@ def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str |
             "ms": step / length}
 
 
-def _acceptance(draft_tokens: int, acceptance_rate: float | None, acceptance_length: float | None) -> float | None:
+def speculative_length(draft_tokens: int, acceptance_rate: float | None,
+                       acceptance_length: float | None) -> float | None:
     """Tokens a speculative step yields per sequence (None: no speculation), from the acceptance
     length itself or each draft's acceptance rate; bad combinations are errors."""
     if draft_tokens < 0:
@@ -171,16 +170,16 @@ def loaded_decode(model: str, gpu: str, tp: int, concurrency: int, prompt_tokens
     decodes every sequence, each at half its output on average (context prompt + output / 2), and
     prefills the prompts of the requests that replace finished ones: concurrency x prompt / output
     tokens per step (those prompts' own context is half their length on average)."""
-    _positive(tp=tp, concurrency=concurrency, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+    positive(tp=tp, concurrency=concurrency, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
               step_tokens=step_tokens)
-    spec, tp_link = _model(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
+    spec, tp_link = model_spec(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
     per_step = min(concurrency * prompt_tokens / output_tokens, max(step_tokens - concurrency, 0))
     context = prompt_tokens + output_tokens // 2
     chunks = ((round(per_step), prompt_tokens // 2),) if per_step >= 1 else ()
     ms = costmodel.forward_ms(spec, catalog.gpu(gpu), tp, tp_link, chunks, concurrency, concurrency * context)
     return {"what": "decode", "model": model, "gpu": gpu, "tp": tp, "concurrency": concurrency,
             "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "batch": concurrency, "context": context,
-            "prefill_tokens_per_step": per_step, **_echo(spec, gpu), "link": _link_view(link_name, tp_link),
+            "prefill_tokens_per_step": per_step, **_echo(spec, gpu), "link": link_view(link_name, tp_link),
             "fits": _fits(spec, gpu, tp), "ms": ms}
 
 
@@ -217,7 +216,7 @@ def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | N
     cheapest)."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPS)})")
-    _positive(bytes=size_bytes, gpus=gpus)
+    positive(bytes=size_bytes, gpus=gpus)
     if gbps is not None and link_name not in NETWORK:
         raise ValueError(f"--gbps is a network rate: it goes with --link rdma or tcp, not {link_name}")
     if link_name not in LINKS:
@@ -225,7 +224,7 @@ def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | N
     spec = catalog.gpu(gpu) if gpu is not None else None
     if link_name in NETWORK:
         per_node = gpus_per_node or (GPUS_PER_NODE if gpus > GPUS_PER_NODE else 1)
-        _positive(gpus_per_node=per_node)
+        positive(gpus_per_node=per_node)
         nodes = max(1, -(-gpus // per_node))
         nic = link(link_name, gbps)
         line, source = fabric("nvswitch", gpu, per_node) if spec is not None else (
@@ -235,7 +234,7 @@ def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | N
                                        net_latency_us=nic.latency_us,
                                        library=spec.collectives if spec is not None else "nccl",
                                        algorithm=algorithm)
-        view = {**_link_view(link_name, nic), "nodes": nodes, "gpus_per_node": per_node, "nic_gb_s": nic.bandwidth_gb_s,
+        view = {**link_view(link_name, nic), "nodes": nodes, "gpus_per_node": per_node, "nic_gb_s": nic.bandwidth_gb_s,
                 "intra_node_gb_s": line, "intra_node_source": source}
     else:
         line, source = fabric(link_name, gpu, gpus)
@@ -266,9 +265,9 @@ def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: i
     """Moving the KV cache of `tokens` tokens of `model` between two replicas: each of `tp` rank
     pairs moves its shard at once over its own link (`costmodel.kv_handover_ms`; on a network,
     its own NIC of `--gbps`, or one of `nics` the node's ranks share)."""
-    _positive(tokens=tokens, tp=tp)
+    positive(tokens=tokens, tp=tp)
     if nics is not None:
-        _positive(nics=nics)
+        positive(nics=nics)
     if link_name not in KV_LINKS:
         raise ValueError(f"--link for a KV transfer is nvlink, pcie, rdma or tcp, not {link_name!r}")
     if gbps is not None and link_name not in NETWORK:
@@ -278,7 +277,7 @@ def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: i
     ms = costmodel.kv_handover_ms(spec, tokens, paths)
     carriers = len({p.via for p in paths})
     return {"what": "kv", "model": model, "tokens": tokens, "tp": tp, "gbps": gbps, "nics": carriers,
-            "kv_bytes": costmodel.kv_bytes(spec, tokens), "link": _link_view(link_name, cost),
+            "kv_bytes": costmodel.kv_bytes(spec, tokens), "link": link_view(link_name, cost),
             "achieved_gb_s": costmodel.kv_rate_gb_s(paths[0]) * carriers, "setup_ms": costmodel.kv_setup_ms(paths[0]),
             "ms": ms}
 
@@ -289,149 +288,3 @@ def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails
     _, paths = _kv_paths(link_name, gbps, rails)
     ms_per_byte, setup_ms = costmodel.kv_handover_rate(paths)
     return size_bytes / ((size_bytes * ms_per_byte + setup_ms) * 1e-3) / 1e9
-
-
-GANG_LINKS = ("nvlink", "rdma", "efa", "cross-rail", "tcp")
-
-
-def _gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbps: float | None, sms: int = 0
-                ) -> moecost.GangLinks:
-    """Where an EP gang's all-to-all runs: nvlink, the whole gang in one NVLink domain; otherwise
-    `domain_gpus` of it per domain (default 8) joined by one NIC per GPU of `--gbps`; `sms` 0: unbounded."""
-    if sms < 0 or link_name not in GANG_LINKS:
-        raise ValueError(f"--sms must be 0 (unbounded) or more, got {sms}" if sms < 0 else
-                         f"--link for a gang is one of {', '.join(GANG_LINKS)}, not {link_name!r}")
-    if gbps is not None and link_name == "nvlink":
-        raise ValueError("--gbps is a network rate: it goes with --link rdma, efa, cross-rail or tcp")
-    if domain_gpus is not None:
-        _positive(domain_gpus=domain_gpus)
-    line, _ = fabric("nvswitch", gpu, gang)
-    nic = link("tcp" if link_name == "tcp" else "rdma", gbps)
-    if link_name == "efa":  # RDMA over AWS's SRD: its latency (topology/readers/spec.py)
-        nic, link_name = replace(nic, latency_us=FABRICS["efa"][2]), "rdma"
-    d = gang if link_name == "nvlink" else min(domain_gpus or GPUS_PER_NODE, gang)
-    return moecost.GangLinks(carrier=link_name, domain_ranks=d, nvlink_gb_s=line,  # type: ignore[arg-type]
-                             nic_gb_s=nic.bandwidth_gb_s, nic_latency_us=nic.latency_us, sms=sms)
-
-
-def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, tokens: int = 0, prompts: int = 1,
-        batch: int = 0, context: int = 0, domain_gpus: int | None = None, gbps: float | None = None,
-        imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
-        dtype: str | None = None, a2a: str | None = None, sms: int = 0, draft_tokens: int = 0,
-        acceptance_rate: float | None = None, acceptance_length: float | None = None) -> dict[str, Any]:
-    """One step of an MoE gang of `dp` data-parallel ranks of TP=`tp` (`physics.moecost`);
-    `a2a`: the all-to-all kernel (`a2akernels.KERNELS`; default DeepEP's normal kernels at prefill,
-    its low-latency ones at decode) on `sms` SMs (0: unbounded). Decode with `draft_tokens` > 0
-    (MTP): the gang verifies k + 1 tokens of every sequence in one step (the KV read once) after k
-    draft passes of one layer each, and yields the acceptance length per sequence."""
-    if a2a is not None:
-        a2akernels.kernel(a2a)
-    _positive(tp=tp, dp=dp)
-    spec = _model(model, dtype)
-    if spec.moe is None:
-        raise ValueError(f"{model} is a dense model: `cost moe` prices expert layers (MoE models: "
-                         f"{', '.join(sorted(n for n, m in catalog.models().items() if m.moe))})")
-    if phase not in ("prefill", "decode"):
-        raise ValueError(f"--phase is prefill or decode, not {phase!r}")
-    if phase == "prefill":
-        _positive(tokens=tokens, prompts=prompts)
-    else:
-        _positive(batch=batch)
-    if context < 0:
-        raise ValueError(f"--context must be 0 or more, got {context}")
-    if imbalance is not None and imbalance < 1:
-        raise ValueError(f"--imbalance is max over mean GPU load, at least 1, got {imbalance}")
-    length = _acceptance(draft_tokens, acceptance_rate, acceptance_length)
-    if length is not None and phase != "decode":
-        raise ValueError("--draft-tokens: speculative decoding is a decode setting")
-    links = _gang_links(link_name, gpu, tp * dp, domain_gpus, gbps, sms)
-    tp_line, _ = fabric("nvswitch", gpu, tp)
-    tp_link = costmodel.LinkCost(bandwidth_gb_s=tp_line, latency_us=DEFAULTS[LinkKind.NVSWITCH].latency_us,
-                                 switched=True)
-    step = moecost.moe_step(spec, catalog.gpu(gpu), tp, dp, links, prefill_tokens=tokens if phase == "prefill" else 0,
-                            prefill_context=context if phase == "prefill" else 0, prefill_sequences=prompts,
-                            decodes=batch if phase == "decode" else 0, decode_context=context, tp_link=tp_link,
-                            imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel, a2a=a2a,
-                            verify_tokens=draft_tokens + 1)
-    total_ms, draft_ms = step.total_ms, 0.0
-    if length is not None:
-        plain = moecost.moe_step(spec, catalog.gpu(gpu), tp, dp, links, decodes=batch, decode_context=context,
-                                 tp_link=tp_link, imbalance=imbalance, overlap=overlap,
-                                 expert_parallel=expert_parallel, a2a=a2a)
-        draft_ms = draft_tokens * plain.total_ms / spec.layers
-        total_ms += draft_ms
-    per_rank = tokens if phase == "prefill" else batch * (length or 1.0)
-    ep = tp * dp if expert_parallel else tp
-    return {"what": "moe", "model": model, "gpu": gpu, "tp": tp, "dp": dp, "ep": ep, "expert_parallel": expert_parallel,
-            "phase": phase, "a2a": a2a or ("deepep-normal" if phase == "prefill" else "deepep-ll"), "sms": sms,
-            "tokens": tokens, "prompts": prompts, "batch": batch, "context": context,
-            "overlap": overlap, "link": {"name": link_name, "domain_gpus": links.domain_ranks,
-                                         "nvlink_gb_s": links.nvlink_gb_s, "nic_gb_s": links.nic_gb_s,
-                                         "nic_latency_us": links.nic_latency_us},
-            "fits": costmodel.fits(spec, catalog.gpu(gpu).memory_gb, tp, ep=ep),
-            "imbalance": step.imbalance, "dense_ms": step.dense_ms, "experts_ms": step.experts_ms,
-            "dispatch_ms": step.dispatch_ms, "combine_ms": step.combine_ms, "allreduce_ms": step.allreduce_ms,
-            "overhead_ms": step.overhead_ms, "a2a_share": step.a2a_share, "ms": total_ms,
-            "speculative": None if length is None else {"draft_tokens": draft_tokens, "acceptance_length": length,
-                                                        "draft_ms": draft_ms, "verify_ms": step.total_ms},
-            "tokens_per_s_per_gpu": per_rank / tp / (total_ms / 1e3) if total_ms > 0 else 0.0}
-
-
-PP_LINKS = ("nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "tcp")
-
-
-def pp(model: str, gpu: str, tp: int, stages: int, phase: str, boundaries: list[str], *, tokens: int = 0,
-       batch: int = 0, context: int = 0, gbps: float | None = None, dtype: str | None = None,
-       link_name: str = "nvswitch", chunk: int = pipeline.PP_CHUNK_TOKENS) -> dict[str, Any]:
-    """A prefill or a decode cycle over `stages` pipeline stages of TP=`tp` (`physics.pipeline`);
-    `boundaries`: one link kind for every boundary, or one per boundary (stages - 1). A prefill
-    streams the prompt through the stages in chunks of `chunk` tokens (0: one pass)."""
-    _positive(tp=tp, pp=stages)
-    spec = _model(model, dtype)
-    if stages > spec.layers:
-        raise ValueError(f"--pp {stages} is more stages than {model}'s {spec.layers} layers")
-    kinds = boundaries * (stages - 1) if len(boundaries) == 1 else boundaries
-    if len(kinds) != stages - 1:
-        raise ValueError(f"--boundary: one link for all, or {stages - 1} (one per boundary), got {len(boundaries)}")
-    for k in kinds:
-        if k not in PP_LINKS:
-            raise ValueError(f"unknown boundary link {k!r} (known: {', '.join(PP_LINKS)})")
-    if gbps is not None and not any(k in NETWORK for k in kinds):
-        raise ValueError("--gbps is a network rate: it needs an rdma or tcp boundary")
-    if phase not in ("prefill", "decode"):
-        raise ValueError(f"--phase is prefill or decode, not {phase!r}")
-    if phase == "prefill":
-        _positive(tokens=tokens)
-    else:
-        _positive(batch=batch)
-    links = [replace(link(k, gbps), hw="net") if k in NETWORK else
-             tp_link_of(k, gpu, 2) if LINKS[k].is_gpu_fabric else replace(link(k), hw="pci") for k in kinds]
-    tp_link = tp_link_of(link_name, gpu, tp)
-    step = pipeline.pipeline_step(spec, catalog.gpu(gpu), tp, stages, tp_link, links,
-                                  prefill_tokens=tokens if phase == "prefill" else 0,
-                                  decodes=batch if phase == "decode" else 0, decode_context=context, chunk=chunk)
-    produced = tokens if phase == "prefill" else batch
-    return {"what": "pp", "model": model, "gpu": gpu, "tp": tp, "pp": stages, "phase": phase, "tokens": tokens,
-            "chunk": chunk if phase == "prefill" else None, "batch": batch, "context": context,
-            "dtype": dtype_of(spec), "gbps": gbps, "link": _link_view(link_name, tp_link),
-            "boundaries": [_link_view(k, c) for k, c in zip(kinds, links, strict=True)],
-            "fits": costmodel.fits(spec, catalog.gpu(gpu).memory_gb, tp, pp=stages),
-            "stage_ms": list(step.stage_ms), "boundary_ms": list(step.boundary_ms),
-            "micro_batches": step.micro_batches, "bubble": step.bubble, "ms": step.total_ms,
-            "tokens_per_s_per_gpu": produced / (tp * stages) / (step.total_ms / 1e3) if step.total_ms > 0 else 0.0}
-
-
-def a2a(gpu: str, ep: int, tokens: int, hidden: int, topk: int, dtype: str, mode: str, link_name: str = "rdma",
-        domain_gpus: int | None = None, gbps: float | None = None, groups_per_token: int = 0,
-        sms: int = 0) -> dict[str, Any]:
-    """One dispatch or combine (`moecost.a2a_us`): `tokens` per rank to `topk` of `ep` ranks, `dtype` elements."""
-    _positive(ep=ep, tokens=tokens, hidden=hidden, topk=topk)
-    a2akernels.kernel(mode)
-    if dtype not in A2A_DTYPES:
-        raise ValueError(f"unknown dispatch dtype {dtype!r} (known: {', '.join(A2A_DTYPES)})")
-    links = _gang_links(link_name, gpu, ep, domain_gpus, gbps, sms)
-    element = moecost.FP8_DISPATCH_BYTES if dtype == "fp8" else float(costmodel.BF16)
-    us = moecost.a2a_us(tokens, hidden, topk, element, ep, links, mode, groups_per_token)
-    gb = tokens * topk * hidden * element / 1e9
-    return {"what": "a2a", "gpu": gpu, "ep": ep, "tokens": tokens, "hidden": hidden, "topk": topk, "dtype": dtype,
-            "mode": mode, "domain_gpus": links.domain_ranks, "us": us, "logical_gb_s": gb / (us * 1e-6) if us else 0.0}

@@ -47,7 +47,7 @@ class Free:
         if p["kind"] not in self.kinds or (self.needs and not _stated(p.get(self.needs))):
             return False
         if self.gpu:
-            from loadtest.fidelity.predict import GPU_ALIASES
+            from loadtest.fidelity.fields import GPU_ALIASES
 
             name = str(p.get("gpu") or "")
             return GPU_ALIASES.get(name, name) == self.gpu

@@ -25,7 +25,7 @@ from typing import Any
 
 from loadtest.fidelity import constants
 from loadtest.fidelity.constants import FREE, Free
-from loadtest.fidelity.predict import num
+from loadtest.fidelity.fields import num
 
 HUBER = 0.4
 ROUNDS = 2

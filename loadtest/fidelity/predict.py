@@ -25,22 +25,25 @@ measurement under an open-loop load) gets None and the reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from loadtest.fidelity.fields import (
+    DTYPES,
+    dtypes_of,
+    int_of,
+    link_of,
+    names,
+    num,
+    speculation,
+)
 from loadtest.fidelity.replay.closedloop import closed_loop_itl_ms
 from loadtest.fidelity.replay.distserve import predicted_attainment
 from loadtest.fidelity.replay.sharegpt import SOURCE
-from physics import a2akernels, catalog, moecost
+from physics import a2akernels, moecost
+from physics import gangqueries as gangs
 from physics import queries as cost
 
-GPU_ALIASES = {"a100-80gb": "a100-sxm4", "h800": "h800-sxm"}
-"""Names the sources use for parts the catalogue lists under another name (LMDeploy's
-"A100-80G", form factor unstated, priced as SXM4; Mooncake's H800, SXM)."""
-MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b"}
-DTYPES = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "int8": "fp8w", "int4": "int4", "nvfp4": "nvfp4",
-          "fp4": "fp4", "mxfp4": "mxfp4"}
-"""Weight formats as the points write them (FP16 and BF16 run at the same rate everywhere; int8
-weight-only is one byte at the BF16 rate)."""
 OPS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter", "alltoall": "alltoall",
        "all_to_all": "alltoall"}
 BUS_FACTOR = {"allreduce": lambda k: 2 * (k - 1) / k, "allgather": lambda k: (k - 1) / k,
@@ -64,54 +67,11 @@ SAMPLES = 16
 """Decode steps priced along a generation (the rest interpolated): the step grows with context."""
 
 
-def num(p: dict[str, Any], key: str) -> float | None:
-    """A numeric condition, or None when absent or written as words ("not stated ...")."""
-    value = p.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _int(p: dict[str, Any], key: str, default: int) -> int:
-    value = num(p, key)
-    return int(value) if value is not None else default
-
-
-def _names(p: dict[str, Any]) -> tuple[str | None, str | None, str]:
-    model = p.get("model")
-    gpu = p.get("gpu")
-    model = MODEL_ALIASES.get(model, model) if isinstance(model, str) else None
-    gpu = GPU_ALIASES.get(gpu, gpu) if isinstance(gpu, str) else None
-    if model is not None and model not in catalog.models():
-        return None, None, f"model {model} is not in the catalogue"
-    if gpu is not None and gpu not in catalog.gpus():
-        return None, None, f"GPU {gpu} is not in the catalogue"
-    return model, gpu, ""
-
-
-def _dtype(p: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(weights, KV cache) formats the point states; None: as catalogued."""
-    raw = str(p.get("dtype") or "").split(" ")[0].lower()
-    weights = DTYPES.get(raw)
-    if weights == "fp8w":
-        weights = "int8"
-    kv = str(p.get("kv_dtype") or "").split(" ")[0].lower()
-    return weights, ("fp8" if kv == "fp8" else None)
-
-
-def _link(p: dict[str, Any], default: str = "rdma") -> str:
-    text = str(p.get("link") or default).lower()
-    for name in ("nvswitch", "nvlink", "xgmi", "pcie", "tcp", "rdma"):
-        if text.startswith(name):
-            return name
-    return default
-
-
 def predict(p: dict[str, Any]) -> tuple[float | None, str]:
     """The model's value for point `p` in the point's unit, or None and why not."""
     if p.get("excluded"):
         return None, f"excluded: {p['excluded']}"
-    model, gpu, why = _names(p)
+    model, gpu, why = names(p)
     if why:
         return None, why
     kind, unit = p["kind"], p["unit"]
@@ -140,45 +100,28 @@ def predict(p: dict[str, Any]) -> tuple[float | None, str]:
             if not str(p.get("source", "")).startswith(SOURCE) or "rate_rps" not in p:
                 return None, ("no replayable workload for this attainment point (loadtest.fidelity.replay has "
                               "DistServe's)")
-            return predicted_attainment(model, gpu, _int(p, "tp", 1), float(p["rate_rps"])), ""
+            return predicted_attainment(model, gpu, int_of(p, "tp", 1), float(p["rate_rps"])), ""
     except ValueError as err:
         return None, f"not priced: {err}"
     return None, f"no prediction for a {kind} point in {unit}"
 
 
 def _prefill_ms(p: dict[str, Any], model: str, gpu: str) -> float:
-    weights, kv = _dtype(p)
-    tokens = _int(p, "tokens", 0) or _int(p, "prompt_tokens", 0)
+    weights, kv = dtypes_of(p)
+    tokens = int_of(p, "tokens", 0) or int_of(p, "prompt_tokens", 0)
     if tokens <= 0:
         raise ValueError("prompt length not stated")
-    return float(cost.prefill(model, gpu, _int(p, "tp", 1), tokens, _int(p, "context", 0), weights,
+    return float(cost.prefill(model, gpu, int_of(p, "tp", 1), tokens, int_of(p, "context", 0), weights,
                               kv_dtype=kv)["ms"])
 
 
 def _step(model: str, gpu: str, tp: int, batch: int, context: int, weights: str | None, kv: str | None,
           spec: dict[str, Any] | None) -> float:
     """Time per output token of a sequence (speculative steps over their acceptance length)."""
-    draft, length = _speculation(spec)
+    draft, length = speculation(spec)
     answer = cost.decode(model, gpu, tp, batch, context, weights, kv_dtype=kv, draft_tokens=draft,
                          acceptance_length=length if draft else None)
     return float(answer["ms"])
-
-
-def _speculation(spec: Any) -> tuple[int, float | None]:
-    """(draft tokens, acceptance length) a point states; a length stated as a range ("1.8-1.9")
-    is its middle."""
-    if not isinstance(spec, dict) or str(spec.get("method", "none")).lower() in ("none", "off"):
-        return 0, None
-    draft, length = spec.get("draft_tokens"), spec.get("acceptance_length")
-    if isinstance(length, str):
-        try:
-            ends = [float(part) for part in length.split("-")]
-        except ValueError:
-            ends = []
-        length = sum(ends) / len(ends) if 1 <= len(ends) <= 2 else None
-    if not isinstance(draft, int) or not isinstance(length, int | float):
-        raise ValueError("speculative decoding without its draft tokens and acceptance length stated")
-    return int(draft), float(length)
 
 
 def _generation_ms(model: str, gpu: str, tp: int, batch: int, prompt: int, output: int, weights: str | None,
@@ -186,18 +129,22 @@ def _generation_ms(model: str, gpu: str, tp: int, batch: int, prompt: int, outpu
     """A whole generate call of one batch: the prefill of every prompt, then `output` decode steps
     whose context grows from the prompt (sampled at `SAMPLES` points, trapezoid between)."""
     pre = cost.prefill(model, gpu, tp, prompt, 0, weights, kv_dtype=kv, sequences=batch)["ms"] if prompt > 0 else 0.0
+    return float(pre) + decoding_ms(output, lambda t: _step(model, gpu, tp, batch, prompt + t, weights, kv, None))
+
+
+def decoding_ms(output: int, step_at: Callable[[int], float]) -> float:
+    """`output` decode steps whose time `step_at(t)` grows with the tokens generated so far: the
+    step priced at `SAMPLES` points, trapezoid between, plus the last."""
     marks = sorted({0, output - 1, *(round(i * (output - 1) / (SAMPLES - 1)) for i in range(SAMPLES))})
-    steps = [_step(model, gpu, tp, batch, prompt + t, weights, kv, None) for t in marks]
-    total = 0.0
-    for (t0, a), (t1, b) in zip(zip(marks, steps, strict=True), zip(marks[1:], steps[1:], strict=True), strict=False):
-        total += (a + b) / 2 * (t1 - t0)
-    return float(pre) + total + steps[-1]
+    steps = [step_at(t) for t in marks]
+    between = sum((a + b) / 2 * (t1 - t0) for t0, t1, a, b in zip(marks, marks[1:], steps, steps[1:], strict=False))
+    return between + steps[-1]
 
 
 def _decode(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
-    weights, kv = _dtype(p)
+    weights, kv = dtypes_of(p)
     unit, convention = p["unit"], str(p.get("convention", ""))
-    tp, batch = _int(p, "tp", 1), num(p, "batch")
+    tp, batch = int_of(p, "tp", 1), num(p, "batch")
     prompt, output, context = num(p, "prompt_tokens"), num(p, "output_tokens"), num(p, "context")
     concurrency = num(p, "concurrency")
     if unit == "ms/context-token":
@@ -220,7 +167,7 @@ def _decode(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]
         if prompt is None or output is None:
             return None, "a loaded-system ITL needs prompt_tokens and output_tokens to replay its closed loop"
         return closed_loop_itl_ms(model, gpu, tp, int(concurrency), int(prompt), int(output),
-                                  DTYPES.get(str(p.get("dtype") or "bf16"), "bf16"), _link(p, "nvswitch")), ""
+                                  DTYPES.get(str(p.get("dtype") or "bf16"), "bf16"), link_of(p, "nvswitch")), ""
     if "open-loop" in convention or "request rate" in convention:
         return None, "an open-loop load whose batch and lengths are not stated"
     if batch is None:
@@ -235,18 +182,18 @@ def _decode(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]
 
 
 def _pp_prefill(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
-    weights, _ = _dtype(p)
-    tp, stages, tokens = _int(p, "tp", 1), _int(p, "pp", 1), _int(p, "tokens", 0)
+    weights, _ = dtypes_of(p)
+    tp, stages, tokens = int_of(p, "tp", 1), int_of(p, "pp", 1), int_of(p, "tokens", 0)
     if tokens <= 0:
         return None, "prompt length not stated"
-    per_node = _int(p, "gpus_per_node", 8)
+    per_node = int_of(p, "gpus_per_node", 8)
     stages_per_node = max(1, per_node // tp)
     boundaries = ["nvswitch" if (b + 1) % stages_per_node else "rdma" for b in range(stages - 1)]
-    chunk = _int(p, "chunk", 8192)
+    chunk = int_of(p, "chunk", 8192)
     if stages == 1:
-        answer = cost.pp(model, gpu, tp, 1, "prefill", [], tokens=tokens, dtype=weights, chunk=chunk)
+        answer = gangs.pp(model, gpu, tp, 1, "prefill", [], tokens=tokens, dtype=weights, chunk=chunk)
     else:
-        answer = cost.pp(model, gpu, tp, stages, "prefill", boundaries, tokens=tokens, dtype=weights, chunk=chunk)
+        answer = gangs.pp(model, gpu, tp, stages, "prefill", boundaries, tokens=tokens, dtype=weights, chunk=chunk)
     ms = float(answer["ms"])
     return (ms, "") if p["unit"] == "ms" else (tokens / (ms / 1e3), "")
 
@@ -258,7 +205,7 @@ def _collective(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
     size, gpus = num(p, "bytes"), num(p, "gpus")
     if size is None or gpus is None:
         return None, "message size or GPU count not stated"
-    link = _link(p, "nvswitch")
+    link = link_of(p, "nvswitch")
     gbps = num(p, "gbps") if link in cost.NETWORK else None
     nodes = num(p, "nodes")
     per_node = int(gpus // nodes) if nodes and link in cost.NETWORK else None
@@ -277,10 +224,10 @@ def _collective(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
 
 
 def _kv(p: dict[str, Any], model: str | None) -> tuple[float | None, str]:
-    link = _link(p)
+    link = link_of(p)
     unit, tokens, size, rails = p["unit"], num(p, "tokens"), num(p, "bytes"), num(p, "rails")
     if unit in ("ms", "us") and model and tokens:
-        ms = cost.kv(model, int(tokens), link, num(p, "gbps"), _int(p, "tp", 1), _nics(p))["ms"]
+        ms = cost.kv(model, int(tokens), link, num(p, "gbps"), int_of(p, "tp", 1), _nics(p))["ms"]
         return (ms if unit == "ms" else ms * 1e3), ""
     if unit == "GB/s" and size and rails:
         # a benchmark keeping many blocks in flight pays each block's set-up once per round of them
@@ -291,7 +238,7 @@ def _kv(p: dict[str, Any], model: str | None) -> tuple[float | None, str]:
 def _nics(p: dict[str, Any]) -> int | None:
     """The NICs a node's ranks share for a KV transfer (`rails`) on a network link; None: one each."""
     rails = num(p, "rails")
-    return int(rails) if rails and _link(p) in cost.NETWORK else None
+    return int(rails) if rails and link_of(p) in cost.NETWORK else None
 
 
 def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
@@ -305,8 +252,8 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
         a2akernels.kernel(mode)
     except ValueError:
         return None, f"kernel {mode} is not one the model knows"
-    link = "nvlink" if _link(p) in ("nvlink", "nvswitch", "xgmi") else "efa" if p.get("network") == "efa" else "rdma"
-    per_node = _int(p, "gpus_per_node", 8)
+    link = "nvlink" if link_of(p) in ("nvlink", "nvswitch", "xgmi") else "efa" if p.get("network") == "efa" else "rdma"
+    per_node = int_of(p, "gpus_per_node", 8)
     if link == "nvlink":
         per_node = int(ep)
     reach = per_node
@@ -318,11 +265,11 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
     element = moecost.FP8_DISPATCH_BYTES if dispatch == "fp8" else 2.0
     ops = ["dispatch", "combine"] if p.get("op") == "both" else [str(p.get("op") or "dispatch")]
     us = 0.0
-    groups = _int(p, "groups_per_token", 0)
+    groups = int_of(p, "groups_per_token", 0)
     sms = int(num(p, "sms") or 0)  # the kernel's SM budget where the source states it
     for op in ops:
         size = element if op == "dispatch" else 2.0
-        us += cost.a2a(gpu, int(ep), int(tokens), int(hidden), int(topk), "fp8" if size != 2.0 else "bf16", mode,
+        us += gangs.a2a(gpu, int(ep), int(tokens), int(hidden), int(topk), "fp8" if size != 2.0 else "bf16", mode,
                        link, reach, gbps, groups, sms)["us"]
     unit = p["unit"]
     if unit == "us":
@@ -342,7 +289,7 @@ def counted_bytes(p: dict[str, Any], ep: int, tokens: int, hidden: int, topk: in
     if count == "rows-received":
         return token * a2akernels.expected_ranks(ep, topk)
     domains = max(1, ep // per_node)
-    groups = _int(p, "groups_per_token", 0)
+    groups = int_of(p, "groups_per_token", 0)
     remote = moecost.remote_domains(domains, topk, groups)
     if count == "remote-nodes":
         return token * remote
@@ -361,7 +308,7 @@ def _moe(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
     dp = num(p, "dp")
     if dp is None:
         return None, "data-parallel size not stated"
-    weights, _ = _dtype(p)
+    weights, _ = dtypes_of(p)
     tokens, batch = num(p, "tokens"), num(p, "batch")
     if phase == "prefill" and not tokens:
         return None, "prefill tokens per rank not stated"
@@ -370,23 +317,23 @@ def _moe(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
     # attention DP (SGLang's --tp N --dp N, TensorRT-LLM's attention DP): tp names the whole gang;
     # each DP rank's attention runs on ep / dp GPUs
     ep = num(p, "ep")
-    tp = max(1, int(ep) // int(dp)) if ep else _int(p, "tp", 1)
-    draft, length = _speculation(p.get("spec")) if phase == "decode" else (0, None)
+    tp = max(1, int(ep) // int(dp)) if ep else int_of(p, "tp", 1)
+    draft, length = speculation(p.get("spec")) if phase == "decode" else (0, None)
     if batch and str(p.get("batch_per", "rank")).startswith("gang"):
         batch = max(1.0, batch / dp)  # a benchmark's concurrency over every DP rank
     # a gang over several nodes ("nvlink + rdma") runs its all-to-all across the network
-    link = "rdma" if "rdma" in str(p.get("link") or "").lower() else _link(p)
-    answer = cost.moe(model, gpu, tp, int(dp), phase, link, tokens=int(tokens or 0),
-                      prompts=_int(p, "prompts", 1), batch=int(batch or 0), context=_int(p, "context", 0),
-                      domain_gpus=_int(p, "gpus_per_node", 8), gbps=num(p, "gbps"), overlap=bool(p.get("overlap")),
+    link = "rdma" if "rdma" in str(p.get("link") or "").lower() else link_of(p)
+    answer = gangs.moe(model, gpu, tp, int(dp), phase, link, tokens=int(tokens or 0),
+                      prompts=int_of(p, "prompts", 1), batch=int(batch or 0), context=int_of(p, "context", 0),
+                      domain_gpus=int_of(p, "gpus_per_node", 8), gbps=num(p, "gbps"), overlap=bool(p.get("overlap")),
                       dtype=weights, draft_tokens=draft, acceptance_length=length)
     per_gpu = float(answer["tokens_per_s_per_gpu"])
     prompt, output = num(p, "prompt_tokens"), num(p, "output_tokens")
     if phase == "decode" and "whole run" in str(p.get("convention", "")) and prompt and output and not draft:
         per_gpu = _moe_run_per_gpu(model, gpu, tp, int(dp), link, int(batch or 1), int(prompt), int(output),
-                                   _int(p, "gpus_per_node", 8), num(p, "gbps"), weights)
+                                   int_of(p, "gpus_per_node", 8), num(p, "gbps"), weights)
     if p["unit"] == "tokens/s-per-node":
-        return per_gpu * _int(p, "gpus_per_node", 8), ""
+        return per_gpu * int_of(p, "gpus_per_node", 8), ""
     if p["unit"] == "tokens/s-per-gpu":
         return per_gpu, ""
     return None, f"no prediction for an MoE point in {p['unit']}"
@@ -398,14 +345,11 @@ def _moe_run_per_gpu(model: str, gpu: str, tp: int, dp: int, link: str, batch: i
     (fixed lengths at a fixed concurrency): each rank prefills its `batch` prompts, then decodes
     `output` steps whose context grows from the prompt (sampled, trapezoid between)."""
     def step(phase: str, **kw: Any) -> float:
-        return float(cost.moe(model, gpu, tp, dp, phase, link, domain_gpus=domain, gbps=gbps, dtype=weights,
+        return float(gangs.moe(model, gpu, tp, dp, phase, link, domain_gpus=domain, gbps=gbps, dtype=weights,
                               **kw)["ms"])
 
-    pre = step("prefill", tokens=batch * prompt, prompts=batch)
-    marks = sorted({round(i * (output - 1) / (SAMPLES - 1)) for i in range(SAMPLES)})
-    steps = [step("decode", batch=batch, context=prompt + t) for t in marks]
-    decode = sum((a + b) / 2 * (t1 - t0) for t0, t1, a, b in zip(marks, marks[1:], steps, steps[1:], strict=False))
-    total_ms = pre + decode + steps[-1]
+    total_ms = step("prefill", tokens=batch * prompt, prompts=batch) + decoding_ms(
+        output, lambda t: step("decode", batch=batch, context=prompt + t))
     return batch * output / (total_ms / 1e3) / tp
 
 
@@ -413,9 +357,9 @@ def pd_ttft_ms(p: dict[str, Any], model: str, gpu: str) -> float:
     """A disaggregated TTFT: the prefill on the prefill replica, its KV over the network to the
     decode replica (each TP rank over its own NIC), the decode's first step, and the measured
     system's PD path (`VLLM_PD_PATH_MS`)."""
-    weights, kv_dtype = _dtype(p)
-    tp, tokens = _int(p, "tp", 1), _int(p, "tokens", 1)
+    weights, kv_dtype = dtypes_of(p)
+    tp, tokens = int_of(p, "tp", 1), int_of(p, "tokens", 1)
     pre = cost.prefill(model, gpu, tp, tokens, 0, weights, kv_dtype=kv_dtype)["ms"]
-    kv = cost.kv(model, tokens, _link(p), num(p, "gbps"), tp, _nics(p))["ms"]
+    kv = cost.kv(model, tokens, link_of(p), num(p, "gbps"), tp, _nics(p))["ms"]
     first = cost.decode(model, gpu, tp, 1, tokens, weights, kv_dtype=kv_dtype)["ms"]
     return float(pre + kv + first + VLLM_PD_PATH_MS)

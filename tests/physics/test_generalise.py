@@ -13,6 +13,7 @@ from loadtest.fidelity import fit as fitting
 from loadtest.fidelity import report as fidelity
 from loadtest.fidelity.predict import predict
 from physics import a2akernels, catalog, costmodel
+from physics import gangqueries as gangs
 from physics import queries as cost
 from pools.__main__ import main
 
@@ -30,9 +31,9 @@ def test_chunked_pipeline_prefill_matches_sglangs_million_token_runs() -> None:
     chunks are what make more stages shorten one prompt."""
     rows = _rows(*(f"sglcpp-h20-qwen3-235b-fp8-pp8tp4-{n}" for n in ("128k", "256k", "512k", "1m")))
     assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
-    one = cost.pp("llama-3.1-70b", "h100-sxm", 8, 1, "prefill", [], tokens=131072, chunk=0)["ms"]
-    chunked = cost.pp("llama-3.1-70b", "h100-sxm", 8, 4, "prefill", ["rdma"], tokens=131072)
-    unchunked = cost.pp("llama-3.1-70b", "h100-sxm", 8, 4, "prefill", ["rdma"], tokens=131072, chunk=0)["ms"]
+    one = gangs.pp("llama-3.1-70b", "h100-sxm", 8, 1, "prefill", [], tokens=131072, chunk=0)["ms"]
+    chunked = gangs.pp("llama-3.1-70b", "h100-sxm", 8, 4, "prefill", ["rdma"], tokens=131072)
+    unchunked = gangs.pp("llama-3.1-70b", "h100-sxm", 8, 4, "prefill", ["rdma"], tokens=131072, chunk=0)["ms"]
     assert chunked["ms"] < 0.5 * one and unchunked > one  # one pass through four stages is never shorter
     assert chunked["micro_batches"] == 16 and 0 < chunked["bubble"] < 0.5
 
@@ -116,12 +117,12 @@ def test_an_expert_parallel_gang_decodes_with_mtp(capsys: pytest.CaptureFixture[
                  "--batch", "1", "--context", "4096", "--link", "rdma", "--draft-tokens", "2",
                  "--acceptance-length", "1.85", "--format", "json"]) == 0
     spec = json.loads(capsys.readouterr().out)
-    plain = cost.moe("deepseek-v3", "h20", 1, 16, "decode", "rdma", batch=1, context=4096)
+    plain = gangs.moe("deepseek-v3", "h20", 1, 16, "decode", "rdma", batch=1, context=4096)
     # at batch 1 the step is bound by what it reads: three tokens cost little more than one
     assert spec["speculative"]["acceptance_length"] == 1.85 and spec["ms"] > plain["ms"]
     assert spec["tokens_per_s_per_gpu"] > 1.3 * plain["tokens_per_s_per_gpu"]
     with pytest.raises(ValueError, match="decode setting"):
-        cost.moe("deepseek-v3", "h20", 1, 16, "prefill", "rdma", tokens=4096, draft_tokens=2, acceptance_length=1.5)
+        gangs.moe("deepseek-v3", "h20", 1, 16, "prefill", "rdma", tokens=4096, draft_tokens=2, acceptance_length=1.5)
 
 
 def test_kv_transfer_ranks_share_the_nodes_nics() -> None:
@@ -189,9 +190,9 @@ def test_deepeps_sm_budget_bounds_its_bandwidth(capsys: pytest.CaptureFixture[st
     rows = _rows("hybridep-doc-deepep-b200-ep8-24sm-dispatch", "hybridep-doc-deepep-b200-ep8-32sm-dispatch",
                  "hybridep-doc-deepep-b200-ep8-32sm-combine")
     assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
-    few = cost.a2a("b200", 8, 4096, 7168, 8, "bf16", "deepep-normal", "nvlink", sms=16)["us"]
-    many = cost.a2a("b200", 8, 4096, 7168, 8, "bf16", "deepep-normal", "nvlink", sms=64)["us"]
-    free = cost.a2a("b200", 8, 4096, 7168, 8, "bf16", "deepep-normal", "nvlink")["us"]
+    few = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "deepep-normal", "nvlink", sms=16)["us"]
+    many = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "deepep-normal", "nvlink", sms=64)["us"]
+    free = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "deepep-normal", "nvlink")["us"]
     assert few > 2 * many and many == pytest.approx(free)
     base = ["cost", "moe", "--model", "deepseek-v3", "--gpu", "b200", "--dp", "8", "--phase", "prefill",
             "--tokens", "4096", "--link", "nvlink", "--format", "json"]

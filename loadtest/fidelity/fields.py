@@ -1,0 +1,77 @@
+"""Reading a published point's fields (`physics/data/calibration.yaml`, `physics/data/published/
+*.yaml`) as the fidelity conversion (`loadtest.fidelity.predict`) and fit take them: numbers that
+may be written as words, the names sources use for catalogue parts and models, formats, links and
+speculative-decoding settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from physics import catalog
+
+GPU_ALIASES = {"a100-80gb": "a100-sxm4", "h800": "h800-sxm"}
+"""Names the sources use for parts the catalogue lists under another name (LMDeploy's
+"A100-80G", form factor unstated, priced as SXM4; Mooncake's H800, SXM)."""
+MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b"}
+DTYPES = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "int8": "fp8w", "int4": "int4", "nvfp4": "nvfp4",
+          "fp4": "fp4", "mxfp4": "mxfp4"}
+"""Weight formats as the points write them (FP16 and BF16 run at the same rate everywhere; int8
+weight-only is one byte at the BF16 rate)."""
+def num(p: dict[str, Any], key: str) -> float | None:
+    """A numeric condition, or None when absent or written as words ("not stated ...")."""
+    value = p.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def int_of(p: dict[str, Any], key: str, default: int) -> int:
+    value = num(p, key)
+    return int(value) if value is not None else default
+
+
+def names(p: dict[str, Any]) -> tuple[str | None, str | None, str]:
+    model = p.get("model")
+    gpu = p.get("gpu")
+    model = MODEL_ALIASES.get(model, model) if isinstance(model, str) else None
+    gpu = GPU_ALIASES.get(gpu, gpu) if isinstance(gpu, str) else None
+    if model is not None and model not in catalog.models():
+        return None, None, f"model {model} is not in the catalogue"
+    if gpu is not None and gpu not in catalog.gpus():
+        return None, None, f"GPU {gpu} is not in the catalogue"
+    return model, gpu, ""
+
+
+def dtypes_of(p: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(weights, KV cache) formats the point states; None: as catalogued."""
+    raw = str(p.get("dtype") or "").split(" ")[0].lower()
+    weights = DTYPES.get(raw)
+    if weights == "fp8w":
+        weights = "int8"
+    kv = str(p.get("kv_dtype") or "").split(" ")[0].lower()
+    return weights, ("fp8" if kv == "fp8" else None)
+
+
+def link_of(p: dict[str, Any], default: str = "rdma") -> str:
+    text = str(p.get("link") or default).lower()
+    for name in ("nvswitch", "nvlink", "xgmi", "pcie", "tcp", "rdma"):
+        if text.startswith(name):
+            return name
+    return default
+
+
+def speculation(spec: Any) -> tuple[int, float | None]:
+    """(draft tokens, acceptance length) a point states; a length stated as a range ("1.8-1.9")
+    is its middle."""
+    if not isinstance(spec, dict) or str(spec.get("method", "none")).lower() in ("none", "off"):
+        return 0, None
+    draft, length = spec.get("draft_tokens"), spec.get("acceptance_length")
+    if isinstance(length, str):
+        try:
+            ends = [float(part) for part in length.split("-")]
+        except ValueError:
+            ends = []
+        length = sum(ends) / len(ends) if 1 <= len(ends) <= 2 else None
+    if not isinstance(draft, int) or not isinstance(length, int | float):
+        raise ValueError("speculative decoding without its draft tokens and acceptance length stated")
+    return int(draft), float(length)
