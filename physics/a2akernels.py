@@ -20,23 +20,30 @@ class A2AKernel:
     bandwidth_factor: float = 1.0
     latency_factor: float = 1.0
     source: str = ""
+    sm_copy: bool = False
+    """Moves its bytes with DeepEP's own copy loops (warps loading and storing each token on the
+    SMs it is given), so an SM budget bounds it at `physics.moecost.A2A_SM_GB_S` per SM: DeepEP's
+    kernels and the forks that keep their kernels (UCCL-EP: "the same interface and functionality
+    as DeepEP", its bench/test_intranode.py "the same test_intranode.py test in DeepEP's repo",
+    uccl-project/uccl 072a55c). Kernels that copy otherwise (Hybrid-EP's TMA, pplx's, MoRI's)
+    are not bounded by it: what their SMs move is not the same figure."""
     collective: bool = False
     """Not an EP kernel but NCCL's all_to_all (torch.distributed): priced as NCCL prices an
     all-to-all (`physics.collectives`), every (token, expert) pair a message."""
 
 
 KERNELS: dict[str, A2AKernel] = {
-    "deepep-normal": A2AKernel(True, source="DeepEP V1 normal kernels (calibration.yaml deepep-ht-*)"),
-    "deepep-ll": A2AKernel(False, source="DeepEP V1 low-latency kernels (calibration.yaml deepep-ll-*)"),
+    "deepep-normal": A2AKernel(True, sm_copy=True, source="DeepEP V1 normal kernels (calibration.yaml deepep-ht-*)"),
+    "deepep-ll": A2AKernel(False, sm_copy=True, source="DeepEP V1 low-latency kernels (calibration.yaml deepep-ll-*)"),
     "pplx": A2AKernel(False, 0.49, 1.9,
                        source="pplx-kernels README, H100 (physics/data/published/moe.yaml PPLX-KERNELS): 20 points"),
     "nccl": A2AKernel(False, 0.13, 1.0, collective=True,
                        source="torch.distributed all_to_all over NCCL, PPLX-KERNELS's baseline rows (5 points): "
                               "7.7x NCCL's own all-to-all time at 128 tokens (the splits exchange, the "
                               "permutation and a host sync around it)"),
-    "uccl-ep-normal": A2AKernel(True, 0.84, 3.0,
+    "uccl-ep-normal": A2AKernel(True, 0.84, 3.0, sm_copy=True,
                        source="uccl-project/uccl ep/README.md (UCCL-EP): H200/B200/MI300X normal rows"),
-    "uccl-ep-ll": A2AKernel(False, 0.45, 0.65, source="UCCL-EP low-latency rows"),
+    "uccl-ep-ll": A2AKernel(False, 0.45, 0.65, sm_copy=True, source="UCCL-EP low-latency rows"),
     "hybrid-ep": A2AKernel(True, 0.89, 0.1,
                        source="DeepEP hybrid-ep branch README (DEEPEP-HYBRID): H100/B200/GB200 rows"),
     "deepep-v2": A2AKernel(True, 1.0, 1.0,
@@ -51,8 +58,8 @@ KERNELS: dict[str, A2AKernel] = {
 family's constants fixed (physics/data/published/moe.yaml; `python -m pools fidelity --fit`
 prints the fit); "high-throughput" and "low-latency" name DeepEP's two, which set the families."""
 REFERENCE_KERNELS = frozenset({"deepep-normal", "deepep-ll"})
-"""The families' references (DeepEP's kernels): their factors are 1 by definition; an SM budget
-is priced for them only (`physics.moecost.A2A_SM_GB_S`)."""
+"""The families' references (DeepEP's kernels): their factors are 1 by definition. An SM budget is
+priced for the kernels that copy as they do (`A2AKernel.sm_copy`; `physics.moecost.A2A_SM_GB_S`)."""
 MODE_KERNELS = {"high-throughput": "deepep-normal", "low-latency": "deepep-ll", "torch-alltoall": "nccl"}
 """Other names of `KERNELS` entries: DeepEP's two modes; torch.distributed's all_to_all (NCCL's)."""
 

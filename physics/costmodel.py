@@ -282,22 +282,41 @@ def kv_bytes(model: ModelSpec, tokens: int) -> float:
 KV_LINE_EFFICIENCY = 0.87
 """Share of a network line a KV transfer reaches on large transfers: Mooncake's transfer engine
 moved 40 GB at 87 GB/s over 4 x 200 Gb/s RoCE (calibration point mooncake-te-40GB-4x200g-roce).
-Inside a node, the NVLink/PCIe share nccl-tests reach (`physics.collectives.BUS_EFFICIENCY`)."""
-KV_RAIL_GB_S = 23.75
-"""What one NIC carries of a KV transfer at most, whatever its line: Mooncake's transfer engine
-reached 190 GB/s over 8 x 400 Gb/s RoCE, 23.75 GB/s per NIC of a 50 GB/s line
-(mooncake-te-40GB-8x400g-roce): past that the engine, not the wire, is the bound."""
-KV_SETUP_MS = 0.4
-"""Per transfer over a network: request, block-list exchange and completion notice. vLLM's
-Mooncake connector moved 128 tokens of Qwen3-8B (19 MB) in 0.54 ms, 0.1 ms of it bytes
-(mooncake-pd-kv-128tok)."""
+Inside a node, the NVLink/PCIe share nccl-tests reach (`physics.collectives.BUS_EFFICIENCY`).
+The same share holds per NIC whatever its line: with GPU buffers and 1 MB blocks the engine's EFA
+transport reaches 97.5 % of 16 x 400 Gb/s on B300, 91 % of 16 x 200 Gb/s on H200 and 97 % of
+32 x 100 Gb/s on H100 (kvcache-ai/Mooncake docs/source/design/transfer-engine/efa_transport.md
+@3b5a594133958449a1feaf1c9e0fc1b553e34a28, 'Benchmark Results'), and SGLang's Mooncake backend
+82 % of 4 x 400 GbE (docs/source/performance/sglang/sglang-benchmark-results-v1.md, same commit):
+no per-NIC ceiling below the line (the 23.75 GB/s per NIC of 8 x 400 Gb/s in Mooncake's README is
+the hosts' DRAM, `KV_HOST_DRAM_GB_S`)."""
+KV_HOST_DRAM_GB_S = 210.0
+"""What a transfer between two hosts' DRAM buffers (not GPU memory) reaches at most, whatever the
+NICs: the memory, not the network, is the bound. Mooncake's EFA transport doc (commit above,
+'CPU-to-CPU' tables): 'CPU-to-CPU is DRAM-bound' at 213 GB/s write on p5en (Xeon 8488C, DDR5)
+and 222 GB/s on p6-b200 over 16 / 8 NICs that carry 365 / 302 GB/s GPU-to-GPU (283 GB/s on
+p6-b300's Xeon 8559C; 64 GB/s on p5's DDR4 EPYC 7R13). A two-socket DDR5 server's figure; points
+say `memory: dram` (transfer_engine_bench moves 'data blocks from the DRAM of the target node',
+docs/source/design/transfer-engine/index.md, same commit)."""
+KV_SETUP_MS = 0.1
+"""Per transfer over a network: request, block-list exchange and completion notice (the
+requests the engine posts per layer are `KV_LAYER_REQUEST_US`)."""
+KV_LAYER_REQUEST_US = 4.5
+"""Per transfer request a rank's KV connector posts to its NIC: the connectors move the KV one
+layer buffer at a time, a K and a V request per layer (one latent for MLA), each a batch
+transfer the engine slices, posts and polls to completion (vLLM's MooncakeConnector and SGLang's
+Mooncake backend both walk the layers' KV pointers), and ranks that share a NIC queue theirs on
+it. Sets the small-prompt floor of a PD KV transfer: vLLM + Mooncake moved 128 tokens of Qwen3-8B
+(36 layers, 8 ranks on 8 NICs) in 0.54 ms, 0.13 of it bytes (mooncake-pd-kv-128tok); SGLang +
+Mooncake 128 tokens of Qwen3-235B (94 layers, 8 ranks on 4 NICs) in 2.07 ms, 0.3 of it bytes
+(mooncake-sgl-pd-h20-qwen3-235b-kv-128tok): 72 and 376 requests per NIC, ~5 us each."""
 
 
 def kv_rate_gb_s(path: Path) -> float:
     """The bandwidth a KV transfer gets from `path` (module docstring of the constants above)."""
     line = max(path.bandwidth_gb_s, MIN_GB_S)
     if path.kind.is_network:
-        return min(line * KV_LINE_EFFICIENCY, KV_RAIL_GB_S)
+        return line * KV_LINE_EFFICIENCY
     return line * BUS_EFFICIENCY["pci" if _HW.get(path.kind, "pci") == "pci" else "nvlink"]
 
 
@@ -309,7 +328,8 @@ def kv_transfer_ms(model: ModelSpec, tokens: int, path: Path) -> float:
     """The KV of `tokens` over one path (a TP=1 pair, or one rank's shard: `kv_handover_ms`)."""
     if path.tier == "local":
         return 0.0
-    return kv_bytes(model, tokens) / (kv_rate_gb_s(path) * 1e9) * 1e3 + kv_setup_ms(path)
+    return kv_bytes(model, tokens) / (kv_rate_gb_s(path) * 1e9) * 1e3 + kv_setup_ms(path) \
+        + kv_requests_ms(model, [path])
 
 
 def located(topology: Topology | None, gpus: Sequence[GpuRef]) -> bool:
@@ -335,8 +355,33 @@ def kv_handover_ms(model: ModelSpec, tokens: int, paths: Sequence[Path], rate_fa
     worst latency decide. No paths, or only local ones: nothing moves. `rate_factor`: the share of
     that rate the transfer gets (0.5: a NIC on the other socket, `physics.kvpath`)."""
     ms_per_byte, latency_ms = kv_handover_rate(paths)
+    if not ms_per_byte:
+        return 0.0
     return kv_bytes(model, tokens) * kv_replication(model, len(paths)) * ms_per_byte / rate_factor + latency_ms \
-        if ms_per_byte else 0.0
+        + kv_requests_ms(model, paths)
+
+
+def kv_requests_ms(model: ModelSpec, paths: Sequence[Path]) -> float:
+    """The transfer requests of a handover (`KV_LAYER_REQUEST_US`): each rank's per-layer K and V
+    (MLA: one latent) requests, queued on its NIC behind those of the ranks that share it; only
+    over a network (inside a node the bytes are copies, not posted requests)."""
+    return kv_layer_requests_ms(model, kv_request_queue(paths))
+
+
+def kv_request_queue(paths: Sequence[Path]) -> int:
+    """How many ranks' requests queue on the busiest network carrier of these paths (0: none
+    crosses a network): a function of the paths alone, as a router remembers it per pair."""
+    per_carrier: dict[str, int] = {}
+    for p in paths:
+        if p.kind.is_network and p.tier != "local":
+            per_carrier[p.via] = per_carrier.get(p.via, 0) + 1
+    return max(per_carrier.values(), default=0)
+
+
+def kv_layer_requests_ms(model: ModelSpec, queue: int) -> float:
+    """`kv_requests_ms` for `queue` ranks on the busiest carrier."""
+    per_layer = 1 if model.attention == "mla" else 2
+    return queue * per_layer * model.layers * KV_LAYER_REQUEST_US * 1e-3
 
 
 def kv_replication(model: ModelSpec, tp: int) -> float:

@@ -55,16 +55,18 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
         batch: int = 0, context: int = 0, domain_gpus: int | None = None, gbps: float | None = None,
         imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
         dtype: str | None = None, a2a: str | None = None, sms: int = 0, draft_tokens: int = 0,
-        acceptance_rate: float | None = None, acceptance_length: float | None = None) -> dict[str, Any]:
+        acceptance_rate: float | None = None, acceptance_length: float | None = None,
+        kv_dtype: str | None = None) -> dict[str, Any]:
     """One step of an MoE gang of `dp` data-parallel ranks of TP=`tp` (`physics.moecost`);
     `a2a`: the all-to-all kernel (`a2akernels.KERNELS`; default DeepEP's normal kernels at prefill,
     its low-latency ones at decode) on `sms` SMs (0: unbounded). Decode with `draft_tokens` > 0
     (MTP): the gang verifies k + 1 tokens of every sequence in one step (the KV read once) after k
-    draft passes of one layer each, and yields the acceptance length per sequence."""
+    draft passes of one layer each, and yields the acceptance length per sequence. `kv_dtype`: the
+    KV cache's format (fp8: half the bytes, and MLA decode attention at the FP8 rate)."""
     if a2a is not None:
         a2akernels.kernel(a2a)
     positive(tp=tp, dp=dp)
-    spec = model_spec(model, dtype)
+    spec = model_spec(model, dtype, kv_dtype)
     if spec.moe is None:
         raise ValueError(f"{model} is a dense model: `cost moe` prices expert layers (MoE models: "
                          f"{', '.join(sorted(n for n, m in catalog.models().items() if m.moe))})")

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from physics.a2akernels import MODE_KERNELS, REFERENCE_KERNELS, expected_ranks, kernel
+from physics.a2akernels import expected_ranks, kernel
 from physics.catalog import GpuSpec, ModelSpec
 from physics.collectives import RDMA_LATENCY_US, Hw, collective_us
 from physics.costmodel import BF16, DEFAULT, LOCAL, Efficiency, LinkCost, allreduce_ms, expected_experts, kv_shards
@@ -74,9 +74,11 @@ A2A_SM_GB_S = 15.0
 at most sms x this. DeepEP's normal kernels on 8 B200 (DeepEP hybrid-ep docs, DEEPEP-HYBRID in
 physics/data/published/moe.yaml) at 16, 24, 32 and 48 SMs: 2.7, 1.9, 1.5 and 1.2 times slower
 than the NVLink line allows, i.e. 15-16 GB/s per SM until the line binds. On H800 DeepEP's own
-figure (153 GB/s at its default SMs) is the line's, not the SMs'. Priced for DeepEP's kernels
-only (`a2akernels.REFERENCE_KERNELS`): what an SM moves depends on how the kernel copies (TMA or loads and
-stores), and the other kernels' SM budgets are recorded with their points, not priced."""
+figure (153 GB/s at its default SMs) is the line's, not the SMs'. UCCL-EP's normal kernels (DeepEP's
+copy loops; its benchmarks run them on 24 SMs, bench/test_intranode.py and test_internode.py) on 8 B200
+reach 280 and 426 GB/s where the NVLink line allows ~690: the same bound. Priced for the kernels that
+copy as DeepEP's do (`a2akernels.A2AKernel.sm_copy`): what an SM moves depends on how the kernel copies
+(TMA or loads and stores), and the other kernels' SM budgets are recorded with their points, not priced."""
 CROSS_RAIL_FACTOR = 0.5
 """A gang whose NICs are not on the same rails: its traffic climbs to the spine, whose share of
 the line is the fabric's default oversubscription (`topology.Fabric.inter_rack_bandwidth_factor`)."""
@@ -89,6 +91,17 @@ MLA_QK_DIM = 192
 MLA_V_DIM = 128
 """DeepSeek-V3 MLA per-head dims at prefill (qk_nope 128 + qk_rope 64; v 128); at decode the
 absorbed form attends over the 576-wide latent (kv_lora_rank 512 + rope 64) and returns 512."""
+MLA_Q_LORA_RANK = 1536
+"""DeepSeek-V3's query compression (config.json q_lora_rank): the query's down projection is
+hidden x 1536, its up projection 1536 x heads x 192."""
+FP4_ATTENTION_BYTES = 2.0
+"""An FP4 (NVFP4/MXFP4) checkpoint of an MoE model quantises the FFNs, not the attention
+projections: NVIDIA's DeepSeek-R1 NVFP4 checkpoint keeps its 61 attention modules in BF16 and its
+dense and MoE FFNs in NVFP4 (TensorRT-LLM tech blog 1, "Precision Strategy", NVIDIA/TensorRT-LLM
+01c4ece docs/source/blogs/tech_blog/blog1_...B200_GPUs.md); SGLang's GB200 part II (lm-sys.github.io
+0f32018, 2025-09-25) runs q_b_proj in FP8 "different from the official NVIDIA checkpoint", i.e.
+BF16 there; gpt-oss's MXFP4 checkpoint quantises only the MoE weights. So on an FP4 MoE model the
+attention projections read 2 bytes a weight and run at the BF16 rate."""
 OVERLAP_EFFICIENCY = 0.5
 """Share of the shorter of compute and all-to-all that two-batch overlap hides (SGLang's TBO,
 vLLM's --enable-dbo): SGLang's ablation on 96 H100 (lmsys blog 2025-05-05) measured +25.5 % decode
@@ -189,10 +202,11 @@ def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, link
     slower = max(0.0, links.nic_latency_us - RDMA_LATENCY_US) * A2A_NET_ROUND_TRIPS
     fixed = A2A_LATENCY_US + slower if outside > 0 else A2A_NVLINK_LATENCY_US
     latency = fixed * impl.latency_factor + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
-    sm_priced = links.sms > 0 and MODE_KERNELS.get(mode, mode) in REFERENCE_KERNELS
+    sm_priced = links.sms > 0 and impl.sm_copy
     sm_bound = (inside + outside) / (links.sms * A2A_SM_GB_S * 1e9) if sm_priced else 0.0
-    seconds = max(inside / (nvlink * 1e9), outside / (net * 1e9) if outside else 0.0, sm_bound)
-    seconds /= impl.bandwidth_factor
+    # the kernel's factor scales its share of the links; its SMs copy as DeepEP's do (`sm_copy`)
+    seconds = max(max(inside / (nvlink * 1e9), outside / (net * 1e9) if outside else 0.0) / impl.bandwidth_factor,
+                  sm_bound)
     return latency + seconds * 1e6
 
 
@@ -203,6 +217,41 @@ def default_imbalance(pairs: float, ep: int) -> float:
         return 1.0
     mean = pairs / ep
     return min(1.0 + math.sqrt(2.0 * math.log(ep) / mean), float(ep))
+
+
+def attention_params_b(model: ModelSpec) -> float:
+    """Parameters (billions) of every layer's attention projections: MLA's query down and up
+    projections, its joint KV down projection, the per-head K and V up projections (absorbed into
+    the query and the output at decode, the same weights) and the output projection; GQA's Q, K, V
+    and O."""
+    h, heads = model.hidden, model.heads
+    if model.attention == "mla":
+        latent = model.head_dim - 64
+        per = (h * MLA_Q_LORA_RANK + MLA_Q_LORA_RANK * heads * MLA_QK_DIM + h * model.head_dim
+               + latent * heads * (MLA_QK_DIM - 64 + MLA_V_DIM) + heads * MLA_V_DIM * h)
+    else:
+        per = h * (heads + 2 * model.kv_heads) * model.head_dim + heads * model.head_dim * h
+    return min(per * model.layers / 1e9, model.dense_active_params_b)
+
+
+def _dense_parts(model: ModelSpec, gpu: GpuSpec, tp: int, mfu: float) -> tuple[float, float]:
+    """(seconds per token of the dense part's GEMMs, bytes of its weights per GPU): the attention
+    projections at their own format where it differs from the rest (`FP4_ATTENTION_BYTES`)."""
+    rate = gpu.tflops(model.compute) * 1e12
+    attn = attention_params_b(model) * 1e9 if model.compute == "fp4" else 0.0
+    rest_active = model.dense_active_params_b * 1e9 - attn
+    per_token = 2 * rest_active / (tp * rate * mfu) + 2 * attn / (tp * gpu.bf16_tflops * 1e12 * mfu)
+    weights = (model.dense_params_b * 1e9 - attn) * model.weight_bytes + attn * FP4_ATTENTION_BYTES
+    return per_token, weights / tp
+
+
+def _attn_rate(model: ModelSpec, gpu: GpuSpec) -> float:
+    """The tensor rate an MLA decode kernel runs at: FP8 when the KV cache is FP8 (the query is
+    quantised too and the kernel runs FP8 MMAs: TensorRT-LLM tech blog 3 "FP8 KV Cache", NVIDIA/
+    TensorRT-LLM 01c4ece; SGLang GB200 part II's FP8 attention, 1.8x faster than BF16), else BF16."""
+    if model.attention == "mla" and model.kv_bytes == 1 and gpu.fp8_tflops:
+        return gpu.fp8_tflops * 1e12
+    return gpu.bf16_tflops * 1e12
 
 
 def attention_flops(model: ModelSpec, pairs: float, decode: bool) -> float:
@@ -278,19 +327,22 @@ def _attn_mfu(model: ModelSpec, eff: Efficiency, rate_mfu: float) -> float:
 def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks,
                 chunks: Sequence[tuple[int, int]], decodes: int, decode_context: int, *, tp_link: LinkCost = LOCAL,
                 imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
-                eff: Efficiency = DEFAULT, a2a: str | None = None) -> MoEStep:
+                eff: Efficiency = DEFAULT, a2a: str | None = None, queries: int = 1) -> MoEStep:
     """One engine step of every DP rank at once, each with prefill `chunks` as (new tokens, cached
     tokens before them) and `decodes` sequences reading `decode_context` tokens in all (the
-    `costmodel.forward_ms` contract). `expert_parallel` False: the experts are split by TP inside
-    each rank (no all-to-all). Every rank is taken to carry the same load (the router balances
-    them; ranks are in lockstep at every MoE layer)."""
+    `costmodel.forward_ms` contract). `queries`: tokens of each decoding sequence that attend over
+    its context (a speculative verify's k + 1: the KV is read once, the attention FLOPs are k + 1
+    times a single query's; FlashMLA packs the query tokens x heads into its rows).
+    `expert_parallel` False: the experts are split by TP inside each rank (no all-to-all). Every
+    rank is taken to carry the same load (the router balances them; ranks are in lockstep at every
+    MoE layer)."""
     if model.moe is None:
         raise ValueError(f"{model.name} is a dense model: no expert layers to price")
     if not chunks:
         if decodes <= 0:
             return _assemble(0.0, _Fixed(0.0, 0.0, 0.0, 0.0, 0.0, 1.0), 0, overlap)
         return moe_decode(model, gpu, tp, dp, links, decodes, tp_link, imbalance, overlap, expert_parallel,
-                          eff, a2a).step(decode_context)
+                          eff, a2a, queries).step(decode_context)
     new = pairs = cached = 0.0
     for n, c in chunks:
         new += n
@@ -300,11 +352,11 @@ def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLin
     rate = gpu.tflops(model.compute) * 1e12
     mfu = eff.fp8_mfu if rate != gpu.bf16_tflops * 1e12 else eff.prefill_mfu
     bf16 = tp * gpu.bf16_tflops * 1e12
-    compute_s = (2 * model.dense_active_params_b * 1e9 * tokens / (tp * rate * mfu)
-                 + attention_flops(model, pairs, False) / (bf16 * eff.prefill_mfu)
-                 + attention_flops(model, float(decode_context), True) / (bf16 * _attn_mfu(model, eff, eff.decode_mfu)))
-    memory_s = (model.dense_params_b * 1e9 * model.weight_bytes / tp
-                + model.kv_bytes_per_token() * (cached + decode_context) / kv_shards(model, tp)) / (
+    per_token, weights = _dense_parts(model, gpu, tp, mfu)
+    compute_s = (per_token * tokens + attention_flops(model, pairs, False) / (bf16 * eff.prefill_mfu)
+                 + attention_flops(model, float(decode_context) * max(queries, 1), True) / (
+                     tp * _attn_rate(model, gpu) * _attn_mfu(model, eff, eff.decode_mfu)))
+    memory_s = (weights + model.kv_bytes_per_token() * (cached + decode_context) / kv_shards(model, tp)) / (
         gpu.memory_gb_s * 1e9 * eff.decode_mbu)
     fixed = _fixed(model, gpu, tp, dp, links, tokens, True, tp_link, imbalance, expert_parallel, eff, a2a)
     return _assemble(max(compute_s, memory_s) * 1e3, fixed, tokens, overlap)
@@ -335,16 +387,15 @@ class MoEDecode:
 @functools.lru_cache(maxsize=16384)
 def moe_decode(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, batch: int, tp_link: LinkCost,
                imbalance: float | None, overlap: bool, expert_parallel: bool, eff: Efficiency,
-               a2a: str | None = None) -> MoEDecode:
+               a2a: str | None = None, queries: int = 1) -> MoEDecode:
     if model.moe is None:
         raise ValueError(f"{model.name} is a dense model: no expert layers to price")
     b = max(batch, 1)
-    rate = gpu.tflops(model.compute) * 1e12
     hbm = gpu.memory_gb_s * 1e9 * eff.decode_mbu
-    per_pair = attention_flops(model, 1.0, True) / (tp * gpu.bf16_tflops * 1e12 * _attn_mfu(model, eff,
-                                                                                              eff.decode_mfu))
-    return MoEDecode(compute_s=2 * model.dense_active_params_b * 1e9 * b / (tp * rate * eff.decode_mfu),
-                     attn_s_per_token=per_pair, weights_s=model.dense_params_b * 1e9 * model.weight_bytes / tp / hbm,
+    per_pair = attention_flops(model, float(max(queries, 1)), True) / (
+        tp * _attn_rate(model, gpu) * _attn_mfu(model, eff, eff.decode_mfu))
+    per_token, weights = _dense_parts(model, gpu, tp, eff.decode_mfu)
+    return MoEDecode(compute_s=per_token * b, attn_s_per_token=per_pair, weights_s=weights / hbm,
                      kv_s_per_token=model.kv_bytes_per_token() / kv_shards(model, tp) / hbm,
                      fixed=_fixed(model, gpu, tp, dp, links, b, False, tp_link, imbalance, expert_parallel, eff, a2a),
                      batch=b, overlap=overlap)
@@ -359,7 +410,7 @@ def moe_step(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks,
     `prefill_sequences` prompts of equal length, each after `prefill_context` cached tokens), or
     `decodes` sequences reading `decode_context` tokens each, each sequence passing
     `verify_tokens` tokens through the layers (a speculative verify: the drafts and its own) while
-    its KV cache is read once."""
+    its KV cache is read once (and attended by every one of them)."""
     if prefill_tokens > 0:
         seqs = max(1, min(prefill_sequences, prefill_tokens))
         base, extra = divmod(prefill_tokens, seqs)
@@ -367,5 +418,5 @@ def moe_step(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks,
         return moe_forward(model, gpu, tp, dp, links, chunks, 0, 0, tp_link=tp_link, imbalance=imbalance,
                            overlap=overlap, expert_parallel=expert_parallel, eff=eff, a2a=a2a)
     return moe_forward(model, gpu, tp, dp, links, (), decodes * max(verify_tokens, 1), decodes * decode_context,
-                       tp_link=tp_link,
-                       imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel, eff=eff, a2a=a2a)
+                       tp_link=tp_link, imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel,
+                       eff=eff, a2a=a2a, queries=max(verify_tokens, 1))

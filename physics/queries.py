@@ -282,9 +282,20 @@ def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: i
             "ms": ms}
 
 
-def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails: int) -> float:
+def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails: int, memory: str = "gpu",
+                    requests: float = 1.0) -> float:
     """The rate (GB/s) at which a payload of `size_bytes` moves between two hosts over `rails`
-    links of this kind at once (a transfer engine's own benchmark: one payload, every NIC)."""
+    links of this kind at once (a transfer engine's own benchmark: one payload, every NIC), from
+    and to GPU memory, or (`memory` "dram") host DRAM, whose bandwidth bounds it
+    (`costmodel.KV_HOST_DRAM_GB_S`). `requests`: the transfer requests the payload is posted as
+    (a benchmark's blocks in flight), spread over the NICs; each costs its NIC
+    `costmodel.KV_LAYER_REQUEST_US`, hidden behind the wire while the NIC has bytes to send (many
+    requests in flight), the bound when the blocks are small."""
+    if memory not in ("gpu", "dram"):
+        raise ValueError(f"memory {memory!r}: gpu or dram")
     _, paths = _kv_paths(link_name, gbps, rails)
     ms_per_byte, setup_ms = costmodel.kv_handover_rate(paths)
-    return size_bytes / ((size_bytes * ms_per_byte + setup_ms) * 1e-3) / 1e9
+    if memory == "dram":
+        ms_per_byte = max(ms_per_byte, 1e3 / (costmodel.KV_HOST_DRAM_GB_S * 1e9))
+    posting_ms = requests / max(rails, 1) * costmodel.KV_LAYER_REQUEST_US * 1e-3 if link_name in NETWORK else 0.0
+    return size_bytes / ((max(size_bytes * ms_per_byte, posting_ms) + setup_ms) * 1e-3) / 1e9

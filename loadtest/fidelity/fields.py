@@ -62,10 +62,17 @@ def link_of(p: dict[str, Any], default: str = "rdma") -> str:
 
 def speculation(spec: Any) -> tuple[int, float | None]:
     """(draft tokens, acceptance length) a point states; a length stated as a range ("1.8-1.9")
-    is its middle."""
+    is its middle. A spec that states `steps` is SGLang's (EAGLE/NEXTN): `steps` draft passes, and
+    its `draft_tokens` is the verify width, the drafts and the sequence's own token (with
+    `--speculative-eagle-topk 1` SGLang sets `speculative_num_draft_tokens` to num_steps + 1;
+    "speculative_num_draft_tokens: maximum parallel verification capacity", docs.sglang.io
+    advanced_features/speculative_decoding, read 2026-12-04), so the drafts are the steps."""
     if not isinstance(spec, dict) or str(spec.get("method", "none")).lower() in ("none", "off"):
         return 0, None
     draft, length = spec.get("draft_tokens"), spec.get("acceptance_length")
+    steps, topk = spec.get("steps"), spec.get("eagle_topk", 1)
+    if isinstance(steps, int) and not isinstance(steps, bool) and topk == 1:
+        draft = steps
     if isinstance(length, str):
         try:
             ends = [float(part) for part in length.split("-")]

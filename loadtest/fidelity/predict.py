@@ -231,7 +231,10 @@ def _kv(p: dict[str, Any], model: str | None) -> tuple[float | None, str]:
         return (ms if unit == "ms" else ms * 1e3), ""
     if unit == "GB/s" and size and rails:
         # a benchmark keeping many blocks in flight pays each block's set-up once per round of them
-        return cost.kv_payload_gb_s(size * (num(p, "blocks_in_flight") or 1.0), link, num(p, "gbps"), int(rails)), ""
+        # `memory: dram`: host buffers at both ends, the hosts' DRAM bounds the rate
+        memory = "dram" if str(p.get("memory") or "gpu").lower().startswith("dram") else "gpu"
+        blocks = num(p, "blocks_in_flight") or 1.0
+        return cost.kv_payload_gb_s(size * blocks, link, num(p, "gbps"), int(rails), memory, blocks), ""
     return None, "the transfer's size (tokens of a catalogue model, or bytes and NICs) is not stated"
 
 
@@ -308,7 +311,7 @@ def _moe(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
     dp = num(p, "dp")
     if dp is None:
         return None, "data-parallel size not stated"
-    weights, _ = dtypes_of(p)
+    weights, kv = dtypes_of(p)
     tokens, batch = num(p, "tokens"), num(p, "batch")
     if phase == "prefill" and not tokens:
         return None, "prefill tokens per rank not stated"
@@ -323,15 +326,18 @@ def _moe(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
         batch = max(1.0, batch / dp)  # a benchmark's concurrency over every DP rank
     # a gang over several nodes ("nvlink + rdma") runs its all-to-all across the network
     link = "rdma" if "rdma" in str(p.get("link") or "").lower() else link_of(p)
-    answer = gangs.moe(model, gpu, tp, int(dp), phase, link, tokens=int(tokens or 0),
-                      prompts=int_of(p, "prompts", 1), batch=int(batch or 0), context=int_of(p, "context", 0),
-                      domain_gpus=int_of(p, "gpus_per_node", 8), gbps=num(p, "gbps"), overlap=bool(p.get("overlap")),
-                      dtype=weights, draft_tokens=draft, acceptance_length=length)
-    per_gpu = float(answer["tokens_per_s_per_gpu"])
+    # two-batch overlap only where the point says `overlap: true`: SGLang's GB200 part II overlaps
+    # the combine with the down GEMM and the shared expert ("not TBO"), another mechanism
+    tbo = p.get("overlap") is True
     prompt, output = num(p, "prompt_tokens"), num(p, "output_tokens")
+    answer = gangs.moe(model, gpu, tp, int(dp), phase, link, tokens=int(tokens or 0),
+                      prompts=int_of(p, "prompts", 1), batch=int(batch or 0), context=_moe_context(p, phase),
+                      domain_gpus=int_of(p, "gpus_per_node", 8), gbps=num(p, "gbps"), overlap=tbo,
+                      dtype=weights, draft_tokens=draft, acceptance_length=length, kv_dtype=kv)
+    per_gpu = float(answer["tokens_per_s_per_gpu"])
     if phase == "decode" and "whole run" in str(p.get("convention", "")) and prompt and output and not draft:
         per_gpu = _moe_run_per_gpu(model, gpu, tp, int(dp), link, int(batch or 1), int(prompt), int(output),
-                                   int_of(p, "gpus_per_node", 8), num(p, "gbps"), weights)
+                                   int_of(p, "gpus_per_node", 8), num(p, "gbps"), weights, kv)
     if p["unit"] == "tokens/s-per-node":
         return per_gpu * int_of(p, "gpus_per_node", 8), ""
     if p["unit"] == "tokens/s-per-gpu":
@@ -339,14 +345,25 @@ def _moe(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
     return None, f"no prediction for an MoE point in {p['unit']}"
 
 
+def _moe_context(p: dict[str, Any], phase: str) -> int:
+    """The context a decode step reads: the point's `context`, or else its prompt and half its
+    output (a step's time is linear in the context it reads, so a generation's mean step is the
+    step at its mean context); a prefill's cached tokens: `context` or none."""
+    context = num(p, "context")
+    if context is not None or phase != "decode":
+        return int(context or 0)
+    prompt, output = num(p, "prompt_tokens"), num(p, "output_tokens")
+    return int((prompt or 0) + (output or 0) / 2)
+
+
 def _moe_run_per_gpu(model: str, gpu: str, tp: int, dp: int, link: str, batch: int, prompt: int, output: int,
-                     domain: int, gbps: float | None, weights: str | None) -> float:
+                     domain: int, gbps: float | None, weights: str | None, kv: str | None = None) -> float:
     """Output tokens/s per GPU of a whole benchmark run whose requests arrive and finish together
     (fixed lengths at a fixed concurrency): each rank prefills its `batch` prompts, then decodes
     `output` steps whose context grows from the prompt (sampled, trapezoid between)."""
     def step(phase: str, **kw: Any) -> float:
         return float(gangs.moe(model, gpu, tp, dp, phase, link, domain_gpus=domain, gbps=gbps, dtype=weights,
-                              **kw)["ms"])
+                              kv_dtype=kv, **kw)["ms"])
 
     total_ms = step("prefill", tokens=batch * prompt, prompts=batch) + decoding_ms(
         output, lambda t: step("decode", batch=batch, context=prompt + t))

@@ -321,7 +321,8 @@ class Simulation:
         gb = costmodel.kv_bytes(model, req.trace.prompt_tokens) / 1e9
         src = [GpuRef(prefill.placement.node, g) for g in prefill.placement.gpus]
         dst = [GpuRef(decode.placement.node, g) for g in decode.placement.gpus]
-        route, latency_s = legs(self.topology, src, dst, gb, self.kv_faults.get((prefill.rid, decode.rid), NO_FAULT))
+        fault = self.kv_faults.get((prefill.rid, decode.rid), NO_FAULT)
+        route, latency_s = legs(self.topology, src, dst, gb, fault, model)
         req.phase = "transfer"
         if not route:
             self._at(t, KV_READY, req)

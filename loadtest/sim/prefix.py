@@ -52,7 +52,7 @@ def start_pull(sim: SimState, t: float, req: _Req, target: SimReplica, pull: Pul
     gb = costmodel.kv_bytes(target.core.config.model, moved) / 1e9
     src = [GpuRef(source.placement.node, g) for g in source.placement.gpus]
     dst = [GpuRef(target.placement.node, g) for g in target.placement.gpus]
-    route, latency_s = legs(sim.topology, src, dst, gb)
+    route, latency_s = legs(sim.topology, src, dst, gb, model=target.core.config.model)
     req.pull, req.phase = pull, "pull"
     sim.pulled += moved
     if not route:

@@ -198,14 +198,17 @@ class _Pair(NamedTuple):
 def kv_priced(p: Candidate, d: Candidate, tokens: int, topology: Topology | None, measured_ms_per_byte: float = 0.0
               ) -> tuple[float, str, float, float]:
     """The KV handover's time, its path's tier, the path's expected ms per byte and set-up
-    latency; `measured_ms_per_byte` (when > 0) in place of the expected rate where the router
-    measured the pair (`router.kvwatch`). Without a topology that knows both replicas' GPUs: the
-    named fallback paths (`costmodel.KV_*_FALLBACK`), tier `local` on one named node and `rdma`
-    otherwise."""
+    latency (the path's, and the connector's per-layer transfer requests:
+    `costmodel.kv_requests_ms`); `measured_ms_per_byte` (when > 0) in place of the expected rate
+    where the router measured the pair (`router.kvwatch`). Without a topology that knows both
+    replicas' GPUs: the named fallback paths (`costmodel.KV_*_FALLBACK`), tier `local` on one
+    named node and `rdma` otherwise."""
     pe, de = p.endpoint, d.endpoint
     expected, latency_ms, tier_name = kv_route(topology, pe.node, pe.gpus, de.node, de.gpus)
     ms_per_byte = measured_ms_per_byte if measured_ms_per_byte > 0 and expected else expected
-    kv = costmodel.kv_bytes(_model(p), tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0
+    model = _model(p)
+    latency_ms += costmodel.kv_layer_requests_ms(model, kv_request_queue(topology, pe.node, pe.gpus, de.node, de.gpus))
+    kv = costmodel.kv_bytes(model, tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0
     return kv, tier_name, expected, latency_ms
 
 
@@ -215,7 +218,7 @@ def _model(c: Candidate) -> catalog.ModelSpec:
 
 KvRoute = tuple[float, float, str]
 """(ms per byte of the KV, latency ms, tier): `costmodel.kv_handover_rate` of a replica pair's paths."""
-_ROUTES: dict[tuple[int, str, tuple[int, ...], str, tuple[int, ...]], tuple[Topology | None, KvRoute]] = {}
+_ROUTES: dict[tuple[int, str, tuple[int, ...], str, tuple[int, ...]], tuple[Topology | None, KvRoute, int]] = {}
 _SAME_NODE = costmodel.kv_handover_rate([costmodel.KV_SAME_NODE_FALLBACK])
 _CROSS_NODE = costmodel.kv_handover_rate([costmodel.KV_CROSS_NODE_FALLBACK])
 
@@ -226,19 +229,31 @@ def kv_route(topology: Topology | None, pnode: str, pgpus: tuple[int, ...], dnod
     it; the simulator's `loadtest.sim.network.legs` too), priced, with the tier of all their GPUs.
     A function of the (immutable) topology and the two GPU groups, so remembered: a PD decision
     weighs every prefill/decode pair."""
+    return _route(topology, pnode, pgpus, dnode, dgpus)[1]
+
+
+def kv_request_queue(topology: Topology | None, pnode: str, pgpus: tuple[int, ...], dnode: str,
+                     dgpus: tuple[int, ...]) -> int:
+    """Ranks whose per-layer transfer requests queue on the pair's busiest NIC
+    (`costmodel.kv_request_queue`), remembered with `kv_route`."""
+    return _route(topology, pnode, pgpus, dnode, dgpus)[2]
+
+
+def _route(topology: Topology | None, pnode: str, pgpus: tuple[int, ...], dnode: str, dgpus: tuple[int, ...]
+           ) -> tuple[Topology | None, KvRoute, int]:
     key = (id(topology), pnode, pgpus, dnode, dgpus)
     found = _ROUTES.get(key)
     if found is not None and found[0] is topology:
-        return found[1]
+        return found
     refs = [GpuRef(pnode, g) for g in pgpus] + [GpuRef(dnode, g) for g in dgpus]
     if topology is not None and pgpus and dgpus and costmodel.located(topology, refs):
         paths = [path(topology, GpuRef(pnode, a), GpuRef(dnode, b)) for a, b in zip(pgpus, dgpus, strict=False)]
-        out = (*costmodel.kv_handover_rate(paths), tier(topology, refs))
+        out, queue = (*costmodel.kv_handover_rate(paths), tier(topology, refs)), costmodel.kv_request_queue(paths)
     elif pnode and pnode == dnode:
-        out = (*_SAME_NODE, "local")
+        out, queue = (*_SAME_NODE, "local"), 0
     else:
-        out = (*_CROSS_NODE, "rdma")
+        out, queue = (*_CROSS_NODE, "rdma"), costmodel.kv_request_queue([costmodel.KV_CROSS_NODE_FALLBACK])
     if len(_ROUTES) > 65536:
         _ROUTES.clear()
-    _ROUTES[key] = (topology, out)
-    return out
+    _ROUTES[key] = (topology, out, queue)
+    return _ROUTES[key]

@@ -115,12 +115,42 @@ def test_kv_transfer_same_island_vs_cross_node() -> None:
           f"cross-node NDR {node:.2f} ms (x{node / same:.1f}), cross-rack {rack:.2f} ms (x{rack / same:.1f})")
     assert same < node < rack
     # the bytes at what a transfer reaches of each line (NVLink at nccl-tests' share, one NDR NIC at
-    # the transfer engines' per-NIC ceiling) plus the network transfer's setup
+    # the transfer engines' share of its line) plus the network transfer's setup and its per-layer
+    # K and V requests
     gb = costmodel.kv_bytes(model, 4096) / 1e9
     nvlink = 450 * BUS_EFFICIENCY["nvlink"]
-    ndr = min(50 * costmodel.KV_LINE_EFFICIENCY, costmodel.KV_RAIL_GB_S)
+    ndr = 50 * costmodel.KV_LINE_EFFICIENCY
+    requests_ms = 2 * model.layers * costmodel.KV_LAYER_REQUEST_US / 1e3
     assert same == pytest.approx(gb / nvlink * 1e3, rel=0.01)
-    assert node == pytest.approx(gb / ndr * 1e3 + costmodel.KV_SETUP_MS, rel=0.01)
+    assert node == pytest.approx(gb / ndr * 1e3 + costmodel.KV_SETUP_MS + requests_ms, rel=0.01)
+
+
+def test_kv_requests_queue_on_a_shared_nic() -> None:
+    """Per-layer K and V requests (Mooncake's connectors): ranks sharing a NIC queue theirs."""
+    from topology import LinkKind, Path
+
+    model = catalog.model("qwen3-235b-a22b")
+    nic = [Path(kind=LinkKind.RDMA, tier="rdma", bandwidth_gb_s=50.0, latency_us=3.0, via=f"nic {i % 4}")
+           for i in range(8)]
+    own = [Path(kind=LinkKind.RDMA, tier="rdma", bandwidth_gb_s=50.0, latency_us=3.0, via=f"nic {i}")
+           for i in range(8)]
+    per = 2 * model.layers * costmodel.KV_LAYER_REQUEST_US / 1e3
+    assert costmodel.kv_requests_ms(model, own) == pytest.approx(per)
+    assert costmodel.kv_requests_ms(model, nic) == pytest.approx(2 * per)
+    nvlink = [Path(kind=LinkKind.NVSWITCH, tier="nvlink", bandwidth_gb_s=450.0, latency_us=0.5, via="nvswitch")]
+    assert costmodel.kv_requests_ms(model, nvlink) == 0.0
+
+
+def test_kv_payload_from_host_dram_is_memory_bound() -> None:
+    """A transfer between host DRAM buffers is bounded by the hosts' memory, not the NICs."""
+    from physics import queries
+
+    gpu = queries.kv_payload_gb_s(40e9, "rdma", 400, 8)
+    dram = queries.kv_payload_gb_s(40e9, "rdma", 400, 8, "dram")
+    assert gpu == pytest.approx(8 * 50 * costmodel.KV_LINE_EFFICIENCY, rel=0.01)
+    assert dram == pytest.approx(costmodel.KV_HOST_DRAM_GB_S, rel=0.01)
+    small = queries.kv_payload_gb_s(65536 * 2048, "rdma", 200, 16, requests=2048)
+    assert small < queries.kv_payload_gb_s(1048576 * 2048, "rdma", 200, 16, requests=2048)
 
 
 def test_health_makes_decode_slower() -> None:

@@ -205,6 +205,19 @@ def test_deepeps_sm_budget_bounds_its_bandwidth(capsys: pytest.CaptureFixture[st
     assert "--sms must be 0" in capsys.readouterr().err
 
 
+def test_uccl_eps_normal_kernels_share_deepeps_sm_bound() -> None:
+    """UCCL-EP keeps DeepEP's copy loops and benchmarks them on 24 SMs: on 8 B200 its intranode
+    dispatch and combine (280 and 426 GB/s, far below the NVLink line) are within 25 % once that
+    budget bounds them; a kernel that copies otherwise (Hybrid-EP's TMA) is not bounded by it."""
+    rows = _rows("uccl-p6b200-ht-ep8-dispatch-us", "uccl-p6b200-ht-ep8-combine-us", "uccl-p6b200-ht-ep8-combine-bw")
+    assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
+    few = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "uccl-ep-normal", "nvlink", sms=24)["us"]
+    free = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "uccl-ep-normal", "nvlink")["us"]
+    assert few > 1.5 * free
+    tma = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "hybrid-ep", "nvlink", sms=24)["us"]
+    assert tma == pytest.approx(gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "hybrid-ep", "nvlink")["us"])
+
+
 def test_an_all_to_all_over_efa_pays_the_networks_latency_on_every_round_trip(
         capsys: pytest.CaptureFixture[str]) -> None:
     """pplx-garden's low-latency calls over EFA at EP16-64 (70-105 µs slower than over CX7) and

@@ -32,7 +32,7 @@ def test_tcp_fallback_is_the_cost_models_tcp_path_on_one_carrier() -> None:
 @pytest.mark.parametrize("p", [NVLINK[0], RDMA])
 def test_a_remote_nic_halves_the_rate_not_the_setup(p: Path) -> None:
     half = KvPathFault(bandwidth_factor=0.5)
-    setup = costmodel.kv_setup_ms(p)
+    setup = costmodel.kv_setup_ms(p) + costmodel.kv_requests_ms(MODEL, [p])  # neither is a rate
     base = costmodel.kv_handover_ms(MODEL, 8000, [p])
     assert half.rate_gb_s(p) == pytest.approx(costmodel.kv_rate_gb_s(p) / 2)
     assert half.handover_ms(MODEL, 8000, [p]) - setup == pytest.approx(2 * (base - setup))

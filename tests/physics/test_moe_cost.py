@@ -157,3 +157,51 @@ def test_bad_gang_questions_are_one_line_errors(capsys: pytest.CaptureFixture[st
     assert main(["cost", *args, "--format", "json"]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_an_fp4_moe_checkpoint_keeps_its_attention_projections_in_bf16() -> None:
+    """NVIDIA's NVFP4 DeepSeek-R1 quantises the FFNs, not the 61 attention modules (TensorRT-LLM
+    tech blog 1's precision table): their 11.4 B parameters read 2 bytes and run at the BF16 rate,
+    so an FP4 decode step at a large batch is slower than FP4 everywhere would make it."""
+    from physics import moecost
+
+    assert moecost.attention_params_b(DEEPSEEK) == pytest.approx(11.41, abs=0.01)
+    fp4 = DEEPSEEK.with_dtypes("nvfp4")
+    b200 = catalog.gpu("b200")
+    per_token, weights = moecost._dense_parts(fp4, b200, 1, 0.35)
+    assert weights > fp4.dense_params_b * 1e9 * fp4.weight_bytes + 11e9 * (2 - fp4.weight_bytes)
+    all_fp4 = 2 * fp4.dense_active_params_b * 1e9 / (b200.tflops("fp4") * 1e12 * 0.35)
+    assert per_token > 3 * all_fp4
+    # an FP8 checkpoint is FP8 throughout
+    _, fp8_weights = moecost._dense_parts(DEEPSEEK, b200, 1, 0.35)
+    assert fp8_weights == pytest.approx(DEEPSEEK.dense_params_b * 1e9)
+
+
+def test_an_fp8_kv_cache_halves_mla_decode_attention_and_a_verify_attends_with_every_token() -> None:
+    """FP8 KV: half the bytes and the MLA decode kernel at the FP8 rate (TensorRT-LLM tech blog 3,
+    SGLang GB200 part II); a speculative verify of k + 1 tokens reads the KV once but attends with
+    each of them."""
+    gang = links("nvlink", 8, 900.0)
+    b200 = catalog.gpu("b200")
+    bf16 = moe_step(DEEPSEEK, b200, 1, 8, gang, decodes=256, decode_context=8192)
+    fp8 = moe_step(DEEPSEEK.with_dtypes(kv="fp8"), b200, 1, 8, gang, decodes=256, decode_context=8192)
+    assert fp8.dense_ms < 0.6 * bf16.dense_ms
+    one = moe_step(DEEPSEEK, b200, 1, 8, gang, decodes=64, decode_context=32768)
+    three = moe_step(DEEPSEEK, b200, 1, 8, gang, decodes=64, decode_context=32768, verify_tokens=3)
+    assert three.dense_ms > 2 * one.dense_ms
+
+
+def test_a_moe_decode_point_reads_its_prompt_and_sglang_drafts_are_its_steps() -> None:
+    """A decode point that states no context reads its prompt and half its output (the mean step
+    of a generation); SGLang's `--speculative-num-draft-tokens` is the verify width (num_steps + 1
+    at top-k 1), so a spec stating `steps` drafts that many."""
+    from loadtest.fidelity.fields import speculation
+    from loadtest.fidelity.predict import _moe_context
+
+    assert _moe_context({"prompt_tokens": 4096, "output_tokens": 1536}, "decode") == 4096 + 768
+    assert _moe_context({"prompt_tokens": 4096, "context": 100}, "decode") == 100
+    assert _moe_context({"prompt_tokens": 4096}, "prefill") == 0
+    spec = {"method": "mtp", "steps": 1, "eagle_topk": 1, "draft_tokens": 2, "acceptance_length": "1.8-1.9"}
+    drafts, length = speculation(spec)
+    assert drafts == 1 and length == pytest.approx(1.85)
+    assert speculation({"method": "mtp", "draft_tokens": 3, "acceptance_length": 2.8}) == (3, 2.8)

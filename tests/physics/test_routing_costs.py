@@ -46,8 +46,11 @@ def test_kv_ranks_move_at_once_and_share_a_common_carrier() -> None:
     whole = costmodel.kv_handover_ms(MODEL, 8000, [link("a", 50.0)])
     apart = costmodel.kv_handover_ms(MODEL, 8000, [link("a", 50.0), link("b", 50.0)])
     shared = costmodel.kv_handover_ms(MODEL, 8000, [link("a", 50.0), link("a", 50.0)])
-    setup = 3e-3 + costmodel.KV_SETUP_MS  # the path's latency and the network transfer's setup
-    assert apart == pytest.approx((whole - setup) / 2 + setup) and shared == pytest.approx(whole)
+    # the path's latency, the network transfer's setup and each rank's per-layer requests (ranks on
+    # one NIC queue theirs: `shared` pays twice a rank's requests)
+    setup = 3e-3 + costmodel.KV_SETUP_MS + costmodel.kv_requests_ms(MODEL, [link("a", 50.0)])
+    assert apart == pytest.approx((whole - setup) / 2 + setup)
+    assert shared == pytest.approx(whole + costmodel.kv_requests_ms(MODEL, [link("a", 50.0)]))
     assert costmodel.kv_handover_ms(MODEL, 8000, [link("slow", 1.0)]) > whole
     local = Path(kind=LinkKind.NVSWITCH, tier="local", bandwidth_gb_s=float("inf"), latency_us=0.0)
     assert costmodel.kv_handover_ms(MODEL, 8000, [local]) == 0.0
