@@ -30,11 +30,25 @@ class A2AKernel:
     collective: bool = False
     """Not an EP kernel but NCCL's all_to_all (torch.distributed): priced as NCCL prices an
     all-to-all (`physics.collectives`), every (token, expert) pair a message."""
+    message_puts: bool = False
+    """Posts one network write per (token, expert) pair bound for another node (and its combine one
+    back): DeepEP V1's low-latency kernels, whose warps each put one token to one expert's receive
+    buffer (deepseek-ai/DeepEP csrc/kernels/internode_ll.cu @2df3680e, "Issue IBGDA sends": one
+    put per token and top-k slot whose rank NVLink does not reach, then one count per expert).
+    Where the GPU can drive the NIC itself (IBGDA on ConnectX) those puts cost nothing beyond their
+    bytes; where it cannot
+    (`physics.moecost.GangLinks.gpu_initiated` False: AWS EFA, which NVSHMEM reaches only through its
+    libfabric transport, a proxy-based one) one host proxy thread posts every one of them
+    (`physics.moecost.A2A_PROXY_MESSAGE_US`). Kernels that batch their writes are not bound by it:
+    UCCL-EP packs tokens per write and spreads them over 4 proxy threads (uccl-project/uccl
+    ep/include/uccl_transfer_device.cuh @48f4f395, kNumProxyThs = 4), pplx-garden writes once per peer,
+    DeepEP's normal kernels send in chunks."""
 
 
 KERNELS: dict[str, A2AKernel] = {
     "deepep-normal": A2AKernel(True, sm_copy=True, source="DeepEP V1 normal kernels (calibration.yaml deepep-ht-*)"),
-    "deepep-ll": A2AKernel(False, sm_copy=True, source="DeepEP V1 low-latency kernels (calibration.yaml deepep-ll-*)"),
+    "deepep-ll": A2AKernel(False, sm_copy=True, message_puts=True,
+                           source="DeepEP V1 low-latency kernels (calibration.yaml deepep-ll-*)"),
     "pplx": A2AKernel(False, 0.49, 1.9,
                        source="pplx-kernels README, H100 (physics/data/published/moe.yaml PPLX-KERNELS): 20 points"),
     "nccl": A2AKernel(False, 0.13, 1.0, collective=True,

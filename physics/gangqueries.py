@@ -44,11 +44,13 @@ def gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbp
         positive(domain_gpus=domain_gpus)
     line, _ = fabric("nvswitch", gpu, gang)
     nic = link("tcp" if link_name == "tcp" else "rdma", gbps)
+    gpu_initiated = link_name != "efa"  # EFA: no GPU-initiated RDMA, a host proxy posts (moecost)
     if link_name == "efa":  # RDMA over AWS's SRD: its latency (topology/readers/spec.py)
         nic, link_name = replace(nic, latency_us=FABRICS["efa"][2]), "rdma"
     d = gang if link_name == "nvlink" else min(domain_gpus or GPUS_PER_NODE, gang)
     return moecost.GangLinks(carrier=link_name, domain_ranks=d, nvlink_gb_s=line,  # type: ignore[arg-type]
-                             nic_gb_s=nic.bandwidth_gb_s, nic_latency_us=nic.latency_us, sms=sms)
+                             nic_gb_s=nic.bandwidth_gb_s, nic_latency_us=nic.latency_us, sms=sms,
+                             gpu_initiated=gpu_initiated)
 
 
 def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, tokens: int = 0, prompts: int = 1,

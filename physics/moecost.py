@@ -79,6 +79,27 @@ copy loops; its benchmarks run them on 24 SMs, bench/test_intranode.py and test_
 reach 280 and 426 GB/s where the NVLink line allows ~690: the same bound. Priced for the kernels that
 copy as DeepEP's do (`a2akernels.A2AKernel.sm_copy`): what an SM moves depends on how the kernel copies
 (TMA or loads and stores), and the other kernels' SM budgets are recorded with their points, not priced."""
+A2A_PROXY_MESSAGE_US = 0.8
+"""What a host proxy thread takes to post one network write for a GPU that cannot post it itself
+(`GangLinks.gpu_initiated` False). AWS EFA has no GPU-initiated RDMA: NVSHMEM reaches it through its
+libfabric transport ("Support for the EFA provider using the libfabric transport", NVSHMEM 2.10.1
+release notes, docs.nvidia.com/nvshmem/release-notes-install-guide/prior-releases/release-2101.html,
+read 2026-12-04), a proxy-based transport, where a CPU thread issues the network operations the
+kernels ask for ("Device APIs on Proxy-Based Transport", NVSHMEM best-practice guide,
+docs.nvidia.com/nvshmem/release-notes-install-guide/best-practice-guide/device-apis.html, read
+2026-12-04). DeepEP V1's low-latency kernels post one write per (token, expert) pair bound for
+another node (`a2akernels.A2AKernel.message_puts`), so over EFA the call is message-bound, not
+byte-bound: on 2 and 4 p6-b200 nodes (ADAI-EP-B200 in physics/data/published/moe.yaml, 128
+tokens/rank, top-8) FP8 and BF16 dispatch take the same time (EP16 1017.9 vs 1029.7 us for dispatch
++ combine; EP32 1554.2 vs 1558.9), and the time grows with the remote pairs (512 per rank and call
+at EP16, 768 at EP32: 1.50x) 1.53x. Posting and sending overlap (the NIC sends what the thread posted
+before), so the call takes the longer of the two (added, a BF16 dispatch would take 80-115 us more
+than an FP8 one, its extra bytes at the NIC's share; it takes 5-12 us more). The least-squares value
+over those 4 points at the documented constants is 0.84 us per write, rounded here (the 4 points
+then read 0.93-1.02). The per-expert count and flag writes (one per remote expert each call) are left
+out: at these shapes a fifth of the data writes, inside the fitted value.
+A free constant of the fit (`a2a_proxy_message_us`), moved only by points that state their network;
+0 when no training point prices it."""
 CROSS_RAIL_FACTOR = 0.5
 """A gang whose NICs are not on the same rails: its traffic climbs to the spine, whose share of
 the line is the fabric's default oversubscription (`topology.Fabric.inter_rack_bandwidth_factor`)."""
@@ -132,6 +153,11 @@ class GangLinks:
     it (`pools.experts`); None: experts spread uniformly over the ranks."""
     sms: int = 0
     """SMs the all-to-all kernel runs on (its SM budget: DeepEP's `num_sms`); 0: as many as it needs."""
+    gpu_initiated: bool = True
+    """The GPU can post to the NIC itself (NVSHMEM's IBGDA transport on ConnectX); False: AWS EFA, which
+    has no GPU-initiated RDMA, so NVSHMEM drives it through its libfabric transport (EFA provider,
+    NVSHMEM 2.10.1 release notes), a proxy-based transport whose host thread posts what the kernels ask
+    (`A2A_PROXY_MESSAGE_US`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,8 +231,13 @@ def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, link
     sm_priced = links.sms > 0 and impl.sm_copy
     sm_bound = (inside + outside) / (links.sms * A2A_SM_GB_S * 1e9) if sm_priced else 0.0
     # the kernel's factor scales its share of the links; its SMs copy as DeepEP's do (`sm_copy`)
+    # a kernel that posts one write per remote (token, expert) pair, on a NIC the GPU cannot drive:
+    # one host proxy thread posts them while the NIC sends what it posted before, so the call takes
+    # the longer of the two (`A2A_PROXY_MESSAGE_US`)
+    proxied = impl.message_puts and not links.gpu_initiated and outside > 0
+    posting = tokens * k * outside_share * A2A_PROXY_MESSAGE_US * 1e-6 if proxied else 0.0
     seconds = max(max(inside / (nvlink * 1e9), outside / (net * 1e9) if outside else 0.0) / impl.bandwidth_factor,
-                  sm_bound)
+                  sm_bound, posting)
     return latency + seconds * 1e6
 
 

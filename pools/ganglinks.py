@@ -45,7 +45,8 @@ def gang_links(topology: Topology, p: ReplicaPlacement) -> GangLinks:
     else:
         carrier = "rdma"
     return GangLinks(carrier=carrier, domain_ranks=min(per_domain.values()), nvlink_gb_s=max(nvlink, 1.0),
-                     nic_gb_s=nic, nic_latency_us=fabric.latency_us)
+                     nic_gb_s=nic, nic_latency_us=fabric.latency_us,
+                     gpu_initiated=fabric.technology != "efa")  # EFA: a host proxy posts (moecost)
 
 
 def _nic_gb_s(topology: Topology, node: str, name: str | None) -> float | None:

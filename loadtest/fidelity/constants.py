@@ -76,6 +76,16 @@ def _kernel(name: str) -> tuple[Free, Free]:
                   f"{name}'s fixed cost relative to its family", name))
 
 
+def _datasheet_share(gpu: str) -> float:
+    """The most a part's `serving_share` can be: memory-bound steps reading at its data sheet's
+    bandwidth (`GpuSpec.memory_gb_s` x `decode_mbu` = `hbm_gb_s`), never faster."""
+    from physics import catalog, costmodel
+
+    spec = catalog.gpu(gpu)
+    share = spec.hbm_share if spec.hbm_share is not None else catalog.HBM_SHARE_DEFAULT
+    return 1.0 / (share * costmodel.DEFAULT.decode_mbu)
+
+
 STEP = "prefill decode pd-ttft pp-prefill moe"
 FREE: tuple[Free, ...] = (
     _free("prefill_mfu", "costmodel:DEFAULT.prefill_mfu", 0.3, 0.9, STEP,
@@ -119,11 +129,14 @@ FREE: tuple[Free, ...] = (
           needs="sms"),
     _free("a2a_net_round_trips", "moecost:A2A_NET_ROUND_TRIPS", 0.5, 30.0, "a2a",
           "network round trips a call waits on, each at the network's latency beyond RDMA's", needs="network"),
+    _free("a2a_proxy_message_us", "moecost:A2A_PROXY_MESSAGE_US", 0.05, 5.0, "a2a moe",
+          "one write a host proxy thread posts for a kernel on a NIC the GPU cannot drive (EFA)",
+          needs="network", prior=0.0),
     _free("a2a_latency_us", "moecost:A2A_LATENCY_US", 5.0, 120.0, "a2a moe",
           "one dispatch or combine call's fixed cost"),
     _free("a2a_nvlink_latency_us", "moecost:A2A_NVLINK_LATENCY_US", 2.0, 120.0, "a2a moe",
           "... of a call inside one NVLink domain (no NIC round trip)"),
-    *(_free(f"{gpu}.serving_share", f"catalog:gpus()[{gpu}].serving_share", 0.25, 2.0, STEP,
+    *(_free(f"{gpu}.serving_share", f"catalog:gpus()[{gpu}].serving_share", 0.25, _datasheet_share(gpu), STEP,
             f"what serving engines' memory-bound steps reach on {gpu}", gpu=gpu)
       for gpu in ("a100-sxm4", "h100-sxm", "h200-sxm", "h800-sxm", "h20", "b200", "gb200", "mi300x")),
     *(c for name in ("pplx", "nccl", "uccl-ep-normal", "uccl-ep-ll", "hybrid-ep", "deepep-v2", "mori-ep",

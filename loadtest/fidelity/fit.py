@@ -6,8 +6,9 @@ and judging the model on points it was not fitted to.
                 on log(predicted / published) (quadratic within a factor e^0.4 = 1.5, linear
                 beyond, so that one wild point cannot drag a constant), by golden-section search
                 on a log scale; a kernel no training point speaks for runs as its family's
-                reference (DeepEP's: factors 1); any other constant no point moves keeps its
-                documented value
+                reference (DeepEP's: factors 1), a part fewer than two sources speak for at its
+                measured share (`serving_share` 1: one source's points would make it that
+                source's correction); any other constant no point moves keeps its documented value
     cv          leave one source out: for every source, fit without its points, then predict
                 them; the report is on those held-out predictions only
 
@@ -96,6 +97,8 @@ def fit(training: Sequence[dict[str, Any]], predict: Predict, start: Mapping[str
     for _ in range(ROUNDS):
         for c in free:
             moved = [p for p in training if c.moves(p)]
+            if c.gpu and len({p["source_id"] for p in moved}) < 2:
+                moved = []  # a part's own factor only where two sources or more speak for it
             if not moved:
                 if c.name not in untouched:
                     untouched.append(c.name)
@@ -108,10 +111,16 @@ def fit(training: Sequence[dict[str, Any]], predict: Predict, start: Mapping[str
                     return loss(moved, predict)
 
             found, current = _golden(at, math.log(c.low), math.log(c.high)), values[c.name]
-            if current <= 0 or at(found) < at(math.log(current)) - 1e-12:
+
+            def flat(c: Free = c, at: Callable[[float], float] = at) -> bool:
+                return c.prior is not None and abs(at(math.log(c.low)) - at(math.log(c.high))) < 1e-12
+
+            if (current > 0 and at(found) < at(math.log(current)) - 1e-12) or (current <= 0 and not flat()):
                 values[c.name] = math.exp(found)
-            elif c.prior is not None and abs(at(math.log(c.low)) - at(math.log(c.high))) < 1e-12:
-                values[c.name] = c.prior  # a flat loss: the points cannot tell; never a value fitted to all
+            elif flat():
+                # the points cannot tell (a constant at a prior of 0 included: points that state its
+                # condition but none its mechanism prices); never a value fitted to all
+                values[c.name] = c.prior if c.prior is not None else values[c.name]
     with constants.applied(values):
         total = loss(training, predict)
     return Fit(values=values, untouched=tuple(untouched), loss=total)
