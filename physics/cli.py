@@ -29,7 +29,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
                        prompts=args.prompts, batch=args.batch or 0, context=args.context, domain_gpus=args.domain_gpus,
                        gbps=args.gbps, imbalance=args.imbalance, overlap=args.overlap, expert_parallel=not args.no_ep,
                        dtype=args.dtype, a2a=args.a2a, sms=args.sms, draft_tokens=args.draft_tokens,
-                       acceptance_rate=args.acceptance_rate, acceptance_length=args.acceptance_length)
+                       acceptance_rate=args.acceptance_rate, acceptance_length=args.acceptance_length,
+                       kv_dtype=args.kv_dtype)
     else:
         out = gangs.pp(args.model, args.gpu, args.tp, args.pp, args.phase, args.boundary.split(","),
                       tokens=args.tokens or 0, batch=args.batch or 0, context=args.context, gbps=args.gbps,
@@ -141,6 +142,8 @@ def _gang_parsers(kinds: Any) -> None:
     q.add_argument("--sms", type=int, default=0, help="SMs the all-to-all kernel runs on (default 0: unbounded)")
     q.add_argument("--dtype", choices=list(_WEIGHT_DTYPES),
                    help="weight format (default: the model's own): bf16, fp8, fp4/nvfp4, mxfp4, int4")
+    q.add_argument("--kv-dtype", choices=["bf16", "fp8"],
+                   help="KV-cache format (default bf16; fp8: MLA decode reads half the cache at the FP8 rate)")
     q.add_argument("--draft-tokens", type=int, default=0, help="decode with MTP: draft tokens per step")
     q.add_argument("--acceptance-rate", type=float, help="MTP: each draft's chance to be accepted")
     q.add_argument("--acceptance-length", type=float,

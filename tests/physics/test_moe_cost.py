@@ -177,15 +177,20 @@ def test_an_fp4_moe_checkpoint_keeps_its_attention_projections_in_bf16() -> None
     assert fp8_weights == pytest.approx(DEEPSEEK.dense_params_b * 1e9)
 
 
-def test_an_fp8_kv_cache_halves_mla_decode_attention_and_a_verify_attends_with_every_token() -> None:
+def test_an_fp8_kv_cache_halves_mla_decode_attention_and_a_verify_attends_with_every_token(
+        capsys: pytest.CaptureFixture[str]) -> None:
     """FP8 KV: half the bytes and the MLA decode kernel at the FP8 rate (TensorRT-LLM tech blog 3,
-    SGLang GB200 part II); a speculative verify of k + 1 tokens reads the KV once but attends with
-    each of them."""
+    SGLang GB200 part II), also asked of `cost moe --kv-dtype`; a speculative verify of k + 1
+    tokens reads the KV once but attends with each of them."""
     gang = links("nvlink", 8, 900.0)
     b200 = catalog.gpu("b200")
     bf16 = moe_step(DEEPSEEK, b200, 1, 8, gang, decodes=256, decode_context=8192)
     fp8 = moe_step(DEEPSEEK.with_dtypes(kv="fp8"), b200, 1, 8, gang, decodes=256, decode_context=8192)
     assert fp8.dense_ms < 0.6 * bf16.dense_ms
+    base = ("moe", "--model", "deepseek-v3", "--gpu", "b200", "--dp", "8", "--phase", "decode", "--batch", "256",
+            "--context", "8192", "--link", "nvlink")
+    plain, halved = cost(capsys, *base), cost(capsys, *base, "--kv-dtype", "fp8")
+    assert halved["dense_ms"] < 0.6 * plain["dense_ms"] and halved["experts_ms"] == pytest.approx(plain["experts_ms"])
     one = moe_step(DEEPSEEK, b200, 1, 8, gang, decodes=64, decode_context=32768)
     three = moe_step(DEEPSEEK, b200, 1, 8, gang, decodes=64, decode_context=32768, verify_tokens=3)
     assert three.dense_ms > 2 * one.dense_ms
