@@ -44,7 +44,7 @@ def gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbp
         positive(domain_gpus=domain_gpus)
     line, _ = fabric("nvswitch", gpu, gang)
     nic = link("tcp" if link_name == "tcp" else "rdma", gbps)
-    gpu_initiated = link_name != "efa"  # EFA: no GPU-initiated RDMA, a host proxy posts (moecost)
+    gpu_initiated = moecost.gpu_initiated(link_name)
     if link_name == "efa":  # RDMA over AWS's SRD: its latency (topology/readers/spec.py)
         nic, link_name = replace(nic, latency_us=FABRICS["efa"][2]), "rdma"
     d = gang if link_name == "nvlink" else min(domain_gpus or GPUS_PER_NODE, gang)

@@ -100,6 +100,17 @@ then read 0.93-1.02). The per-expert count and flag writes (one per remote exper
 out: at these shapes a fifth of the data writes, inside the fitted value.
 A free constant of the fit (`a2a_proxy_message_us`), moved only by points that state their network;
 0 when no training point prices it."""
+PROXY_NETWORKS = frozenset({"efa"})
+"""Networks with no GPU-initiated RDMA: a host proxy thread posts what the kernels ask
+(`GangLinks.gpu_initiated`, `A2A_PROXY_MESSAGE_US`)."""
+
+
+def gpu_initiated(network: str) -> bool:
+    """Whether the GPU can post to the NIC of this network (`topology` fabric technology or
+    `cost moe --link`) itself."""
+    return network not in PROXY_NETWORKS
+
+
 CROSS_RAIL_FACTOR = 0.5
 """A gang whose NICs are not on the same rails: its traffic climbs to the spine, whose share of
 the line is the fabric's default oversubscription (`topology.Fabric.inter_rack_bandwidth_factor`)."""

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from physics.costmodel import LOCAL, LinkCost
 from physics.gang import GangCost
-from physics.moecost import Carrier, GangLinks
+from physics.moecost import Carrier, GangLinks, gpu_initiated
 from pools.experts.effect import effect
 from pools.model import ExpertChoice, PlacementPlan, ReplicaPlacement
 from topology import GpuRef, LinkKind, Topology, bottleneck, islands, path
@@ -46,7 +46,7 @@ def gang_links(topology: Topology, p: ReplicaPlacement) -> GangLinks:
         carrier = "rdma"
     return GangLinks(carrier=carrier, domain_ranks=min(per_domain.values()), nvlink_gb_s=max(nvlink, 1.0),
                      nic_gb_s=nic, nic_latency_us=fabric.latency_us,
-                     gpu_initiated=fabric.technology != "efa")  # EFA: a host proxy posts (moecost)
+                     gpu_initiated=gpu_initiated(fabric.technology))
 
 
 def _nic_gb_s(topology: Topology, node: str, name: str | None) -> float | None:

@@ -195,7 +195,7 @@ def gang_links(topology: Topology, ranks: int) -> GangLinks:
         return GangLinks(carrier="nvlink", domain_ranks=ranks, nvlink_gb_s=nvlink)
     return GangLinks(carrier="rdma", domain_ranks=max(top.size, 1), nvlink_gb_s=nvlink,
                      nic_gb_s=topology.fabric.nic_bandwidth_gb_s, nic_latency_us=topology.fabric.latency_us,
-                     gpu_initiated=topology.fabric.technology != "efa")  # EFA: a host proxy posts (moecost)
+                     gpu_initiated=moecost.gpu_initiated(topology.fabric.technology))
 
 
 def gang_options(topology: Topology, model: ModelSpec, gpu: GpuSpec, prompt: int, output: int, ttft_ms: float,

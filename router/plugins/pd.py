@@ -204,10 +204,9 @@ def kv_priced(p: Candidate, d: Candidate, tokens: int, topology: Topology | None
     replicas' GPUs: the named fallback paths (`costmodel.KV_*_FALLBACK`), tier `local` on one
     named node and `rdma` otherwise."""
     pe, de = p.endpoint, d.endpoint
-    expected, latency_ms, tier_name = kv_route(topology, pe.node, pe.gpus, de.node, de.gpus)
-    ms_per_byte = measured_ms_per_byte if measured_ms_per_byte > 0 and expected else expected
     model = _model(p)
-    latency_ms += costmodel.kv_layer_requests_ms(model, kv_request_queue(topology, pe.node, pe.gpus, de.node, de.gpus))
+    expected, latency_ms, tier_name = kv_route(model, topology, pe.node, pe.gpus, de.node, de.gpus)
+    ms_per_byte = measured_ms_per_byte if measured_ms_per_byte > 0 and expected else expected
     kv = costmodel.kv_bytes(model, tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0
     return kv, tier_name, expected, latency_ms
 
@@ -223,20 +222,15 @@ _SAME_NODE = costmodel.kv_handover_rate([costmodel.KV_SAME_NODE_FALLBACK])
 _CROSS_NODE = costmodel.kv_handover_rate([costmodel.KV_CROSS_NODE_FALLBACK])
 
 
-def kv_route(topology: Topology | None, pnode: str, pgpus: tuple[int, ...], dnode: str, dgpus: tuple[int, ...]
-             ) -> KvRoute:
+def kv_route(model: catalog.ModelSpec, topology: Topology | None, pnode: str, pgpus: tuple[int, ...], dnode: str,
+             dgpus: tuple[int, ...]) -> KvRoute:
     """The KV paths between two replicas, prefill rank i to decode rank i (as the engines move
-    it; the simulator's `loadtest.sim.network.legs` too), priced, with the tier of all their GPUs.
-    A function of the (immutable) topology and the two GPU groups, so remembered: a PD decision
-    weighs every prefill/decode pair."""
-    return _route(topology, pnode, pgpus, dnode, dgpus)[1]
-
-
-def kv_request_queue(topology: Topology | None, pnode: str, pgpus: tuple[int, ...], dnode: str,
-                     dgpus: tuple[int, ...]) -> int:
-    """Ranks whose per-layer transfer requests queue on the pair's busiest NIC
-    (`costmodel.kv_request_queue`), remembered with `kv_route`."""
-    return _route(topology, pnode, pgpus, dnode, dgpus)[2]
+    it; the simulator's `loadtest.sim.network.legs` too), priced, with the tier of all their GPUs;
+    the latency includes the `model`'s per-layer transfer requests, queued on the pair's busiest
+    NIC (`costmodel.kv_requests_ms`). The paths are a function of the (immutable) topology and the
+    two GPU groups, so remembered: a PD decision weighs every prefill/decode pair."""
+    _, (ms_per_byte, latency_ms, tier_name), queue = _route(topology, pnode, pgpus, dnode, dgpus)
+    return ms_per_byte, latency_ms + costmodel.kv_layer_requests_ms(model, queue), tier_name
 
 
 def _route(topology: Topology | None, pnode: str, pgpus: tuple[int, ...], dnode: str, dgpus: tuple[int, ...]

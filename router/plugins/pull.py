@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from physics import catalog, costmodel
 from router.plugins.model import Candidate, ReplicaLoad, RouteRequest
-from router.plugins.pd import kv_request_queue, kv_route
+from router.plugins.pd import kv_route
 from router.plugins.ttft import FALLBACK_MODEL, hardware
 
 PULL_BACKLOG = 4.0
@@ -51,9 +51,8 @@ def pull_ms(req: RouteRequest, source: Candidate, target: Candidate, tokens: int
     """Moving `tokens` tokens of KV from `source`'s GPUs to `target`'s (rank i to rank i)."""
     s, t = source.endpoint, target.endpoint
     model = catalog.models().get(s.catalog_model or "") or catalog.model(FALLBACK_MODEL)
-    ms_per_byte, latency_ms, _ = kv_route(req.topology, s.node, s.gpus, t.node, t.gpus)
-    requests_ms = costmodel.kv_layer_requests_ms(model, kv_request_queue(req.topology, s.node, s.gpus, t.node, t.gpus))
-    return costmodel.kv_bytes(model, tokens) * ms_per_byte + latency_ms + requests_ms
+    ms_per_byte, latency_ms, _ = kv_route(model, req.topology, s.node, s.gpus, t.node, t.gpus)
+    return costmodel.kv_bytes(model, tokens) * ms_per_byte + latency_ms
 
 
 def backlog(load: ReplicaLoad, running_weight: float) -> float:
