@@ -9,6 +9,7 @@ cached ones each) and decodes (one token each, reading their context):
               context: a chunk attends over its earlier tokens, a mixed step sums per sequence)
     memory    (W / t + KV(all contexts read) / t) / (HBM mbu)       (weights read once per step)
     time      max(compute, memory)  +  a per-step constant  +  2 L all-reduces of T H 2 bytes
+              (a decode-only step: max(compute, W read) + KV read, `DecodeStep.ms`)
 F is the FP8 rate for FP8 weights on parts that have one. The per-step constant is a decode
 step's CUDA-graph replay, scheduling and sampling, or, for a step with prefill in it (run
 eagerly), a launch cost per layer. Prefill-decode interference follows: a decode step that shares
@@ -82,6 +83,9 @@ class LinkCost:
     hw: Hw = "nvlink"
     switched: bool = False
     """An NVSwitch (NVLS all-reduce possible when the GPU has it)."""
+    nvls: bool = True
+    """The engine lets NCCL run NVLS all-reduces (False: rings; SGLang's NCCL_NVLS_ENABLE=0,
+    `loadtest.fidelity.predict.engine_nvls`)."""
 
     @classmethod
     def of(cls, path: Path) -> LinkCost:
@@ -120,7 +124,7 @@ def allreduce_ms(message_bytes: float, tp: int, link: LinkCost, gpu: GpuSpec | N
     whose bottleneck is a network spans two nodes, the link being the one NIC path between them."""
     if tp <= 1 or link.bandwidth_gb_s == float("inf"):
         return 0.0
-    nvls = link.switched and gpu is not None and gpu.nvls
+    nvls = link.switched and link.nvls and gpu is not None and gpu.nvls
     if link.hw == "net":
         return collective_us("allreduce", message_bytes, tp, TP_LINK_FALLBACK.bandwidth_gb_s, "net", nodes=2,
                              node_gb_s=link.bandwidth_gb_s, net_latency_us=link.latency_us,
@@ -185,8 +189,14 @@ class DecodeStep:
         return _decode_step(model, gpu, tp, link, max(batch, 1), eff, max(ep, 1))
 
     def ms(self, context_tokens: int) -> float:
-        memory_s = (self.weights_bytes + self.kv_per_token * context_tokens / self.tp) / self.hbm_bytes_s
-        return max(memory_s, self.compute_s) * 1e3 + self.fixed_ms
+        """The GEMMs (weights read or FLOPs, whichever bounds them) plus the attention's KV read:
+        qkv_proj, rope, attention, o_proj run one kernel after another (vllm-project/vllm
+        vllm/model_executor/models/llama.py @0035bdf2b1ac243ef6f31eef27411b022461df8e,
+        LlamaAttention.forward): a large batch at long context pays both, the KV read never
+        hidden under the GEMMs' compute."""
+        weights_s = self.weights_bytes / self.hbm_bytes_s
+        kv_s = self.kv_per_token * context_tokens / self.tp / self.hbm_bytes_s
+        return (max(weights_s, self.compute_s) + kv_s) * 1e3 + self.fixed_ms
 
 
 @functools.lru_cache(maxsize=16384)

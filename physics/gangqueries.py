@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from physics import a2akernels, catalog, costmodel, moecost, pipeline
+from physics import a2akernels, catalog, costmodel, moecost, moeserving, pipeline
 from physics.queries import (
     GPUS_PER_NODE,
     LINKS,
@@ -55,7 +55,7 @@ def gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbp
 
 def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, tokens: int = 0, prompts: int = 1,
         batch: int = 0, context: int = 0, domain_gpus: int | None = None, gbps: float | None = None,
-        imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
+        imbalance: float | None = None, overlap: moecost.Overlap = False, expert_parallel: bool = True,
         dtype: str | None = None, a2a: str | None = None, sms: int = 0, draft_tokens: int = 0,
         acceptance_rate: float | None = None, acceptance_length: float | None = None,
         kv_dtype: str | None = None) -> dict[str, Any]:
@@ -116,6 +116,27 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
             "speculative": None if length is None else {"draft_tokens": draft_tokens, "acceptance_length": length,
                                                         "draft_ms": draft_ms, "verify_ms": step.total_ms},
             "tokens_per_s_per_gpu": per_rank / tp / (total_ms / 1e3) if total_ms > 0 else 0.0}
+
+
+def moe_run(model: str, gpu: str, tp: int, dp: int, link_name: str, *, batch: int, prompt: int, output: int,
+            max_num_tokens: int = moeserving.TRTLLM_MAX_NUM_TOKENS, domain_gpus: int | None = None,
+            gbps: float | None = None, dtype: str | None = None, kv_dtype: str | None = None) -> dict[str, Any]:
+    """A closed-loop serving run's steady state on an attention-DP + EP gang under in-flight
+    batching (`physics.moeserving`): `batch` requests in flight per DP rank of TP=`tp`."""
+    positive(tp=tp, dp=dp, batch=batch, prompt=prompt, output=output, max_num_tokens=max_num_tokens)
+    spec = model_spec(model, dtype, kv_dtype)
+    if spec.moe is None:
+        raise ValueError(f"{model} is a dense model: a gang run prices expert layers")
+    links = gang_links(link_name, gpu, tp * dp, domain_gpus, gbps)
+    tp_line, _ = fabric("nvswitch", gpu, tp)
+    tp_link = costmodel.LinkCost(bandwidth_gb_s=tp_line, latency_us=DEFAULTS[LinkKind.NVSWITCH].latency_us,
+                                 switched=True)
+    run = moeserving.closed_loop_run(spec, catalog.gpu(gpu), tp, dp, links, batch, prompt, output,
+                                     max_num_tokens=max_num_tokens, tp_link=tp_link)
+    return {"what": "moe-run", "model": model, "gpu": gpu, "tp": tp, "dp": dp, "batch": batch, "prompt": prompt,
+            "output": output, "max_num_tokens": max_num_tokens, "in_flight": run.in_flight,
+            "prompts_per_step": run.prompts_per_step, "prompt_share": run.prompt_share, "decode_ms": run.decode_ms,
+            "mixed_ms": run.mixed_ms, "ms": run.step_ms, "tokens_per_s_per_gpu": run.tokens_per_s_per_gpu}
 
 
 PP_LINKS = ("nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "tcp")

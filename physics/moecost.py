@@ -134,6 +134,13 @@ dense and MoE FFNs in NVFP4 (TensorRT-LLM tech blog 1, "Precision Strategy", NVI
 0f32018, 2025-09-25) runs q_b_proj in FP8 "different from the official NVIDIA checkpoint", i.e.
 BF16 there; gpt-oss's MXFP4 checkpoint quantises only the MoE weights. So on an FP4 MoE model the
 attention projections read 2 bytes a weight and run at the BF16 rate."""
+Overlap = bool | Literal["sbo", "combine"]
+"""How a step overlaps its all-to-all: False none; True two-batch overlap (`OVERLAP_EFFICIENCY`);
+single-batch overlap, the transfers streamed beside the GEMMs that produce them or need none of
+them, "sbo": the combine's sends beside the down GEMM, the dispatch's receives beside the shared
+expert (Ant Group on H20, +8-10 % decode throughput at batch 20-56: lm-sys/lm-sys.github.io 2896b37
+blog/2025-09-26-sglang-ant-group.md), "combine": "the combine communication with both the down GEMM
+and the shared experts" (SGLang GB200 part II, 0f32018). A call's fixed cost does not stream."""
 OVERLAP_EFFICIENCY = 0.5
 """Share of the shorter of compute and all-to-all that two-batch overlap hides (SGLang's TBO,
 vLLM's --enable-dbo): SGLang's ablation on 96 H100 (lmsys blog 2025-05-05) measured +25.5 % decode
@@ -207,8 +214,15 @@ def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, link
     """One dispatch (or combine) of `tokens` tokens per rank, each to `k` of `ep` ranks (module
     docstring), by the kernel `mode` names (`KERNELS`; "high-throughput" and "low-latency" are
     DeepEP's). `groups_per_token`: DeepSeek's group-limited routing (0: none)."""
+    return sum(a2a_parts(tokens, hidden, k, element_bytes, ep, links, mode, groups_per_token))
+
+
+def a2a_parts(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, links: GangLinks, mode: str,
+              groups_per_token: int = 0) -> tuple[float, float]:
+    """`a2a_us` as (the call's fixed cost, its transfer) in µs: only the transfer streams beside a
+    GEMM (`Overlap`); a collective's whole time is fixed."""
     if ep <= 1 or tokens <= 0:
-        return 0.0
+        return 0.0, 0.0
     impl = kernel(mode)
     token_bytes = hidden * element_bytes
     d = max(1, min(links.domain_ranks, ep))
@@ -218,7 +232,7 @@ def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, link
         hw: Hw = "nvlink" if nodes == 1 else "net"
         us = collective_us("alltoall", pairs, ep, links.nvlink_gb_s, hw, nodes=nodes, node_gb_s=links.nic_gb_s * d,
                            net_latency_us=links.nic_latency_us)
-        return us / impl.bandwidth_factor if impl.collective else us
+        return (us / impl.bandwidth_factor if impl.collective else us), 0.0
     share = None
     if links.outside_share is not None and links.carrier != "nvlink":
         share = min(max(links.outside_share, 0.0), 1.0)
@@ -249,7 +263,7 @@ def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, link
     posting = tokens * k * outside_share * A2A_PROXY_MESSAGE_US * 1e-6 if proxied else 0.0
     seconds = max(max(inside / (nvlink * 1e9), outside / (net * 1e9) if outside else 0.0) / impl.bandwidth_factor,
                   sm_bound, posting)
-    return latency + seconds * 1e6
+    return latency, seconds * 1e6
 
 
 def default_imbalance(pairs: float, ep: int) -> float:
@@ -316,6 +330,9 @@ class _Fixed:
     allreduce_ms: float
     overhead_ms: float
     imbalance: float
+    dispatch_stream_ms: float = 0.0  # of dispatch and combine, the transfers: what `Overlap` can hide
+    combine_stream_ms: float = 0.0
+    shared_ms: float = 0.0  # the shared expert's GEMMs, which need no dispatched token
 
 
 def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, tokens: int, prefill: bool,
@@ -336,26 +353,36 @@ def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, t
     expert_memory_s = touched * per_expert * model.expert_bytes / hbm
     experts_ms = moe.moe_layers * max(expert_compute_s, expert_memory_s) * 1e3
     dispatch_ms = combine_ms = 0.0
+    streams = (0.0, 0.0)
+    shared = moe.shared_experts * per_expert / tp
+    shared_ms = moe.moe_layers * max(2 * shared * tokens / (rate * mfu), shared * model.weight_bytes / hbm) * 1e3
     if expert_parallel and ep > 1:
         mode = a2a or ("high-throughput" if prefill else "low-latency")
         groups = moe.groups_per_token if moe.groups > 1 else 0
         dispatch_bytes = FP8_DISPATCH_BYTES if model.compute != "bf16" else float(BF16)
-        dispatch_ms = moe.moe_layers * a2a_us(tokens, model.hidden, moe.experts_per_token, dispatch_bytes, ep,
-                                              links, mode, groups) / 1e3
-        combine_ms = moe.moe_layers * a2a_us(tokens, model.hidden, moe.experts_per_token, float(BF16), ep, links,
-                                             mode, groups) / 1e3
+        sent = a2a_parts(tokens, model.hidden, moe.experts_per_token, dispatch_bytes, ep, links, mode, groups)
+        back = a2a_parts(tokens, model.hidden, moe.experts_per_token, float(BF16), ep, links, mode, groups)
+        dispatch_ms, combine_ms = moe.moe_layers * sum(sent) / 1e3, moe.moe_layers * sum(back) / 1e3
+        streams = moe.moe_layers * sent[1] / 1e3, moe.moe_layers * back[1] / 1e3
     reduces = model.layers * 2 - (moe.moe_layers if expert_parallel else 0)
     ar_ms = reduces * allreduce_ms(tokens * model.hidden * BF16, tp, tp_link, gpu) if tp > 1 else 0.0
     overhead_ms = model.layers * (eff.prefill_layer_overhead_ms if prefill else eff.decode_layer_overhead_ms) + (
         0.0 if prefill else eff.step_overhead_ms)
     return _Fixed(experts_ms=experts_ms, dispatch_ms=dispatch_ms, combine_ms=combine_ms, allreduce_ms=ar_ms,
-                  overhead_ms=overhead_ms, imbalance=load)
+                  overhead_ms=overhead_ms, imbalance=load, dispatch_stream_ms=streams[0], combine_stream_ms=streams[1],
+                  shared_ms=shared_ms)
 
 
-def _assemble(dense_ms: float, f: _Fixed, tokens: int, overlap: bool) -> MoEStep:
+def _assemble(dense_ms: float, f: _Fixed, tokens: int, overlap: Overlap) -> MoEStep:
     compute_ms = dense_ms + f.experts_ms + f.allreduce_ms
     a2a_ms = f.dispatch_ms + f.combine_ms
-    hidden = OVERLAP_EFFICIENCY * min(compute_ms, a2a_ms) if overlap else 0.0
+    down_ms = f.experts_ms / 3  # the down GEMM: one of an expert's three equal projections
+    if overlap == "sbo":
+        hidden = min(f.combine_stream_ms, down_ms) + min(f.dispatch_stream_ms, f.shared_ms)
+    elif overlap == "combine":
+        hidden = min(f.combine_stream_ms, down_ms + f.shared_ms)
+    else:
+        hidden = OVERLAP_EFFICIENCY * min(compute_ms, a2a_ms) if overlap else 0.0
     return MoEStep(dense_ms=dense_ms, experts_ms=f.experts_ms, dispatch_ms=f.dispatch_ms, combine_ms=f.combine_ms,
                    allreduce_ms=f.allreduce_ms, overhead_ms=f.overhead_ms,
                    total_ms=compute_ms + a2a_ms - hidden + f.overhead_ms, imbalance=f.imbalance,
@@ -368,7 +395,7 @@ def _attn_mfu(model: ModelSpec, eff: Efficiency, rate_mfu: float) -> float:
 
 def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks,
                 chunks: Sequence[tuple[int, int]], decodes: int, decode_context: int, *, tp_link: LinkCost = LOCAL,
-                imbalance: float | None = None, overlap: bool = False, expert_parallel: bool = True,
+                imbalance: float | None = None, overlap: Overlap = False, expert_parallel: bool = True,
                 eff: Efficiency = DEFAULT, a2a: str | None = None, queries: int = 1) -> MoEStep:
     """One engine step of every DP rank at once, each with prefill `chunks` as (new tokens, cached
     tokens before them) and `decodes` sequences reading `decode_context` tokens in all (the
@@ -415,7 +442,7 @@ class MoEDecode:
     kv_s_per_token: float
     fixed: _Fixed
     batch: int
-    overlap: bool
+    overlap: Overlap
 
     def step(self, context_tokens: int) -> MoEStep:
         dense_s = max(self.compute_s + self.attn_s_per_token * context_tokens,
@@ -428,7 +455,7 @@ class MoEDecode:
 
 @functools.lru_cache(maxsize=16384)
 def moe_decode(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, batch: int, tp_link: LinkCost,
-               imbalance: float | None, overlap: bool, expert_parallel: bool, eff: Efficiency,
+               imbalance: float | None, overlap: Overlap, expert_parallel: bool, eff: Efficiency,
                a2a: str | None = None, queries: int = 1) -> MoEDecode:
     if model.moe is None:
         raise ValueError(f"{model.name} is a dense model: no expert layers to price")
@@ -445,7 +472,7 @@ def moe_decode(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLink
 
 def moe_step(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, *, prefill_tokens: int = 0,
              prefill_context: int = 0, prefill_sequences: int = 1, decodes: int = 0, decode_context: int = 0,
-             tp_link: LinkCost = LOCAL, imbalance: float | None = None, overlap: bool = False,
+             tp_link: LinkCost = LOCAL, imbalance: float | None = None, overlap: Overlap = False,
              expert_parallel: bool = True, eff: Efficiency = DEFAULT, a2a: str | None = None,
              verify_tokens: int = 1) -> MoEStep:
     """`moe_forward` for the cost command: `prefill_tokens` new prompt tokens per rank (of

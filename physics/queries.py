@@ -89,19 +89,34 @@ def _echo(spec: ModelSpec, gpu: str) -> dict[str, Any]:
 
 
 def prefill(model: str, gpu: str, tp: int, tokens: int, context: int = 0, dtype: str | None = None,
-            link_name: str = "nvswitch", kv_dtype: str | None = None, sequences: int = 1) -> dict[str, Any]:
+            link_name: str = "nvswitch", kv_dtype: str | None = None, sequences: int = 1, *, chunk: int = 0,
+            nvls: bool = True) -> dict[str, Any]:
     """A prefill of `tokens` new tokens after `context` cached ones, on TP=`tp`; weights as `dtype`, KV as
-    `kv_dtype` (None: as catalogued); `sequences` such prompts in one step, each attending over its own."""
+    `kv_dtype` (None: as catalogued); `sequences` such prompts in one step, each attending over its own.
+    `chunk` > 0: one prompt prefilled `chunk` tokens a step (chunked prefill, an engine's token budget
+    per step), each chunk a step of its own over the cache the chunks before it wrote (`chunk_steps`).
+    `nvls` False: the TP all-reduces run without NVLink SHARP (`costmodel.LinkCost.nvls`)."""
     positive(tp=tp, tokens=tokens)
     if sequences < 1:
         raise ValueError(f"sequences must be at least 1, got {sequences}")
     if context < 0:
         raise ValueError(f"--context must be 0 or more, got {context}")
-    spec, tp_link = model_spec(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
-    ms = costmodel.forward_ms(spec, catalog.gpu(gpu), tp, tp_link, ((tokens, context),) * sequences, 0, 0)
+    if chunk < 0 or (chunk and sequences > 1):
+        raise ValueError(f"--chunk is 0 (one step) or a token budget for one prompt, got {chunk} for {sequences}")
+    spec, tp_link = model_spec(model, dtype, kv_dtype), replace(tp_link_of(link_name, gpu, tp), nvls=nvls)
+    part = catalog.gpu(gpu)
+    steps = chunk_steps(tokens, context, chunk) if chunk else (((tokens, context),) * sequences,)
+    ms = sum(costmodel.forward_ms(spec, part, tp, tp_link, step, 0, 0) for step in steps)
     return {"what": "prefill", "model": model, "gpu": gpu, "tp": tp, "tokens": tokens, "context": context,
-            "sequences": sequences,
+            "sequences": sequences, "chunk": chunk, "steps": len(steps), "nvls": nvls,
             **_echo(spec, gpu), "link": link_view(link_name, tp_link), "fits": _fits(spec, gpu, tp), "ms": ms}
+
+
+def chunk_steps(tokens: int, context: int, chunk: int) -> tuple[tuple[tuple[int, int]], ...]:
+    """The engine steps of a prompt of `tokens` after `context` cached ones prefilled at most
+    `chunk` tokens a step: each step's (new tokens, cached tokens before them). A chunked step reads
+    every weight again and pays its launches again; its attention covers the chunks before it."""
+    return tuple(((min(chunk, tokens - start), context + start),) for start in range(0, tokens, chunk))
 
 
 def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str | None = None,

@@ -8,6 +8,9 @@ Conventions the conversion applies, each written next to the points it concerns:
                           + generated tokens) / time" (a whole generate call: the prefill and every
                           decode step), or `tokens/s-per-gpu` of one static batch (output x batch /
                           the batch's whole latency / TP)
+    MoE "whole run"       a closed-loop run at fixed concurrency under in-flight batching (trtllm-bench):
+                          its steady state, prompts admitted beside decodes within `max_num_tokens`,
+                          the attention-DP ranks paced by the slowest (`physics.moeserving`)
     "end-to-end latency"  one offline batch: its prefill and every decode step
     a2a `p2p: false`      the kernel reaches its own node's peers through the NIC as well (NVSHMEM
                           P2P disabled: DeepEP's first low-latency kernels set NVSHMEM_DISABLE_P2P=1,
@@ -40,7 +43,7 @@ from loadtest.fidelity.fields import (
 from loadtest.fidelity.replay.closedloop import closed_loop_itl_ms
 from loadtest.fidelity.replay.distserve import predicted_attainment
 from loadtest.fidelity.replay.sharegpt import SOURCE
-from physics import a2akernels, moecost
+from physics import a2akernels, catalog, moecost, moeserving
 from physics import gangqueries as gangs
 from physics import queries as cost
 
@@ -326,9 +329,10 @@ def _moe(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
         batch = max(1.0, batch / dp)  # a benchmark's concurrency over every DP rank
     # a gang over several nodes ("nvlink + rdma") runs its all-to-all across the network
     link = "rdma" if "rdma" in str(p.get("link") or "").lower() else link_of(p)
-    # two-batch overlap only where the point says `overlap: true`: SGLang's GB200 part II overlaps
-    # the combine with the down GEMM and the shared expert ("not TBO"), another mechanism
-    tbo = p.get("overlap") is True
+    # two-batch overlap where the point says `overlap: true`; `overlap: sbo ...` or `combine ...`:
+    # single-batch overlap, as the source names it (`moecost.Overlap`)
+    said = str(p.get("overlap") or "").split(" ")[0].rstrip(":")
+    tbo: moecost.Overlap = "sbo" if said == "sbo" else "combine" if said == "combine" else p.get("overlap") is True
     prompt, output = num(p, "prompt_tokens"), num(p, "output_tokens")
     answer = gangs.moe(model, gpu, tp, int(dp), phase, link, tokens=int(tokens or 0),
                       prompts=int_of(p, "prompts", 1), batch=int(batch or 0), context=_moe_context(p, phase),
@@ -336,8 +340,11 @@ def _moe(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
                       dtype=weights, draft_tokens=draft, acceptance_length=length, kv_dtype=kv)
     per_gpu = float(answer["tokens_per_s_per_gpu"])
     if phase == "decode" and "whole run" in str(p.get("convention", "")) and prompt and output and not draft:
-        per_gpu = _moe_run_per_gpu(model, gpu, tp, int(dp), link, int(batch or 1), int(prompt), int(output),
-                                   int_of(p, "gpus_per_node", 8), num(p, "gbps"), weights, kv)
+        budget = int_of(p, "max_num_tokens", moeserving.TRTLLM_MAX_NUM_TOKENS)
+        per_gpu = float(gangs.moe_run(model, gpu, tp, int(dp), link, batch=int(batch or 1), prompt=int(prompt),
+                                      output=int(output), max_num_tokens=budget,
+                                      domain_gpus=int_of(p, "gpus_per_node", 8), gbps=num(p, "gbps"),
+                                      dtype=weights, kv_dtype=kv)["tokens_per_s_per_gpu"])
     if p["unit"] == "tokens/s-per-node":
         return per_gpu * int_of(p, "gpus_per_node", 8), ""
     if p["unit"] == "tokens/s-per-gpu":
@@ -356,27 +363,46 @@ def _moe_context(p: dict[str, Any], phase: str) -> int:
     return int((prompt or 0) + (output or 0) / 2)
 
 
-def _moe_run_per_gpu(model: str, gpu: str, tp: int, dp: int, link: str, batch: int, prompt: int, output: int,
-                     domain: int, gbps: float | None, weights: str | None, kv: str | None = None) -> float:
-    """Output tokens/s per GPU of a whole benchmark run whose requests arrive and finish together
-    (fixed lengths at a fixed concurrency): each rank prefills its `batch` prompts, then decodes
-    `output` steps whose context grows from the prompt (sampled, trapezoid between)."""
-    def step(phase: str, **kw: Any) -> float:
-        return float(gangs.moe(model, gpu, tp, dp, phase, link, domain_gpus=domain, gbps=gbps, dtype=weights,
-                              kv_dtype=kv, **kw)["ms"])
-
-    total_ms = step("prefill", tokens=batch * prompt, prompts=batch) + decoding_ms(
-        output, lambda t: step("decode", batch=batch, context=prompt + t))
-    return batch * output / (total_ms / 1e3) / tp
-
-
 def pd_ttft_ms(p: dict[str, Any], model: str, gpu: str) -> float:
-    """A disaggregated TTFT: the prefill on the prefill replica, its KV over the network to the
-    decode replica (each TP rank over its own NIC), the decode's first step, and the measured
-    system's PD path (`VLLM_PD_PATH_MS`)."""
+    """A disaggregated TTFT: the prefill on the prefill replica as its engine runs it (`engine_chunk`,
+    `engine_nvls`; the prompt with the chat template's tokens around it,
+    `template_tokens`), its KV over the network to the decode replica (each TP rank over its own
+    NIC), the decode's first step, and the measured system's PD path (`VLLM_PD_PATH_MS`)."""
     weights, kv_dtype = dtypes_of(p)
-    tp, tokens = int_of(p, "tp", 1), int_of(p, "tokens", 1)
-    pre = cost.prefill(model, gpu, tp, tokens, 0, weights, kv_dtype=kv_dtype)["ms"]
+    tp, tokens = int_of(p, "tp", 1), int_of(p, "tokens", 1) + int_of(p, "template_tokens", 0)
+    pre = cost.prefill(model, gpu, tp, tokens, 0, weights, kv_dtype=kv_dtype, chunk=engine_chunk(p, gpu),
+                       nvls=engine_nvls(p))["ms"]
     kv = cost.kv(model, tokens, link_of(p), num(p, "gbps"), tp, _nics(p))["ms"]
     first = cost.decode(model, gpu, tp, 1, tokens, weights, kv_dtype=kv_dtype)["ms"]
     return float(pre + kv + first + VLLM_PD_PATH_MS)
+
+
+VLLM_BIG_GPU_GIB = 70
+"""vLLM's V1 engine (chunked prefill always on) budgets `max_num_batched_tokens` by the GPU when
+the flag is not given: for the OpenAI API server 8192 tokens a step on a part with at least 70 GiB
+that is not an A100, else 2048 (vllm-project/vllm vllm/engine/arg_utils.py as of v0.11, the source
+that deprecates `disable_log_requests` for v0.12: `EngineArgs._set_default_args`, 'For GPUs like
+H100 and MI300x, use larger default values', the A100 kept small after vLLM PR #17885; later
+moved to `get_batch_defaults` unchanged)."""
+
+
+def engine_chunk(p: dict[str, Any], gpu: str) -> int:
+    """The tokens a step of the point's engine prefills at most: the point's `chunk` (0: chunked
+    prefill off), else vLLM's default for the part (`VLLM_BIG_GPU_GIB`), else one step."""
+    stated = num(p, "chunk")
+    if stated is not None:
+        return int(stated)
+    if "vllm" not in str(p.get("framework") or "").lower():
+        return 0
+    big = catalog.gpu(gpu).memory_gb * 1e9 >= VLLM_BIG_GPU_GIB * 2**30 and not gpu.startswith("a100")
+    return 8192 if big else 2048
+
+
+def engine_nvls(p: dict[str, Any]) -> bool:
+    """Whether the point's engine lets NCCL run NVLS all-reduces (`costmodel.LinkCost.nvls`).
+    SGLang does not: it starts NCCL with NCCL_NVLS_ENABLE=0 and NCCL_CUMEM_ENABLE=0 (which NVLS
+    needs) unless --enable-nccl-nvls / --enable-symm-mem (sgl-project/sglang
+    python/sglang/srt/entrypoints/engine.py `_set_envs_and_config`), so its TP all-reduces run
+    rings. vLLM forced NCCL_CUMEM_ENABLE=0 too until vllm-project/vllm#24141 (opened 2025-09-03,
+    merged) dropped it, so NCCL's tuner may pick NVLS under vLLM 0.11."""
+    return "sglang" not in str(p.get("framework") or "").lower()

@@ -170,3 +170,14 @@ def test_memory_and_capacity() -> None:
     assert costmodel.kv_capacity_tokens(m70, h100, 8) > costmodel.kv_capacity_tokens(m70, h100, 4) > 0
     assert costmodel.kv_capacity_tokens(m70, h100, 2) == 0  # 70.6 GB of weights per GPU leave no room
     assert costmodel.kv_bytes(catalog.model("llama-3.1-8b"), 1) == 32 * 2048 * 2
+
+
+def test_decode_attention_adds_to_the_gemms() -> None:
+    """A decode step's attention reads the KV after the GEMMs, not under them: a large batch at
+    long context pays the GEMMs' compute and the KV read one after the other."""
+    m, g = LLAMA2_70B, catalog.gpu("h200-sxm")
+    step = costmodel.DecodeStep.of(m, g, 1, costmodel.LOCAL, 512)
+    kv_ms = (step.ms(512 * 2048) - step.ms(0))
+    assert kv_ms == pytest.approx(m.kv_bytes_per_token() * 512 * 2048 / step.hbm_bytes_s * 1e3)
+    assert step.compute_s > step.weights_bytes / step.hbm_bytes_s  # the GEMMs are compute-bound here
+    assert step.ms(512 * 2048) == pytest.approx((step.compute_s * 1e3 + kv_ms) + step.fixed_ms)
