@@ -53,6 +53,12 @@ class GpuSpec:
     fp4_tflops: float | None = None
     """Dense FP4 tensor throughput (Blackwell); None: FP4 weights are weight-only (BF16 GEMMs)."""
     fp4_source: str = ""
+    sfu_tops: float | None = None
+    """Special-function results per second (tera) the part's SMs return, the exponentials of a
+    softmax among them: 16 per SM per clock on Ampere and Hopper (CUDA C++ Programming Guide,
+    arithmetic-instruction throughput) at the clock its tensor peak is quoted at (gpus.yaml).
+    None: not known (attention's exponentials not priced)."""
+    sfu_source: str = ""
     nvls: bool = False
     """Its NVSwitch does NVLink SHARP (NCCL's NVLS all-reduce)."""
     nvls_efficiency: float = 0.85
@@ -146,9 +152,18 @@ class ModelSpec:
     moe: MoESpec | None = None
     weight_dtype: str = ""
     """A `WEIGHT_DTYPES` name; empty: bf16 for 2 bytes, fp8 for 1."""
+    qk_head_dim: int = 0
+    """Per-head dimension of a query and key at prefill (0: `head_dim`). MLA attends at prefill
+    in its decompressed form: qk_nope_head_dim + qk_rope_head_dim (DeepSeek-V3: 128 + 64)."""
+    v_head_dim: int = 0
+    """Per-head dimension of a value at prefill (0: `head_dim`; DeepSeek-V3's v_head_dim 128)."""
     vocab: int = 0
-    """Vocabulary size (config.json vocab_size): the LM head a draft step reads again; 0: unknown
-    (no separate head read priced)."""
+    """Vocabulary size (config.json vocab_size): the LM head (vocab x hidden) a step multiplies
+    only at the positions it samples, and the input embedding a gather; 0: unknown (both priced
+    as body weights)."""
+    tied_embeddings: bool = False
+    """config.json tie_word_embeddings: the input embedding and the LM head are one matrix,
+    counted once in `params_b` and `active_params_b` (OPT); else two (Llama, Qwen, DeepSeek)."""
 
     @property
     def weight_format(self) -> str:
@@ -215,6 +230,22 @@ class ModelSpec:
     @property
     def dense_active_params_b(self) -> float:
         return max(self.active_params_b - self.routed_active_params_b, 0.0)
+
+    @property
+    def head_params_b(self) -> float:
+        """The LM head's parameters (billions): vocab x hidden."""
+        return self.vocab * self.hidden / 1e9
+
+    @property
+    def embedding_params_b(self) -> float:
+        """The input embedding's own matrix (billions; 0 when tied to the LM head)."""
+        return 0.0 if self.tied_embeddings else self.head_params_b
+
+    @property
+    def body_params_b(self) -> float:
+        """Active parameters every token multiplies: all but the input embedding and the LM head
+        (`physics.flops`)."""
+        return max(self.active_params_b - self.embedding_params_b - self.head_params_b, 0.0)
 
     def kv_bytes_per_token(self) -> float:
         return float(self.layers * self.kv_per_token_layer * self.kv_bytes)

@@ -4,9 +4,9 @@ the points; `python -m pools fidelity` prints model against measurement).
 
 A forward pass (one engine step) of T tokens on TP=t: prefill chunks (n new tokens after c
 cached ones each) and decodes (one token each, reading their context):
-    compute   2 P_active T / (t F mfu)  +  sum over chunks 4 L H (n^2/2 + n c) / (t F_bf16 mfu)
-              (the weights' FLOPs for every token; each sequence's causal attention over its own
-              context: a chunk attends over its earlier tokens, a mixed step sums per sequence)
+    compute   (2 P_body T + 2 V H S) / (t F mfu)  +  attention over sum of (n^2/2 + n c) pairs
+              (`physics.flops`: the body for every token, the LM head (V x H) for the S sequences
+              sampled, the embedding a gather; each sequence's causal attention over its context)
     memory    (W / t + KV(all contexts read) / t) / (HBM mbu)       (weights read once per step)
     time      max(compute, memory)  +  a per-step constant  +  2 L all-reduces of T H 2 bytes
               (a decode-only step: max(compute, W read) + KV read, `DecodeStep.ms`)
@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from physics.catalog import GpuSpec, ModelSpec
 from physics.collectives import BUS_EFFICIENCY, NVLS_HOPPER, Hw, collective_us
+from physics.flops import attention_s, step_flops
 from topology import GpuRef, LinkKind, Path, Topology, bottleneck
 from topology.kinds import DEFAULTS
 
@@ -61,6 +62,12 @@ class Efficiency:
     graph, each a few microseconds however small the batch (an MLA + MoE layer is a score of
     kernels). 0 in the documented constants (the calibration set's decode steps are folded into
     `step_overhead_ms`); the leave-one-source-out fit frees it."""
+    attention_mfu: float = 0.95
+    """Share of peak BF16 a prefill attention kernel's QK and PV matmuls reach, its exponentials
+    apart (`physics.flops.attention_s`: FlashAttention-3's H100 rates within 3 %). Free."""
+    seq_overhead_ms: float = 0.0
+    """Per sequence of a decode step beyond `step_overhead_ms` (host-side sampling per sequence):
+    0 here; the DistServe replay's vLLM 0.1.7 sets it (`loadtest.fidelity.replay.overheads`)."""
     prefill_layer_overhead_ms: float = 0.13
     """Per layer of a step that prefills (run eagerly, not from a CUDA graph: kernel launches and
     the small GEMMs' ramp): TensorRT-LLM v0.5 LLaMA-7B FP8 on H100 takes 7 ms for 128 tokens,
@@ -109,13 +116,13 @@ KV_CROSS_NODE_FALLBACK = Path(kind=LinkKind.RDMA, tier="rdma", bandwidth_gb_s=DE
 """... on other (or unnamed) nodes: one RDMA NIC pair (topology.kinds RDMA: InfiniBand NDR,
 50 GB/s, 3 us)."""
 
-TIER_QUALITY = {"local": 1.0, "nvlink": 1.0, "pcie": 0.45, "numa": 0.3, "rdma": 0.2, "tcp": 0.08, "rack": 0.05}
+TIER_QUALITY = {"local": 1.0, "nvlink": 1.0, "pcie": 0.43, "numa": 0.3, "rdma": 0.2, "tcp": 0.08, "rack": 0.05}
 """How good a TP group's tier is, in [0, 1] (the placement score and the router's
 link-tier-scorer). Inside a node it is this cost model's own ratio: a prefill of 8192 tokens of
-llama-3.1-8b at TP=2 on H100 runs 0.38x (NODE) to 0.47x (PIX) as fast over the PCIe default
-links as over NVSwitch, and 0.29x over the cross-socket (SYS) one (topology.kinds defaults;
+llama-3.1-8b at TP=2 on H100 runs 0.35x (NODE) to 0.44x (PIX) as fast over the PCIe default
+links as over NVSwitch, and 0.27x over the cross-socket (SYS) one (topology.kinds defaults;
 tests/physics/test_routing_costs.py checks it). Across nodes it is held below that ratio (by the
-same measure rdma 0.62, tcp 0.27): a TP group spread over nodes also shares their NICs with KV
+same measure rdma 0.59, tcp 0.25): a TP group spread over nodes also shares their NICs with KV
 transfers and other traffic, and is lost with either node."""
 
 
@@ -155,10 +162,9 @@ def forward_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, chunks: 
         pairs += n * n / 2 + n * c
         cached += c
     tokens = new + decodes
-    flops = 2 * model.active_params_b * 1e9 * tokens
+    flops = step_flops(model, tokens, len(chunks) + decodes)
     rate = gpu.tflops(model.compute) * 1e12 * (eff.fp8_mfu if gpu.low_precision(model.compute) else eff.prefill_mfu)
-    compute_s = flops / (tp * rate) + 4 * model.layers * pairs * model.hidden / (
-        tp * gpu.bf16_tflops * 1e12 * eff.prefill_mfu)
+    compute_s = flops / (tp * rate) + attention_s(model, gpu, pairs, eff.attention_mfu) / tp
     weights = weights_read_bytes(model, tokens, ep) * (1.0 + dequant_bytes(model, gpu) / model.weight_bytes)
     memory_s = (weights + model.kv_bytes_per_token() * (cached + decode_context)) / (
         tp * gpu.memory_gb_s * 1e9 * eff.decode_mbu)
@@ -202,12 +208,13 @@ class DecodeStep:
 @functools.lru_cache(maxsize=16384)
 def _decode_step(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, b: int, eff: Efficiency,
                  ep: int = 1) -> DecodeStep:
-    compute_s = 2 * model.active_params_b * 1e9 * b / (tp * gpu.tflops(model.compute) * 1e12 * eff.decode_mfu)
+    compute_s = step_flops(model, b, b) / (tp * gpu.tflops(model.compute) * 1e12 * eff.decode_mfu)
     comm_ms = model.layers * 2 * allreduce_ms(b * model.hidden * BF16, tp, link, gpu)
     weights = weights_read_bytes(model, b, ep) * (1.0 + dequant_bytes(model, gpu) / model.weight_bytes)
     return DecodeStep(weights_bytes=weights / tp, kv_per_token=model.kv_bytes_per_token(), tp=tp,
                       hbm_bytes_s=gpu.memory_gb_s * 1e9 * eff.decode_mbu, compute_s=compute_s,
-                      fixed_ms=comm_ms + eff.step_overhead_ms + model.layers * eff.decode_layer_overhead_ms)
+                      fixed_ms=comm_ms + eff.step_overhead_ms + model.layers * eff.decode_layer_overhead_ms
+                      + b * eff.seq_overhead_ms)
 
 
 def expected_experts(experts: int, per_token: int, tokens: float, skew: float = 0.0) -> float:
@@ -243,18 +250,20 @@ def dequant_bytes(model: ModelSpec, gpu: GpuSpec) -> float:
 
 def weights_read_bytes(model: ModelSpec, tokens: float, ep: int = 1) -> float:
     """Bytes of weights a step of `tokens` tokens reads: every dense weight (attention, dense
-    FFNs, shared experts, embeddings and head), and of the routed experts only those some token of
+    FFNs, shared experts, the LM head) but an untied input embedding (a gather: a row per token,
+    `physics.flops`), and of the routed experts only those some token of
     the step picked (`expected_experts`, with the model's routing skew): a small MoE decode batch
     reads a few experts per layer, a large one all of them. `ep` > 1: one data-parallel rank of
     an expert-parallel gang whose `ep` ranks each bring `tokens`; the rank (its TP group) holds
     1/ep of the experts."""
     moe = model.moe
+    gathered = model.embedding_params_b * 1e9 * model.weight_bytes
     if moe is None:
-        return model.weights_gb * 1e9
+        return model.weights_gb * 1e9 - gathered
     ep = max(ep, 1)
     touched = expected_experts(moe.routed_experts, moe.experts_per_token, max(tokens, 1.0) * ep, moe.routing_skew)
     experts = moe.moe_layers * touched / ep * moe.expert_params(model.hidden) * model.expert_bytes
-    return model.dense_params_b * 1e9 * model.weight_bytes + experts
+    return model.dense_params_b * 1e9 * model.weight_bytes - gathered + experts
 
 
 def speculative_tokens(acceptance_rate: float, draft_tokens: int) -> float:
@@ -277,10 +286,10 @@ def speculative_decode_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCos
     verify ms); TPOT is their sum over the acceptance length (`speculative_tokens`)."""
     b, k = max(batch, 1), max(draft_tokens, 0)
     verify_ms = DecodeStep.of(model, gpu, tp, link, b * (k + 1), eff).ms(context_tokens)
-    head_params_b = model.vocab * model.hidden / 1e9
-    layer_params_b = max(model.active_params_b - 2 * head_params_b, 0.0) / model.layers
+    head_params_b = model.head_params_b
+    layer_params_b = model.body_params_b / model.layers
     drafter = replace(model, layers=1, params_b=layer_params_b + head_params_b,
-                      active_params_b=layer_params_b + head_params_b, moe=None)
+                      active_params_b=layer_params_b + head_params_b, moe=None, tied_embeddings=True)
     draft_ms = k * DecodeStep.of(drafter, gpu, tp, link, b, eff).ms(context_tokens // max(model.layers, 1))
     return draft_ms, verify_ms
 

@@ -43,6 +43,7 @@ from physics.a2akernels import expected_ranks, kernel
 from physics.catalog import GpuSpec, ModelSpec
 from physics.collectives import RDMA_LATENCY_US, Hw, collective_us
 from physics.costmodel import BF16, DEFAULT, LOCAL, Efficiency, LinkCost, allreduce_ms, expected_experts, kv_shards
+from physics.flops import MLA_ROPE_DIM, attention_flops, attention_s
 
 Carrier = Literal["nvlink", "rdma", "cross-rail", "tcp"]
 CARRIERS: tuple[Carrier, ...] = ("nvlink", "rdma", "cross-rail", "tcp")
@@ -119,10 +120,6 @@ CROSS_RAIL_LATENCY_US = 2.0
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128
 """Bytes per element of an FP8 dispatch: the value plus one FP32 scale per 128 (DeepEP's format);
 BF16 models dispatch BF16. Combine is BF16 always (DeepEP, DeepSeek's inference overview)."""
-MLA_QK_DIM = 192
-MLA_V_DIM = 128
-"""DeepSeek-V3 MLA per-head dims at prefill (qk_nope 128 + qk_rope 64; v 128); at decode the
-absorbed form attends over the 576-wide latent (kv_lora_rank 512 + rope 64) and returns 512."""
 MLA_Q_LORA_RANK = 1536
 """DeepSeek-V3's query compression (config.json q_lora_rank): the query's down projection is
 hidden x 1536, its up projection 1536 x heads x 192."""
@@ -282,23 +279,26 @@ def attention_params_b(model: ModelSpec) -> float:
     and O."""
     h, heads = model.hidden, model.heads
     if model.attention == "mla":
-        latent = model.head_dim - 64
-        per = (h * MLA_Q_LORA_RANK + MLA_Q_LORA_RANK * heads * MLA_QK_DIM + h * model.head_dim
-               + latent * heads * (MLA_QK_DIM - 64 + MLA_V_DIM) + heads * MLA_V_DIM * h)
+        latent = model.head_dim - MLA_ROPE_DIM
+        qk, v = model.qk_head_dim or model.head_dim, model.v_head_dim or model.head_dim
+        per = (h * MLA_Q_LORA_RANK + MLA_Q_LORA_RANK * heads * qk + h * model.head_dim
+               + latent * heads * (qk - MLA_ROPE_DIM + v) + heads * v * h)
     else:
         per = h * (heads + 2 * model.kv_heads) * model.head_dim + heads * model.head_dim * h
     return min(per * model.layers / 1e9, model.dense_active_params_b)
 
 
-def _dense_parts(model: ModelSpec, gpu: GpuSpec, tp: int, mfu: float) -> tuple[float, float]:
-    """(seconds per token of the dense part's GEMMs, bytes of its weights per GPU): the attention
-    projections at their own format where it differs from the rest (`FP4_ATTENTION_BYTES`)."""
+def _dense_parts(model: ModelSpec, gpu: GpuSpec, tp: int, mfu: float) -> tuple[float, float, float]:
+    """(seconds per token of the dense part's GEMMs, the LM head's seconds per sampled position,
+    bytes of its weights per GPU): the attention projections at their own format where it differs
+    from the rest (`FP4_ATTENTION_BYTES`); the embedding a gather (`physics.flops`)."""
     rate = gpu.tflops(model.compute) * 1e12
     attn = attention_params_b(model) * 1e9 if model.compute == "fp4" else 0.0
-    rest_active = model.dense_active_params_b * 1e9 - attn
+    rest_active = (model.dense_active_params_b - model.embedding_params_b - model.head_params_b) * 1e9 - attn
     per_token = 2 * rest_active / (tp * rate * mfu) + 2 * attn / (tp * gpu.bf16_tflops * 1e12 * mfu)
-    weights = (model.dense_params_b * 1e9 - attn) * model.weight_bytes + attn * FP4_ATTENTION_BYTES
-    return per_token, weights / tp
+    weights = (model.dense_params_b - model.embedding_params_b) * 1e9 * model.weight_bytes - attn * (
+        model.weight_bytes - FP4_ATTENTION_BYTES)
+    return per_token, 2 * model.head_params_b * 1e9 / (tp * rate * mfu), weights / tp
 
 
 def _attn_rate(model: ModelSpec, gpu: GpuSpec) -> float:
@@ -308,16 +308,6 @@ def _attn_rate(model: ModelSpec, gpu: GpuSpec) -> float:
     if model.attention == "mla" and model.kv_bytes == 1 and gpu.fp8_tflops:
         return gpu.fp8_tflops * 1e12
     return gpu.bf16_tflops * 1e12
-
-
-def attention_flops(model: ModelSpec, pairs: float, decode: bool) -> float:
-    """FLOPs of attention over `pairs` (query, cached key) pairs in every layer."""
-    if model.attention == "mla":
-        latent = model.head_dim
-        per = 2 * model.heads * (latent + latent - 64) if decode else 2 * model.heads * (MLA_QK_DIM + MLA_V_DIM)
-    else:
-        per = 4 * model.heads * model.head_dim
-    return float(per) * pairs * model.layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,9 +410,9 @@ def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLin
     tokens = int(new) + decodes
     rate = gpu.tflops(model.compute) * 1e12
     mfu = eff.fp8_mfu if rate != gpu.bf16_tflops * 1e12 else eff.prefill_mfu
-    bf16 = tp * gpu.bf16_tflops * 1e12
-    per_token, weights = _dense_parts(model, gpu, tp, mfu)
-    compute_s = (per_token * tokens + attention_flops(model, pairs, False) / (bf16 * eff.prefill_mfu)
+    per_token, head, weights = _dense_parts(model, gpu, tp, mfu)
+    compute_s = (per_token * tokens + head * (len(chunks) + decodes)
+                 + attention_s(model, gpu, pairs, eff.attention_mfu) / tp
                  + attention_flops(model, float(decode_context) * max(queries, 1), True) / (
                      tp * _attn_rate(model, gpu) * _attn_mfu(model, eff, eff.decode_mfu)))
     memory_s = (weights + model.kv_bytes_per_token() * (cached + decode_context) / kv_shards(model, tp)) / (
@@ -463,8 +453,8 @@ def moe_decode(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLink
     hbm = gpu.memory_gb_s * 1e9 * eff.decode_mbu
     per_pair = attention_flops(model, float(max(queries, 1)), True) / (
         tp * _attn_rate(model, gpu) * _attn_mfu(model, eff, eff.decode_mfu))
-    per_token, weights = _dense_parts(model, gpu, tp, eff.decode_mfu)
-    return MoEDecode(compute_s=per_token * b, attn_s_per_token=per_pair, weights_s=weights / hbm,
+    per_token, head, weights = _dense_parts(model, gpu, tp, eff.decode_mfu)
+    return MoEDecode(compute_s=(per_token + head) * b, attn_s_per_token=per_pair, weights_s=weights / hbm,
                      kv_s_per_token=model.kv_bytes_per_token() / kv_shards(model, tp) / hbm,
                      fixed=_fixed(model, gpu, tp, dp, links, b, False, tp_link, imbalance, expert_parallel, eff, a2a),
                      batch=b, overlap=overlap)

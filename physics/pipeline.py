@@ -52,15 +52,19 @@ class PipelineStep:
 
 def stage_model(model: ModelSpec, pp: int, stage: int) -> ModelSpec:
     """The share of `model` stage `stage` of `pp` holds: its layers (vLLM splits them evenly,
-    the first stages taking one more when they do not divide), weights and KV in proportion."""
+    the first stages taking one more when they do not divide), weights and KV in proportion; the
+    LM head (and an untied embedding, a gather) on the last stage, which samples."""
     base, extra = divmod(model.layers, pp)
     layers = base + (1 if stage < extra else 0)
     share = layers / model.layers
     moe = model.moe
     if moe is not None:
         moe = replace(moe, moe_layers=max(0, round(moe.moe_layers * share)))
-    return replace(model, layers=layers, params_b=model.params_b * share,
-                   active_params_b=model.active_params_b * share, moe=moe)
+    ends = model.embedding_params_b + model.head_params_b if stage == pp - 1 else 0.0
+    outer = model.embedding_params_b + model.head_params_b
+    return replace(model, layers=layers, params_b=(model.params_b - outer) * share + ends,
+                   active_params_b=(model.active_params_b - outer) * share + ends, moe=moe,
+                   vocab=model.vocab if stage == pp - 1 else 0)
 
 
 def boundary_ms(tokens: int, hidden: int, link: LinkCost) -> float:

@@ -90,6 +90,8 @@ STEP = "prefill decode pd-ttft pp-prefill moe"
 FREE: tuple[Free, ...] = (
     _free("prefill_mfu", "costmodel:DEFAULT.prefill_mfu", 0.3, 0.9, STEP,
           "share of peak BF16 a prefill GEMM reaches"),
+    _free("attention_mfu", "costmodel:DEFAULT.attention_mfu", 0.4, 1.0, STEP,
+          "share of peak BF16 a prefill attention kernel's matmuls reach (its exponentials priced apart)"),
     _free("fp8_mfu", "costmodel:DEFAULT.fp8_mfu", 0.25, 0.9, STEP,
           "share of peak FP8/FP4 a low-precision GEMM reaches"),
     _free("decode_mfu", "costmodel:DEFAULT.decode_mfu", 0.1, 0.8, STEP, "share of peak a decode step's GEMMs reach"),
@@ -143,7 +145,7 @@ FREE: tuple[Free, ...] = (
                      "mori-ep-ll", "pplx-garden", "trtllm-nvlink-one-sided") for c in _kernel(name)),
 )
 CACHED = ("physics.collectives:_collective_us", "physics.costmodel:_decode_step", "physics.moecost:moe_decode",
-          "loadtest.fidelity.replay.closedloop:closed_loop", "loadtest.fidelity.replay.distserve:predicted_attainment")
+          "loadtest.fidelity.replay.closedloop:closed_loop", "loadtest.fidelity.replay.distserve:replay")
 """Functions whose caches hold results computed with the constants."""
 
 

@@ -20,8 +20,10 @@ Conventions the conversion applies, each written next to the points it concerns:
                           (DeepEP, UCCL-EP, MoRI, HybridEP internode tests); rows-received: every
                           token row a rank receives, its own included (their intranode tests);
                           remote-nodes: once per node other than its own
-    pp-prefill            one prompt streamed through the stages in chunks (the point's chunk, or
-                          the engine default), stages of a node joined by NVLink, nodes by RDMA
+    pp-prefill            one prompt streamed through the stages in chunks (the point's chunk; where
+                          the measurement does not state it, the source's own launch example for
+                          that model and parallelism, `chunk_example`; else the engine default),
+                          stages of a node joined by NVLink, nodes by RDMA
 A point the model cannot price (a condition not stated, a model or GPU the catalogue lacks, a
 measurement under an open-loop load) gets None and the reason.
 """
@@ -46,6 +48,7 @@ from loadtest.fidelity.replay.sharegpt import SOURCE
 from physics import a2akernels, catalog, moecost, moeserving
 from physics import gangqueries as gangs
 from physics import queries as cost
+from physics.pipeline import PP_CHUNK_TOKENS
 
 OPS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter", "alltoall": "alltoall",
        "all_to_all": "alltoall"}
@@ -192,7 +195,7 @@ def _pp_prefill(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, 
     per_node = int_of(p, "gpus_per_node", 8)
     stages_per_node = max(1, per_node // tp)
     boundaries = ["nvswitch" if (b + 1) % stages_per_node else "rdma" for b in range(stages - 1)]
-    chunk = int_of(p, "chunk", 8192)
+    chunk = int_of(p, "chunk", int_of(p, "chunk_example", PP_CHUNK_TOKENS))
     if stages == 1:
         answer = gangs.pp(model, gpu, tp, 1, "prefill", [], tokens=tokens, dtype=weights, chunk=chunk)
     else:

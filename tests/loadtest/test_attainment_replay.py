@@ -99,9 +99,11 @@ def test_the_measured_engines_step_costs_come_from_the_rate_1_run_alone() -> Non
     assert round(derived.prefill_ms, 2) == overheads.VLLM017_RAY_PREFILL_STEP_MS
     assert len(derived.decode_requests) == 28 and len(derived.prefill_requests) == 7  # the docstrings' counts
     intercept, per_seq = derived.decode_line_ms
-    assert 0.5 < per_seq < 0.8 and 5.0 < intercept < 6.0  # why a per-sequence field would fit it better
+    assert (round(intercept, 2), round(per_seq, 2)) == (overheads.VLLM017_RAY_DECODE_BASE_MS,
+                                                        overheads.VLLM017_RAY_DECODE_SEQ_MS)
     eff = distserve.distserve_config().efficiency
-    assert eff.step_overhead_ms == overheads.VLLM017_RAY_DECODE_STEP_MS
+    assert (eff.step_overhead_ms, eff.seq_overhead_ms) == (overheads.VLLM017_RAY_DECODE_BASE_MS,
+                                                           overheads.VLLM017_RAY_DECODE_SEQ_MS)
     assert eff.prefill_layer_overhead_ms * catalog.model("opt-13b").layers == pytest.approx(
         overheads.VLLM017_RAY_PREFILL_STEP_MS)
     # a property of the measured engine, not of the product's

@@ -65,7 +65,12 @@ def test_deepep_low_latency_figures_are_reproduced() -> None:
 
 
 def test_published_wide_ep_throughput_within_a_quarter() -> None:
-    calibration = {p["id"] for p in fidelity.points() if p["file"] == "calibration.yaml"}
+    """Every calibration point run with the routing the model prices (uniform, group-limited: its
+    statistical imbalance). A point run on a measured expert distribution (`routing: measured`,
+    SGLang's default EP32 prefill, 18 % slower than the same run under simulated perfect EPLB by
+    the source's own two rows) is reported by the fidelity run, not held to this bound."""
+    calibration = {p["id"] for p in fidelity.points()
+                   if p["file"] == "calibration.yaml" and p.get("routing") != "measured"}
     rows = [r for r in fidelity.rows() if r.kind == "moe" and r.id in calibration]
     assert len(rows) >= 4
     assert all(r.within for r in rows), [(r.id, r.ratio) for r in rows]
@@ -168,13 +173,15 @@ def test_an_fp4_moe_checkpoint_keeps_its_attention_projections_in_bf16() -> None
     assert moecost.attention_params_b(DEEPSEEK) == pytest.approx(11.41, abs=0.01)
     fp4 = DEEPSEEK.with_dtypes("nvfp4")
     b200 = catalog.gpu("b200")
-    per_token, weights = moecost._dense_parts(fp4, b200, 1, 0.35)
-    assert weights > fp4.dense_params_b * 1e9 * fp4.weight_bytes + 11e9 * (2 - fp4.weight_bytes)
-    all_fp4 = 2 * fp4.dense_active_params_b * 1e9 / (b200.tflops("fp4") * 1e12 * 0.35)
+    per_token, _, weights = moecost._dense_parts(fp4, b200, 1, 0.35)
+    assert weights > (fp4.dense_params_b - fp4.embedding_params_b) * 1e9 * fp4.weight_bytes + 11e9 * (
+        2 - fp4.weight_bytes)
+    body = fp4.dense_active_params_b - fp4.embedding_params_b - fp4.head_params_b  # per token: no gather, no head
+    all_fp4 = 2 * body * 1e9 / (b200.tflops("fp4") * 1e12 * 0.35)
     assert per_token > 3 * all_fp4
     # an FP8 checkpoint is FP8 throughout
-    _, fp8_weights = moecost._dense_parts(DEEPSEEK, b200, 1, 0.35)
-    assert fp8_weights == pytest.approx(DEEPSEEK.dense_params_b * 1e9)
+    _, _, fp8_weights = moecost._dense_parts(DEEPSEEK, b200, 1, 0.35)  # the input embedding a gather
+    assert fp8_weights == pytest.approx((DEEPSEEK.dense_params_b - DEEPSEEK.embedding_params_b) * 1e9)
 
 
 def test_an_fp8_kv_cache_halves_mla_decode_attention_and_a_verify_attends_with_every_token(

@@ -37,11 +37,15 @@ RequestOutput per request back through Ray, which the api server turns into one 
 request (entrypoints/api_server.py stream_results) before the engine loop's next step
 (async_llm_engine.py run_engine_loop's `await asyncio.sleep(0)`).
 
-A constant is the closest `Efficiency` has: the same windows show the cost growing with the
-batch, 5.43 + 0.63 ms per sequence (least squares over those 28 requests, batch 1 to 11; at
-their median batch, 5, the line gives 8.6 ms, near the median). A per-sequence term
-(`Efficiency.seq_overhead_ms`, added per sequence of a step to its fixed cost) would carry it;
-the constant under-prices steps of bigger batches (rate >= 2)."""
+The same windows show the cost growing with the batch: the replay prices the line, not the
+median (`VLLM017_RAY_DECODE_BASE_MS`, `VLLM017_RAY_DECODE_SEQ_MS`)."""
+VLLM017_RAY_DECODE_BASE_MS = 5.43
+VLLM017_RAY_DECODE_SEQ_MS = 0.63
+"""The decode step's cost beyond the physics as a line in the batch: 5.43 ms + 0.63 ms per
+sequence (least squares over the same 28 requests, batch 1 to 11; at their median batch, 5, 8.6
+ms, near the median), `Efficiency.step_overhead_ms` and `seq_overhead_ms` of the replay: the
+sampling loop, detokenization and the RequestOutput each sequence costs (above) grow with the
+batch, so a constant under-prices the bigger batches of rates >= 2."""
 VLLM017_RAY_PREFILL_STEP_MS = 25.08
 """What a step that prefills costs the measured engine beyond the cost model's physics (as
 `VLLM017_RAY_DECODE_STEP_MS`; spread over the model's layers as `prefill_layer_overhead_ms`).
@@ -141,7 +145,8 @@ def derive_step_overheads(rate_rps: float = 1.0, model: str = "opt-13b", gpu: st
 
 def vllm017_ray(model: catalog.ModelSpec) -> costmodel.Efficiency:
     """The cost model's efficiencies with the measured engine's step costs (vLLM 0.1.7 + Ray on
-    A100; `VLLM017_RAY_DECODE_STEP_MS`, `VLLM017_RAY_PREFILL_STEP_MS`) in place of the product
+    A100; `VLLM017_RAY_DECODE_BASE_MS` and `_SEQ_MS`, `VLLM017_RAY_PREFILL_STEP_MS`) in place of the product
     engine's: the prefill step's cost spread over `model`'s layers."""
-    return dataclasses.replace(costmodel.DEFAULT, step_overhead_ms=VLLM017_RAY_DECODE_STEP_MS,
+    return dataclasses.replace(costmodel.DEFAULT, step_overhead_ms=VLLM017_RAY_DECODE_BASE_MS,
+                               seq_overhead_ms=VLLM017_RAY_DECODE_SEQ_MS,
                                prefill_layer_overhead_ms=VLLM017_RAY_PREFILL_STEP_MS / model.layers)
