@@ -216,6 +216,12 @@ class UpstreamConfig(_Strict):
     retries: int = Field(default=2, ge=0, description="other replicas tried before the first byte")
     breaker_failures: int = Field(default=3, ge=1)
     breaker_open_s: float = Field(default=5.0, gt=0)
+    table_wait_s: float = Field(
+        default=5.0, ge=0, description="a request no replica in the router's view can take now (its PD pair "
+        "refused it before the first byte, or none is usable) waits this long for the controller's next routing "
+        "table and is routed again on it: the one a scale-in, restart or move published, which the router follows "
+        "every second; 503 or the upstream's error after it. Only under a controller (a static table never "
+        "changes); 0: answer at once")
     key_env: str | None = Field(default=None, description="the environment variable holding the key the engines "
                                 "want (vLLM's --api-key), sent with every request to them; under `isle run` and "
                                 "`serve deploy` the controller's own key is used whatever this says")

@@ -416,8 +416,10 @@ class Router:
             pd = self._pd_choice(call, snapshot, mixed)
             if pd is not None:
                 return self._waiting(call, response, started, pd=pd)
-            flight = Flight(self.flights, call, self._decide(call, snapshot).order(), response, started,
-                            call.payload, owner=True)
+            decision = self._decide(call, snapshot)
+            if decision.winner is None and self._table_wait_s() > 0:
+                return self._waiting(call, response, started)  # for the next table (`_serve`)
+            flight = Flight(self.flights, call, decision.order(), response, started, call.payload, owner=True)
         except BaseException:
             self.request_ended(call, "error")
             raise
@@ -574,17 +576,42 @@ class Router:
         except ApiError as err:
             send_error(response, err)
 
+    def _table_wait_s(self) -> float:
+        """How long a request nothing in this view can take waits for a newer table: only under a
+        controller (its tables carry an epoch; a static table never changes)."""
+        return self.config.upstream.table_wait_s if self.replicas.table.epoch else 0.0
+
     async def _serve(self, call: Call, pd: PDDecision | None, response: Responder, started: float) -> str:
-        if pd is not None:
-            try:
-                return await serve_pd(self.flights, call, pd, response, started, self.request_id(), self.spawn)
-            except ApiError as err:
-                if response.started or err.status < 500:
-                    raise
-                log.debug("PD pair %s/%s failed before the first byte (%s): a mixed replica serves it",
-                          pd.prefill.endpoint.replica_id, pd.decode.endpoint.replica_id, err.message)
-        if call.lora and self.loras is not None:
-            await self.loras.ensure(call.lora, self.replicas.snapshot, call.slo.sheddable)
-        decision = self._decide(call, self.replicas.snapshot())
-        flight = await fly(self.flights, call, decision.order(), response, started, call.payload)
-        return flight.outcome_or_raise()
+        """The PD pair, else (or when it failed before the first byte) a mixed replica. When neither
+        can take the request, this view is behind the cluster (the engines it lists were stopped
+        by a scale-in it has not followed yet, the one left is not in it, or was restarted on
+        another port): the request waits for the next table (`Replicas.newer`, up to
+        `upstream.table_wait_s`) and is routed again on it, as Ray Serve's router waits for its
+        replica set; then 503, or the pair's own error."""
+        loop = asyncio.get_running_loop()  # the wait's own clock (a test's request clock may stand still)
+        until = loop.time() + self._table_wait_s()
+        while True:
+            failed: ApiError | None = None
+            if pd is not None:
+                try:
+                    return await serve_pd(self.flights, call, pd, response, started, self.request_id(), self.spawn)
+                except ApiError as err:
+                    if response.started or err.status < 500:
+                        raise
+                    failed = err
+                    log.debug("PD pair %s/%s failed before the first byte (%s): a mixed replica serves it",
+                              pd.prefill.endpoint.replica_id, pd.decode.endpoint.replica_id, err.message)
+            if call.lora and self.loras is not None:
+                await self.loras.ensure(call.lora, self.replicas.snapshot, call.slo.sheddable)
+            decision = self._decide(call, self.replicas.snapshot())
+            if decision.winner is None:
+                left = until - loop.time()
+                if left > 0:
+                    await self.replicas.newer(left)  # then once more, on what it brought
+                    snapshot = self.replicas.snapshot()
+                    pd = self._pd_choice(call, snapshot, self._class_pools(call, snapshot))
+                    continue
+                if failed is not None:
+                    raise failed  # what the pair's engines said, not "no replica"
+            flight = await fly(self.flights, call, decision.order(), response, started, call.payload)
+            return flight.outcome_or_raise()

@@ -1,5 +1,6 @@
 """What the router knows about each replica right now: load scraped from the engine's /metrics
-(vLLM's names), its own in-flight count and latency, and a circuit breaker."""
+(vLLM's names), its own in-flight count and latency, and a circuit breaker; and, for a request
+that nothing in this view can take, a wait for the next routing table (`newer`)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ class Replicas:
         self.breaker_failures, self.breaker_open_s = breaker_failures, breaker_open_s
         self.kv_watch: KvWatch | None = None
         """The PD pairs' KV transfers (config `pd.kv_path`): decodes' NIXL counters go there."""
+        self._awaiting: list[asyncio.Future[None]] = []
+        """Requests waiting for a newer table (`newer`), woken by `follow`."""
 
     def follow(self, table: RoutingTable) -> None:
         """A newer routing table: keep what we learnt about replicas that stay."""
@@ -87,6 +90,32 @@ class Replicas:
         self.declared = _declared(table)
         self._mixed_for = {}
         self._learn_contexts()
+        awaiting, self._awaiting = self._awaiting, []
+        for waiter in awaiting:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    @property
+    def awaiting(self) -> int:
+        """Requests waiting for a newer table now."""
+        return len(self._awaiting)
+
+    async def newer(self, timeout_s: float) -> bool:
+        """Until `follow` takes a newer routing table (True), at most `timeout_s` (False). A
+        request that no replica of this view can take waits here for the table its cause
+        published: a scale-in that stopped the engines this view still lists, a replica restarted
+        on another port, one just started (the controller publishes each at once; the router
+        follows within a second)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._awaiting.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            if waiter in self._awaiting:
+                self._awaiting.remove(waiter)
+        return True
 
     def context(self, model: str) -> int | None:
         """The longest max_tokens every engine of `model` takes (vLLM refuses more than its
