@@ -98,7 +98,8 @@ def test_replan_after_a_node_fails(tmp_path: Path) -> None:
 
 def test_sizing_proposes_a_split_and_explains() -> None:
     topology = read_source("configs/clusters/low-affinity-pd.yaml")
-    interactive = SLOClass(name="interactive", priority=0, ttft_ms=500, tpot_ms=50)
+    # TPOT 30 ms binds the decode batch (at 50 ms a 70B TP4 decode already runs its 256-sequence cap)
+    interactive = SLOClass(name="interactive", priority=0, ttft_ms=300, tpot_ms=30)
     proposal = size(topology, "llama-3.1-70b", "azure-conv", [interactive])
     assert proposal.prefill.tp >= 4 and proposal.decode.tp >= 4  # 70B does not fit at tp=2 on 80 GB
     assert proposal.gpus <= 32 and proposal.prefill_replicas >= 1 and proposal.decode_replicas >= 1
