@@ -1,4 +1,4 @@
-"""All-to-all implementations as the MoE step prices them (`physics.moecost.a2a_us`): each
+"""All-to-all implementations as the MoE step prices them (`physics.alltoall.a2a_us`): each
 kernel's family (how it moves a token) and its factors against the family's reference figures.
 `cost moe --a2a NAME` names one."""
 
@@ -22,7 +22,7 @@ class A2AKernel:
     source: str = ""
     sm_copy: bool = False
     """Moves its bytes with DeepEP's own copy loops (warps loading and storing each token on the
-    SMs it is given), so an SM budget bounds it at `physics.moecost.A2A_SM_GB_S` per SM: DeepEP's
+    SMs it is given), so an SM budget bounds it at `physics.alltoall.A2A_SM_GB_S` per SM: DeepEP's
     kernels and the forks that keep their kernels (UCCL-EP: "the same interface and functionality
     as DeepEP", its bench/test_intranode.py "the same test_intranode.py test in DeepEP's repo",
     uccl-project/uccl 072a55c). Kernels that copy otherwise (Hybrid-EP's TMA, pplx's, MoRI's)
@@ -37,9 +37,9 @@ class A2AKernel:
     put per token and top-k slot whose rank NVLink does not reach, then one count per expert).
     Where the GPU can drive the NIC itself (IBGDA on ConnectX) those puts cost nothing beyond their
     bytes; where it cannot
-    (`physics.moecost.GangLinks.gpu_initiated` False: AWS EFA, which NVSHMEM reaches only through its
+    (`physics.alltoall.GangLinks.gpu_initiated` False: AWS EFA, which NVSHMEM reaches only through its
     libfabric transport, a proxy-based one) one host proxy thread posts every one of them
-    (`physics.moecost.A2A_PROXY_MESSAGE_US`). Kernels that batch their writes are not bound by it:
+    (`physics.alltoall.A2A_PROXY_MESSAGE_US`). Kernels that batch their writes are not bound by it:
     UCCL-EP packs tokens per write and spreads them over 4 proxy threads (uccl-project/uccl
     ep/include/uccl_transfer_device.cuh @48f4f395, kNumProxyThs = 4), pplx-garden writes once per peer,
     DeepEP's normal kernels send in chunks."""
@@ -73,7 +73,7 @@ family's constants fixed (physics/data/published/moe.yaml; `python -m pools fide
 prints the fit); "high-throughput" and "low-latency" name DeepEP's two, which set the families."""
 REFERENCE_KERNELS = frozenset({"deepep-normal", "deepep-ll"})
 """The families' references (DeepEP's kernels): their factors are 1 by definition. An SM budget is
-priced for the kernels that copy as they do (`A2AKernel.sm_copy`; `physics.moecost.A2A_SM_GB_S`)."""
+priced for the kernels that copy as they do (`A2AKernel.sm_copy`; `physics.alltoall.A2A_SM_GB_S`)."""
 MODE_KERNELS = {"high-throughput": "deepep-normal", "low-latency": "deepep-ll", "torch-alltoall": "nccl"}
 """Other names of `KERNELS` entries: DeepEP's two modes; torch.distributed's all_to_all (NCCL's)."""
 

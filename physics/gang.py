@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from physics import costmodel, moecost, pipeline
+from physics.alltoall import GangLinks
 from physics.catalog import GpuSpec, ModelSpec
 from physics.costmodel import DEFAULT, Efficiency, LinkCost
-from physics.moecost import GangLinks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from physics import a2akernels, catalog, costmodel, moecost, moeserving, pipeline
+from physics import a2akernels, alltoall, catalog, costmodel, moecost, moeserving, pipeline
 from physics.queries import (
     GPUS_PER_NODE,
     LINKS,
@@ -32,7 +32,7 @@ GANG_LINKS = ("nvlink", "rdma", "efa", "cross-rail", "tcp")
 
 
 def gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbps: float | None, sms: int = 0
-                ) -> moecost.GangLinks:
+                ) -> alltoall.GangLinks:
     """Where an EP gang's all-to-all runs: nvlink, the whole gang in one NVLink domain; otherwise
     `domain_gpus` of it per domain (default 8) joined by one NIC per GPU of `--gbps`; `sms` 0: unbounded."""
     if sms < 0 or link_name not in GANG_LINKS:
@@ -44,11 +44,11 @@ def gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbp
         positive(domain_gpus=domain_gpus)
     line, _ = fabric("nvswitch", gpu, gang)
     nic = link("tcp" if link_name == "tcp" else "rdma", gbps)
-    gpu_initiated = moecost.gpu_initiated(link_name)
+    gpu_initiated = alltoall.gpu_initiated(link_name)
     if link_name == "efa":  # RDMA over AWS's SRD: its latency (topology/readers/spec.py)
         nic, link_name = replace(nic, latency_us=FABRICS["efa"][2]), "rdma"
     d = gang if link_name == "nvlink" else min(domain_gpus or GPUS_PER_NODE, gang)
-    return moecost.GangLinks(carrier=link_name, domain_ranks=d, nvlink_gb_s=line,  # type: ignore[arg-type]
+    return alltoall.GangLinks(carrier=link_name, domain_ranks=d, nvlink_gb_s=line,  # type: ignore[arg-type]
                              nic_gb_s=nic.bandwidth_gb_s, nic_latency_us=nic.latency_us, sms=sms,
                              gpu_initiated=gpu_initiated)
 
@@ -186,14 +186,14 @@ def pp(model: str, gpu: str, tp: int, stages: int, phase: str, boundaries: list[
 def a2a(gpu: str, ep: int, tokens: int, hidden: int, topk: int, dtype: str, mode: str, link_name: str = "rdma",
         domain_gpus: int | None = None, gbps: float | None = None, groups_per_token: int = 0,
         sms: int = 0) -> dict[str, Any]:
-    """One dispatch or combine (`moecost.a2a_us`): `tokens` per rank to `topk` of `ep` ranks, `dtype` elements."""
+    """One dispatch or combine (`alltoall.a2a_us`): `tokens` per rank to `topk` of `ep` ranks, `dtype` elements."""
     positive(ep=ep, tokens=tokens, hidden=hidden, topk=topk)
     a2akernels.kernel(mode)
     if dtype not in A2A_DTYPES:
         raise ValueError(f"unknown dispatch dtype {dtype!r} (known: {', '.join(A2A_DTYPES)})")
     links = gang_links(link_name, gpu, ep, domain_gpus, gbps, sms)
-    element = moecost.FP8_DISPATCH_BYTES if dtype == "fp8" else float(costmodel.BF16)
-    us = moecost.a2a_us(tokens, hidden, topk, element, ep, links, mode, groups_per_token)
+    element = alltoall.FP8_DISPATCH_BYTES if dtype == "fp8" else float(costmodel.BF16)
+    us = alltoall.a2a_us(tokens, hidden, topk, element, ep, links, mode, groups_per_token)
     gb = tokens * topk * hidden * element / 1e9
     return {"what": "a2a", "gpu": gpu, "ep": ep, "tokens": tokens, "hidden": hidden, "topk": topk, "dtype": dtype,
             "mode": mode, "domain_gpus": links.domain_ranks, "us": us, "logical_gb_s": gb / (us * 1e-6) if us else 0.0}

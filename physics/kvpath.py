@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from physics import costmodel
+from physics import kvtransfer
 from physics.catalog import ModelSpec
 from topology import LinkKind, Path
 from topology.kinds import DEFAULTS
@@ -52,15 +52,15 @@ class KvPathFault:
                        via=TCP_CARRIER)
 
     def rate_gb_s(self, p: Path) -> float:
-        """One flow's KV rate on `p` under the fault (`costmodel.kv_rate_gb_s`)."""
-        return costmodel.kv_rate_gb_s(self.path(p)) * self.bandwidth_factor
+        """One flow's KV rate on `p` under the fault (`kvtransfer.kv_rate_gb_s`)."""
+        return kvtransfer.kv_rate_gb_s(self.path(p)) * self.bandwidth_factor
 
     def setup_ms(self, p: Path) -> float:
-        return costmodel.kv_setup_ms(self.path(p))
+        return kvtransfer.kv_setup_ms(self.path(p))
 
     def handover_ms(self, model: ModelSpec, tokens: int, paths: Sequence[Path]) -> float:
-        """`costmodel.kv_handover_ms` over the paths the bytes really take."""
-        return costmodel.kv_handover_ms(model, tokens, [self.path(p) for p in paths], self.bandwidth_factor)
+        """`kvtransfer.kv_handover_ms` over the paths the bytes really take."""
+        return kvtransfer.kv_handover_ms(model, tokens, [self.path(p) for p in paths], self.bandwidth_factor)
 
 
 NO_FAULT = KvPathFault()

@@ -36,9 +36,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from physics.alltoall import GangLinks
 from physics.catalog import GpuSpec, ModelSpec
 from physics.costmodel import DEFAULT, LOCAL, Efficiency, LinkCost
-from physics.moecost import GangLinks, moe_forward
+from physics.moecost import moe_forward
 
 TRTLLM_MAX_NUM_TOKENS = 8192
 """TensorRT-LLM's default token budget of one step (`max_num_tokens`, LLM API BuildConfig), when a

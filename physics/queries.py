@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from physics import catalog, collectives, costmodel
+from physics import catalog, collectives, costmodel, kvtransfer
 from physics.catalog import ModelSpec
 from physics.collectives import Hw
 from topology import LinkKind, Path
@@ -278,7 +278,7 @@ def _kv_paths(link_name: str, gbps: float | None, n: int, carriers: int | None =
 def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: int = 1,
        nics: int | None = None) -> dict[str, Any]:
     """Moving the KV cache of `tokens` tokens of `model` between two replicas: each of `tp` rank
-    pairs moves its shard at once over its own link (`costmodel.kv_handover_ms`; on a network,
+    pairs moves its shard at once over its own link (`kvtransfer.kv_handover_ms`; on a network,
     its own NIC of `--gbps`, or one of `nics` the node's ranks share)."""
     positive(tokens=tokens, tp=tp)
     if nics is not None:
@@ -289,11 +289,11 @@ def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: i
         raise ValueError(f"--gbps is a network rate: it goes with --link rdma or tcp, not {link_name}")
     spec = catalog.model(model)
     cost, paths = _kv_paths(link_name, gbps, tp, nics if link_name in NETWORK else None)
-    ms = costmodel.kv_handover_ms(spec, tokens, paths)
+    ms = kvtransfer.kv_handover_ms(spec, tokens, paths)
     carriers = len({p.via for p in paths})
     return {"what": "kv", "model": model, "tokens": tokens, "tp": tp, "gbps": gbps, "nics": carriers,
-            "kv_bytes": costmodel.kv_bytes(spec, tokens), "link": link_view(link_name, cost),
-            "achieved_gb_s": costmodel.kv_rate_gb_s(paths[0]) * carriers, "setup_ms": costmodel.kv_setup_ms(paths[0]),
+            "kv_bytes": kvtransfer.kv_bytes(spec, tokens), "link": link_view(link_name, cost),
+            "achieved_gb_s": kvtransfer.kv_rate_gb_s(paths[0]) * carriers, "setup_ms": kvtransfer.kv_setup_ms(paths[0]),
             "ms": ms}
 
 
@@ -302,15 +302,15 @@ def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails
     """The rate (GB/s) at which a payload of `size_bytes` moves between two hosts over `rails`
     links of this kind at once (a transfer engine's own benchmark: one payload, every NIC), from
     and to GPU memory, or (`memory` "dram") host DRAM, whose bandwidth bounds it
-    (`costmodel.KV_HOST_DRAM_GB_S`). `requests`: the transfer requests the payload is posted as
+    (`kvtransfer.KV_HOST_DRAM_GB_S`). `requests`: the transfer requests the payload is posted as
     (a benchmark's blocks in flight), spread over the NICs; each costs its NIC
-    `costmodel.KV_LAYER_REQUEST_US`, hidden behind the wire while the NIC has bytes to send (many
+    `kvtransfer.KV_LAYER_REQUEST_US`, hidden behind the wire while the NIC has bytes to send (many
     requests in flight), the bound when the blocks are small."""
     if memory not in ("gpu", "dram"):
         raise ValueError(f"memory {memory!r}: gpu or dram")
     _, paths = _kv_paths(link_name, gbps, rails)
-    ms_per_byte, setup_ms = costmodel.kv_handover_rate(paths)
+    ms_per_byte, setup_ms = kvtransfer.kv_handover_rate(paths)
     if memory == "dram":
-        ms_per_byte = max(ms_per_byte, 1e3 / (costmodel.KV_HOST_DRAM_GB_S * 1e9))
-    posting_ms = requests / max(rails, 1) * costmodel.KV_LAYER_REQUEST_US * 1e-3 if link_name in NETWORK else 0.0
+        ms_per_byte = max(ms_per_byte, 1e3 / (kvtransfer.KV_HOST_DRAM_GB_S * 1e9))
+    posting_ms = requests / max(rails, 1) * kvtransfer.KV_LAYER_REQUEST_US * 1e-3 if link_name in NETWORK else 0.0
     return size_bytes / ((max(size_bytes * ms_per_byte, posting_ms) + setup_ms) * 1e-3) / 1e9

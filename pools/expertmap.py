@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from physics import catalog
+from physics.alltoall import FP8_DISPATCH_BYTES, GangLinks
 from physics.costmodel import BF16
-from physics.moecost import FP8_DISPATCH_BYTES, GangLinks
 from pools.experts.load import ExpertLoad
 from pools.experts.metrics import Gang, gang_from_plan, replicas, route
 from pools.experts.objective import (

@@ -12,9 +12,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+from physics.alltoall import Carrier, GangLinks, gpu_initiated
 from physics.costmodel import LOCAL, LinkCost
 from physics.gang import GangCost
-from physics.moecost import Carrier, GangLinks, gpu_initiated
 from pools.experts.effect import effect
 from pools.model import ExpertChoice, PlacementPlan, ReplicaPlacement
 from topology import GpuRef, LinkKind, Topology, bottleneck, islands, path

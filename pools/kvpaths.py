@@ -33,7 +33,7 @@ class PairVerdict:
     measured_gb_s: float | None = None
     """The pair's moving mean (None: not measured yet)."""
     expected_gb_s: float | None = None
-    """What its path should carry (`physics.costmodel.kv_route`; None: a local handover)."""
+    """What its path should carry (`router.plugins.pd.kv_route`; None: a local handover)."""
     samples: int = 0
     avoided: bool = False
     """The router does not choose the pair now (`router.plugins.kvpath.open_to`)."""

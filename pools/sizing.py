@@ -23,9 +23,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from physics import catalog, costmodel, moecost
+from physics import alltoall, catalog, costmodel, moecost
+from physics.alltoall import GangLinks
 from physics.catalog import GpuSpec, ModelSpec
-from physics.moecost import GangLinks
 from pools.model import SLOClass
 from topology import Topology, bottleneck, cliques, islands
 
@@ -195,7 +195,7 @@ def gang_links(topology: Topology, ranks: int) -> GangLinks:
         return GangLinks(carrier="nvlink", domain_ranks=ranks, nvlink_gb_s=nvlink)
     return GangLinks(carrier="rdma", domain_ranks=max(top.size, 1), nvlink_gb_s=nvlink,
                      nic_gb_s=topology.fabric.nic_bandwidth_gb_s, nic_latency_us=topology.fabric.latency_us,
-                     gpu_initiated=moecost.gpu_initiated(topology.fabric.technology))
+                     gpu_initiated=alltoall.gpu_initiated(topology.fabric.technology))
 
 
 def gang_options(topology: Topology, model: ModelSpec, gpu: GpuSpec, prompt: int, output: int, ttft_ms: float,

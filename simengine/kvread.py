@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from physics import costmodel
+from physics import kvtransfer
 from physics.catalog import ModelSpec
 from simengine import pd
 from simengine.faults import Faults
@@ -70,7 +70,7 @@ class KvReader:
                 raise ApiError(500, "Internal server error", "InternalServerError")
             loop.call_later(delay_s, self.metrics.failure, peer)
             return KvRead(ms=ms, remote_prefill=False)
-        kv_bytes = costmodel.kv_bytes(self.model, tokens) * costmodel.kv_replication(self.model, len(paths))
+        kv_bytes = kvtransfer.kv_bytes(self.model, tokens) * kvtransfer.kv_replication(self.model, len(paths))
         post_s = max(fault.path.setup_ms(p) for p in paths) / 1000
         regions = self.model.layers * (1 if self.model.attention == "mla" else 2)  # K and V apart (FlashAttention)
         blocks = -(-tokens // self.block_size)

@@ -15,7 +15,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
-from physics import costmodel
+from physics import kvtransfer
 from physics.catalog import ModelSpec
 from topology import GpuRef, Path, Topology, path
 from wire.errors import ApiError
@@ -76,16 +76,16 @@ def prefill_params(engine_id: str, rid: str, host: str, port: int, tp: int, bloc
 def transfer_ms(model: ModelSpec, tokens: int, topology: Topology | None, source: Placement | None,
                 target: Placement | None) -> tuple[float, str]:
     """KV transfer time over the paths between the two replicas' GPUs, as the router prices it
-    (`costmodel.kv_handover_ms`: each rank pair moves its shard at once, pairs on one carrier
+    (`kvtransfer.kv_handover_ms`: each rank pair moves its shard at once, pairs on one carrier
     share it); without both placements in a topology, the same-node fallback path."""
     paths = kv_paths(topology, source, target)
-    worst = min(paths, key=costmodel.kv_rate_gb_s)
-    return costmodel.kv_handover_ms(model, tokens, paths), f"{worst.tier} via {worst.via}"
+    worst = min(paths, key=kvtransfer.kv_rate_gb_s)
+    return kvtransfer.kv_handover_ms(model, tokens, paths), f"{worst.tier} via {worst.via}"
 
 
 def kv_paths(topology: Topology | None, source: Placement | None, target: Placement | None) -> list[Path]:
     """One path per rank pair between the two replicas' GPUs; without both placements in a
     topology, the same-node fallback path (its `via` says it is assumed)."""
     if topology is None or source is None or target is None:
-        return [costmodel.KV_SAME_NODE_FALLBACK]
+        return [kvtransfer.KV_SAME_NODE_FALLBACK]
     return [path(topology, a, b) for a, b in zip(source.refs(), target.refs(), strict=False)]

@@ -45,7 +45,7 @@ from loadtest.fidelity.fields import (
 from loadtest.fidelity.replay.closedloop import closed_loop_itl_ms
 from loadtest.fidelity.replay.distserve import predicted_attainment
 from loadtest.fidelity.replay.sharegpt import SOURCE
-from physics import a2akernels, catalog, moecost, moeserving
+from physics import a2akernels, alltoall, catalog, moecost, moeserving
 from physics import gangqueries as gangs
 from physics import queries as cost
 from physics.pipeline import PP_CHUNK_TOKENS
@@ -271,7 +271,7 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
         reach = 1
     gbps = num(p, "gbps") if link != "nvlink" else None
     dispatch = str(p.get("dtype") or "bf16").split(" ")[0].lower()
-    element = moecost.FP8_DISPATCH_BYTES if dispatch == "fp8" else 2.0
+    element = alltoall.FP8_DISPATCH_BYTES if dispatch == "fp8" else 2.0
     ops = ["dispatch", "combine"] if p.get("op") == "both" else [str(p.get("op") or "dispatch")]
     us = 0.0
     groups = int_of(p, "groups_per_token", 0)
@@ -299,7 +299,7 @@ def counted_bytes(p: dict[str, Any], ep: int, tokens: int, hidden: int, topk: in
         return token * a2akernels.expected_ranks(ep, topk)
     domains = max(1, ep // per_node)
     groups = int_of(p, "groups_per_token", 0)
-    remote = moecost.remote_domains(domains, topk, groups)
+    remote = alltoall.remote_domains(domains, topk, groups)
     if count == "remote-nodes":
         return token * remote
     if count == "pairs":

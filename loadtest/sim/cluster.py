@@ -41,7 +41,7 @@ from loadtest.sim.model import (
 from loadtest.sim.network import Network, legs
 from loadtest.sim.replica import Phase, SimReplica, build_replicas
 from loadtest.sim.tokens import token_ids
-from physics import costmodel
+from physics import kvtransfer
 from physics.kvpath import NO_FAULT, KvPathFault
 from router.admission import Admission
 from router.decision import decide
@@ -318,7 +318,7 @@ class Simulation:
         self._refresh(prefill)
         decode = self.replicas[req.replica]
         model = prefill.core.config.model
-        gb = costmodel.kv_bytes(model, req.trace.prompt_tokens) / 1e9
+        gb = kvtransfer.kv_bytes(model, req.trace.prompt_tokens) / 1e9
         src = [GpuRef(prefill.placement.node, g) for g in prefill.placement.gpus]
         dst = [GpuRef(decode.placement.node, g) for g in decode.placement.gpus]
         fault = self.kv_faults.get((prefill.rid, decode.rid), NO_FAULT)

@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from physics import costmodel
+from physics import kvtransfer
 from physics.catalog import ModelSpec
 from physics.kvpath import NO_FAULT, KvPathFault
 from topology import GpuRef, Topology, path
@@ -113,11 +113,11 @@ def legs(topology: Topology, source: Sequence[GpuRef], target: Sequence[GpuRef],
          fault: KvPathFault = NO_FAULT, model: ModelSpec | None = None) -> tuple[list[Leg], float]:
     """One leg per GPU pair (each moves its shard of the KV) at the rate a KV transfer reaches on
     its path, and the worst path's latency plus setup (s): the cost model's KV physics
-    (`costmodel.kv_rate_gb_s`, `kv_setup_ms`), shared here under contention. A pair's transport
+    (`kvtransfer.kv_rate_gb_s`, `kv_setup_ms`), shared here under contention. A pair's transport
     fault (`physics.kvpath`) adds one more resource to each leg, the faulted rate of its carrier
     (legs on one carrier share it, as they share the carrier), so the slower of the two decides.
     With the `model`, the latency includes the connector's per-layer transfer requests queued on
-    the busiest NIC (`costmodel.kv_requests_ms`), as the router and the engine price them."""
+    the busiest NIC (`kvtransfer.kv_requests_ms`), as the router and the engine price them."""
     pairs = list(zip(source, target, strict=False)) or [(source[0], target[0])]
     out: list[Leg] = []
     latency = 0.0
@@ -136,5 +136,5 @@ def legs(topology: Topology, source: Sequence[GpuRef], target: Sequence[GpuRef],
             out.append((total_gb / len(pairs), res, rate))
         latency = max(latency, fault.setup_ms(p) / 1e3)
     if model is not None:
-        latency += costmodel.kv_requests_ms(model, crossing) / 1e3
+        latency += kvtransfer.kv_requests_ms(model, crossing) / 1e3
     return out, latency

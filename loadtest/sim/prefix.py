@@ -12,7 +12,7 @@ from loadtest.sim.model import KV_READY, _Req
 from loadtest.sim.network import legs
 from loadtest.sim.replica import SimReplica
 from loadtest.sim.state import SimState
-from physics import costmodel
+from physics import kvtransfer
 from router.plugins.model import Candidate, RouteRequest
 from router.plugins.profile import Profile
 from router.plugins.pull import Pull, best_pull
@@ -49,7 +49,7 @@ def start_pull(sim: SimState, t: float, req: _Req, target: SimReplica, pull: Pul
     if source is None or not source.alive or target.core.cache is None:
         return False
     moved = pull.tokens - req.route.cached.get(target.rid, 0)
-    gb = costmodel.kv_bytes(target.core.config.model, moved) / 1e9
+    gb = kvtransfer.kv_bytes(target.core.config.model, moved) / 1e9
     src = [GpuRef(source.placement.node, g) for g in source.placement.gpus]
     dst = [GpuRef(target.placement.node, g) for g in target.placement.gpus]
     route, latency_s = legs(sim.topology, src, dst, gb, model=target.core.config.model)

@@ -4,7 +4,7 @@ figures, `pools.placement.layout.finish`)."""
 from __future__ import annotations
 
 from physics import catalog
-from physics.moecost import GangLinks
+from physics.alltoall import GangLinks
 from pools.experts.load import load_of
 from pools.experts.metrics import Gang, LayerStats, route
 from pools.experts.objective import objective

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from physics import catalog
-from physics.moecost import Carrier, GangLinks
+from physics.alltoall import Carrier, GangLinks
 from pools.experts.metrics import Gang, LayerMap, gang_from_plan, route
 from pools.experts.objective import Phase, objective, plain_links
 from pools.experts.policies import topology as topology_policy

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
+from physics.alltoall import Carrier, GangLinks
 from physics.catalog import GpuSpec, ModelSpec
-from physics.moecost import Carrier, GangLinks, MoEStep, moe_step
+from physics.moecost import MoEStep, moe_step
 from pools.experts.metrics import Gang, LayerStats
 
 Phase = Literal["decode", "prefill"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from physics.moecost import GangLinks
+from physics.alltoall import GangLinks
 from pools.experts.metrics import Gang
 from pools.experts.objective import Phase, plain_links
 

@@ -4,7 +4,7 @@ come in as values, verdicts and weights go out.
 
     observed bandwidth  the pair's KV bytes over its measured transfer time (the router's view:
                         prefill done -> decode's first token, less the decode's predicted step)
-    expected bandwidth  the path's own, 1 / `kv_route`'s ms per byte (`physics.costmodel`)
+    expected bandwidth  the path's own, 1 / `kv_route`'s ms per byte (`physics.kvtransfer`)
     raw verdict         failing     a failed transfer in the window
                         wrong_path  ratio below `slow_fraction` and the observed bandwidth within
                                     `signature_tolerance` of a slower link kind's default

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from physics import catalog, costmodel
+from physics import catalog, costmodel, kvtransfer
 from router.plugins.filters import usable_of
 from router.plugins.model import Candidate, ReplicaLoad, RouteRequest
 from router.plugins.timing import PluginTimer
@@ -60,7 +60,7 @@ class PDDecision:
     mixed_ttft_ms: float | None = None
     """The best usable mixed replica's predicted TTFT, when the choice weighed one."""
     kv_bytes: float = 0.0
-    """The prompt's KV (`costmodel.kv_bytes`): what the handover moves."""
+    """The prompt's KV (`kvtransfer.kv_bytes`): what the handover moves."""
     rates: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
     """Per decode replica id (of the chosen prefill): the KV path's expected ms per byte, its
     set-up latency in ms, and the decode's predicted first step in ms (`router.kvwatch`
@@ -177,7 +177,7 @@ def pd_pair(req: RouteRequest, prefills: Sequence[Candidate], decodes: Sequence[
     return PDDecision(prefill=best.prefill, decode=best.decode, predicted_ttft_ms=best.ttft_ms(), kv_ms=best.kv_ms,
                       tier=best.tier, ranked=tuple(ranked[:8]), decode_order=order, handover_ms=best.handover_ms,
                       ready_ms=best.ready_ms, tiers={dec: t for (pre_id, dec), t in tiers.items() if pre_id == chosen},
-                      kv_bytes=costmodel.kv_bytes(_model(best.prefill), tokens),
+                      kv_bytes=kvtransfer.kv_bytes(_model(best.prefill), tokens),
                       rates={dec: r for (pre_id, dec), r in rates.items() if pre_id == chosen})
 
 
@@ -199,15 +199,15 @@ def kv_priced(p: Candidate, d: Candidate, tokens: int, topology: Topology | None
               ) -> tuple[float, str, float, float]:
     """The KV handover's time, its path's tier, the path's expected ms per byte and set-up
     latency (the path's, and the connector's per-layer transfer requests:
-    `costmodel.kv_requests_ms`); `measured_ms_per_byte` (when > 0) in place of the expected rate
+    `kvtransfer.kv_requests_ms`); `measured_ms_per_byte` (when > 0) in place of the expected rate
     where the router measured the pair (`router.kvwatch`). Without a topology that knows both
-    replicas' GPUs: the named fallback paths (`costmodel.KV_*_FALLBACK`), tier `local` on one
+    replicas' GPUs: the named fallback paths (`kvtransfer.KV_*_FALLBACK`), tier `local` on one
     named node and `rdma` otherwise."""
     pe, de = p.endpoint, d.endpoint
     model = _model(p)
     expected, latency_ms, tier_name = kv_route(model, topology, pe.node, pe.gpus, de.node, de.gpus)
     ms_per_byte = measured_ms_per_byte if measured_ms_per_byte > 0 and expected else expected
-    kv = costmodel.kv_bytes(model, tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0
+    kv = kvtransfer.kv_bytes(model, tokens) * ms_per_byte + latency_ms if ms_per_byte else 0.0
     return kv, tier_name, expected, latency_ms
 
 
@@ -216,10 +216,10 @@ def _model(c: Candidate) -> catalog.ModelSpec:
 
 
 KvRoute = tuple[float, float, str]
-"""(ms per byte of the KV, latency ms, tier): `costmodel.kv_handover_rate` of a replica pair's paths."""
+"""(ms per byte of the KV, latency ms, tier): `kvtransfer.kv_handover_rate` of a replica pair's paths."""
 _ROUTES: dict[tuple[int, str, tuple[int, ...], str, tuple[int, ...]], tuple[Topology | None, KvRoute, int]] = {}
-_SAME_NODE = costmodel.kv_handover_rate([costmodel.KV_SAME_NODE_FALLBACK])
-_CROSS_NODE = costmodel.kv_handover_rate([costmodel.KV_CROSS_NODE_FALLBACK])
+_SAME_NODE = kvtransfer.kv_handover_rate([kvtransfer.KV_SAME_NODE_FALLBACK])
+_CROSS_NODE = kvtransfer.kv_handover_rate([kvtransfer.KV_CROSS_NODE_FALLBACK])
 
 
 def kv_route(model: catalog.ModelSpec, topology: Topology | None, pnode: str, pgpus: tuple[int, ...], dnode: str,
@@ -227,10 +227,10 @@ def kv_route(model: catalog.ModelSpec, topology: Topology | None, pnode: str, pg
     """The KV paths between two replicas, prefill rank i to decode rank i (as the engines move
     it; the simulator's `loadtest.sim.network.legs` too), priced, with the tier of all their GPUs;
     the latency includes the `model`'s per-layer transfer requests, queued on the pair's busiest
-    NIC (`costmodel.kv_requests_ms`). The paths are a function of the (immutable) topology and the
+    NIC (`kvtransfer.kv_requests_ms`). The paths are a function of the (immutable) topology and the
     two GPU groups, so remembered: a PD decision weighs every prefill/decode pair."""
     _, (ms_per_byte, latency_ms, tier_name), queue = _route(topology, pnode, pgpus, dnode, dgpus)
-    return ms_per_byte, latency_ms + costmodel.kv_layer_requests_ms(model, queue), tier_name
+    return ms_per_byte, latency_ms + kvtransfer.kv_layer_requests_ms(model, queue), tier_name
 
 
 def _route(topology: Topology | None, pnode: str, pgpus: tuple[int, ...], dnode: str, dgpus: tuple[int, ...]
@@ -242,11 +242,11 @@ def _route(topology: Topology | None, pnode: str, pgpus: tuple[int, ...], dnode:
     refs = [GpuRef(pnode, g) for g in pgpus] + [GpuRef(dnode, g) for g in dgpus]
     if topology is not None and pgpus and dgpus and costmodel.located(topology, refs):
         paths = [path(topology, GpuRef(pnode, a), GpuRef(dnode, b)) for a, b in zip(pgpus, dgpus, strict=False)]
-        out, queue = (*costmodel.kv_handover_rate(paths), tier(topology, refs)), costmodel.kv_request_queue(paths)
+        out, queue = (*kvtransfer.kv_handover_rate(paths), tier(topology, refs)), kvtransfer.kv_request_queue(paths)
     elif pnode and pnode == dnode:
         out, queue = (*_SAME_NODE, "local"), 0
     else:
-        out, queue = (*_CROSS_NODE, "rdma"), costmodel.kv_request_queue([costmodel.KV_CROSS_NODE_FALLBACK])
+        out, queue = (*_CROSS_NODE, "rdma"), kvtransfer.kv_request_queue([kvtransfer.KV_CROSS_NODE_FALLBACK])
     if len(_ROUTES) > 65536:
         _ROUTES.clear()
     _ROUTES[key] = (topology, out, queue)

@@ -15,7 +15,7 @@ under light or even load nothing is pulled. The kv-cache-scorer
 with `peer_pull` counts such a pullable prefix as cached, discounted by what the pull costs
 against the compute it saves; the offline simulator executes the pull the winner's score
 assumed. Without a topology (`RouteRequest.topology` None) paths are the named fallbacks
-(`physics.costmodel.KV_*_FALLBACK`: one node or not).
+(`physics.kvtransfer.KV_*_FALLBACK`: one node or not).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from physics import catalog, costmodel
+from physics import catalog, costmodel, kvtransfer
 from router.plugins.model import Candidate, ReplicaLoad, RouteRequest
 from router.plugins.pd import kv_route
 from router.plugins.ttft import FALLBACK_MODEL, hardware
@@ -52,7 +52,7 @@ def pull_ms(req: RouteRequest, source: Candidate, target: Candidate, tokens: int
     s, t = source.endpoint, target.endpoint
     model = catalog.models().get(s.catalog_model or "") or catalog.model(FALLBACK_MODEL)
     ms_per_byte, latency_ms, _ = kv_route(model, req.topology, s.node, s.gpus, t.node, t.gpus)
-    return costmodel.kv_bytes(model, tokens) * ms_per_byte + latency_ms
+    return kvtransfer.kv_bytes(model, tokens) * ms_per_byte + latency_ms
 
 
 def backlog(load: ReplicaLoad, running_weight: float) -> float:

@@ -12,7 +12,7 @@ from loadtest.compare import run_one, workload_for
 from loadtest.model import TraceRequest
 from loadtest.sim.cluster import simulate
 from loadtest.sim.model import Fault
-from physics import catalog, costmodel
+from physics import catalog, kvtransfer
 from physics.kvpath import KvPathFault
 from pools.model import PoolSpec
 from tests.loadtest.conftest import TOPOLOGY, config, shortened
@@ -46,7 +46,7 @@ def _ttft(faults: tuple[Fault, ...]) -> float:
 def test_a_pair_fault_costs_what_the_cost_model_says(kind: str, fault: KvPathFault) -> None:
     pair, paths = _pair_and_paths()
     model = catalog.model("llama-3.1-8b")
-    extra_ms = fault.handover_ms(model, TOKENS, paths) - costmodel.kv_handover_ms(model, TOKENS, paths)
+    extra_ms = fault.handover_ms(model, TOKENS, paths) - kvtransfer.kv_handover_ms(model, TOKENS, paths)
     base = _ttft(())
     slow = _ttft((Fault(at_s=0.5, kind=kind, pair=pair, factor=0.5),))
     print(f"{kind}: TTFT {base * 1000:.2f} -> {slow * 1000:.2f} ms (cost model: +{extra_ms:.2f} ms)")

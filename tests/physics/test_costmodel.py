@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from physics import catalog, costmodel
+from physics import catalog, costmodel, kvtransfer
 from physics.collectives import BUS_EFFICIENCY
 from physics.costmodel import LinkCost
 from topology import GpuRef, bottleneck, path, read_source
@@ -108,21 +108,21 @@ def test_crossing_the_island_costs(machine: str, inside: list[int], across: list
 def test_kv_transfer_same_island_vs_cross_node() -> None:
     topo = read_source("configs/clusters/local-sim.yaml")
     model = catalog.model("llama-3.1-70b")
-    same = costmodel.kv_transfer_ms(model, 4096, path(topo, GpuRef("h100-0", 0), GpuRef("h100-0", 4)))
-    node = costmodel.kv_transfer_ms(model, 4096, path(topo, GpuRef("h100-0", 0), GpuRef("h100-1", 0)))
-    rack = costmodel.kv_transfer_ms(model, 4096, path(topo, GpuRef("h100-0", 0), GpuRef("pcie-box", 0)))
-    print(f"KV of 4096 tokens (70B, {costmodel.kv_bytes(model, 4096) / 1e9:.2f} GB): same island {same:.2f} ms, "
+    same = kvtransfer.kv_transfer_ms(model, 4096, path(topo, GpuRef("h100-0", 0), GpuRef("h100-0", 4)))
+    node = kvtransfer.kv_transfer_ms(model, 4096, path(topo, GpuRef("h100-0", 0), GpuRef("h100-1", 0)))
+    rack = kvtransfer.kv_transfer_ms(model, 4096, path(topo, GpuRef("h100-0", 0), GpuRef("pcie-box", 0)))
+    print(f"KV of 4096 tokens (70B, {kvtransfer.kv_bytes(model, 4096) / 1e9:.2f} GB): same island {same:.2f} ms, "
           f"cross-node NDR {node:.2f} ms (x{node / same:.1f}), cross-rack {rack:.2f} ms (x{rack / same:.1f})")
     assert same < node < rack
     # the bytes at what a transfer reaches of each line (NVLink at nccl-tests' share, one NDR NIC at
     # the transfer engines' share of its line) plus the network transfer's setup and its per-layer
     # K and V requests
-    gb = costmodel.kv_bytes(model, 4096) / 1e9
+    gb = kvtransfer.kv_bytes(model, 4096) / 1e9
     nvlink = 450 * BUS_EFFICIENCY["nvlink"]
-    ndr = 50 * costmodel.KV_LINE_EFFICIENCY
-    requests_ms = 2 * model.layers * costmodel.KV_LAYER_REQUEST_US / 1e3
+    ndr = 50 * kvtransfer.KV_LINE_EFFICIENCY
+    requests_ms = 2 * model.layers * kvtransfer.KV_LAYER_REQUEST_US / 1e3
     assert same == pytest.approx(gb / nvlink * 1e3, rel=0.01)
-    assert node == pytest.approx(gb / ndr * 1e3 + costmodel.KV_SETUP_MS + requests_ms, rel=0.01)
+    assert node == pytest.approx(gb / ndr * 1e3 + kvtransfer.KV_SETUP_MS + requests_ms, rel=0.01)
 
 
 def test_kv_requests_queue_on_a_shared_nic() -> None:
@@ -134,11 +134,11 @@ def test_kv_requests_queue_on_a_shared_nic() -> None:
            for i in range(8)]
     own = [Path(kind=LinkKind.RDMA, tier="rdma", bandwidth_gb_s=50.0, latency_us=3.0, via=f"nic {i}")
            for i in range(8)]
-    per = 2 * model.layers * costmodel.KV_LAYER_REQUEST_US / 1e3
-    assert costmodel.kv_requests_ms(model, own) == pytest.approx(per)
-    assert costmodel.kv_requests_ms(model, nic) == pytest.approx(2 * per)
+    per = 2 * model.layers * kvtransfer.KV_LAYER_REQUEST_US / 1e3
+    assert kvtransfer.kv_requests_ms(model, own) == pytest.approx(per)
+    assert kvtransfer.kv_requests_ms(model, nic) == pytest.approx(2 * per)
     nvlink = [Path(kind=LinkKind.NVSWITCH, tier="nvlink", bandwidth_gb_s=450.0, latency_us=0.5, via="nvswitch")]
-    assert costmodel.kv_requests_ms(model, nvlink) == 0.0
+    assert kvtransfer.kv_requests_ms(model, nvlink) == 0.0
 
 
 def test_kv_payload_from_host_dram_is_memory_bound() -> None:
@@ -147,8 +147,8 @@ def test_kv_payload_from_host_dram_is_memory_bound() -> None:
 
     gpu = queries.kv_payload_gb_s(40e9, "rdma", 400, 8)
     dram = queries.kv_payload_gb_s(40e9, "rdma", 400, 8, "dram")
-    assert gpu == pytest.approx(8 * 50 * costmodel.KV_LINE_EFFICIENCY, rel=0.01)
-    assert dram == pytest.approx(costmodel.KV_HOST_DRAM_GB_S, rel=0.01)
+    assert gpu == pytest.approx(8 * 50 * kvtransfer.KV_LINE_EFFICIENCY, rel=0.01)
+    assert dram == pytest.approx(kvtransfer.KV_HOST_DRAM_GB_S, rel=0.01)
     small = queries.kv_payload_gb_s(65536 * 2048, "rdma", 200, 16, requests=2048)
     assert small < queries.kv_payload_gb_s(1048576 * 2048, "rdma", 200, 16, requests=2048)
 
@@ -169,7 +169,7 @@ def test_memory_and_capacity() -> None:
     assert not costmodel.fits(m70, h100.memory_gb, 1) and costmodel.fits(m70, h100.memory_gb, 4)
     assert costmodel.kv_capacity_tokens(m70, h100, 8) > costmodel.kv_capacity_tokens(m70, h100, 4) > 0
     assert costmodel.kv_capacity_tokens(m70, h100, 2) == 0  # 70.6 GB of weights per GPU leave no room
-    assert costmodel.kv_bytes(catalog.model("llama-3.1-8b"), 1) == 32 * 2048 * 2
+    assert kvtransfer.kv_bytes(catalog.model("llama-3.1-8b"), 1) == 32 * 2048 * 2
 
 
 def test_decode_attention_adds_to_the_gemms() -> None:

@@ -13,7 +13,7 @@ from loadtest.fidelity import constants
 from loadtest.fidelity import fit as fitting
 from loadtest.fidelity import report as fidelity
 from loadtest.fidelity.predict import predict
-from physics import a2akernels, catalog, costmodel, moecost
+from physics import a2akernels, alltoall, catalog, costmodel
 from physics import gangqueries as gangs
 from physics import queries as cost
 from pools.__main__ import main
@@ -242,7 +242,7 @@ def test_deepeps_low_latency_kernels_over_efa_are_bound_by_their_proxy_posts() -
     FP8 dispatch + BF16 combine: 1554.2 µs) at the documented per-write proxy cost, within 25 %;
     FP8 and BF16 dispatch take about the same time (message-bound); over ConnectX (GPU-initiated)
     and for kernels that batch their writes (UCCL-EP) the posts do not bind."""
-    assert moecost.A2A_PROXY_MESSAGE_US > 0
+    assert alltoall.A2A_PROXY_MESSAGE_US > 0
     args = ("b200", 32, 128, 7168, 8)
     fp8 = gangs.a2a(*args, "fp8", "deepep-ll", "efa")["us"] + gangs.a2a(*args, "bf16", "deepep-ll", "efa")["us"]
     assert fp8 == pytest.approx(1554.2, rel=0.25)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from physics import catalog, costmodel
+from physics import catalog, kvtransfer
 from physics.kvpath import NO_FAULT, TCP_CARRIER, KvPathFault
 from topology import LinkKind, Path
 from topology.kinds import DEFAULTS
@@ -23,8 +23,8 @@ def test_tcp_fallback_is_the_cost_models_tcp_path_on_one_carrier() -> None:
     moved = [tcp.path(p) for p in NVLINK]
     assert all(p.kind is LinkKind.TCP and p.tier == "tcp" and p.via == TCP_CARRIER for p in moved)
     line = DEFAULTS[LinkKind.TCP].bandwidth_gb_s
-    assert tcp.rate_gb_s(NVLINK[0]) == pytest.approx(line * costmodel.KV_LINE_EFFICIENCY)
-    assert tcp.handover_ms(MODEL, 8000, NVLINK) == pytest.approx(costmodel.kv_handover_ms(MODEL, 8000, moved))
+    assert tcp.rate_gb_s(NVLINK[0]) == pytest.approx(line * kvtransfer.KV_LINE_EFFICIENCY)
+    assert tcp.handover_ms(MODEL, 8000, NVLINK) == pytest.approx(kvtransfer.kv_handover_ms(MODEL, 8000, moved))
     assert tcp.handover_ms(MODEL, 8000, NVLINK) > 20 * NO_FAULT.handover_ms(MODEL, 8000, NVLINK)
     assert tcp.path(LOCAL) is LOCAL and tcp.handover_ms(MODEL, 8000, [LOCAL]) == 0.0
 
@@ -32,9 +32,9 @@ def test_tcp_fallback_is_the_cost_models_tcp_path_on_one_carrier() -> None:
 @pytest.mark.parametrize("p", [NVLINK[0], RDMA])
 def test_a_remote_nic_halves_the_rate_not_the_setup(p: Path) -> None:
     half = KvPathFault(bandwidth_factor=0.5)
-    setup = costmodel.kv_setup_ms(p) + costmodel.kv_requests_ms(MODEL, [p])  # neither is a rate
-    base = costmodel.kv_handover_ms(MODEL, 8000, [p])
-    assert half.rate_gb_s(p) == pytest.approx(costmodel.kv_rate_gb_s(p) / 2)
+    setup = kvtransfer.kv_setup_ms(p) + kvtransfer.kv_requests_ms(MODEL, [p])  # neither is a rate
+    base = kvtransfer.kv_handover_ms(MODEL, 8000, [p])
+    assert half.rate_gb_s(p) == pytest.approx(kvtransfer.kv_rate_gb_s(p) / 2)
     assert half.handover_ms(MODEL, 8000, [p]) - setup == pytest.approx(2 * (base - setup))
     assert half.active and not NO_FAULT.active
 

@@ -10,7 +10,8 @@ import pytest
 
 from loadtest.fidelity import report as fidelity
 from physics import catalog, costmodel
-from physics.moecost import GangLinks, a2a_us, default_imbalance, moe_step
+from physics.alltoall import GangLinks, a2a_us
+from physics.moecost import default_imbalance, moe_step
 from physics.pipeline import pipeline_step
 from pools.__main__ import main
 

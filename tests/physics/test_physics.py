@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from loadtest.fidelity import report as fidelity
-from physics import catalog, collectives, costmodel
+from physics import catalog, collectives, costmodel, kvtransfer
 from physics import queries as cost
 from physics.costmodel import LinkCost
 
@@ -114,7 +114,7 @@ def test_a_short_prompt_pays_the_weights_and_the_launches() -> None:
 
 
 def test_kv_transfer_efficiency_grows_with_size() -> None:
-    rates = [costmodel.kv_bytes(catalog.model("qwen3-8b"), n) / cost.kv("qwen3-8b", n, "rdma", 200, 8)["ms"]
+    rates = [kvtransfer.kv_bytes(catalog.model("qwen3-8b"), n) / cost.kv("qwen3-8b", n, "rdma", 200, 8)["ms"]
              for n in (128, 1024, 8192, 32768)]
     assert rates == sorted(rates) and rates[-1] > 4 * rates[0]
 

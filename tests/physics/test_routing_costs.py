@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from physics import catalog, costmodel
+from physics import catalog, costmodel, kvtransfer
 from physics.costmodel import TIER_QUALITY, LinkCost
 from topology import GpuRef, LinkKind, Path, bottleneck, read_source
 from topology.kinds import DEFAULTS
@@ -43,14 +43,14 @@ def test_kv_ranks_move_at_once_and_share_a_common_carrier() -> None:
     def link(via: str, bandwidth: float) -> Path:
         return Path(kind=LinkKind.RDMA, tier="rdma", bandwidth_gb_s=bandwidth, latency_us=3.0, via=via)
 
-    whole = costmodel.kv_handover_ms(MODEL, 8000, [link("a", 50.0)])
-    apart = costmodel.kv_handover_ms(MODEL, 8000, [link("a", 50.0), link("b", 50.0)])
-    shared = costmodel.kv_handover_ms(MODEL, 8000, [link("a", 50.0), link("a", 50.0)])
+    whole = kvtransfer.kv_handover_ms(MODEL, 8000, [link("a", 50.0)])
+    apart = kvtransfer.kv_handover_ms(MODEL, 8000, [link("a", 50.0), link("b", 50.0)])
+    shared = kvtransfer.kv_handover_ms(MODEL, 8000, [link("a", 50.0), link("a", 50.0)])
     # the path's latency, the network transfer's setup and each rank's per-layer requests (ranks on
     # one NIC queue theirs: `shared` pays twice a rank's requests)
-    setup = 3e-3 + costmodel.KV_SETUP_MS + costmodel.kv_requests_ms(MODEL, [link("a", 50.0)])
+    setup = 3e-3 + kvtransfer.KV_SETUP_MS + kvtransfer.kv_requests_ms(MODEL, [link("a", 50.0)])
     assert apart == pytest.approx((whole - setup) / 2 + setup)
-    assert shared == pytest.approx(whole + costmodel.kv_requests_ms(MODEL, [link("a", 50.0)]))
-    assert costmodel.kv_handover_ms(MODEL, 8000, [link("slow", 1.0)]) > whole
+    assert shared == pytest.approx(whole + kvtransfer.kv_requests_ms(MODEL, [link("a", 50.0)]))
+    assert kvtransfer.kv_handover_ms(MODEL, 8000, [link("slow", 1.0)]) > whole
     local = Path(kind=LinkKind.NVSWITCH, tier="local", bandwidth_gb_s=float("inf"), latency_us=0.0)
-    assert costmodel.kv_handover_ms(MODEL, 8000, [local]) == 0.0
+    assert kvtransfer.kv_handover_ms(MODEL, 8000, [local]) == 0.0

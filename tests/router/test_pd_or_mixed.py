@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from physics import catalog, costmodel
+from physics import catalog, costmodel, kvtransfer
 from pools.model import DEFAULT_SLO_CLASSES
 from pools.routing import ReplicaEndpoint
 from router.plugins import ttft
@@ -110,7 +110,7 @@ def test_the_kv_moves_rank_by_rank_over_the_paths_between_the_replicas() -> None
     assert near is not None and far is not None and (near.tier, far.tier) == ("nvlink", "rdma")
     assert far.kv_ms > 5 * near.kv_ms > 0
     paths = [path(TOPOLOGY, GpuRef("h100-0", a), GpuRef("h100-1", b)) for a, b in ((0, 0), (1, 1))]
-    assert far.kv_ms == pytest.approx(costmodel.kv_handover_ms(catalog.model("llama-3.1-8b"), 8000, paths))
+    assert far.kv_ms == pytest.approx(kvtransfer.kv_handover_ms(catalog.model("llama-3.1-8b"), 8000, paths))
 
 
 def test_without_a_topology_the_named_fallbacks_price_the_links() -> None:

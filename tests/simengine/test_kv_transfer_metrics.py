@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from physics import catalog, costmodel
+from physics import catalog, kvtransfer
 from physics.kvpath import NO_FAULT, KvPathFault
 from simengine import nixlmetrics
 from simengine.pd import Placement, kv_paths
@@ -81,7 +81,7 @@ def test_nixl_metrics_and_kv_faults_follow_the_cost_model() -> None:
         assert ms == pytest.approx(expected_ms(tokens), rel=1e-3)
         time.sleep(0.2)
         m = scrape(d.base)
-        kv_bytes = costmodel.kv_bytes(catalog.model(MODEL), tokens)
+        kv_bytes = kvtransfer.kv_bytes(catalog.model(MODEL), tokens)
         # one transfer per decode TP rank (vLLM's per-worker telemetry), each its shard, each the handover
         assert value(m, "vllm:nixl_xfer_time_seconds", "vllm:nixl_xfer_time_seconds_count") == 2
         assert value(m, "vllm:nixl_xfer_time_seconds", "vllm:nixl_xfer_time_seconds_sum") == \

@@ -1,0 +1,193 @@
+"""The all-to-all of an expert-parallel gang: one dispatch or combine call over the links it runs
+over (`GangLinks`), as the MoE step (`physics.moecost`) prices it, with its fitted constants.
+
+One call (`a2a_us`). Each (token, expert) pair is a message of H elements. Its destination
+is a uniformly chosen rank: inside this rank's NVLink domain, over NVLink; outside, over the
+rank's own NIC. Both move at once, and the slower one decides, plus a fixed latency:
+    low latency       every pair sent on its own (no deduplication)
+    high throughput   a token crosses the network once per remote domain it touches (DeepEP's
+                      normal kernels send it to the same-rail GPU of that node, which forwards
+                      it over NVLink), at most `groups_per_token` domains (group-limited routing)
+Fitted to DeepEP's published V1 tables (H800, NVLink 8 lanes = 200 GB/s per direction, one
+ConnectX-7 400 Gb/s NIC per GPU; deepseek-ai/DeepEP docs/legacy.md, calibration points
+deepep-*): the same two efficiencies and one latency reproduce the low-latency dispatch at EP 8
+to 256 (77-194 us) and combine (114-360 us) within 10%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from physics.a2akernels import expected_ranks, kernel
+from physics.collectives import RDMA_LATENCY_US, Hw, collective_us
+
+Carrier = Literal["nvlink", "rdma", "cross-rail", "tcp"]
+CARRIERS: tuple[Carrier, ...] = ("nvlink", "rdma", "cross-rail", "tcp")
+
+A2A_NVLINK_EFFICIENCY = 0.77
+"""Share of a GPU's NVLink line an all-to-all reaches: DeepEP intranode normal dispatch 153 GB/s
+and combine 158 GB/s on H800 (200 GB/s line); its low-latency EP8 dispatch (77 us for 7.57 MB,
+7/8 of it to peers) gives 0.78 (calibration points deepep-ht-ep8-*, deepep-ll-ep8-*). DeepEP V2 on
+B200: 726 GB/s logical of 900 (0.71 of the line once the local eighth is taken out)."""
+A2A_NET_EFFICIENCY = 0.92
+"""Share of the NIC's line: least-squares slope of DeepEP's low-latency dispatch latency over the
+bytes that leave the node, EP 16..256 (46 GB/s of 50); its combine agrees (EP16 195 us, EP64 314)."""
+A2A_LATENCY_US = 35.0
+"""Fixed cost of one dispatch or combine call (the intercept of the same fit): kernel launch,
+the per-expert counts exchange and completion flags."""
+A2A_NET_ROUND_TRIPS = 6.0
+"""Network round trips a call that crosses nodes waits on (the data, the per-expert counts, the
+completion flags): each pays the network's latency beyond RDMA verbs' (`GangLinks.nic_latency_us`;
+EFA's SRD: 15 µs, topology/readers/spec.py). Over EFA the same kernels took 70-105 µs longer per
+low-latency call than over ConnectX-7 InfiniBand at EP16-64 (pplx-garden's EFA and CX7 rows), and
+UCCL-EP's low-latency kernels 90 µs longer at EP16 on p5en than on CX7 (PPLX-GARDEN and UCCL-EP in
+physics/data/published/moe.yaml)."""
+A2A_NVLINK_LATENCY_US = 35.0
+"""... of a call whose traffic stays inside one NVLink domain (no NIC round trip: no IBGDA
+doorbell, no network completion). The documented value is the network one (the calibration set
+has no NVLink-only all-to-all); the leave-one-source-out fit frees it."""
+A2A_SM_GB_S = 15.0
+"""What one SM moves of an all-to-all (NVLink stores, RDMA posts): a kernel given `sms` SMs moves
+at most sms x this. DeepEP's normal kernels on 8 B200 (DeepEP hybrid-ep docs, DEEPEP-HYBRID in
+physics/data/published/moe.yaml) at 16, 24, 32 and 48 SMs: 2.7, 1.9, 1.5 and 1.2 times slower
+than the NVLink line allows, i.e. 15-16 GB/s per SM until the line binds. On H800 DeepEP's own
+figure (153 GB/s at its default SMs) is the line's, not the SMs'. UCCL-EP's normal kernels (DeepEP's
+copy loops; its benchmarks run them on 24 SMs, bench/test_intranode.py and test_internode.py) on 8 B200
+reach 280 and 426 GB/s where the NVLink line allows ~690: the same bound. Priced for the kernels that
+copy as DeepEP's do (`a2akernels.A2AKernel.sm_copy`): what an SM moves depends on how the kernel copies
+(TMA or loads and stores), and the other kernels' SM budgets are recorded with their points, not priced."""
+A2A_PROXY_MESSAGE_US = 0.8
+"""What a host proxy thread takes to post one network write for a GPU that cannot post it itself
+(`GangLinks.gpu_initiated` False). AWS EFA has no GPU-initiated RDMA: NVSHMEM reaches it through its
+libfabric transport ("Support for the EFA provider using the libfabric transport", NVSHMEM 2.10.1
+release notes, docs.nvidia.com/nvshmem/release-notes-install-guide/prior-releases/release-2101.html,
+read 2026-12-04), a proxy-based transport, where a CPU thread issues the network operations the
+kernels ask for ("Device APIs on Proxy-Based Transport", NVSHMEM best-practice guide,
+docs.nvidia.com/nvshmem/release-notes-install-guide/best-practice-guide/device-apis.html, read
+2026-12-04). DeepEP V1's low-latency kernels post one write per (token, expert) pair bound for
+another node (`a2akernels.A2AKernel.message_puts`), so over EFA the call is message-bound, not
+byte-bound: on 2 and 4 p6-b200 nodes (ADAI-EP-B200 in physics/data/published/moe.yaml, 128
+tokens/rank, top-8) FP8 and BF16 dispatch take the same time (EP16 1017.9 vs 1029.7 us for dispatch
++ combine; EP32 1554.2 vs 1558.9), and the time grows with the remote pairs (512 per rank and call
+at EP16, 768 at EP32: 1.50x) 1.53x. Posting and sending overlap (the NIC sends what the thread posted
+before), so the call takes the longer of the two (added, a BF16 dispatch would take 80-115 us more
+than an FP8 one, its extra bytes at the NIC's share; it takes 5-12 us more). The least-squares value
+over those 4 points at the documented constants is 0.84 us per write, rounded here (the 4 points
+then read 0.93-1.02). The per-expert count and flag writes (one per remote expert each call) are left
+out: at these shapes a fifth of the data writes, inside the fitted value.
+A free constant of the fit (`a2a_proxy_message_us`), moved only by points that state their network;
+0 when no training point prices it."""
+PROXY_NETWORKS = frozenset({"efa"})
+"""Networks with no GPU-initiated RDMA: a host proxy thread posts what the kernels ask
+(`GangLinks.gpu_initiated`, `A2A_PROXY_MESSAGE_US`)."""
+
+
+def gpu_initiated(network: str) -> bool:
+    """Whether the GPU can post to the NIC of this network (`topology` fabric technology or
+    `cost moe --link`) itself."""
+    return network not in PROXY_NETWORKS
+
+
+CROSS_RAIL_FACTOR = 0.5
+"""A gang whose NICs are not on the same rails: its traffic climbs to the spine, whose share of
+the line is the fabric's default oversubscription (`topology.Fabric.inter_rack_bandwidth_factor`)."""
+CROSS_RAIL_LATENCY_US = 2.0
+"""One more switch tier each way (`topology.Fabric.inter_rack_latency_us`)."""
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128
+"""Bytes per element of an FP8 dispatch: the value plus one FP32 scale per 128 (DeepEP's format);
+BF16 models dispatch BF16. Combine is BF16 always (DeepEP, DeepSeek's inference overview)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GangLinks:
+    """Where an EP gang's all-to-all runs, seen from one rank."""
+
+    carrier: Carrier
+    """nvlink: the whole gang in one NVLink domain; rdma: across domains, NICs on the same rails;
+    cross-rail: across domains through the spine; tcp: across domains over sockets."""
+    domain_ranks: int
+    """GPUs of the gang in this rank's NVLink domain (itself included)."""
+    nvlink_gb_s: float
+    """The GPU's NVLink line, per direction."""
+    nic_gb_s: float = 50.0
+    """The rank's NIC line, per direction (400 Gb/s)."""
+    nic_latency_us: float = 3.0
+    outside_share: float | None = None
+    """Share of the (token, expert) pairs that leave the rank's domain, when an expert map says
+    it (`pools.experts`); None: experts spread uniformly over the ranks."""
+    sms: int = 0
+    """SMs the all-to-all kernel runs on (its SM budget: DeepEP's `num_sms`); 0: as many as it needs."""
+    gpu_initiated: bool = True
+    """The GPU can post to the NIC itself (NVSHMEM's IBGDA transport on ConnectX); False: AWS EFA, which
+    has no GPU-initiated RDMA, so NVSHMEM drives it through its libfabric transport (EFA provider,
+    NVSHMEM 2.10.1 release notes), a proxy-based transport whose host thread posts what the kernels ask
+    (`A2A_PROXY_MESSAGE_US`)."""
+
+
+def remote_domains(domains: int, k: int, groups_per_token: int) -> float:
+    """Expected domains other than its own a token's `k` experts fall in (uniform routing,
+    at most `groups_per_token` domains when routing is group-limited and groups map to domains)."""
+    if domains <= 1:
+        return 0.0
+    touched = domains * (1.0 - (1.0 - 1.0 / domains) ** k)
+    if groups_per_token > 1:
+        touched = min(touched, float(groups_per_token))
+    return touched * (domains - 1) / domains
+
+
+def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, links: GangLinks, mode: str,
+           groups_per_token: int = 0) -> float:
+    """One dispatch (or combine) of `tokens` tokens per rank, each to `k` of `ep` ranks (module
+    docstring), by the kernel `mode` names (`KERNELS`; "high-throughput" and "low-latency" are
+    DeepEP's). `groups_per_token`: DeepSeek's group-limited routing (0: none)."""
+    return sum(a2a_parts(tokens, hidden, k, element_bytes, ep, links, mode, groups_per_token))
+
+
+def a2a_parts(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, links: GangLinks, mode: str,
+              groups_per_token: int = 0) -> tuple[float, float]:
+    """`a2a_us` as (the call's fixed cost, its transfer) in µs: only the transfer streams beside a
+    GEMM (`moecost.Overlap`); a collective's whole time is fixed."""
+    if ep <= 1 or tokens <= 0:
+        return 0.0, 0.0
+    impl = kernel(mode)
+    token_bytes = hidden * element_bytes
+    d = max(1, min(links.domain_ranks, ep))
+    pairs = tokens * k * token_bytes
+    if links.carrier == "tcp" or impl.collective:
+        nodes = max(1, ep // d)
+        hw: Hw = "nvlink" if nodes == 1 else "net"
+        us = collective_us("alltoall", pairs, ep, links.nvlink_gb_s, hw, nodes=nodes, node_gb_s=links.nic_gb_s * d,
+                           net_latency_us=links.nic_latency_us)
+        return (us / impl.bandwidth_factor if impl.collective else us), 0.0
+    share = None
+    if links.outside_share is not None and links.carrier != "nvlink":
+        share = min(max(links.outside_share, 0.0), 1.0)
+    remote = 0.0 if links.carrier == "nvlink" or d >= ep else (ep - d) / ep
+    outside_share = remote if share is None else share
+    if impl.dedupe:
+        # once per destination rank (forwarded over NVLink inside a remote node), once per remote node
+        inside = tokens * token_bytes * expected_ranks(ep, k) * (ep - 1) / ep
+        outside = 0.0
+        if outside_share > 0:
+            outside = tokens * token_bytes * remote_domains(ep // d, k, groups_per_token) * outside_share / max(remote,
+                                                                                                               1e-9)
+    else:
+        inside = pairs * max(0.0, (d - 1) / ep if share is None else 1.0 - share - 1.0 / ep)
+        outside = pairs * outside_share
+    net = links.nic_gb_s * A2A_NET_EFFICIENCY * (CROSS_RAIL_FACTOR if links.carrier == "cross-rail" else 1.0)
+    nvlink = links.nvlink_gb_s * A2A_NVLINK_EFFICIENCY
+    slower = max(0.0, links.nic_latency_us - RDMA_LATENCY_US) * A2A_NET_ROUND_TRIPS
+    fixed = A2A_LATENCY_US + slower if outside > 0 else A2A_NVLINK_LATENCY_US
+    latency = fixed * impl.latency_factor + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
+    sm_priced = links.sms > 0 and impl.sm_copy
+    sm_bound = (inside + outside) / (links.sms * A2A_SM_GB_S * 1e9) if sm_priced else 0.0
+    # the kernel's factor scales its share of the links; its SMs copy as DeepEP's do (`sm_copy`)
+    # a kernel that posts one write per remote (token, expert) pair, on a NIC the GPU cannot drive:
+    # one host proxy thread posts them while the NIC sends what it posted before, so the call takes
+    # the longer of the two (`A2A_PROXY_MESSAGE_US`)
+    proxied = impl.message_puts and not links.gpu_initiated and outside > 0
+    posting = tokens * k * outside_share * A2A_PROXY_MESSAGE_US * 1e-6 if proxied else 0.0
+    seconds = max(max(inside / (nvlink * 1e9), outside / (net * 1e9) if outside else 0.0) / impl.bandwidth_factor,
+                  sm_bound, posting)
+    return latency, seconds * 1e6
