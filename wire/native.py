@@ -29,6 +29,7 @@ COMPILED = (
     "loadtest.sim.replica",
     "physics.collectives",
     "physics.costmodel",
+    "physics.flops",
     "physics.kvtransfer",
     "simengine.core",
     "simengine.fastforward",
