@@ -43,18 +43,39 @@ class A2AKernel:
     UCCL-EP packs tokens per write and spreads them over 4 proxy threads (uccl-project/uccl
     ep/include/uccl_transfer_device.cuh @48f4f395, kNumProxyThs = 4), pplx-garden writes once per peer,
     DeepEP's normal kernels send in chunks."""
+    every_node: bool = False
+    """A deduplicating kernel (`dedupe`) that sends every token to every remote node, whether or not
+    one of its experts is there: MoRI's inter-node V1 low-latency dispatch puts each whole 32-token
+    chunk to every other node (DispatchInterNodeLLSend: the put's token count is the chunk's, the
+    routing only marks the map) and its combine returns what it received (CombineInterNodeLL;
+    ROCm/mori src/ops/dispatch_combine/internode_v1.cpp @013c13bc). Its normal kernel
+    (DispatchInterNodeSend with DEDUP) sends only the tokens routed to that node."""
+    signal_per_message: bool = False
+    """Follows each (token, expert) write to another node with its own remote atomic on the same
+    queue pair: pplx-kernels' dispatch and combine post one `nvshmemx_putmem_signal_nbi_warp` per
+    pair (ppl-ai/pplx-kernels csrc/all_to_all/internode_dispatch.cu and internode_combine.cu
+    @12cecfda, the same in internode_scatter.cu / internode_gather.cu @7af30594, the commit of its
+    README table), which NVSHMEM's IBGDA transport posts as an RDMA write then an atomic WQE on the
+    one queue pair it keeps for that peer (NVSHMEM ibgda_device.cuh,
+    `nvshmemi_ibgda_put_signal_thread_impl`); pplx leaves NVSHMEM's per-peer queue pairs at their
+    default (its README sets only NVSHMEM_IB_ENABLE_IBGDA=1), where DeepEP's low-latency kernels
+    give every local expert a queue pair of its own (NVSHMEM_IBGDA_NUM_RC_PER_PE = num_qps_per_rank)
+    and signal once per expert. The pairs bound for one peer then complete one after another, each
+    waiting the network's round trip for its atomic (`physics.alltoall.signal_chain_us`)."""
 
 
 KERNELS: dict[str, A2AKernel] = {
     "deepep-normal": A2AKernel(True, sm_copy=True, source="DeepEP V1 normal kernels (calibration.yaml deepep-ht-*)"),
     "deepep-ll": A2AKernel(False, sm_copy=True, message_puts=True,
                            source="DeepEP V1 low-latency kernels (calibration.yaml deepep-ll-*)"),
-    "pplx": A2AKernel(False, 0.49, 1.9,
-                       source="pplx-kernels README, H100 (physics/data/published/moe.yaml PPLX-KERNELS): 20 points"),
-    "nccl": A2AKernel(False, 0.13, 1.0, collective=True,
-                       source="torch.distributed all_to_all over NCCL, PPLX-KERNELS's baseline rows (5 points): "
-                              "7.7x NCCL's own all-to-all time at 128 tokens (the splits exchange, the "
-                              "permutation and a host sync around it)"),
+    "pplx": A2AKernel(False, 0.81, 1.7, signal_per_message=True,
+                       source="pplx-kernels (ppl-ai/pplx-kernels @12cecfda): one put + atomic signal per "
+                              "(token, expert) pair (`signal_per_message`); its two factors fitted to its README "
+                              "rows (PPLX-KERNELS, 20 points) with that priced, 1 when they are held out"),
+    "nccl": A2AKernel(False, collective=True,
+                       source="torch.distributed all_to_all over NCCL, priced as NCCL prices an all-to-all; "
+                              "PPLX-KERNELS's baseline rows (5 points) time one all_to_all_single of a dense "
+                              "buffer (their `buffer: dense`)"),
     "uccl-ep-normal": A2AKernel(True, 0.84, 3.0, sm_copy=True,
                        source="uccl-project/uccl ep/README.md (UCCL-EP): H200/B200/MI300X normal rows"),
     "uccl-ep-ll": A2AKernel(False, 0.45, 0.65, sm_copy=True, source="UCCL-EP low-latency rows"),
@@ -63,7 +84,14 @@ KERNELS: dict[str, A2AKernel] = {
     "deepep-v2": A2AKernel(True, 1.0, 1.0,
                        source="DeepEP V2 README: its rows name no GPU, so none is priced: DeepEP V1's normal kernels"),
     "mori-ep": A2AKernel(True, 0.82, 0.26, source="ROCm/mori MORI-EP-BENCHMARK.md (MORI): MI300X normal rows"),
-    "mori-ep-ll": A2AKernel(False, 1.87, 0.96, source="MORI low-latency rows"),
+    "mori-ep-ll": A2AKernel(True, 0.46, 0.92, every_node=True,
+                       source="MORI low-latency rows. Dedupes as DeepEP's normal kernels do: its inter-node V1 "
+                              "low-latency dispatch puts each 32-token chunk once per remote node, to the rank of "
+                              "the same local index there (DispatchInterNodeLLSend, proxyPe), which copies it on "
+                              "over XGMI; its combine sums a node's experts there and puts one token back per node "
+                              "(CombineInterNodeLL) (ROCm/mori src/ops/dispatch_combine/internode_v1.cpp @013c13bc; "
+                              "KernelType::InterNodeV1LL, the README's 'EP16-V1-LL'). Priced per pair, its factors "
+                              "had to exceed the NIC's line (1.87); priced so, 0.46"),
     "pplx-garden": A2AKernel(False, 0.9, 0.92, source="perplexityai pplx-garden docs/fabric-lib.md (PPLX-GARDEN)"),
     "trtllm-nvlink-one-sided": A2AKernel(False, 1.04, 0.67,
                        source="TensorRT-LLM tech blog 18 NVLinkOneSided, GB200 NVL72 (TRTLLM-NVL1S): 40 points"),

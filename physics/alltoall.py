@@ -76,6 +76,23 @@ than an FP8 one, its extra bytes at the NIC's share; it takes 5-12 us more). The
 over those 4 points at the documented constants is 0.84 us per write, rounded here (the 4 points
 then read 0.93-1.02). The per-expert count and flag writes (one per remote expert each call) are left
 out: at these shapes a fifth of the data writes, inside the fitted value.
+Two more campaigns by the same team, on other GPUs and with DeepEP's own test (tests/test_low_latency.py,
+one kernel's time from its profile), read the same figure: DeepEP 567632d over NVSHMEM 3.7.0 on EFA,
+whose build replaces "IBGDA GPU-initiated RDMA with NVSHMEM host-proxy QP APIs" ("Libfabric has 1 proxy
+endpoint per PE", awslabs/awsome-distributed-ai 95b939cd micro-benchmarks/expert-parallelism/
+deepep-benchmark/setup_deepep_efa.sh; "the single proxy thread", ep-backend-comparison/RESULTS.md). On
+8x H100 p5 nodes (RESULTS-p5.md, ADAI-EP-P5) at EP32 and EP64: FP8 dispatch 9.6 and 6.5 GB/s, BF16 combine
+20.7 and 15.6 GB/s, i.e. 780 and 1150 µs, 710 and 940 µs per call: the BF16 combine, twice the bytes, no
+slower than the FP8 dispatch. On 8x B300 p6 nodes (RESULTS.md, ADAI-EP-B300): 11.2 and 9.2 GB/s, 25.2
+and 18.6 GB/s (670 and 810 µs, 580 and 790 µs). Leaving each of the three campaigns out, the others
+give 0.72-0.83 µs per write (`python -m pools fidelity --cv source --only ADAI-EP-B200 ADAI-EP-P5
+ADAI-EP-B300`), and each campaign's points then read 0.74-1.46 (dispatch above combine by 10-20 % in
+both new campaigns, unpriced).
+UCCL-EP's and pplx-garden's EFA rows neither contradict nor inform it: UCCL-EP's low-latency kernels also
+post one write per remote (token, expert) pair (uccl-project/uccl da914a20 ep/src/internode_ll.cu, the
+default build without PER_EXPERT_BATCHING), but from 4 proxy threads per GPU (ep/include/common.hpp
+kNumProxyThs 4): at this figure 110-160 µs of posting per call at EP16-32, below the 230-690 µs
+UCCL-EP publishes; pplx-garden writes once per peer.
 A free constant of the fit (`a2a_proxy_message_us`), moved only by points that state their network;
 0 when no training point prices it."""
 PROXY_NETWORKS = frozenset({"efa"})
@@ -125,6 +142,17 @@ class GangLinks:
     (`A2A_PROXY_MESSAGE_US`)."""
 
 
+def signal_chain_us(tokens: int, k: int, ep: int, links: GangLinks) -> float:
+    """What a kernel that signals every message (`a2akernels.A2AKernel.signal_per_message`) waits
+    beyond its bytes: the (token, expert) pairs bound for one peer (`tokens` x `k` / `ep` with the
+    experts spread evenly, at least one) complete in order on that peer's queue pair, each after
+    one network round trip (2 x `GangLinks.nic_latency_us`) for its atomic. No fitted figure: the
+    round trip is the link's. pplx-kernels' IBGDA rows (PPLX-KERNELS, H100, 128 tokens, top-8)
+    fall from EP16 to EP128 (dispatch 622, 428, 317, 308 µs) as the pairs per peer fall
+    (64, 32, 16, 8) though the bytes leaving the node grow: about 6 µs a pair."""
+    return max(1.0, tokens * k / max(ep, 1)) * 2.0 * links.nic_latency_us
+
+
 def remote_domains(domains: int, k: int, groups_per_token: int) -> float:
     """Expected domains other than its own a token's `k` experts fall in (uniform routing,
     at most `groups_per_token` domains when routing is group-limited and groups map to domains)."""
@@ -169,7 +197,10 @@ def a2a_parts(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, l
         # once per destination rank (forwarded over NVLink inside a remote node), once per remote node
         inside = tokens * token_bytes * expected_ranks(ep, k) * (ep - 1) / ep
         outside = 0.0
-        if outside_share > 0:
+        if outside_share > 0 and impl.every_node:
+            # every remote node, whatever the routing or the expert map (`A2AKernel.every_node`)
+            outside = tokens * token_bytes * float(ep // d - 1)
+        elif outside_share > 0:
             outside = tokens * token_bytes * remote_domains(ep // d, k, groups_per_token) * outside_share / max(remote,
                                                                                                                1e-9)
     else:
@@ -190,4 +221,5 @@ def a2a_parts(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, l
     posting = tokens * k * outside_share * A2A_PROXY_MESSAGE_US * 1e-6 if proxied else 0.0
     seconds = max(max(inside / (nvlink * 1e9), outside / (net * 1e9) if outside else 0.0) / impl.bandwidth_factor,
                   sm_bound, posting)
-    return latency, seconds * 1e6
+    chain = signal_chain_us(tokens, k, ep, links) if impl.signal_per_message and outside > 0 else 0.0
+    return latency, seconds * 1e6 + chain

@@ -97,10 +97,11 @@ def add_cost_parsers(sub: Any) -> None:
     q.add_argument("--op", required=True, choices=["allreduce", "allgather", "reducescatter", "alltoall"])
     q.add_argument("--bytes", type=int, required=True)
     q.add_argument("--gpus", type=int, required=True)
-    q.add_argument("--link", required=True, choices=["nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "tcp"])
+    q.add_argument("--link", required=True, choices=["nvswitch", "nvlink", "xgmi", "pcie", "sys", "rdma", "efa", "tcp"],
+                   help="efa: rdma over AWS EFA (its step latency)")
     q.add_argument("--gpu")
-    q.add_argument("--gbps", type=float, help="per-GPU network rate in Gbit/s (rdma, tcp)")
-    q.add_argument("--gpus-per-node", type=int, help="rdma/tcp: GPUs per node (default 8 when more than 8, else 1)")
+    q.add_argument("--gbps", type=float, help="per-GPU network rate in Gbit/s (rdma, efa, tcp)")
+    q.add_argument("--gpus-per-node", type=int, help="rdma/efa/tcp: GPUs per node (default 8 when more than 8, else 1)")
     q.add_argument("--no-nvls", action="store_true", help="as NCCL_NVLS_ENABLE=0: no NVLink SHARP all-reduce")
     q.add_argument("--algorithm", choices=["ring", "tree", "nvls"],
                    help="as NCCL_ALGO: pin the algorithm (default: the cheapest, as NCCL's tuner picks)")

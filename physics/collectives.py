@@ -18,6 +18,10 @@ the cheapest wins, as NCCL's tuner chooses.
                       latency (NVLink, PCI, network) for every step of the algorithm, plus the
                       launch a measured call pays (`LAUNCH_US`)
 
+Two libraries' own choices on top: RCCL's MSCCL all-pairs all-reduce on one node of 8 GPUs
+(`MSCCL_LIBRARIES`: two steps instead of a ring's 14, LL up to 512 KiB), and an all-reduce across
+AWS EFA nodes, Simple only and priced as AWS's NCCL tuner plugin prices it (`EFA_NETWORKS`).
+
 An all-to-all (expert parallelism's dispatch) is k-1 concurrent sends of m/k bytes: one step,
 (k-1)/k of the message over each GPU's links.
 """
@@ -108,9 +112,43 @@ synchronisation (~6-10 µs for a 1-byte all-reduce on one node; NCCL's model sta
 latency)."""
 
 
+EFA_STEP_LATENCY_US = 18.0
+"""One network step over AWS EFA (SRD through libfabric), as AWS's NCCL tuner plugin prices it for
+P5en and P6-B200 (aws/aws-ofi-nccl src/tuner/nccl_ofi_model.cpp
+@2daf7d303aa139a03140aa530957d10521e4478d: `net_lat = 18.0`; P5/P5e 20.0), plus
+`EFA_SIMPLE_OVERHEAD_US` under Simple."""
+EFA_SIMPLE_OVERHEAD_US = 3.0
+"""The plugin's `TUNER_NET_COMP_OVERHEAD` (default 3 µs, include/nccl_ofi_param.h, same commit): a
+Simple step's completion through libfabric and NCCL's proxy thread."""
+EFA_NETWORKS = frozenset({"efa"})
+"""Networks whose all-reduce across nodes is priced as AWS's plugin prices it (`_efa_allreduce_us`).
+Over EFA NCCL runs Simple alone: the plugin sets `NCCL_PROTO=simple` when the endpoint does not
+guarantee in-order delivery of aligned 128-byte writes, "as the LL/LL128 protocols can lead to data
+corruption without data delivery ordering" (src/platform-aws.cpp, same commit; P5en over the RDMA
+protocol is exempted there, and its one published point here, 4 GiB, is bandwidth-bound). AWS's
+own tuner (`NCCL_TUNER_PLUGIN=ofi`, what ml-engineering's EFA runs used) prices a ring all-reduce as
+2 x nodes network steps and the other 2 (k-1) - 2 x nodes steps at NVLink's Simple latency, with no
+base latency and no plateau factor: 352 µs for 4 x 8 GPUs, where the published per-call floor of
+ml-engineering's 4 x 8 B200 table is ~360-390 µs from 256 KiB to 2 MiB less its per-call overhead."""
+MSCCL_LIBRARIES = frozenset({"rccl"})
+"""Libraries that ship MSCCL algorithms for one node of 8 GPUs: RCCL's `allreduce_pairs` (ROCm/rccl
+tools/msccl-algorithms/allreduce-allpairs-8n-ll-*.xml @0cbce2a7571c907554199fad7e905f16ec0a565c,
+installed with the library and enabled on its MI300X-class topologies, src/graph/rome_models.cc
+`mscclEnabled=1`)."""
+MSCCL_ALLPAIRS_GPUS = 8
+MSCCL_ALLPAIRS_LL_MAX_BYTES = 524287
+"""RCCL's all-pairs all-reduce over the LL protocol covers 0-65536 B (32 thread blocks) and
+65537-524287 B (64): each GPU sends its 1/8 share to the 7 others at once, reduces, and sends the sum
+back the same way, so a call waits on two steps where a ring waits on 2 x (8 - 1), and moves the same
+2 x 7/8 of the message per GPU. The source's own numbers show the switch: rccl-tests on 8x MI300X
+(HISOHARA) takes 23.2 us at 512 B, where the algorithm's 256 chunks per loop do not divide the
+128 floats, and 13.7 us from 1 KiB to 64 KiB, where they do."""
+
+
 def collective_us(op: str, message_bytes: float, ranks: int, line_gb_s: float, hw: Hw, *, nodes: int = 1,
                   nvls: bool = False, node_gb_s: float | None = None, net_latency_us: float = RDMA_LATENCY_US,
-                  library: str = "nccl", algorithm: str | None = None, nvls_efficiency: float = NVLS_HOPPER) -> float:
+                  library: str = "nccl", algorithm: str | None = None, nvls_efficiency: float = NVLS_HOPPER,
+                  efa: bool = False) -> float:
     """One collective of `message_bytes` per GPU (nccl-tests' size) over `ranks` GPUs on `nodes`
     nodes. `line_gb_s`: each GPU's line rate inside its node (per direction); across nodes
     `node_gb_s` is the node's NIC bandwidth in total (one rail per GPU: 8 x 400 Gb/s = 400 GB/s).
@@ -121,7 +159,8 @@ def collective_us(op: str, message_bytes: float, ranks: int, line_gb_s: float, h
     as a benchmark that sweeps the algorithms runs it); NCCL still picks the protocol, and where the
     pinned algorithm cannot run the collective (NVLS across nodes or without NVLink SHARP, a tree
     inside one node) NCCL falls back to its tuner's choice, and so does this. `nvls_efficiency`:
-    NCCL's `nvlsEfficiency` for the part's generation (`NVLS_HOPPER`)."""
+    NCCL's `nvlsEfficiency` for the part's generation (`NVLS_HOPPER`). `efa`: the nodes talk over AWS
+    EFA through AWS's plugin (`EFA_NETWORKS`)."""
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPS)})")
     if algorithm is not None and algorithm not in ALGORITHMS:
@@ -131,13 +170,20 @@ def collective_us(op: str, message_bytes: float, ranks: int, line_gb_s: float, h
     extra = max(0.0, float(net_latency_us) - RDMA_LATENCY_US)
     return _collective_us(op, float(message_bytes), ranks, float(line_gb_s), hw, max(1, min(nodes, ranks)),
                           nvls_efficiency / NVLS_HOPPER if nvls else 0.0,
-                          None if node_gb_s is None else float(node_gb_s), extra, library in TREE_LIBRARIES, algorithm)
+                          None if node_gb_s is None else float(node_gb_s), extra, library in TREE_LIBRARIES, algorithm,
+                          library in MSCCL_LIBRARIES, efa)
 
 
 @functools.lru_cache(maxsize=65536)
 def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: int, nvls_scale: float,
-                   node_gb_s: float | None, extra_us: float, tree: bool = True, algorithm: str | None = None) -> float:
+                   node_gb_s: float | None, extra_us: float, tree: bool = True, algorithm: str | None = None,
+                   msccl: bool = False, efa: bool = False) -> float:
     times = _algorithm_us(op, size, ranks, line, hw, nodes, nvls_scale, node_gb_s, extra_us, tree)
+    if efa and op == "allreduce" and nodes > 1:
+        times = {"ring": _efa_allreduce_us(size, ranks, line, nodes, node_gb_s)}
+    if msccl and op == "allreduce" and nodes == 1 and ranks == MSCCL_ALLPAIRS_GPUS and hw != "pci" \
+            and size <= MSCCL_ALLPAIRS_LL_MAX_BYTES and algorithm is None:
+        times["msccl"] = _allpairs_ll_us(size, ranks, max(line, 0.01) * BUS_EFFICIENCY["nvlink"])
     pinned = times.get(algorithm or "", math.inf)
     return (pinned if pinned < math.inf else min(times.values())) + LAUNCH_US
 
@@ -182,6 +228,25 @@ def _algorithm_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: 
     if op == "allreduce" and nvls_scale > 0 and nodes == 1 and intra == "nvlink" and ranks >= NVLS_MIN_GPUS:
         times["nvls"] = NVLS_LATENCY_US + size / (1e3 * line * NVLS_EFFICIENCY * nvls_scale)
     return times
+
+
+def _efa_allreduce_us(size: float, ranks: int, line: float, nodes: int, node_gb_s: float | None) -> float:
+    """A ring all-reduce across EFA nodes under Simple, its latency as AWS's tuner prices it
+    (`EFA_NETWORKS`), its bandwidth the ring's over the node's NICs (as `_algorithm_us`)."""
+    per_node = max(1, ranks // nodes)
+    net = (node_gb_s if node_gb_s is not None else max(line, 0.01) * per_node) * BUS_EFFICIENCY["net"]
+    bus = min(max(line, 0.01) * BUS_EFFICIENCY["nvlink"] if per_node > 1 else math.inf, net)
+    steps, inter = 2 * (ranks - 1), 2 * nodes
+    lat = (inter * (EFA_STEP_LATENCY_US + EFA_SIMPLE_OVERHEAD_US)
+           + max(0, steps - inter) * HW_LAT_US["nvlink"]["ring"][2])
+    return lat + size / (1e3 * bus * ranks / steps)
+
+
+def _allpairs_ll_us(size: float, ranks: int, bus: float) -> float:
+    """MSCCL's all-pairs all-reduce under LL (`MSCCL_ALLPAIRS_LL_MAX_BYTES`): NCCL's ring LL base
+    latency and two NVLink-class steps; 2 (k-1)/k of the message per GPU at LL's share of the bus."""
+    lat = BASE_LAT_US["ring"][0] + 2 * HW_LAT_US["nvlink"]["ring"][0]
+    return lat + size * 2 * (ranks - 1) / ranks / (1e3 * bus * PROTOCOL_SHARE[0])
 
 
 def _alltoall_us(size: float, ranks: int, per_node: int, bus: float, net: float, intra: Hw, nodes: int) -> float:

@@ -64,6 +64,27 @@ it. Sets the small-prompt floor of a PD KV transfer: vLLM + Mooncake moved 128 t
 (36 layers, 8 ranks on 8 NICs) in 0.54 ms, 0.13 of it bytes (mooncake-pd-kv-128tok); SGLang +
 Mooncake 128 tokens of Qwen3-235B (94 layers, 8 ranks on 4 NICs) in 2.07 ms, 0.3 of it bytes
 (mooncake-sgl-pd-h20-qwen3-235b-kv-128tok): 72 and 376 requests per NIC, ~5 us each."""
+KV_EFA_OP_US = 10.2
+"""What one transfer request costs its NIC under Mooncake's EFA transport (AWS EFA, SRD through
+libfabric) where `KV_LAYER_REQUEST_US` is the RDMA (verbs) transport's: the EFA transport does not
+slice a request, 'each transfer is sent as a single fi_write / fi_read whose size equals
+block_size, round-robin'd across NICs per request', and small blocks leave the line idle behind
+'per-op overhead' (kvcache-ai/Mooncake docs/source/design/transfer-engine/efa_transport.md
+@3b5a594133958449a1feaf1c9e0fc1b553e34a28, 'Key Parameters' note on EFA slicing and 'block_size
+sweep'). The sweep's 128 KB row (p5en, 16 x 200 Gb/s EFA, threads=16 x batch=128 = 2048 blocks in
+flight, 190.82 GB/s write) is a round of 128 requests per NIC in 1.41 ms, 0.1 of it the setup
+(`KV_SETUP_MS`): (1.41 - 0.1) / 128 = 10.2 us a request, the 64 KB row's round taking the same
+1.38 ms (op-bound, not byte-bound) and the 256 KB row's the wire's. A property of the transport,
+not of the GPU or NIC rate."""
+KV_TRANSPORTS = ("rdma", "efa")
+"""A network KV transfer's transport: RDMA verbs (InfiniBand, RoCE) or AWS EFA."""
+
+
+def kv_request_us(transport: str = "rdma") -> float:
+    """What one transfer request costs its NIC on `transport` (`KV_TRANSPORTS`)."""
+    if transport not in KV_TRANSPORTS:
+        raise ValueError(f"kv transport {transport!r}: one of {', '.join(KV_TRANSPORTS)}")
+    return KV_EFA_OP_US if transport == "efa" else KV_LAYER_REQUEST_US
 
 
 def kv_rate_gb_s(path: Path) -> float:

@@ -232,24 +232,28 @@ def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | N
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPS)})")
     positive(bytes=size_bytes, gpus=gpus)
+    efa = link_name in collectives.EFA_NETWORKS  # RDMA over AWS EFA, through AWS's NCCL plugin
+    link_name = "rdma" if efa else link_name
     if gbps is not None and link_name not in NETWORK:
-        raise ValueError(f"--gbps is a network rate: it goes with --link rdma or tcp, not {link_name}")
+        raise ValueError(f"--gbps is a network rate: it goes with --link rdma, efa or tcp, not {link_name}")
     if link_name not in LINKS:
-        raise ValueError(f"unknown link {link_name!r} (known: {', '.join(LINKS)})")
+        raise ValueError(f"unknown link {link_name!r} (known: {', '.join(LINKS)}, efa)")
     spec = catalog.gpu(gpu) if gpu is not None else None
     if link_name in NETWORK:
         per_node = gpus_per_node or (GPUS_PER_NODE if gpus > GPUS_PER_NODE else 1)
         positive(gpus_per_node=per_node)
         nodes = max(1, -(-gpus // per_node))
         nic = link(link_name, gbps)
+        nic = replace(nic, latency_us=collectives.EFA_STEP_LATENCY_US) if efa else nic
         line, source = fabric("nvswitch", gpu, per_node) if spec is not None else (
             DEFAULTS[LinkKind.NVSWITCH].bandwidth_gb_s, "topology.kinds default")
         us = collectives.collective_us(op, size_bytes, gpus, line, "net", nodes=nodes,
                                        node_gb_s=nic.bandwidth_gb_s * min(per_node, gpus),
                                        net_latency_us=nic.latency_us,
                                        library=spec.collectives if spec is not None else "nccl",
-                                       algorithm=algorithm)
-        view = {**link_view(link_name, nic), "nodes": nodes, "gpus_per_node": per_node, "nic_gb_s": nic.bandwidth_gb_s,
+                                       algorithm=algorithm, efa=efa)
+        view = {**link_view("efa" if efa else link_name, nic), "nodes": nodes, "gpus_per_node": per_node,
+                "nic_gb_s": nic.bandwidth_gb_s,
                 "intra_node_gb_s": line, "intra_node_source": source}
     else:
         line, source = fabric(link_name, gpu, gpus)
@@ -258,7 +262,8 @@ def collective(op: str, size_bytes: int, gpus: int, link_name: str, gpu: str | N
         part_nvls = spec.nvls_efficiency if spec is not None else collectives.NVLS_HOPPER
         us = collectives.collective_us(op, size_bytes, gpus, line, hw,
                                        nvls=nvls and kind is LinkKind.NVSWITCH and spec is not None and spec.nvls,
-                                       algorithm=algorithm, nvls_efficiency=part_nvls)
+                                       algorithm=algorithm, nvls_efficiency=part_nvls,
+                                       library=spec.collectives if spec is not None else "nccl")
         view = {"name": link_name, "bandwidth_gb_s": line, "latency_us": DEFAULTS[kind].latency_us, "source": source}
     return {"what": "collective", "op": op, "bytes": size_bytes, "gpus": gpus, "gpu": gpu, "gbps": gbps,
             "nvls": nvls, "algorithm": algorithm, "link": view, "us": us}
@@ -298,19 +303,21 @@ def kv(model: str, tokens: int, link_name: str, gbps: float | None = None, tp: i
 
 
 def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails: int, memory: str = "gpu",
-                    requests: float = 1.0) -> float:
+                    requests: float = 1.0, transport: str = "rdma") -> float:
     """The rate (GB/s) at which a payload of `size_bytes` moves between two hosts over `rails`
     links of this kind at once (a transfer engine's own benchmark: one payload, every NIC), from
     and to GPU memory, or (`memory` "dram") host DRAM, whose bandwidth bounds it
     (`kvtransfer.KV_HOST_DRAM_GB_S`). `requests`: the transfer requests the payload is posted as
     (a benchmark's blocks in flight), spread over the NICs; each costs its NIC
     `kvtransfer.KV_LAYER_REQUEST_US`, hidden behind the wire while the NIC has bytes to send (many
-    requests in flight), the bound when the blocks are small."""
+    requests in flight), the bound when the blocks are small; over `transport` "efa" a request
+    costs `kvtransfer.KV_EFA_OP_US` instead (`kvtransfer.kv_request_us`)."""
     if memory not in ("gpu", "dram"):
         raise ValueError(f"memory {memory!r}: gpu or dram")
     _, paths = _kv_paths(link_name, gbps, rails)
     ms_per_byte, setup_ms = kvtransfer.kv_handover_rate(paths)
     if memory == "dram":
         ms_per_byte = max(ms_per_byte, 1e3 / (kvtransfer.KV_HOST_DRAM_GB_S * 1e9))
-    posting_ms = requests / max(rails, 1) * kvtransfer.KV_LAYER_REQUEST_US * 1e-3 if link_name in NETWORK else 0.0
+    per_request_us = kvtransfer.kv_request_us(transport)
+    posting_ms = requests / max(rails, 1) * per_request_us * 1e-3 if link_name in NETWORK else 0.0
     return size_bytes / ((max(size_bytes * ms_per_byte, posting_ms) + setup_ms) * 1e-3) / 1e9

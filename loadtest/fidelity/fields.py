@@ -54,7 +54,7 @@ def dtypes_of(p: dict[str, Any]) -> tuple[str | None, str | None]:
 
 def link_of(p: dict[str, Any], default: str = "rdma") -> str:
     text = str(p.get("link") or default).lower()
-    for name in ("nvswitch", "nvlink", "xgmi", "pcie", "tcp", "rdma"):
+    for name in ("nvswitch", "nvlink", "xgmi", "pcie", "tcp", "rdma", "efa"):
         if text.startswith(name):
             return name
     return default

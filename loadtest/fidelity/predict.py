@@ -11,11 +11,17 @@ Conventions the conversion applies, each written next to the points it concerns:
     MoE "whole run"       a closed-loop run at fixed concurrency under in-flight batching (trtllm-bench):
                           its steady state, prompts admitted beside decodes within `max_num_tokens`,
                           the attention-DP ranks paced by the slowest (`physics.moeserving`)
+    MoE `kv_full_batch`   a decode batch "chosen to make KV cache roughly full", stated for another
+                          run's formats: scaled by the KV tokens a rank holds in this run's formats
     "end-to-end latency"  one offline batch: its prefill and every decode step
     a2a `p2p: false`      the kernel reaches its own node's peers through the NIC as well (NVSHMEM
                           P2P disabled: DeepEP's first low-latency kernels set NVSHMEM_DISABLE_P2P=1,
                           deepseek-ai/DeepEP ebfe47e deep_ep/buffer.py, until "LL nvlink p2p" #173,
                           2025-05-23): priced with every rank its own NVLink domain
+    a2a `buffer: dense`   one all-to-all of a dense buffer, every expert's capacity (experts x tokens
+                          rows, equal splits to every rank) whatever the routing: pplx-kernels'
+                          torch.distributed baseline (tests/bench_all_to_all.py); priced with every
+                          (row, expert-slot) a message, `topk` = `experts`
     a2a GB/s (`count`)    nodes-touched: a token once per node it is sent to, its own included
                           (DeepEP, UCCL-EP, MoRI, HybridEP internode tests); rows-received: every
                           token row a rank receives, its own included (their intranode tests);
@@ -45,7 +51,7 @@ from loadtest.fidelity.fields import (
 from loadtest.fidelity.replay.closedloop import closed_loop_itl_ms
 from loadtest.fidelity.replay.distserve import predicted_attainment
 from loadtest.fidelity.replay.sharegpt import SOURCE
-from physics import a2akernels, alltoall, catalog, moecost, moeserving
+from physics import a2akernels, alltoall, catalog, costmodel, moecost, moeserving
 from physics import gangqueries as gangs
 from physics import queries as cost
 from physics.pipeline import PP_CHUNK_TOKENS
@@ -61,14 +67,15 @@ benchmark measures TTFT through it (two HTTP hops, the decode's wait for the con
 the KV in, two engine loops): the 128-token row of MOONCAKE-PD (46.09 ms) less the model's 11.1
 ms for those three. A property of the measured system, not of isleserve's router; only pd-ttft
 points use it (a free constant of the fit)."""
-PER_CALL_US = 30.0
+PER_CALL_US = 25.0
 """What timing one collective call on its own adds to it (`timing: per-call`: all_reduce_bench.py's
 torch.distributed loop, a barrier before each call, the call launched from Python through
-ProcessGroupNCCL, then a synchronize): the host's launch and the ranks' skew after the barrier,
-which nccl-tests hides by timing `-n` calls back to back (`collectives.LAUNCH_US` is what is left of
-it there). Set by MLENG's one-node B200 table: 32 KiB in 47.8 µs (busbw 1.2 GB/s) where nccl-tests'
-model is ~17 µs. A free constant of the fit, moved only by points that state per-call timing (none
-moved: none added)."""
+ProcessGroupNCCL, then a synchronize), which nccl-tests hides by timing `-n` calls back to back
+(`collectives.LAUNCH_US` is what is left of it there): "PyTorch's per-call host overhead of some
+20-30us", as the benchmark's own author states it (stas00/ml-engineering
+network/benchmarks/all_reduce_bench.py @0cc3de50b2dd083c34d848a1dcb5bfe65fe3dace, module docstring;
+the later version that hides it behind a busy device). The middle of that range, fixed: no other
+source times calls one by one, so no fit may move it."""
 SAMPLES = 16
 """Decode steps priced along a generation (the rest interpolated): the step grows with context."""
 
@@ -212,9 +219,10 @@ def _collective(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
     if size is None or gpus is None:
         return None, "message size or GPU count not stated"
     link = link_of(p, "nvswitch")
-    gbps = num(p, "gbps") if link in cost.NETWORK else None
+    network = link in cost.NETWORK or link == "efa"  # efa: rdma over AWS EFA (queries.collective)
+    gbps = num(p, "gbps") if network else None
     nodes = num(p, "nodes")
-    per_node = int(gpus // nodes) if nodes and link in cost.NETWORK else None
+    per_node = int(gpus // nodes) if nodes and network else None
     algorithm = p.get("algorithm")
     us = cost.collective(op, int(size), int(gpus), link, gpu, gbps, per_node, nvls=p.get("nvls", True) is not False,
                          algorithm=str(algorithm).lower() if algorithm else None)["us"]
@@ -240,7 +248,8 @@ def _kv(p: dict[str, Any], model: str | None) -> tuple[float | None, str]:
         # `memory: dram`: host buffers at both ends, the hosts' DRAM bounds the rate
         memory = "dram" if str(p.get("memory") or "gpu").lower().startswith("dram") else "gpu"
         blocks = num(p, "blocks_in_flight") or 1.0
-        return cost.kv_payload_gb_s(size * blocks, link, num(p, "gbps"), int(rails), memory, blocks), ""
+        transport = "efa" if str(p.get("transport") or "").lower() == "efa" else "rdma"
+        return cost.kv_payload_gb_s(size * blocks, link, num(p, "gbps"), int(rails), memory, blocks, transport), ""
     return None, "the transfer's size (tokens of a catalogue model, or bytes and NICs) is not stated"
 
 
@@ -256,6 +265,11 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
     ep, tokens, hidden, topk = num(p, "ep"), num(p, "tokens"), num(p, "hidden"), num(p, "topk")
     if not (ep and tokens and hidden and topk):
         return None, "EP size, tokens, hidden or top-k not stated"
+    if p.get("buffer") == "dense":
+        experts = num(p, "experts")
+        if not experts:
+            return None, "a dense all-to-all buffer needs the expert count"
+        topk = experts
     mode = str(p.get("kernel") or p.get("mode") or "deepep-normal")
     try:
         a2akernels.kernel(mode)
@@ -319,6 +333,8 @@ def _moe(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
         return None, "data-parallel size not stated"
     weights, kv = dtypes_of(p)
     tokens, batch = num(p, "tokens"), num(p, "batch")
+    if phase == "decode" and batch is None and isinstance(p.get("kv_full_batch"), dict):
+        batch = kv_full_batch(p, model, gpu)
     if phase == "prefill" and not tokens:
         return None, "prefill tokens per rank not stated"
     if phase == "decode" and not batch:
@@ -353,6 +369,26 @@ def _moe(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, str]:
     if p["unit"] == "tokens/s-per-gpu":
         return per_gpu, ""
     return None, f"no prediction for an MoE point in {p['unit']}"
+
+
+def kv_full_batch(p: dict[str, Any], model: str, gpu: str) -> float:
+    """The decode batch per rank of a run whose batch was "chosen to make KV cache roughly full"
+    (SGLang GB200 part II, lm-sys/lm-sys.github.io 0f32018 blog/2025-09-25-gb200-part-2.md, which
+    states that batch, 1408 at 2k ISL, for one precision only and credits FP8 KV with "a larger
+    number of tokens in the KV cache, enabling ... larger batch sizes"): the stated batch of the
+    reference run (`kv_full_batch: {batch, dtype, kv_dtype}`) scaled by the KV tokens a rank holds
+    in the point's formats over those it holds in the reference's (`costmodel.kv_capacity_tokens`:
+    the memory the weights leave, over the KV bytes a token takes)."""
+    ref = p["kv_full_batch"]
+    ep = int_of(p, "ep", 1)
+    weights, kv = dtypes_of(p)
+    ref_weights, ref_kv = dtypes_of({"dtype": ref.get("dtype"), "kv_dtype": ref.get("kv_dtype")})
+    part = catalog.gpu(gpu)
+    held = costmodel.kv_capacity_tokens(cost.model_spec(model, weights, kv), part, 1, ep=ep)
+    ref_held = costmodel.kv_capacity_tokens(cost.model_spec(model, ref_weights, ref_kv), part, 1, ep=ep)
+    if ref_held <= 0:
+        raise ValueError("the reference run's weights leave no room for a KV cache")
+    return max(1.0, float(ref["batch"]) * held / ref_held)
 
 
 def _moe_context(p: dict[str, Any], phase: str) -> int:

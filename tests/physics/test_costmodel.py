@@ -153,6 +153,23 @@ def test_kv_payload_from_host_dram_is_memory_bound() -> None:
     assert small < queries.kv_payload_gb_s(1048576 * 2048, "rdma", 200, 16, requests=2048)
 
 
+def test_efa_requests_cost_more_than_rdma_ones() -> None:
+    """Mooncake's EFA transport posts each block as one fi_write (no slicing): small blocks are
+    bound by its per-op cost (efa_transport.md's block_size sweep: 64 KB reaches ~26 % of peak),
+    large ones by the wire, where EFA and RDMA agree."""
+    from physics import queries
+
+    small = queries.kv_payload_gb_s(65536 * 2048, "rdma", 200, 16, requests=2048, transport="efa")
+    assert small == pytest.approx(65536 * 2048 / ((128 * kvtransfer.KV_EFA_OP_US * 1e-3 + kvtransfer.KV_SETUP_MS
+                                                   + 3e-3) * 1e-3) / 1e9, rel=0.01)
+    assert small < queries.kv_payload_gb_s(65536 * 2048, "rdma", 200, 16, requests=2048)
+    big = 1048576 * 2048
+    assert queries.kv_payload_gb_s(big, "rdma", 200, 16, requests=2048, transport="efa") == pytest.approx(
+        queries.kv_payload_gb_s(big, "rdma", 200, 16, requests=2048))
+    with pytest.raises(ValueError):
+        kvtransfer.kv_request_us("ucx")
+
+
 def test_health_makes_decode_slower() -> None:
     topo = read_source("configs/clusters/local-sim.yaml")
     m, g = catalog.model("llama-3.1-70b"), catalog.gpu("h100-sxm")

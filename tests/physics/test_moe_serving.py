@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loadtest.fidelity import report as fidelity
-from loadtest.fidelity.predict import predict
+from loadtest.fidelity.predict import kv_full_batch, predict
 from physics import catalog, gangqueries
 from physics.moeserving import closed_loop_run, mixed_step_ms
 from physics.queries import model_spec
@@ -67,3 +67,18 @@ def test_single_batch_overlap_hides_transfers_not_the_calls_fixed_costs() -> Non
     big = 1 - step(48, "sbo")["ms"] / step(48, False)["ms"]
     small = 1 - step(1, "sbo")["ms"] / step(1, False)["ms"]
     assert big > 0.03 > small
+
+
+def test_a_batch_chosen_to_fill_the_kv_cache_scales_with_the_kv_tokens_a_rank_holds() -> None:
+    # SGLang GB200 part II: 1408 sequences fill the KV cache of its FP8-KV, NVFP4 run; its BF16-KV,
+    # FP8 run holds about half as many tokens (twice the bytes a token, heavier weights)
+    points = {p["id"]: p for p in fidelity.points() if p.get("source_id") == "SGLANG-GB200-P2"}
+    fp8 = points["sglang-gb200-p2-decode-fp8"]
+    batch = kv_full_batch(fp8, "deepseek-v3", "gb200")
+    assert 0.35 * 1408 < batch < 0.5 * 1408
+    same = {**fp8, "dtype": "nvfp4", "kv_dtype": "fp8"}
+    assert kv_full_batch(same, "deepseek-v3", "gb200") == pytest.approx(1408)
+    value, why = predict(fp8)
+    assert value is not None, why
+    at_stated = predict({**fp8, "batch": 1408})[0]
+    assert at_stated is not None and value < at_stated
