@@ -7,18 +7,12 @@ from __future__ import annotations
 import pytest
 
 from loadtest.fidelity import constants
-from loadtest.fidelity import report as fidelity
 from loadtest.fidelity.predict import PER_CALL_US
 from physics import collectives
 from physics import queries as cost
+from tests.support.fidelityrows import picked
 
 pytestmark = pytest.mark.unit
-
-
-def _rows(*ids: str) -> dict[str, fidelity.Row]:
-    found = {r.id: r for r in fidelity.rows() if r.id in ids}
-    assert set(found) == set(ids)
-    return found
 
 
 def test_rccl_runs_small_all_reduces_on_eight_gpus_as_all_pairs() -> None:
@@ -26,7 +20,7 @@ def test_rccl_runs_small_all_reduces_on_eight_gpus_as_all_pairs() -> None:
     out, at the fitted launch; within 35 % at the documented `LAUNCH_US`); two steps, not a ring's
     14, up to 512 KiB under LL, the ring above it."""
     ring_steps_saved = 12 * collectives.HW_LAT_US["nvlink"]["ring"][0]
-    rows = _rows("hisohara-mi300x-8gpu-allreduce-8KiB-time", "hisohara-mi300x-8gpu-allreduce-64KiB-time")
+    rows = picked("hisohara-mi300x-8gpu-allreduce-8KiB-time", "hisohara-mi300x-8gpu-allreduce-64KiB-time")
     for r in rows.values():
         assert r.ratio is not None and r.predicted is not None and 0.8 < r.ratio < 1.35, (r.id, r.ratio)
         assert r.predicted + ring_steps_saved > 1.35 * r.published  # as a ring: out of reach
@@ -43,7 +37,7 @@ def test_an_all_reduce_across_efa_nodes_sits_on_simples_floor() -> None:
     """4 x 8 B200 over EFA through torch.distributed (ml-engineering): 1 MiB and 64 MiB within 25 %
     (3.8x too fast at 1 MiB as RDMA with LL); the same over rdma is far cheaper at 1 MiB and no
     cheaper at 16 GiB."""
-    rows = _rows("mleng-b200-4node-32rank-torch-allreduce-1MiB-busbw",
+    rows = picked("mleng-b200-4node-32rank-torch-allreduce-1MiB-busbw",
                  "mleng-b200-4node-32rank-torch-allreduce-64MiB-busbw",
                  "mleng-b200-8gpu-torch-allreduce-32KiB-busbw")
     assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}

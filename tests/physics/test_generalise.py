@@ -17,20 +17,15 @@ from physics import a2akernels, alltoall, catalog, costmodel
 from physics import gangqueries as gangs
 from physics import queries as cost
 from pools.__main__ import main
+from tests.support.fidelityrows import picked
 
 pytestmark = pytest.mark.unit
-
-
-def _rows(*ids: str) -> dict[str, fidelity.Row]:
-    found = {r.id: r for r in fidelity.rows() if r.id in ids}
-    assert set(found) == set(ids)
-    return found
 
 
 def test_chunked_pipeline_prefill_matches_sglangs_million_token_runs() -> None:
     """SGLang PP8 x TP4 on H20 (lmsys blog 2026-01-15): 128K to 1M tokens within 25 %; and the
     chunks are what make more stages shorten one prompt."""
-    rows = _rows(*(f"sglcpp-h20-qwen3-235b-fp8-pp8tp4-{n}" for n in ("128k", "256k", "512k", "1m")))
+    rows = picked(*(f"sglcpp-h20-qwen3-235b-fp8-pp8tp4-{n}" for n in ("128k", "256k", "512k", "1m")))
     assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
     one = gangs.pp("llama-3.1-70b", "h100-sxm", 8, 1, "prefill", [], tokens=131072, chunk=0)["ms"]
     chunked = gangs.pp("llama-3.1-70b", "h100-sxm", 8, 4, "prefill", ["rdma"], tokens=131072)
@@ -43,7 +38,7 @@ def test_a_named_all_to_all_kernel_is_priced_as_its_own_points_say(capsys: pytes
     """pplx-kernels on H100 at EP16-EP128 (its README) within 25 %, and its torch.distributed baseline
     (one all_to_all_single of a dense buffer, `buffer: dense`) priced as NCCL prices it; `cost moe
     --a2a` names it."""
-    rows = _rows("pplx-pplx-128tok-ep16-dispatch", "pplx-pplx-128tok-ep64-dispatch", "pplx-pplx-128tok-ep128-dispatch",
+    rows = picked("pplx-pplx-128tok-ep16-dispatch", "pplx-pplx-128tok-ep64-dispatch", "pplx-pplx-128tok-ep128-dispatch",
                  "pplx-pplx-128tok-ep64-combine", "pplx-torch-alltoall-128tok-ep8-both",
                  "pplx-torch-alltoall-128tok-ep64-both")
     assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
@@ -79,7 +74,7 @@ def test_fp8_kv_and_fp4_weights() -> None:
     cache, FP8 about half of BF16; TensorRT-LLM's NVFP4 DeepSeek-R1 on 8 B200 (batch 1, five MTP
     drafts)."""
     ids = [f"vllmfp8kv-{g}-llama-3.1-8b-kv{kv}-itl-slope" for g in ("h100", "b200") for kv in ("bf16", "fp8")]
-    rows = _rows(*ids, "trtllm-blog1-b200-dsr1-mtp5")
+    rows = picked(*ids, "trtllm-blog1-b200-dsr1-mtp5")
     assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
     bf16 = cost.decode("llama-3.1-8b", "h100-sxm", 1, 64, 8192)
     fp8 = cost.decode("llama-3.1-8b", "h100-sxm", 1, 64, 8192, kv_dtype="fp8")
@@ -93,7 +88,7 @@ def test_fp8_kv_and_fp4_weights() -> None:
 def test_mtp_and_small_batch_moe_decode() -> None:
     """TensorRT-LLM's DeepSeek-R1 (NVFP4) on 8 B200 at batch 1 with five MTP drafts (acceptance
     length 3.01): within 25 %. At batch 1 the step reads the experts one token picks, not all."""
-    assert _rows("trtllm-blog1-b200-dsr1-mtp5")["trtllm-blog1-b200-dsr1-mtp5"].within
+    assert picked("trtllm-blog1-b200-dsr1-mtp5")["trtllm-blog1-b200-dsr1-mtp5"].within
     spec = cost.decode("deepseek-v3", "b200", 8, 1, 1024, draft_tokens=3, acceptance_length=2.8)
     plain = cost.decode("deepseek-v3", "b200", 8, 1, 1024)
     assert spec["speculative"]["acceptance_length"] == 2.8 and spec["ms"] < plain["ms"] < spec["step_ms"]
@@ -117,7 +112,7 @@ def test_an_expert_parallel_gang_decodes_with_mtp(capsys: pytest.CaptureFixture[
     25 %, read as the blog's `--tp 16 --dp 16` means (attention on one GPU per rank, EP16).
     `cost moe --draft-tokens` verifies k + 1 tokens per sequence in one step and yields the
     acceptance length."""
-    rows = _rows("sglang-h20-decode-inferx-base-bs48", "sglang-h20-decode-inferx-pro-bs32")
+    rows = picked("sglang-h20-decode-inferx-base-bs48", "sglang-h20-decode-inferx-pro-bs32")
     assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
     assert main(["cost", "moe", "--model", "deepseek-v3", "--gpu", "h20", "--dp", "16", "--phase", "decode",
                  "--batch", "1", "--context", "4096", "--link", "rdma", "--draft-tokens", "2",
@@ -166,7 +161,7 @@ def test_collectives_across_nodes_take_the_algorithm_their_library_would() -> No
     """rccl-tests on two nodes of MI300X/MI325X/MI355X sit at the ring's bound (RCCL gets no
     two-node tree doubling); NCCL's small all-reduces across nodes run as a tree under LL
     (nccl-tests 8 KiB over 2 and 4 nodes of H100); each within 25 %."""
-    rows = _rows("hisohara-mi300x-2node-16rank-allreduce-8GiB-busbw",
+    rows = picked("hisohara-mi300x-2node-16rank-allreduce-8GiB-busbw",
                  "hisohara-mi355x-2node-16rank-allreduce-8GiB-busbw",
                  "ncclt309-h100-2node-16rank-allreduce-8KiB-time", "ncclt309-h100-4node-32rank-allreduce-8KiB-time",
                  "a3mega-h100-16rank-allreduce-8GiB-busbw")
@@ -181,7 +176,7 @@ def test_an_offline_batch_prefills_its_prompts_side_by_side() -> None:
     """TensorRT-LLM's H200 launch table (one static batch: prefill, then every decode step):
     Llama-2-13B at batch 1024 and Llama-2-70B at batch 32-512 within 25 %. A batch of prompts
     is priced as that many prompts in one step, each attending over its own tokens only."""
-    rows = _rows("trtllm-h200launch-llama-2-13b-bs1024-tp1-128-128", "trtllm-h200launch-llama-2-70b-bs512-tp1-128-128",
+    rows = picked("trtllm-h200launch-llama-2-13b-bs1024-tp1-128-128", "trtllm-h200launch-llama-2-70b-bs512-tp1-128-128",
                  "trtllm-h200launch-llama-2-70b-bs32-tp1-2048-128")
     assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
     one = cost.prefill("llama-3.1-8b", "h100-sxm", 1, 2048)["ms"]
@@ -193,7 +188,7 @@ def test_an_offline_batch_prefills_its_prompts_side_by_side() -> None:
 def test_deepeps_sm_budget_bounds_its_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
     """DeepEP's normal kernels on 8 B200 at 16-48 SMs (its hybrid-ep docs): within 25 % at 24 and
     32 SMs; `cost moe --sms N` prices a kernel given N SMs."""
-    rows = _rows("hybridep-doc-deepep-b200-ep8-24sm-dispatch", "hybridep-doc-deepep-b200-ep8-32sm-dispatch",
+    rows = picked("hybridep-doc-deepep-b200-ep8-24sm-dispatch", "hybridep-doc-deepep-b200-ep8-32sm-dispatch",
                  "hybridep-doc-deepep-b200-ep8-32sm-combine")
     assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
     few = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "deepep-normal", "nvlink", sms=16)["us"]
@@ -215,7 +210,7 @@ def test_uccl_eps_normal_kernels_share_deepeps_sm_bound() -> None:
     """UCCL-EP keeps DeepEP's copy loops and benchmarks them on 24 SMs: on 8 B200 its intranode
     dispatch and combine (280 and 426 GB/s, far below the NVLink line) are within 25 % once that
     budget bounds them; a kernel that copies otherwise (Hybrid-EP's TMA) is not bounded by it."""
-    rows = _rows("uccl-p6b200-ht-ep8-dispatch-us", "uccl-p6b200-ht-ep8-combine-us", "uccl-p6b200-ht-ep8-combine-bw")
+    rows = picked("uccl-p6b200-ht-ep8-dispatch-us", "uccl-p6b200-ht-ep8-combine-us", "uccl-p6b200-ht-ep8-combine-bw")
     assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
     few = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "uccl-ep-normal", "nvlink", sms=24)["us"]
     free = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "uccl-ep-normal", "nvlink")["us"]
@@ -228,7 +223,7 @@ def test_an_all_to_all_over_efa_pays_the_networks_latency_on_every_round_trip(
         capsys: pytest.CaptureFixture[str]) -> None:
     """pplx-garden's low-latency calls over EFA at EP16-64 (70-105 µs slower than over CX7) and
     UCCL-EP's at EP16 on p5en: within 25 %; `cost moe --link efa` prices a decode over EFA."""
-    rows = _rows("pplxgarden-decode-pplx-efa-ep64-dispatch", "pplxgarden-decode-pplx-efa-ep32-dispatch",
+    rows = picked("pplxgarden-decode-pplx-efa-ep64-dispatch", "pplxgarden-decode-pplx-efa-ep32-dispatch",
                  "pplxgarden-decode-pplx-efa-ep16-dispatch", "uccl-p5en-ll-ep16-dispatch")
     assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
     base = ["cost", "moe", "--model", "deepseek-v3", "--gpu", "h200-sxm", "--dp", "32", "--phase", "decode",
