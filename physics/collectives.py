@@ -178,9 +178,10 @@ def collective_us(op: str, message_bytes: float, ranks: int, line_gb_s: float, h
 def _collective_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: int, nvls_scale: float,
                    node_gb_s: float | None, extra_us: float, tree: bool = True, algorithm: str | None = None,
                    msccl: bool = False, efa: bool = False) -> float:
-    times = _algorithm_us(op, size, ranks, line, hw, nodes, nvls_scale, node_gb_s, extra_us, tree)
     if efa and op == "allreduce" and nodes > 1:
         times = {"ring": _efa_allreduce_us(size, ranks, line, nodes, node_gb_s)}
+    else:
+        times = _algorithm_us(op, size, ranks, line, hw, nodes, nvls_scale, node_gb_s, extra_us, tree)
     if msccl and op == "allreduce" and nodes == 1 and ranks == MSCCL_ALLPAIRS_GPUS and hw != "pci" \
             and size <= MSCCL_ALLPAIRS_LL_MAX_BYTES and algorithm is None:
         times["msccl"] = _allpairs_ll_us(size, ranks, max(line, 0.01) * BUS_EFFICIENCY["nvlink"])
@@ -195,10 +196,7 @@ def _algorithm_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: 
     efficiency over Hopper's (0: no NVLS)."""
     per_node = max(1, ranks // nodes)
     intra: Hw = "pci" if hw == "pci" else "nvlink"
-    bus = max(line, 0.01) * BUS_EFFICIENCY[intra] if per_node > 1 else math.inf
-    net = 0.0
-    if nodes > 1:
-        net = (node_gb_s if node_gb_s is not None else max(line, 0.01) * per_node) * BUS_EFFICIENCY["net"]
+    bus, net = _bus_and_net(line, intra, per_node, nodes, node_gb_s)
     if op == "alltoall":
         return {"alltoall": _alltoall_us(size, ranks, per_node, bus, net, intra, nodes) + extra_us}
     if nodes > 1:
@@ -230,12 +228,21 @@ def _algorithm_us(op: str, size: float, ranks: int, line: float, hw: Hw, nodes: 
     return times
 
 
+def _bus_and_net(line: float, intra: Hw, per_node: int, nodes: int, node_gb_s: float | None) -> tuple[float, float]:
+    """A GPU's bus rate inside its node (inf alone there) and its node's network rate (0 on one
+    node: the node's NICs, `node_gb_s`, or else the GPUs' own lines), at their bus efficiencies."""
+    bus = max(line, 0.01) * BUS_EFFICIENCY[intra] if per_node > 1 else math.inf
+    net = 0.0
+    if nodes > 1:
+        net = (node_gb_s if node_gb_s is not None else max(line, 0.01) * per_node) * BUS_EFFICIENCY["net"]
+    return bus, net
+
+
 def _efa_allreduce_us(size: float, ranks: int, line: float, nodes: int, node_gb_s: float | None) -> float:
     """A ring all-reduce across EFA nodes under Simple, its latency as AWS's tuner prices it
     (`EFA_NETWORKS`), its bandwidth the ring's over the node's NICs (as `_algorithm_us`)."""
-    per_node = max(1, ranks // nodes)
-    net = (node_gb_s if node_gb_s is not None else max(line, 0.01) * per_node) * BUS_EFFICIENCY["net"]
-    bus = min(max(line, 0.01) * BUS_EFFICIENCY["nvlink"] if per_node > 1 else math.inf, net)
+    inside, net = _bus_and_net(line, "nvlink", max(1, ranks // nodes), nodes, node_gb_s)
+    bus = min(inside, net)
     steps, inter = 2 * (ranks - 1), 2 * nodes
     lat = (inter * (EFA_STEP_LATENCY_US + EFA_SIMPLE_OVERHEAD_US)
            + max(0, steps - inter) * HW_LAT_US["nvlink"]["ring"][2])

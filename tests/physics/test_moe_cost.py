@@ -209,7 +209,7 @@ def test_a_moe_decode_point_reads_its_prompt_and_sglang_drafts_are_its_steps() -
     of a generation); SGLang's `--speculative-num-draft-tokens` is the verify width (num_steps + 1
     at top-k 1), so a spec stating `steps` drafts that many."""
     from loadtest.fidelity.fields import speculation
-    from loadtest.fidelity.predict import _moe_context
+    from loadtest.fidelity.moepoints import _moe_context
 
     assert _moe_context({"prompt_tokens": 4096, "output_tokens": 1536}, "decode") == 4096 + 768
     assert _moe_context({"prompt_tokens": 4096, "context": 100}, "decode") == 100

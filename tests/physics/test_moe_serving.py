@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from loadtest.fidelity import report as fidelity
-from loadtest.fidelity.predict import kv_full_batch, predict
+from loadtest.fidelity.moepoints import kv_full_batch
+from loadtest.fidelity.predict import predict
 from physics import catalog, gangqueries
 from physics.moeserving import closed_loop_run, mixed_step_ms
 from physics.queries import model_spec
