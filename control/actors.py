@@ -35,6 +35,9 @@ from topology.bench.run import BenchSettings
 HEALTH_INTERVAL_S = 2.0
 log = logging.getLogger("isleserve.controller")
 CALL_TIMEOUT_S = 30.0
+PLACE_TIMEOUT_S = 180.0
+"""How long Ray may take to place a replica's actor on its node and start the worker process it
+runs in: seconds alone; CI's two loaded cores, three raylets on them, have taken over a minute."""
 HEAD_RESOURCE = "node:__internal_head__"
 """The resource only Ray's head node has."""
 STOP_TIMEOUT_S = 60.0
@@ -93,12 +96,17 @@ class RemoteReplica:
         return ray.get(getattr(self.actor, method).remote(), timeout=timeout_s)
 
     def start(self) -> str:
+        try:  # first Ray places the actor where its GPUs are, then the actor starts the engine
+            ray.get(self.actor.__ray_ready__.remote(), timeout=PLACE_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"replica {self.launch.replica_id}: Ray did not start its actor within "
+                               f"{PLACE_TIMEOUT_S:g} s; does Ray node {self.launch.pin.ray_node_id} have free "
+                               f"{sorted(self.launch.pin.resources)}?") from None
         timeout_s = self.launch.ready_timeout_s + CALL_TIMEOUT_S
-        try:  # includes waiting for Ray to schedule the actor where its GPUs are
+        try:
             return str(self._call("start", timeout_s))
         except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"replica {self.launch.replica_id}: not running after {timeout_s:g} s; does Ray node "
-                               f"{self.launch.pin.ray_node_id} have free {sorted(self.launch.pin.resources)}?"
+            raise RuntimeError(f"replica {self.launch.replica_id}: its engine was not running after {timeout_s:g} s"
                                ) from None
 
     def healthy(self) -> bool:

@@ -21,7 +21,9 @@ ENGINE_ENV = tuple(dict.fromkeys(("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "
 """The variables pinning sets and those that choose the engine's transports
 (`pools.transportenv`), which a replica reports back from its engine's environment."""
 
-SIM_READY_TIMEOUT_S = 60.0
+SIM_READY_TIMEOUT_S = 120.0
+"""How long a simulated engine may take to print its ready line: a second or two alone, its
+imports alone can take a minute on two cores that three other test lanes load."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
