@@ -6,3 +6,6 @@ catalogues with their sourced data (`catalog`, `data/`), and the `cost` command'
 (`queries`; a gang's: `gangqueries`; `cli`). Pure: imports `topology` (link kinds and paths) only, no I/O module."""
 
 import wire  # noqa: F401  (wire decides first whether the cost model runs compiled)
+from physics import fitted as _fitted
+
+_fitted.apply()  # the free constants at their fit to every published point (`physics.fitted`)

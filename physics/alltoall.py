@@ -45,8 +45,8 @@ UCCL-EP's low-latency kernels 90 µs longer at EP16 on p5en than on CX7 (PPLX-GA
 physics/data/published/moe.yaml)."""
 A2A_NVLINK_LATENCY_US = 35.0
 """... of a call whose traffic stays inside one NVLink domain (no NIC round trip: no IBGDA
-doorbell, no network completion). The documented value is the network one (the calibration set
-has no NVLink-only all-to-all); the leave-one-source-out fit frees it."""
+doorbell, no network completion). Its prior is the network one (the calibration set has no
+NVLink-only all-to-all); the fit frees it (`physics.fitted`)."""
 A2A_SM_GB_S = 15.0
 """What one SM moves of an all-to-all (NVLink stores, RDMA posts): a kernel given `sms` SMs moves
 at most sms x this. DeepEP's normal kernels on 8 B200 (DeepEP hybrid-ep docs, DEEPEP-HYBRID in
@@ -73,7 +73,7 @@ tokens/rank, top-8) FP8 and BF16 dispatch take the same time (EP16 1017.9 vs 102
 at EP16, 768 at EP32: 1.50x) 1.53x. Posting and sending overlap (the NIC sends what the thread posted
 before), so the call takes the longer of the two (added, a BF16 dispatch would take 80-115 us more
 than an FP8 one, its extra bytes at the NIC's share; it takes 5-12 us more). The least-squares value
-over those 4 points at the documented constants is 0.84 us per write, rounded here (the 4 points
+over those 4 points at the priors of the other constants is 0.84 us per write, rounded here (the 4 points
 then read 0.93-1.02). The per-expert count and flag writes (one per remote expert each call) are left
 out: at these shapes a fifth of the data writes, inside the fitted value.
 Two more campaigns by the same team, on other GPUs and with DeepEP's own test (tests/test_low_latency.py,

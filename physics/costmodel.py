@@ -58,8 +58,8 @@ class Efficiency:
     decode_layer_overhead_ms: float = 0.0
     """Per layer of a decode step: the layer's kernels run one after another even from a CUDA
     graph, each a few microseconds however small the batch (an MLA + MoE layer is a score of
-    kernels). 0 in the documented constants (the calibration set's decode steps are folded into
-    `step_overhead_ms`); the leave-one-source-out fit frees it."""
+    kernels). Its prior is 0 (the calibration set's decode steps are folded into
+    `step_overhead_ms`); the fit frees it (`physics.fitted`)."""
     attention_mfu: float = 0.95
     """Share of peak BF16 a prefill attention kernel's QK and PV matmuls reach, its exponentials
     apart (`physics.flops.attention_s`: FlashAttention-3's H100 rates within 3 %). Free."""
@@ -104,13 +104,13 @@ TP_LINK_FALLBACK = LinkCost(bandwidth_gb_s=DEFAULTS[LinkKind.NVSWITCH].bandwidth
 """A TP group's bottleneck when no topology knows its GPUs: placement keeps a TP group inside one
 NVLink island (DESIGN.md), so the island's default link (topology.kinds: H100 SXM NVSwitch,
 18 x 25 = 450 GB/s per direction, 0.5 us)."""
-TIER_QUALITY = {"local": 1.0, "nvlink": 1.0, "pcie": 0.43, "numa": 0.3, "rdma": 0.2, "tcp": 0.08, "rack": 0.05}
+TIER_QUALITY = {"local": 1.0, "nvlink": 1.0, "pcie": 0.42, "numa": 0.3, "rdma": 0.2, "tcp": 0.08, "rack": 0.05}
 """How good a TP group's tier is, in [0, 1] (the placement score and the router's
 link-tier-scorer). Inside a node it is this cost model's own ratio: a prefill of 8192 tokens of
-llama-3.1-8b at TP=2 on H100 runs 0.35x (NODE) to 0.44x (PIX) as fast over the PCIe default
-links as over NVSwitch, and 0.27x over the cross-socket (SYS) one (topology.kinds defaults;
+llama-3.1-8b at TP=2 on H100 runs 0.34x (NODE) to 0.43x (PIX) as fast over the PCIe default
+links as over NVSwitch, and 0.25x over the cross-socket (SYS) one (topology.kinds defaults;
 tests/physics/test_routing_costs.py checks it). Across nodes it is held below that ratio (by the
-same measure rdma 0.59, tcp 0.25): a TP group spread over nodes also shares their NICs with KV
+same measure rdma 0.56, tcp 0.23): a TP group spread over nodes also shares their NICs with KV
 transfers and other traffic, and is lost with either node."""
 
 

@@ -5,8 +5,9 @@ rows: `loadtest.fidelity.report`).
     --cv source   leave-one-source-out cross-validation (`loadtest.fidelity.fit`): every source's
                   points predicted by the model fitted without them; the summary overall and per
                   kind (share within 25 %, median |log ratio|, worst ratio, points beyond 2x)
-    --fit         the free constants fitted to every source at once, next to their documented
-                  values (what the defaults would become)
+    --fit         the free constants fitted to every source at once (from their priors, the
+                  literals), next to the values the model runs on; `--write` ships the fit
+                  (physics/data/fitted.yaml, `physics.fitted`)
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import dataclasses
 import json
 import math
 import statistics
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 
 def judged(rows: Sequence[Any]) -> dict[str, Any]:
@@ -50,10 +55,26 @@ def _render_cv(report: dict[str, Any], untouched: dict[str, tuple[str, ...]]) ->
     lines.append("\nby source (held out, predicted by the model fitted to every other source):")
     for source, s in report["by_source"].items():
         if s["priced"]:
-            kept = f"; kept at their documented values: {', '.join(untouched[source])}" if untouched.get(source) else ""
+            kept = f"; kept at their priors: {', '.join(untouched[source])}" if untouched.get(source) else ""
             lines.append(f"  {source:<22} {s['priced']:>4} points, {s['within_25pct']:.0%} within 25%, "
                          f"median |log r| {s['median_abs_log_ratio']:.3f}{kept}")
     return "\n".join(lines)
+
+
+def write_fit(values: dict[str, float], points: int, loss: float, path: Path | None = None) -> Path:
+    """`physics/data/fitted.yaml`: every free constant at its fit, 4 significant digits."""
+    from loadtest.fidelity import constants
+    from physics import fitted
+
+    target = path or fitted.FILE
+    rows = [{"name": c.name, "where": c.where, "value": float(f"{values[c.name]:.4g}"), "mechanism": c.mechanism}
+            for c in constants.FREE]
+    header = ("# The cost model's free constants fitted to every published point (physics/data): the values\n"
+              "# the model runs on (physics/fitted.py). Written by `python -m pools fidelity --fit --write`;\n"
+              "# tests/loadtest/test_fidelity_fit.py checks that it is the fit to the shipped data.\n")
+    body = yaml.safe_dump({"points": points, "loss": round(loss, 6), "constants": rows}, sort_keys=False, width=120)
+    target.write_text(header + body)
+    return target
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
@@ -78,14 +99,17 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         points = fidelity.points()
         usable = [p for p in points if fitting.fittable(p, predict)]
         found = fitting.fit(usable, predict)
-        documented = constants.defaults()
+        shipped, priors = constants.defaults(), constants.priors()
+        if args.write:
+            written = write_fit(found.values, len(usable), found.loss)
+            print(f"wrote {written}", file=sys.stderr)
         if args.format == "json":
-            print(json.dumps({"documented": documented, "fitted": found.values, "loss": found.loss,
+            print(json.dumps({"priors": priors, "shipped": shipped, "fitted": found.values, "loss": found.loss,
                               "points": len(usable)}))
         else:
             for c in constants.FREE:
-                print(f"{c.name:<28} documented {documented[c.name]:>9.4g}  fitted {found.values[c.name]:>9.4g}"
-                      f"  ({c.mechanism})")
+                print(f"{c.name:<28} prior {priors[c.name]:>9.4g}  shipped {shipped[c.name]:>9.4g}  "
+                      f"fitted {found.values[c.name]:>9.4g}  ({c.mechanism})")
             print(f"fitted to {len(usable)} points; loss {found.loss:.4f}")
         return 0
     found_rows = fidelity.rows()
@@ -103,4 +127,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cv", choices=["source"], help="leave-one-source-out cross-validation")
     p.add_argument("--only", nargs="+", metavar="SOURCE", help="--cv: hold out only these sources")
     p.add_argument("--fit", action="store_true", help="the free constants fitted to every published point")
+    p.add_argument("--write", action="store_true",
+                   help="--fit: ship the fit (physics/data/fitted.yaml, the values the model runs on)")
     p.set_defaults(func=cmd_fidelity)

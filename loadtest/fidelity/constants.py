@@ -9,17 +9,20 @@ from the points on it), so the two cannot trade places.
 `applied(values)` evaluates the model under other values of these constants (the leave-one-source-
 out fit in `loadtest.fidelity.fit`): it sets them where they live, clears the caches that hold
 results computed with the old ones, and puts everything back when it ends. Nothing but the fit
-changes them; the product always runs on the documented defaults.
+changes them; the product runs on the shipped values (`physics.fitted`: each literal, the prior,
+fitted to every published point), and every fit starts from the priors (`priors`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
+
+from physics import fitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +42,7 @@ class Free:
     """Only points on this GPU move it (a part's own factor)."""
     prior: float | None = None
     """Its value when no training point moves it (a kernel's factors: 1, its family's figures);
-    None: the documented value."""
+    None: its literal (`constants.priors`)."""
     needs: str = ""
     """Only points that state this condition move it (an SM budget: `sms`; the network: `network`)."""
 
@@ -138,7 +141,10 @@ FREE: tuple[Free, ...] = (
     *(_free(f"{gpu}.serving_share", f"catalog:gpus()[{gpu}].serving_share", 0.25, _datasheet_share(gpu), STEP,
             f"what serving engines' memory-bound steps reach on {gpu}", gpu=gpu)
       for gpu in ("a100-sxm4", "h100-sxm", "h200-sxm", "h800-sxm", "h20", "b200", "gb200", "mi300x")),
-    *(c for name in ("pplx", "nccl", "uccl-ep-normal", "uccl-ep-ll", "hybrid-ep", "deepep-v2", "mori-ep",
+    # not deepep-v2: the one source that prices it (ADAI-EP-B200) runs it over NCCL GIN's EFA-GDA
+    # transport, which the model does not price; fitted to those points its factors would carry
+    # that transport to every fabric (0.31 of the line), so it runs as DeepEP V1's normal kernels
+    *(c for name in ("pplx", "nccl", "uccl-ep-normal", "uccl-ep-ll", "hybrid-ep", "mori-ep",
                      "mori-ep-ll", "pplx-garden", "trtllm-nvlink-one-sided") for c in _kernel(name)),
 )
 CACHED = ("physics.collectives:_collective_us", "physics.costmodel:_decode_step", "physics.moecost:moe_decode",
@@ -146,44 +152,17 @@ CACHED = ("physics.collectives:_collective_us", "physics.costmodel:_decode_step"
 """Functions whose caches hold results computed with the constants."""
 
 
-def _parse(where: str) -> tuple[Any, str, str | None, str | None]:
-    module, path = where.split(":", 1)
-    mod = importlib.import_module(f"loadtest.fidelity.{module}" if module == "predict" else f"physics.{module}")
-    if path.startswith("gpus()"):  # the catalogue's cached table of parts
-        path = path.replace("gpus()", "_GPUS_TABLE", 1)
-    field = None
-    if "." in path:
-        path, field = path.split(".", 1)
-    key = None
-    if path.endswith("]"):
-        path, key = path[:-1].split("[", 1)
-    return mod, path, key, field
-
-
-def _table(mod: Any, attr: str) -> Any:
-    return mod.gpus() if attr == "_GPUS_TABLE" else getattr(mod, attr)
+def _module(free: Free) -> ModuleType | None:
+    """The harness's own module for its constants (`predict:`); None: `physics.fitted` finds it."""
+    return importlib.import_module("loadtest.fidelity.predict") if free.where.startswith("predict:") else None
 
 
 def get(free: Free) -> float:
-    mod, attr, key, field = _parse(free.where)
-    obj = _table(mod, attr)
-    if key is not None:
-        obj = obj[key]
-    return float(getattr(obj, field) if field is not None else obj)
+    return fitted.get(free.where, _module(free))
 
 
 def _set(free: Free, value: float) -> None:
-    mod, attr, key, field = _parse(free.where)
-    if key is None and field is None:
-        setattr(mod, attr, value)
-        return
-    if key is None:
-        # a frozen dataclass instance shared by default arguments: changed in place, so that every
-        # function that took it as its default sees the new value
-        object.__setattr__(getattr(mod, attr), field or "", value)
-        return
-    table = _table(mod, attr)
-    table[key] = dataclasses.replace(table[key], **{field: value}) if field is not None else value
+    fitted.put(free.where, value, _module(free))
 
 
 def _clear() -> None:
@@ -196,7 +175,14 @@ def _clear() -> None:
 
 
 def defaults() -> dict[str, float]:
+    """The values the model runs on (the shipped fit, `physics.fitted`)."""
     return {f.name: get(f) for f in FREE}
+
+
+def priors() -> dict[str, float]:
+    """Each constant's literal, the prior its docstring derives from its sources: where every fit
+    starts (`physics.fitted.PRIORS`; a constant no shipped value replaced is its literal now)."""
+    return {f.name: fitted.PRIORS.get(f.where, get(f)) for f in FREE}
 
 
 @contextmanager

@@ -8,7 +8,7 @@ and judging the model on points it was not fitted to.
                 on a log scale; a kernel no training point speaks for runs as its family's
                 reference (DeepEP's: factors 1), a part fewer than two sources speak for at its
                 measured share (`serving_share` 1: one source's points would make it that
-                source's correction); any other constant no point moves keeps its documented value
+                source's correction); any other constant no point moves keeps its prior
     cv          leave one source out: for every source, fit without its points, then predict
                 them; the report is on those held-out predictions only
 
@@ -86,13 +86,13 @@ def _golden(f: Callable[[float], float], lo: float, hi: float) -> float:
 class Fit:
     values: dict[str, float]
     untouched: tuple[str, ...]
-    """Constants no training point could move (at their prior, or their documented value)."""
+    """Constants no training point could move (at their prior: the literal, or a kernel's family figure)."""
     loss: float
 
 
 def fit(training: Sequence[dict[str, Any]], predict: Predict, start: Mapping[str, float] | None = None,
         free: Sequence[Free] = FREE) -> Fit:
-    values = dict(start or constants.defaults())
+    values = dict(start or constants.priors())
     untouched: list[str] = []
     for _ in range(ROUNDS):
         for c in free:

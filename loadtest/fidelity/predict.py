@@ -36,6 +36,7 @@ measurement under an open-loop load) gets None and the reason.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +53,7 @@ from loadtest.fidelity.moepoints import moe_point
 from loadtest.fidelity.replay.closedloop import closed_loop_itl_ms
 from loadtest.fidelity.replay.distserve import predicted_attainment
 from loadtest.fidelity.replay.sharegpt import SOURCE
-from physics import a2akernels, alltoall, catalog, collectives
+from physics import a2akernels, alltoall, catalog, collectives, fitted
 from physics import gangqueries as gangs
 from physics import queries as cost
 from physics.pipeline import PP_CHUNK_TOKENS
@@ -368,3 +369,15 @@ def engine_nvls(p: dict[str, Any]) -> bool:
     rings. vLLM forced NCCL_CUMEM_ENABLE=0 too until vllm-project/vllm#24141 (opened 2025-09-03,
     merged) dropped it, so NCCL's tuner may pick NVLS under vLLM 0.11."""
     return "sglang" not in str(p.get("framework") or "").lower()
+
+
+def _ship() -> None:
+    """This module's free constant (`VLLM_PD_PATH_MS`) at its shipped fit, as
+    `physics.fitted.apply` does for the cost model's (their literals kept as the priors)."""
+    here = sys.modules[__name__]
+    for where, value in fitted.values_for("predict").items():
+        fitted.PRIORS.setdefault(where, fitted.get(where, here))
+        fitted.put(where, value, here)
+
+
+_ship()
