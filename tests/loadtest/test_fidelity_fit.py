@@ -16,6 +16,7 @@ from loadtest.fidelity import report as fidelity
 from loadtest.fidelity.cli import write_fit
 from loadtest.fidelity.predict import predict
 from physics import fitted
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +44,17 @@ def test_every_fit_starts_from_the_priors_not_the_shipped_values() -> None:
     with constants.applied(priors):
         assert constants.defaults() == pytest.approx(priors)
     assert constants.defaults() == pytest.approx(_shipped(), rel=1e-9, abs=1e-12)
+
+
+def test_the_docs_table_is_the_shipped_file() -> None:
+    """docs/costmodel.md's table of constants (prior, shipped) is physics/data/fitted.yaml."""
+    text = (ROOT / "docs" / "costmodel.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("`") and cells[1].startswith("`") and ":" in cells[1]:
+            rows[cells[0].strip("`")] = (cells[2], cells[3])
+    priors, shipped = constants.priors(), _shipped()
+    assert set(rows) == set(shipped), "docs/costmodel.md's table of constants lists other constants"
+    for name, (prior, value) in rows.items():
+        assert (prior, value) == (f"{priors[name]:.4g}", f"{shipped[name]:.4g}"), name
