@@ -12,8 +12,8 @@ table entry and `.field` for a field of a frozen dataclass: `costmodel:DEFAULT.p
 `catalog:gpus()[h100-sxm].serving_share` (the catalogue's cached table of parts). An entry for a
 module outside this package (`OUTSIDE`: the fidelity harness's `predict:VLLM_PD_PATH_MS`) is left
 to that module (`values_for`). A kernel whose only priced source runs it on a transport the model
-does not price is not a free constant, so it keeps its family's figures, and its points are not
-fitted (`loadtest.fidelity.constants.FAMILY_ONLY`).
+does not price is not a free constant, so it keeps its family's figures (`deepep-v2`,
+`loadtest.fidelity.constants.FREE`).
 """
 
 from __future__ import annotations

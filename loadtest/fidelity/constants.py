@@ -141,15 +141,14 @@ FREE: tuple[Free, ...] = (
     *(_free(f"{gpu}.serving_share", f"catalog:gpus()[{gpu}].serving_share", 0.25, _datasheet_share(gpu), STEP,
             f"what serving engines' memory-bound steps reach on {gpu}", gpu=gpu)
       for gpu in ("a100-sxm4", "h100-sxm", "h200-sxm", "h800-sxm", "h20", "b200", "gb200", "mi300x")),
+    # not deepep-v2: the one source that prices it (ADAI-EP-B200) runs it over NCCL GIN's EFA-GDA,
+    # which the model prices only as a GPU-initiated kernel on EFA (its round trips); fitted to those
+    # points its own factors would carry GIN's cost to every fabric (0.31 of the line), so it runs as
+    # DeepEP V1's normal kernels. Its points still inform the shared constants: held out, UCCL-EP
+    # (the other EFA source) reads 50 of 67 within 25 % with them in the fit, 45 without
     *(c for name in ("pplx", "nccl", "uccl-ep-normal", "uccl-ep-ll", "hybrid-ep", "mori-ep",
                      "mori-ep-ll", "pplx-garden", "trtllm-nvlink-one-sided") for c in _kernel(name)),
 )
-FAMILY_ONLY = frozenset({"deepep-v2"})
-"""Kernels whose factors are not free and whose points are predicted but never fitted: the one
-source that prices them runs them on a transport the model does not price (deepep-v2: ADAI-EP-B200
-over NCCL GIN's EFA-GDA). Fitted, their factors would carry that transport to every fabric (0.31
-of the line), and their points would pull the shared constants toward it; they run as their
-family's kernels (DeepEP V1's normal ones)."""
 CACHED = ("physics.collectives:_collective_us", "physics.costmodel:_decode_step", "physics.moecost:moe_decode",
           "loadtest.fidelity.replay.closedloop:closed_loop", "loadtest.fidelity.replay.distserve:replay")
 """Functions whose caches hold results computed with the constants."""

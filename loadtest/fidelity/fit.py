@@ -14,8 +14,7 @@ and judging the model on points it was not fitted to.
 
 Points a fit uses: those judged by ratio that the model prices from its formulas alone (the
 attainment and closed-loop points replay a simulation: they are predicted in their own fold, with
-that fold's constants, but not fitted to; so are the points of a kernel priced only as its family,
-`constants.FAMILY_ONLY`).
+that fold's constants, but not fitted to).
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ def simulated(p: dict[str, Any]) -> bool:
 
 
 def fittable(p: dict[str, Any], predict: Predict) -> bool:
-    if simulated(p) or p.get("excluded") or str(p.get("kernel") or "") in constants.FAMILY_ONLY:
+    if simulated(p) or p.get("excluded"):
         return False
     value, _ = predict(p)
     return value is not None and value > 0 and float(p["value"]) > 0

@@ -209,11 +209,10 @@ def test_deepeps_sm_budget_bounds_its_bandwidth(capsys: pytest.CaptureFixture[st
 
 def test_uccl_eps_normal_kernels_share_deepeps_sm_bound() -> None:
     """UCCL-EP keeps DeepEP's copy loops and benchmarks them on 24 SMs: on 8 B200 its intranode
-    dispatch and combine (280 and 426 GB/s, far below the NVLink line) are within 30 % once that
-    budget bounds them (0.79-1.26x at the shipped fit); a kernel that copies otherwise (Hybrid-EP's
-    TMA) is not bounded by it."""
+    dispatch and combine (280 and 426 GB/s, far below the NVLink line) are within 25 % once that
+    budget bounds them; a kernel that copies otherwise (Hybrid-EP's TMA) is not bounded by it."""
     rows = picked("uccl-p6b200-ht-ep8-dispatch-us", "uccl-p6b200-ht-ep8-combine-us", "uccl-p6b200-ht-ep8-combine-bw")
-    assert all(1 / 1.3 < (r.ratio or 0) < 1.3 for r in rows.values()), {r.id: r.ratio for r in rows.values()}
+    assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
     few = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "uccl-ep-normal", "nvlink", sms=24)["us"]
     free = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "uccl-ep-normal", "nvlink")["us"]
     assert few > 1.5 * free
