@@ -11,7 +11,7 @@ table entry and `.field` for a field of a frozen dataclass: `costmodel:DEFAULT.p
 `collectives:BUS_EFFICIENCY[nvlink]`, `a2akernels:KERNELS[pplx].bandwidth_factor`,
 `catalog:gpus()[h100-sxm].serving_share` (the catalogue's cached table of parts). An entry for a
 module outside this package (`OUTSIDE`: the fidelity harness's `predict:VLLM_PD_PATH_MS`) is left
-to that module (`values_for`). A kernel whose only priced source runs it on a transport the model
+to that module (`apply(module=..., name=...)`). A kernel whose only priced source runs it on a transport the model
 does not price is not a free constant, so it keeps its family's figures (`deepep-v2`,
 `loadtest.fidelity.constants.FREE`).
 """
@@ -19,6 +19,7 @@ does not price is not a free constant, so it keeps its family's figures (`deepep
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -77,6 +78,7 @@ def put(where: str, value: float, module: ModuleType | None = None) -> None:
     table[key] = dataclasses.replace(table[key], **{field: value}) if field is not None else value
 
 
+@functools.cache
 def load(path: Path = FILE) -> dict[str, float]:
     """The shipped values by where they live (none when the file is absent)."""
     if not path.exists():
@@ -94,16 +96,12 @@ def load(path: Path = FILE) -> dict[str, float]:
     return out
 
 
-def values_for(module: str, values: Mapping[str, float] | None = None) -> dict[str, float]:
-    """The shipped values of one module's constants (`module` as in `where`: `predict`)."""
-    found = load() if values is None else values
-    return {w: v for w, v in found.items() if w.split(":", 1)[0] == module}
-
-
-def apply(values: Mapping[str, float] | None = None) -> None:
-    """Put the shipped values (default: `FILE`) in place of this package's literals, once."""
+def apply(values: Mapping[str, float] | None = None, module: ModuleType | None = None, name: str = "") -> None:
+    """Put the shipped values (default: `FILE`) in place of the literals, once: this package's, or
+    with `module` those of that module, named `name` in the file (one of `OUTSIDE`)."""
     for where, value in (load() if values is None else values).items():
-        if where.split(":", 1)[0] in OUTSIDE or where in PRIORS:
+        owner = where.split(":", 1)[0]
+        if (owner != name if module is not None else owner in OUTSIDE) or where in PRIORS:
             continue
-        PRIORS[where] = get(where)
-        put(where, value)
+        PRIORS[where] = get(where, module)
+        put(where, value, module)

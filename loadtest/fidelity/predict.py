@@ -371,13 +371,4 @@ def engine_nvls(p: dict[str, Any]) -> bool:
     return "sglang" not in str(p.get("framework") or "").lower()
 
 
-def _ship() -> None:
-    """This module's free constant (`VLLM_PD_PATH_MS`) at its shipped fit, as
-    `physics.fitted.apply` does for the cost model's (their literals kept as the priors)."""
-    here = sys.modules[__name__]
-    for where, value in fitted.values_for("predict").items():
-        fitted.PRIORS.setdefault(where, fitted.get(where, here))
-        fitted.put(where, value, here)
-
-
-_ship()
+fitted.apply(module=sys.modules[__name__], name="predict")  # `VLLM_PD_PATH_MS` at its shipped fit
