@@ -218,7 +218,8 @@ class UpstreamConfig(_Strict):
     breaker_open_s: float = Field(default=5.0, gt=0)
     table_wait_s: float = Field(
         default=5.0, ge=0, description="a request no replica in the router's view can take now (its PD pair "
-        "refused it before the first byte, or none is usable) waits this long for the controller's next routing "
+        "refused it before the first byte, every replica it was sent to refused the connection, or none is usable) "
+        "waits this long for the controller's next routing "
         "table and is routed again on it: the one a scale-in, restart or move published, which the router follows "
         "every second; 503 or the upstream's error after it. Only under a controller (a static table never "
         "changes); 0: answer at once")

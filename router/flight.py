@@ -6,6 +6,11 @@ verbatim (SSE chunks as they come, with back-pressure) and record per-tier laten
 No task, future or await per request: this is what keeps the router's CPU per request small.
 A coroutine that needs the outcome (the decode leg of a PD request) awaits `fly`.
 
+A flight whose every replica refused the connection (`Flight.reached` False: no engine saw the
+request) is not answered 502 at once under a controller: the router's view is behind the cluster
+(the engine was stopped by a scale-in its table has not followed yet), so the request goes back to
+the router to wait for the next table (`FlightContext.reroute`, `upstream.table_wait_s`).
+
 A flight sees the router only through its `FlightContext`: the replica table (to pick up and
 put down load, and to count failures for the breakers), the relay, the metrics, the deadline
 watch, the upstream settings, the clock and the callback that ends a request. It never sees the
@@ -26,7 +31,7 @@ from router.plugins.model import Candidate
 from router.relay import RelayPool, UpstreamProtocol, request_bytes
 from router.state import Replicas
 from router.timing import TAIL, reported_timing, token_events
-from router.upstream import UpstreamError
+from router.upstream import Unreachable, UpstreamError
 from wire import openai as wire
 from wire.errors import ApiError
 from wire.responder import Responder
@@ -41,15 +46,18 @@ SERVED_BY_KEEP = 4096
 
 class FlightContext:
     """What a flight needs of the router: the replica table, the relay, the metrics, the upstream
-    settings, the clock, the deadline watch, and `ended(call, outcome)`, called once when a flight
-    that owns its request's admission slot ends."""
+    settings, the clock, the deadline watch, `ended(call, outcome)`, called once when a flight
+    that owns its request's admission slot ends, and `reroute(call, response, started)`, offered a
+    request no engine saw (every replica refused the connection): True when the router took it over,
+    slot and all (it waits for the next table); None or False: it is answered 502."""
 
-    __slots__ = ("_served_by", "clock", "ended", "metrics", "relay", "replicas", "upstream", "watch")
+    __slots__ = ("_served_by", "clock", "ended", "metrics", "relay", "replicas", "reroute", "upstream", "watch")
 
     def __init__(self, replicas: Replicas, relay: RelayPool, metrics: RouterMetrics, upstream: UpstreamConfig,
-                 ended: Callable[[Call, str], None], clock: Clock = time.perf_counter) -> None:
+                 ended: Callable[[Call, str], None], clock: Clock = time.perf_counter,
+                 reroute: Callable[[Call, Responder, float], bool] | None = None) -> None:
         self.replicas, self.relay, self.metrics, self.upstream = replicas, relay, metrics, upstream
-        self.ended, self.clock = ended, clock
+        self.ended, self.clock, self.reroute = ended, clock, reroute
         self.watch = Watch(clock)
         self._served_by: dict[tuple[str, str, tuple[tuple[str, str], ...]], bytes] = {}
 
@@ -69,8 +77,8 @@ class FlightContext:
 class Flight:
     __slots__ = ("abandoned", "bad", "call", "cand", "chunks", "conn", "content_type", "ctx", "deadline", "ended",
                  "error", "extra", "first", "head_at", "itl", "labels", "last", "last_data", "order", "out",
-                 "outcome", "owner", "parts", "paused_at", "payload", "prev", "response", "sent_at", "started",
-                 "status", "streaming", "tail", "tiers", "tokens", "tried", "waiter")
+                 "outcome", "owner", "parts", "paused_at", "payload", "prev", "reached", "response", "sent_at",
+                 "started", "status", "streaming", "tail", "tiers", "tokens", "tried", "waiter")
 
     def __init__(self, ctx: FlightContext, call: Call, order: list[Candidate], response: Responder, started: float,
                  payload: bytes, *, extra: tuple[tuple[str, str], ...] = (), tiers: Mapping[str, str] | None = None,
@@ -83,6 +91,9 @@ class Flight:
         self.conn: UpstreamProtocol | None = None
         self.abandoned = False
         self.tried = 0
+        self.reached = False
+        """Some engine may have seen the request: a connection to one was made (an answer, a reset
+        or a timeout came back). False: every replica tried refused the connection."""
         self.cand: Candidate | None = None
         self.labels: tuple[str, str, str] = ("", "", "")
         self.status = 0
@@ -117,6 +128,10 @@ class Flight:
     def _next(self) -> None:
         r = self.ctx
         if self.tried >= len(self.order) or self.tried > r.upstream.retries:
+            if not self.reached and self.owner and r.reroute is not None and r.reroute(self.call, self.response,
+                                                                                      self.started):
+                self._handed_over()
+                return
             self._fail(ApiError(502, f"upstream failed: {self.last}", "bad_gateway"))
             return
         cand = self.cand = self.order[self.tried]
@@ -157,6 +172,7 @@ class Flight:
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.abort()
+        self.reached = True  # the engine may hold the request
         key = self.cand.endpoint.url.removeprefix("http://") if self.cand else "upstream"
         if flowing:
             self.on_error(UpstreamError("upstream went quiet mid-response"))
@@ -170,6 +186,7 @@ class Flight:
         cand = self.cand
         assert cand is not None
         self.status, self.content_type = status, content_type
+        self.reached = True
         r = self.ctx
         self.last_data = r.clock()
         if status >= 500:
@@ -280,6 +297,8 @@ class Flight:
         self.conn = None
         if self.ended:
             return
+        if not isinstance(error, Unreachable):
+            self.reached = True
         if not self.response.started:
             self._retry(str(error))
             return
@@ -316,6 +335,13 @@ class Flight:
             self.response.send(error.status, error.body(), headers=[("retry-after", "1")] if error.status == 503
                                else ())
         self._end("error", error)
+
+    def _handed_over(self) -> None:
+        """The router took the request over (`FlightContext.reroute`): its slot and its answer are
+        the router's now, so this flight ends without either."""
+        self.ended = True
+        self.outcome = "rerouted"
+        self.ctx.watch.discard(self)
 
     def _end(self, outcome: str, error: ApiError | None = None) -> None:
         if self.ended:

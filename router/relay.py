@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import httptools
 
-from router.upstream import UpstreamError
+from router.upstream import Unreachable, UpstreamError
 
 
 class Listener(Protocol):
@@ -187,7 +187,7 @@ class RelayPool:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, proto = await loop.create_connection(lambda: UpstreamProtocol(self, key), host, int(port))
         except (OSError, TimeoutError) as err:
-            listener.on_error(UpstreamError(f"cannot connect to {key} ({type(err).__name__})"))
+            listener.on_error(Unreachable(f"cannot connect to {key} ({type(err).__name__})"))
             return
         if getattr(listener, "abandoned", False):  # the client left while we were connecting
             self.put(proto)

@@ -95,7 +95,7 @@ class Router:
         self.relay = RelayPool(config.upstream.connect_timeout_s, engine_key=engine_key)  # the request path
         self.keyless = routes.KeylessBudget(config.tokenize_open_bytes_per_s)
         self.flights = FlightContext(self.replicas, self.relay, self.metrics, config.upstream, self.request_ended,
-                                     clock)
+                                     clock, self._reroute)
         self.rng = random.Random(config.seed)
         self.turns = itertools.count()
         self.profiles = {name: self._profile(name) for name in config.classes()}
@@ -133,9 +133,14 @@ class Router:
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run clean-up work apart from the request that needed it (which may be cancelled)."""
+        self._task(work)
+
+    def _task(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """`work` apart from the request that started it; cancelled when the router stops."""
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     def _profile(self, slo_class: str) -> Profile:
         p = self.config.profile(slo_class)
@@ -539,8 +544,9 @@ class Router:
             m.child(m.prefix_hit_ratio, *labels).observe(hit / route.cacheable_tokens)
 
     async def _waiting(self, call: Call, response: Responder, started: float, queued: bool = False,
-                       pd: PDDecision | None = None) -> None:
-        """The coroutine path: a request queued for an admission slot, or a PD request."""
+                       pd: PDDecision | None = None, behind: bool = False) -> None:
+        """The coroutine path: a request queued for an admission slot, a PD request, or one whose
+        replicas all refused the connection (`behind`: it waits for the next table first)."""
         slo = call.slo
         if queued:
             try:
@@ -558,7 +564,7 @@ class Router:
                 pd = self._pd_choice(call, snapshot, self._class_pools(call, snapshot))
         outcome = "error"
         try:
-            outcome = await self._serve(call, pd, response, started)
+            outcome = await self._serve(call, pd, response, started, behind)
         except asyncio.CancelledError:
             outcome = "client_timeout" if response.timed_out else "cancelled"
             raise
@@ -576,21 +582,55 @@ class Router:
         except ApiError as err:
             send_error(response, err)
 
+    def _reroute(self, call: Call, response: Responder, started: float) -> bool:
+        """A request every replica it was sent to refused at connect (`Flight.reached`): under a
+        controller it waits for the next table like one nothing in the view can take (`_serve`),
+        its admission slot and answer now this coroutine's; False without one (answered 502)."""
+        if self._table_wait_s() <= 0:
+            return False
+        task = self._task(self._rerouted(call, response, started))
+
+        def gone() -> None:  # the client went away: stop its wait and what it started
+            task.cancel()
+
+        response.on_disconnect(gone)
+        return True
+
+    async def _rerouted(self, call: Call, response: Responder, started: float) -> None:
+        try:
+            await self._waiting(call, response, started, behind=True)
+        except Exception:  # no connection's task runs it (`wire.http`): the client still gets an answer
+            log.exception("a rerouted request failed")
+            if not response.started:
+                send_error(response, ApiError(500, "internal error", "server_error"))
+            elif not response.finished:
+                response.end()
+
     def _table_wait_s(self) -> float:
         """How long a request nothing in this view can take waits for a newer table: only under a
         controller (its tables carry an epoch; a static table never changes)."""
         return self.config.upstream.table_wait_s if self.replicas.table.epoch else 0.0
 
-    async def _serve(self, call: Call, pd: PDDecision | None, response: Responder, started: float) -> str:
+    async def _serve(self, call: Call, pd: PDDecision | None, response: Responder, started: float,
+                     behind: bool = False) -> str:
         """The PD pair, else (or when it failed before the first byte) a mixed replica. When neither
-        can take the request, this view is behind the cluster (the engines it lists were stopped
-        by a scale-in it has not followed yet, the one left is not in it, or was restarted on
-        another port): the request waits for the next table (`Replicas.newer`, up to
+        can take the request, or every mixed replica it was sent to refused the connection (no
+        engine saw it: `Flight.reached`), this view is behind the cluster (the engines it lists were
+        stopped by a scale-in it has not followed yet, the one left is not in it, or was restarted
+        on another port): the request waits for the next table (`Replicas.newer`, up to
         `upstream.table_wait_s`) and is routed again on it, as Ray Serve's router waits for its
-        replica set; then 503, or the pair's own error."""
+        replica set; then 503, or the pair's or the replicas' own error. `behind`: it starts with
+        that wait (its replicas already refused it)."""
         loop = asyncio.get_running_loop()  # the wait's own clock (a test's request clock may stand still)
         until = loop.time() + self._table_wait_s()
         while True:
+            if behind:
+                behind = False
+                left = until - loop.time()
+                if left > 0:
+                    await self.replicas.newer(left)
+                    snapshot = self.replicas.snapshot()
+                    pd = self._pd_choice(call, snapshot, self._class_pools(call, snapshot))
             failed: ApiError | None = None
             if pd is not None:
                 try:
@@ -614,4 +654,8 @@ class Router:
                 if failed is not None:
                     raise failed  # what the pair's engines said, not "no replica"
             flight = await fly(self.flights, call, decision.order(), response, started, call.payload)
+            if flight.error is not None and not flight.reached and decision.winner is not None \
+                    and until - loop.time() > 0:
+                behind = True  # no engine saw it: wait for the next table, then route it again
+                continue
             return flight.outcome_or_raise()

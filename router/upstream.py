@@ -4,6 +4,8 @@ router.relay's own connections).
 
     UpstreamError     nothing usable came back (connect refused, reset, timeout, bad HTTP):
                       the request may be retried on another replica, no byte went to the client
+    Unreachable       the UpstreamError of a connection that could not be made: the engine
+                      never saw the request (a stopped engine's port refuses it)
     Pool              keep-alive scrape clients, one per engine URL (wire.client), each
                       call bounded by a connect and a read timeout; a failure is an UpstreamError
                       (also the prefix-cache index's /tokenize calls, `router.kvtokens`)
@@ -21,6 +23,10 @@ from wire.client import AsyncClient, ClientError
 
 class UpstreamError(Exception):
     pass
+
+
+class Unreachable(UpstreamError):
+    """No connection to the engine could be made: nothing of the request reached it."""
 
 
 class Pool:

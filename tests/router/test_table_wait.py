@@ -3,7 +3,9 @@ engines the view still lists and the replica left is only in the controller's ne
 moved replica's replacement is). The router does not answer 503 "no healthy replica" then: the
 request waits for the next table the router follows and is served on it. A static table (no
 controller) answers at once, as before; a wait that brings nothing ends with what the engines
-said. The engines are tiny servers on loopback; a stopped one is a port that refuses."""
+said. A mixed replica whose engine refuses the connection is the same case (no engine saw the
+request), before its breaker opens as after. The engines are tiny servers on loopback; a stopped
+one is a port that refuses."""
 
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ class Engine:
 
     def answer(self, body: dict[str, object]) -> dict[str, object]:
         self.bodies.append(body)
+        if self.role == "mixed":
+            return ANSWER
         if self.role == "prefill":
             return {**ANSWER, "kv_transfer_params": KV}
         assert body["kv_transfer_params"] == KV  # what the prefill returned
@@ -206,5 +210,34 @@ def test_a_static_table_answers_at_once_and_a_fruitless_wait_says_what_failed() 
                     assert client.status() == 502 and b"cannot connect to " + stopped in client.data, client.data
             waited = await ask(router(scaled, table_wait_s=0.05))  # under a controller, no newer table within it
             assert waited.status() == 502 and b"cannot connect to " + stopped in waited.data, waited.data
+
+    asyncio.run(main())
+
+
+def test_a_mixed_replica_whose_engine_was_stopped_is_not_a_502() -> None:
+    """The view lists one mixed replica, whose engine a scale-in has just stopped (its port refuses),
+    and its breaker is closed: the request is not answered 502 "cannot connect" but waits for the
+    next table and is served by the replica left. Without a controller (a static table) it is the
+    502 at once, as before; under one, a wait that brings nothing ends in that 502, not sooner."""
+    async def main() -> None:
+        async with engines() as (urls, live):
+            stopped = urls["stopped"].removeprefix("http://").encode()
+            gone = endpoint("mixed-0", urls["stopped"], "mixed")
+            view = RoutingTable(version=4, epoch="controller-1", replicas=(gone,))
+            after = replace(view, version=5, replicas=(endpoint("mixed-2", urls["left"], "mixed"),))
+            live["left"].role = "mixed"
+            r = router(view, table_wait_s=30)
+            assert not r.replicas.snapshot()[0].load.breaker_open
+            client = await asyncio.wait_for(with_follower(r, after), 20)
+            assert client.status() == 200 and client.header("x-isle-replica") == "mixed-2", client.data
+            assert len(live["left"].bodies) == 1
+
+            static = await asyncio.wait_for(ask(router(replace(view, epoch=""), table_wait_s=30)), 5)
+            assert static.status() == 502 and b"cannot connect to " + stopped in static.data, static.data
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            waited = await asyncio.wait_for(ask(router(view, table_wait_s=0.5)), 10)
+            assert waited.status() == 502 and b"cannot connect to " + stopped in waited.data, waited.data
+            assert loop.time() - began >= 0.5
 
     asyncio.run(main())

@@ -9,9 +9,9 @@ controller's next table has not reached it yet).
   the engine when the table comes, no connection of theirs left open in the router.
 - A wait that brings nothing ends in an OpenAI-shaped 503 after the bound, not at once.
 
-The hung-up clients also open the stopped engine's breaker: a mixed replica whose engine refuses
-connections is not "nothing can take it" until then (`upstream.table_wait_s`): its first requests
-are retried elsewhere, then answered 502 at once."""
+The hung-up clients also open the stopped engine's breaker; before it opens, their requests wait
+too (every replica they were sent to refused the connection: no engine saw them), so none is
+answered 502 (tests/router/test_table_wait.py)."""
 
 from __future__ import annotations
 
