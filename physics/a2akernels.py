@@ -71,13 +71,23 @@ class A2AKernel:
     give every local expert a queue pair of its own (NVSHMEM_IBGDA_NUM_RC_PER_PE = num_qps_per_rank)
     and signal once per expert. The pairs bound for one peer then complete one after another, each
     waiting the network's round trip for its atomic (`physics.alltoall.signal_chain_us`)."""
+    count_block_experts: int = 0
+    """A dispatch that tells every expert of the gang how many tokens it sends it, one remote
+    signal per expert, from one warp per thread block, each warp its experts one after another
+    (`physics.alltoall.count_chain_us`); the blocks are one per this many experts or one per
+    (token, expert) pair, whichever are more. pplx-kernels' dispatch launches max(ceil(experts / 10),
+    tokens x top-k) blocks of 10 warps (up to the GPU's SMs), and the last warp of each block posts
+    `nvshmemx_signal_op` for every `gridDim`-th expert in turn (ppl-ai/pplx-kernels
+    csrc/all_to_all/internode_dispatch.cu @12cecfda, `dispatchKernel` and its launch). 0: the counts
+    go out at once (DeepEP's low-latency dispatch: each expert's count from the warp group that
+    `responsible_expert_idx` gives it, csrc/kernels/internode_ll.cu)."""
 
 
 KERNELS: dict[str, A2AKernel] = {
     "deepep-normal": A2AKernel(True, sm_copy=True, source="DeepEP V1 normal kernels (calibration.yaml deepep-ht-*)"),
     "deepep-ll": A2AKernel(False, sm_copy=True, message_puts=True,
                            source="DeepEP V1 low-latency kernels (calibration.yaml deepep-ll-*)"),
-    "pplx": A2AKernel(False, 0.81, 1.7, signal_per_message=True,
+    "pplx": A2AKernel(False, 0.81, 1.7, signal_per_message=True, count_block_experts=10,
                        source="pplx-kernels (ppl-ai/pplx-kernels @12cecfda): one put + atomic signal per "
                               "(token, expert) pair (`signal_per_message`); its two factors fitted to its README "
                               "rows (PPLX-KERNELS, 20 points) with that priced, 1 when they are held out"),

@@ -16,6 +16,7 @@ to 256 (77-194 us) and combine (114-360 us) within 10%.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -153,6 +154,28 @@ def signal_chain_us(tokens: int, k: int, ep: int, links: GangLinks) -> float:
     return max(1.0, tokens * k / max(ep, 1)) * 2.0 * links.nic_latency_us
 
 
+def count_chain_us(tokens: int, k: int, experts: int, remote_share: float, links: GangLinks,
+                   block_experts: int) -> float:
+    """What a dispatch whose counts go out one warp at a time (`a2akernels.A2AKernel.count_block_experts`)
+    waits for them: each warp posts ceil(experts / blocks) counts in turn, `remote_share` of them to
+    ranks outside this one's NVLink domain, each after one network round trip (2 x
+    `GangLinks.nic_latency_us`), as `signal_chain_us` prices a signal. No fitted figure: the
+    round trip is the link's. What the figures say: pplx-kernels' one-token IBGDA dispatch
+    (PPLX-KERNELS, H100, 256 experts, 26 blocks: 10 counts a warp) climbs 102.7, 115.7, 121.0,
+    125.9 µs from EP16 to EP128 as the remote share of those counts grows (1/2, 3/4, 7/8, 15/16: 5,
+    7.5, 8.75, 9.4 remote counts a warp); less 6 µs per remote count, 73, 71, 69, 70 µs: flat, where
+    its one-token combine (no counts) stays at 55-63 µs. Why a count waits is not confirmed in
+    NVSHMEM's source: a non-fetching atomic over IBGDA is posted without waiting for its completion
+    (`nvshmemi_ibgda_amo_nonfetch_impl`), so the cost may be the posting itself (a thread's WQE,
+    fences and doorbell), which the round trip stands for here. Left out of the model, it had
+    pulled the shared call cost (`A2A_LATENCY_US`) up to 42 µs; with it, 33.5 (prior 35, DeepEP's
+    own intercept)."""
+    if block_experts <= 0 or experts <= 0 or remote_share <= 0:
+        return 0.0
+    blocks = max(math.ceil(experts / block_experts), tokens * k, 1)
+    return math.ceil(experts / blocks) * remote_share * 2.0 * links.nic_latency_us
+
+
 def remote_domains(domains: int, k: int, groups_per_token: int) -> float:
     """Expected domains other than its own a token's `k` experts fall in (uniform routing,
     at most `groups_per_token` domains when routing is group-limited and groups map to domains)."""
@@ -165,15 +188,17 @@ def remote_domains(domains: int, k: int, groups_per_token: int) -> float:
 
 
 def a2a_us(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, links: GangLinks, mode: str,
-           groups_per_token: int = 0) -> float:
-    """One dispatch (or combine) of `tokens` tokens per rank, each to `k` of `ep` ranks (module
-    docstring), by the kernel `mode` names (`KERNELS`; "high-throughput" and "low-latency" are
-    DeepEP's). `groups_per_token`: DeepSeek's group-limited routing (0: none)."""
-    return sum(a2a_parts(tokens, hidden, k, element_bytes, ep, links, mode, groups_per_token))
+           groups_per_token: int = 0, *, experts: int = 0, dispatch: bool = True) -> float:
+    """One dispatch (or combine: `dispatch` False) of `tokens` tokens per rank, each to `k` of `ep`
+    ranks (module docstring), by the kernel `mode` names (`KERNELS`; "high-throughput" and
+    "low-latency" are DeepEP's). `groups_per_token`: DeepSeek's group-limited routing (0: none);
+    `experts`: the gang's routed experts (a dispatch's counts; 0: not priced)."""
+    return sum(a2a_parts(tokens, hidden, k, element_bytes, ep, links, mode, groups_per_token, experts=experts,
+                         dispatch=dispatch))
 
 
 def a2a_parts(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, links: GangLinks, mode: str,
-              groups_per_token: int = 0) -> tuple[float, float]:
+              groups_per_token: int = 0, *, experts: int = 0, dispatch: bool = True) -> tuple[float, float]:
     """`a2a_us` as (the call's fixed cost, its transfer) in µs: only the transfer streams beside a
     GEMM (`moecost.Overlap`); a collective's whole time is fixed."""
     if ep <= 1 or tokens <= 0:
@@ -211,6 +236,8 @@ def a2a_parts(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, l
     slower = max(0.0, links.nic_latency_us - RDMA_LATENCY_US) * A2A_NET_ROUND_TRIPS
     fixed = A2A_LATENCY_US + slower if outside > 0 else A2A_NVLINK_LATENCY_US
     latency = fixed * impl.latency_factor + (CROSS_RAIL_LATENCY_US if links.carrier == "cross-rail" else 0.0)
+    if dispatch and outside > 0:
+        latency += count_chain_us(tokens, k, experts, outside_share, links, impl.count_block_experts)
     sm_priced = links.sms > 0 and impl.sm_copy
     sm_bound = (inside + outside) / (links.sms * A2A_SM_GB_S * 1e9) if sm_priced else 0.0
     # the kernel's factor scales its share of the links; its SMs copy as DeepEP's do (`sm_copy`)

@@ -185,15 +185,17 @@ def pp(model: str, gpu: str, tp: int, stages: int, phase: str, boundaries: list[
 
 def a2a(gpu: str, ep: int, tokens: int, hidden: int, topk: int, dtype: str, mode: str, link_name: str = "rdma",
         domain_gpus: int | None = None, gbps: float | None = None, groups_per_token: int = 0,
-        sms: int = 0) -> dict[str, Any]:
-    """One dispatch or combine (`alltoall.a2a_us`): `tokens` per rank to `topk` of `ep` ranks, `dtype` elements."""
+        sms: int = 0, *, experts: int = 0, dispatch: bool = True) -> dict[str, Any]:
+    """One dispatch (or combine: `dispatch` False) (`alltoall.a2a_us`): `tokens` per rank to `topk` of
+    `ep` ranks, `dtype` elements; `experts`: the gang's routed experts (0: not stated)."""
     positive(ep=ep, tokens=tokens, hidden=hidden, topk=topk)
     a2akernels.kernel(mode)
     if dtype not in A2A_DTYPES:
         raise ValueError(f"unknown dispatch dtype {dtype!r} (known: {', '.join(A2A_DTYPES)})")
     links = gang_links(link_name, gpu, ep, domain_gpus, gbps, sms)
     element = alltoall.FP8_DISPATCH_BYTES if dtype == "fp8" else float(costmodel.BF16)
-    us = alltoall.a2a_us(tokens, hidden, topk, element, ep, links, mode, groups_per_token)
+    us = alltoall.a2a_us(tokens, hidden, topk, element, ep, links, mode, groups_per_token, experts=experts,
+                         dispatch=dispatch)
     gb = tokens * topk * hidden * element / 1e9
     return {"what": "a2a", "gpu": gpu, "ep": ep, "tokens": tokens, "hidden": hidden, "topk": topk, "dtype": dtype,
             "mode": mode, "domain_gpus": links.domain_ranks, "us": us, "logical_gb_s": gb / (us * 1e-6) if us else 0.0}

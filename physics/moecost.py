@@ -168,8 +168,10 @@ def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, t
         mode = a2a or ("high-throughput" if prefill else "low-latency")
         groups = moe.groups_per_token if moe.groups > 1 else 0
         dispatch_bytes = FP8_DISPATCH_BYTES if model.compute != "bf16" else float(BF16)
-        sent = a2a_parts(tokens, model.hidden, moe.experts_per_token, dispatch_bytes, ep, links, mode, groups)
-        back = a2a_parts(tokens, model.hidden, moe.experts_per_token, float(BF16), ep, links, mode, groups)
+        sent = a2a_parts(tokens, model.hidden, moe.experts_per_token, dispatch_bytes, ep, links, mode, groups,
+                         experts=moe.routed_experts)
+        back = a2a_parts(tokens, model.hidden, moe.experts_per_token, float(BF16), ep, links, mode, groups,
+                         experts=moe.routed_experts, dispatch=False)
         dispatch_ms, combine_ms = moe.moe_layers * sum(sent) / 1e3, moe.moe_layers * sum(back) / 1e3
         streams = moe.moe_layers * sent[1] / 1e3, moe.moe_layers * back[1] / 1e3
     reduces = model.layers * 2 - (moe.moe_layers if expert_parallel else 0)

@@ -267,8 +267,8 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
     ep, tokens, hidden, topk = num(p, "ep"), num(p, "tokens"), num(p, "hidden"), num(p, "topk")
     if not (ep and tokens and hidden and topk):
         return None, "EP size, tokens, hidden or top-k not stated"
+    experts = int(num(p, "experts") or 0)
     if p.get("buffer") == "dense":
-        experts = num(p, "experts")
         if not experts:
             return None, "a dense all-to-all buffer needs the expert count"
         topk = experts
@@ -295,7 +295,7 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
     for op in ops:
         size = element if op == "dispatch" else 2.0
         us += gangs.a2a(gpu, int(ep), int(tokens), int(hidden), int(topk), "fp8" if size != 2.0 else "bf16", mode,
-                       link, reach, gbps, groups, sms)["us"]
+                       link, reach, gbps, groups, sms, experts=experts, dispatch=op == "dispatch")["us"]
     unit = p["unit"]
     if unit == "us":
         return us, ""

@@ -57,6 +57,40 @@ def test_a_named_all_to_all_kernel_is_priced_as_its_own_points_say(capsys: pytes
         a2akernels.kernel("carrier-pigeon")
 
 
+def test_pplx_one_token_dispatch_waits_for_its_counts_warp_by_warp(capsys: pytest.CaptureFixture[str]) -> None:
+    """pplx-kernels' one-token dispatch across nodes (its README: 102.7, 115.7, 121.0, 125.9 µs at
+    EP16-128) within 25 % and rising with EP as the published figures do: 26 blocks post the 256
+    experts' counts, 10 a warp, one after another, and more of them leave the node as the gang
+    grows (`alltoall.count_chain_us`). Its combine sends no counts and does not rise so; a batch
+    of 128 tokens launches a block per (token, expert) pair, two counts a warp; `cost moe --a2a
+    pplx` prices the counts from the model's experts."""
+    eps = (16, 32, 64, 128)
+    rows = picked(*(f"pplx-pplx-1tok-ep{ep}-dispatch" for ep in eps))
+    assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
+    predicted = [rows[f"pplx-pplx-1tok-ep{ep}-dispatch"].predicted for ep in eps]
+    assert predicted == sorted(predicted) and predicted[-1] - predicted[0] > 15, predicted
+    links = gangs.gang_links("rdma", "h100-sxm", 16, None, None)
+    one = alltoall.a2a_us(1, 7168, 8, alltoall.FP8_DISPATCH_BYTES, 16, links, "pplx", experts=256)
+    uncounted = alltoall.a2a_us(1, 7168, 8, alltoall.FP8_DISPATCH_BYTES, 16, links, "pplx")
+    combine = alltoall.a2a_us(1, 7168, 8, 2.0, 16, links, "pplx", experts=256, dispatch=False)
+    assert one - uncounted == pytest.approx(10 * 0.5 * 2 * links.nic_latency_us)
+    assert combine < one
+    batch = alltoall.a2a_us(128, 7168, 8, 2.0, 16, links, "pplx", experts=256)
+    assert batch - alltoall.a2a_us(128, 7168, 8, 2.0, 16, links, "pplx") == pytest.approx(2 * links.nic_latency_us * 0.5)
+    base = ["cost", "moe", "--model", "deepseek-v3", "--gpu", "h100-sxm", "--dp", "16", "--phase", "decode",
+            "--batch", "1", "--context", "2000", "--link", "rdma", "--format", "json"]
+    assert main([*base, "--a2a", "pplx"]) == 0
+    dispatch_ms = json.loads(capsys.readouterr().out)["dispatch_ms"]
+    spec = catalog.model("deepseek-v3")
+    moe = spec.moe
+    assert moe is not None
+    per_call = alltoall.a2a_us(1, spec.hidden, moe.experts_per_token, alltoall.FP8_DISPATCH_BYTES, 16, links, "pplx",
+                               moe.groups_per_token, experts=moe.routed_experts)
+    assert dispatch_ms == pytest.approx(moe.moe_layers * per_call / 1e3)
+    counted = alltoall.count_chain_us(1, moe.experts_per_token, moe.routed_experts, 0.5, links, 10)
+    assert counted == pytest.approx(10 * 0.5 * 2 * links.nic_latency_us)
+
+
 def test_deepeps_bandwidth_is_read_by_its_own_count() -> None:
     """DeepEP's tests count a token once per node it is sent to, its own included (internode),
     and every row a rank receives (intranode): read so, the normal kernels' figures are within 25 %
