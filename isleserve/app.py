@@ -120,6 +120,11 @@ class RouterThread:
             loop.run_until_complete(self.router.start())
         except BaseException as err:  # a port already taken, for instance: report it to Serve
             self.error = err
+            try:  # what it started before it failed, then the loop itself (its self-pipe's sockets)
+                loop.run_until_complete(self.router.stop())
+            except Exception:
+                log.exception("stopping a router that did not start")
+            loop.close()
             self.ready.set()
             return
         self.ready.set()

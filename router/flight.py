@@ -6,10 +6,8 @@ verbatim (SSE chunks as they come, with back-pressure) and record per-tier laten
 No task, future or await per request: this is what keeps the router's CPU per request small.
 A coroutine that needs the outcome (the decode leg of a PD request) awaits `fly`.
 
-A flight whose every replica refused the connection (`Flight.reached` False: no engine saw the
-request) is not answered 502 at once under a controller: the router's view is behind the cluster
-(the engine was stopped by a scale-in its table has not followed yet), so the request goes back to
-the router to wait for the next table (`FlightContext.reroute`, `upstream.table_wait_s`).
+One whose every replica refused the connection (`Flight.reached` False) goes back to the router
+to wait for its next table (`FlightContext.reroute`): no engine saw it.
 
 A flight sees the router only through its `FlightContext`: the replica table (to pick up and
 put down load, and to count failures for the breakers), the relay, the metrics, the deadline
@@ -47,15 +45,15 @@ SERVED_BY_KEEP = 4096
 class FlightContext:
     """What a flight needs of the router: the replica table, the relay, the metrics, the upstream
     settings, the clock, the deadline watch, `ended(call, outcome)`, called once when a flight
-    that owns its request's admission slot ends, and `reroute(call, response, started)`, offered a
-    request no engine saw (every replica refused the connection): True when the router took it over,
-    slot and all (it waits for the next table); None or False: it is answered 502."""
+    that owns its request's admission slot ends, and `reroute(call, response, started, error)`,
+    offered a request no engine saw with the 502 it would get: True when the router took it over,
+    slot and answer (`Router._reroute`); None or False: the 502 now."""
 
     __slots__ = ("_served_by", "clock", "ended", "metrics", "relay", "replicas", "reroute", "upstream", "watch")
 
     def __init__(self, replicas: Replicas, relay: RelayPool, metrics: RouterMetrics, upstream: UpstreamConfig,
                  ended: Callable[[Call, str], None], clock: Clock = time.perf_counter,
-                 reroute: Callable[[Call, Responder, float], bool] | None = None) -> None:
+                 reroute: Callable[[Call, Responder, float, ApiError], bool] | None = None) -> None:
         self.replicas, self.relay, self.metrics, self.upstream = replicas, relay, metrics, upstream
         self.ended, self.clock, self.reroute = ended, clock, reroute
         self.watch = Watch(clock)
@@ -91,9 +89,7 @@ class Flight:
         self.conn: UpstreamProtocol | None = None
         self.abandoned = False
         self.tried = 0
-        self.reached = False
-        """Some engine may have seen the request: a connection to one was made (an answer, a reset
-        or a timeout came back). False: every replica tried refused the connection."""
+        self.reached = False  # a connection to an engine was made: it may have seen the request
         self.cand: Candidate | None = None
         self.labels: tuple[str, str, str] = ("", "", "")
         self.status = 0
@@ -128,11 +124,12 @@ class Flight:
     def _next(self) -> None:
         r = self.ctx
         if self.tried >= len(self.order) or self.tried > r.upstream.retries:
+            error = ApiError(502, f"upstream failed: {self.last}", "bad_gateway")
             if not self.reached and self.owner and r.reroute is not None and r.reroute(self.call, self.response,
-                                                                                      self.started):
+                                                                                      self.started, error):
                 self._handed_over()
                 return
-            self._fail(ApiError(502, f"upstream failed: {self.last}", "bad_gateway"))
+            self._fail(error)
             return
         cand = self.cand = self.order[self.tried]
         self.tried += 1
@@ -337,8 +334,7 @@ class Flight:
         self._end("error", error)
 
     def _handed_over(self) -> None:
-        """The router took the request over (`FlightContext.reroute`): its slot and its answer are
-        the router's now, so this flight ends without either."""
+        """The router took the request, slot and answer, over (`FlightContext.reroute`)."""
         self.ended = True
         self.outcome = "rerouted"
         self.ctx.watch.discard(self)

@@ -544,9 +544,9 @@ class Router:
             m.child(m.prefix_hit_ratio, *labels).observe(hit / route.cacheable_tokens)
 
     async def _waiting(self, call: Call, response: Responder, started: float, queued: bool = False,
-                       pd: PDDecision | None = None, behind: bool = False) -> None:
+                       pd: PDDecision | None = None, refused: ApiError | None = None) -> None:
         """The coroutine path: a request queued for an admission slot, a PD request, or one whose
-        replicas all refused the connection (`behind`: it waits for the next table first)."""
+        replicas all refused the connection (`refused`, their 502: it waits for the next table first)."""
         slo = call.slo
         if queued:
             try:
@@ -564,7 +564,7 @@ class Router:
                 pd = self._pd_choice(call, snapshot, self._class_pools(call, snapshot))
         outcome = "error"
         try:
-            outcome = await self._serve(call, pd, response, started, behind)
+            outcome = await self._serve(call, pd, response, started, refused)
         except asyncio.CancelledError:
             outcome = "client_timeout" if response.timed_out else "cancelled"
             raise
@@ -582,13 +582,14 @@ class Router:
         except ApiError as err:
             send_error(response, err)
 
-    def _reroute(self, call: Call, response: Responder, started: float) -> bool:
-        """A request every replica it was sent to refused at connect (`Flight.reached`): under a
-        controller it waits for the next table like one nothing in the view can take (`_serve`),
-        its admission slot and answer now this coroutine's; False without one (answered 502)."""
+    def _reroute(self, call: Call, response: Responder, started: float, refused: ApiError) -> bool:
+        """A request every replica it was sent to refused at connect (`Flight.reached`; `refused`:
+        the 502 it got): under a controller it waits for the next table like one nothing in the view
+        can take (`_serve`), its admission slot and answer now this coroutine's; False without one
+        (answered the 502 now)."""
         if self._table_wait_s() <= 0:
             return False
-        task = self._task(self._rerouted(call, response, started))
+        task = self._task(self._rerouted(call, response, started, refused))
 
         def gone() -> None:  # the client went away: stop its wait and what it started
             task.cancel()
@@ -596,9 +597,9 @@ class Router:
         response.on_disconnect(gone)
         return True
 
-    async def _rerouted(self, call: Call, response: Responder, started: float) -> None:
+    async def _rerouted(self, call: Call, response: Responder, started: float, refused: ApiError) -> None:
         try:
-            await self._waiting(call, response, started, behind=True)
+            await self._waiting(call, response, started, refused=refused)
         except Exception:  # no connection's task runs it (`wire.http`): the client still gets an answer
             log.exception("a rerouted request failed")
             if not response.started:
@@ -612,17 +613,19 @@ class Router:
         return self.config.upstream.table_wait_s if self.replicas.table.epoch else 0.0
 
     async def _serve(self, call: Call, pd: PDDecision | None, response: Responder, started: float,
-                     behind: bool = False) -> str:
+                     refused: ApiError | None = None) -> str:
         """The PD pair, else (or when it failed before the first byte) a mixed replica. When neither
         can take the request, or every mixed replica it was sent to refused the connection (no
         engine saw it: `Flight.reached`), this view is behind the cluster (the engines it lists were
         stopped by a scale-in it has not followed yet, the one left is not in it, or was restarted
         on another port): the request waits for the next table (`Replicas.newer`, up to
         `upstream.table_wait_s`) and is routed again on it, as Ray Serve's router waits for its
-        replica set; then 503, or the pair's or the replicas' own error. `behind`: it starts with
-        that wait (its replicas already refused it)."""
+        replica set; then 503, or the pair's or the replicas' own error (a refused request's 502
+        even once the refusing engine's breaker has opened). `refused`: its replicas already refused
+        it with this 502; it starts with that wait."""
         loop = asyncio.get_running_loop()  # the wait's own clock (a test's request clock may stand still)
         until = loop.time() + self._table_wait_s()
+        behind = refused is not None
         while True:
             if behind:
                 behind = False
@@ -653,9 +656,11 @@ class Router:
                     continue
                 if failed is not None:
                     raise failed  # what the pair's engines said, not "no replica"
+                if refused is not None:
+                    raise refused  # what its replicas did (refuse it), not "no replica"
             flight = await fly(self.flights, call, decision.order(), response, started, call.payload)
             if flight.error is not None and not flight.reached and decision.winner is not None \
                     and until - loop.time() > 0:
-                behind = True  # no engine saw it: wait for the next table, then route it again
+                refused, behind = flight.error, True  # no engine saw it: wait for the next table, route it again
                 continue
             return flight.outcome_or_raise()

@@ -6,6 +6,9 @@ and its next answer clears it."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -89,3 +92,36 @@ def test_the_follow_loop_says_when_the_controller_is_silent(monkeypatch: pytest.
     # the tick before it found: silent for 11 s (more than 10) at the tick that asked at 12 s
     assert fake.degraded == [False] * 11 + [True] * 3 + [False]
     assert router.silence is None and router.controller_health() == {}
+
+
+def test_a_router_that_cannot_start_says_why_and_closes_its_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router's port is taken: the thread reports the error to Serve (which retries the
+    replica) and closes the event loop it made (left open, the loop and its self-pipe's two
+    sockets wait for the garbage collector, which warns of them in whatever runs then)."""
+    made: list[asyncio.AbstractEventLoop] = []
+    new_loop = asyncio.new_event_loop
+
+    def recorded() -> asyncio.AbstractEventLoop:
+        made.append(new_loop())
+        return made[-1]
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # asyncio's own loop, which the test can see
+    monkeypatch.setattr(asyncio, "new_event_loop", recorded)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        config = RouterConfig.model_validate({
+            "host": "127.0.0.1", "port": taken.getsockname()[1],
+            "keys": [{"tenant": "t", "key_sha256": sha256(DEV_KEY)}],
+            "admin_keys": [{"tenant": "ops", "key_sha256": sha256(DEV_ADMIN_KEY)}],
+            "replicas": [{"replica_id": "r0", "url": "http://127.0.0.1:9", "model": "m"}]})
+        thread = serve.RouterThread.__new__(serve.RouterThread)
+        parts: Any = thread  # what `_run` uses, without Serve's controller
+        parts.router, parts.ready, parts.error, parts.loop = Router(config, table_from_config(config)), \
+            threading.Event(), None, None
+        thread._run()
+        assert thread.ready.is_set() and isinstance(thread.error, OSError), thread.error
+        assert len(made) == 1 and made[0].is_closed() and thread.loop is None
+    finally:
+        taken.close()

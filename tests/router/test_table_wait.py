@@ -241,3 +241,42 @@ def test_a_mixed_replica_whose_engine_was_stopped_is_not_a_502() -> None:
             assert loop.time() - began >= 0.5
 
     asyncio.run(main())
+
+
+def test_many_requests_refused_at_connect_leave_nothing_behind() -> None:
+    """200 requests at once to a view whose only replica's engine refuses connections, under a
+    controller whose next table never comes: each waits the bound and is answered 502, "cannot
+    connect" (its breaker opens after the first failures, and a 503 "no healthy replica" would hide
+    why); nothing is left in flight, no admission slot held, no task of the router's running."""
+    async def main() -> None:
+        async with engines() as (urls, _live):
+            stopped = urls["stopped"].removeprefix("http://").encode()
+            view = RoutingTable(version=4, epoch="controller-1",
+                                replicas=(endpoint("mixed-0", urls["stopped"], "mixed"),))
+            r = router(view, table_wait_s=0.5)
+            body = json.dumps({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+            clients = []
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            try:
+                works = []
+                for _ in range(200):
+                    client = Client()
+                    clients.append(client)
+                    request = Request(method="POST", path="/v1/chat/completions", query={}, peer="127.0.0.1:1",
+                                      body=body.encode(), headers={"authorization": f"Bearer {DEV_KEY}"})
+                    work = r.handle(request, Responder(client, keep_alive=True))
+                    if work is not None:
+                        works.append(asyncio.ensure_future(work))
+                await asyncio.wait_for(asyncio.gather(*works, *(c.done for c in clients)), 20)
+                waited = loop.time() - began
+                assert {c.status() for c in clients} == {502}
+                assert all(b"cannot connect to " + stopped in c.data for c in clients)
+                assert waited >= 0.5
+                await asyncio.sleep(0.05)
+                assert sum(r.admission.inflight.values()) == 0
+                assert not r._background, r._background
+            finally:
+                await r.stop()
+
+    asyncio.run(main())
