@@ -625,15 +625,9 @@ class Router:
         it with this 502; it starts with that wait."""
         loop = asyncio.get_running_loop()  # the wait's own clock (a test's request clock may stand still)
         until = loop.time() + self._table_wait_s()
-        behind = refused is not None
+        if refused is not None and until > loop.time():
+            pd = await self._next_table(call, until - loop.time())
         while True:
-            if behind:
-                behind = False
-                left = until - loop.time()
-                if left > 0:
-                    await self.replicas.newer(left)
-                    snapshot = self.replicas.snapshot()
-                    pd = self._pd_choice(call, snapshot, self._class_pools(call, snapshot))
             failed: ApiError | None = None
             if pd is not None:
                 try:
@@ -648,19 +642,23 @@ class Router:
                 await self.loras.ensure(call.lora, self.replicas.snapshot, call.slo.sheddable)
             decision = self._decide(call, self.replicas.snapshot())
             if decision.winner is None:
-                left = until - loop.time()
-                if left > 0:
-                    await self.replicas.newer(left)  # then once more, on what it brought
-                    snapshot = self.replicas.snapshot()
-                    pd = self._pd_choice(call, snapshot, self._class_pools(call, snapshot))
+                if until > loop.time():
+                    pd = await self._next_table(call, until - loop.time())  # then once more, on it
                     continue
                 if failed is not None:
                     raise failed  # what the pair's engines said, not "no replica"
                 if refused is not None:
                     raise refused  # what its replicas did (refuse it), not "no replica"
             flight = await fly(self.flights, call, decision.order(), response, started, call.payload)
-            if flight.error is not None and not flight.reached and decision.winner is not None \
-                    and until - loop.time() > 0:
-                refused, behind = flight.error, True  # no engine saw it: wait for the next table, route it again
+            if flight.error is not None and not flight.reached and until > loop.time():
+                refused = flight.error  # no engine saw it: route it again on the next table
+                pd = await self._next_table(call, until - loop.time())
                 continue
             return flight.outcome_or_raise()
+
+    async def _next_table(self, call: Call, wait_s: float) -> PDDecision | None:
+        """Wait up to `wait_s` for a newer table (`Replicas.newer`), then the request's PD pair on
+        what it brought."""
+        await self.replicas.newer(wait_s)
+        snapshot = self.replicas.snapshot()
+        return self._pd_choice(call, snapshot, self._class_pools(call, snapshot))
