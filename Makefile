@@ -78,13 +78,15 @@ test test-vllm: export RAY_AUTH_MODE ?= disabled
 # The checks in lanes, at once (out/tests/LANE.log, shown when each ends): lint (ruff, mypy,
 # import-linter) then `make install-run` in a fresh copy (tests/e2e/test_install_run.py: pip
 # and a compile); the e2e tier that wants port 8000 (`isle run`, `serve deploy`) and the live
-# compare, one test at a time; the ray tier (each test its own cluster), then the chaos runs
-# alone, one after the other (each a timeline on a Ray cluster of its own; run beside the ray
-# tier, a 9-minute chaos run starved its clusters past their waits on two cores); and beside
-# them every other test over PYTEST_JOBS pytest-xdist workers (CI's two cores; a file to a
-# worker, so that module fixtures start once). Then the files marked `serial` alone (wall-clock
-# bounds another test's load could break). Every pytest prints its 25 slowest tests; no cache:
-# lanes end at once.
+# compare, one test at a time; the ray tier (each test its own cluster); and beside them every
+# other test over PYTEST_JOBS pytest-xdist workers (CI's two cores; a file to a worker, so that
+# module fixtures start once). Then the chaos runs alone, one after the other: each a timeline on
+# a Ray cluster of its own (run beside the ray tier, a 9-minute chaos run starved its clusters past
+# their waits on two cores), and the KV one compares a window's TTFT p99 with the same window of a
+# reference run made minutes before, which holds only when both see the same machine (beside the
+# other lanes, one CI run read 1.37 where the machine alone reads 0.98). Then the files marked
+# `serial` alone (wall-clock bounds another test's load could break). Every pytest prints its 25
+# slowest tests; no cache: lanes end at once.
 PYTEST_JOBS ?= auto
 PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 CHAOS = tests/e2e/test_chaos.py tests/e2e/test_chaos_kv.py
@@ -95,14 +97,14 @@ test: install
 	{ $(BIN)/ruff check . && $(BIN)/mypy && $(BIN)/lint-imports && \
 	  $(PYTEST) tests/e2e/test_install_run.py; } >out/tests/lint.log 2>&1 & lint=$$!; \
 	$(PYTEST) -m "e2e and not serial" $(ALONE:%=--ignore=%) >out/tests/e2e.log 2>&1 & e2e=$$!; \
-	{ $(PYTEST) -m "ray and not e2e and not serial" >out/tests/ray.log 2>&1; echo $$? >out/tests/ray.rc; \
-	  $(PYTEST) -m "not serial" $(CHAOS) >out/tests/chaos.log 2>&1; } & chaos=$$!; \
+	$(PYTEST) -m "ray and not e2e and not serial" >out/tests/ray.log 2>&1 & ray=$$!; \
 	$(PYTEST) -n $(PYTEST_JOBS) --dist loadfile -m "not e2e and not ray and not serial"; rest=$$?; \
 	failed=$$([ $$rest -eq 0 ] || echo the rest); \
-	for lane in lint e2e chaos; do \
+	for lane in lint e2e ray; do \
 	  eval "wait \$$$$lane" || failed="$$failed $$lane"; \
 	done; \
-	[ "$$(cat out/tests/ray.rc)" = 0 ] || failed="$$failed ray"; \
+	echo "--- the chaos runs, alone (out/tests/chaos.log)"; \
+	$(PYTEST) -m "not serial" $(CHAOS) >out/tests/chaos.log 2>&1 || failed="$$failed chaos"; \
 	for lane in lint e2e ray chaos; do echo "--- lane $$lane (out/tests/$$lane.log)"; cat out/tests/$$lane.log; done; \
 	[ -z "$$failed" ] || { echo "failed: $$failed"; exit 1; }
 	$(PYTEST) -m serial
