@@ -10,8 +10,9 @@ The no-fault run is a reference run of the same spec and seed first (`--no-fault
 `--reference`): the same requests at the same times, so the two after windows differ by the fault
 and the machine's noise alone. The faulted run's own quiet window is not a fair reference: its
 requests are other ones (seed 7's clumps of long prompts move a window's p99 by 20-30 %,
-`loadtest.chaos.kvreport`); two runs of 2026-12-05 read 1.09 and 1.27 against it. Both runs must see the same machine: `make test`
-runs the chaos lane alone after the other lanes (beside them, one CI run read 1.37; alone, 0.98)."""
+`loadtest.chaos.kvreport`); two runs of 2026-12-05 read 1.09 and 1.27 against it. Both runs must
+see the same machine: `make test` runs the chaos lane alone after the other lanes (beside them, one
+CI run read 1.37; alone, 0.98)."""
 
 from __future__ import annotations
 
