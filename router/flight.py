@@ -47,7 +47,7 @@ class FlightContext:
     settings, the clock, the deadline watch, `ended(call, outcome)`, called once when a flight
     that owns its request's admission slot ends, and `reroute(call, response, started, error)`,
     offered a request no engine saw with the 502 it would get: True when the router took it over,
-    slot and answer (`Router._reroute`); None or False: the 502 now."""
+    slot and answer (`router.generation.Generation._reroute`); None or False: the 502 now."""
 
     __slots__ = ("_served_by", "clock", "ended", "metrics", "relay", "replicas", "reroute", "upstream", "watch")
 

@@ -58,6 +58,7 @@ COMPILED = (
     "router.cost",
     "router.decision",
     "router.flight",
+    "router.generation",
     "router.metrics",
     "router.plugins.filters",
     "router.plugins.model",

@@ -275,7 +275,7 @@ def test_many_requests_refused_at_connect_leave_nothing_behind() -> None:
                 assert waited >= 0.5
                 await asyncio.sleep(0.05)
                 assert sum(r.admission.inflight.values()) == 0
-                assert not r._background, r._background
+                assert not r.generation.background, r.generation.background
             finally:
                 await r.stop()
 
