@@ -1,10 +1,10 @@
 """Issue 34's proof of the path under load, as an operator runs it: `python -m loadtest chaos
---spec configs/chaos-kv.yaml` at full length (120 s windows: p99 over ~280 interactive requests
-each; in half that, one clump of the seeded workload decides it), four NVLink PD pairs on a Ray
-head of its own at 60 % load; one pair's KV falls back to TCP, then another's goes through a
-remote NIC. What a user notices, read from chaos.json and requests.jsonl: the pair flagged within
-30 s, its traffic gone elsewhere, interactive TTFT p99 back within 10 % of the no-fault run's,
-nothing lost or hung, and nothing left running.
+--spec configs/chaos-kv.yaml` at full length (240 s windows: p99 over ~560 interactive requests
+each, the 6th slowest; in 120 s it is the 3rd slowest, and the same comparison read 0.97 to 1.21
+on this machine), four NVLink PD pairs on a Ray head of its own at 60 % load; one pair's KV falls
+back to TCP, then another's goes through a remote NIC. What a user notices, read from chaos.json
+and requests.jsonl: the pair flagged within 30 s, its traffic gone elsewhere, interactive TTFT p99
+back within 10 % of the no-fault run's, nothing lost or hung, and nothing left running.
 
 The no-fault run is a reference run of the same spec and seed first (`--no-faults`, then
 `--reference`): the same requests at the same times, so the two after windows differ by the fault
@@ -33,14 +33,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 Run = tuple[int, str, dict[str, Any], list[dict[str, Any]]]
 
 
-REFERENCE_S = 160
+REFERENCE_S = 300
 """How long the reference run goes on after its quiet window: past the end of the first fault's
-after window (the fault at 180 s, avoided ~30 s later, then 120 s)."""
+after window (the fault at 300 s, avoided ~31 s later, then 240 s: ~571 s; the reference ends at 600 s)."""
 
 
 def _chaos(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "loadtest", "chaos", "--spec", "configs/chaos-kv.yaml", *args],
-                          cwd=ROOT, env={**os.environ, **RAY_ENV}, capture_output=True, text=True, timeout=1000,
+                          cwd=ROOT, env={**os.environ, **RAY_ENV}, capture_output=True, text=True, timeout=1500,
                           check=False)
 
 
@@ -57,7 +57,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return done.returncode, done.stderr, report, requests
 
 
-@pytest.mark.timeout(2200)
+@pytest.mark.timeout(3300)
 def test_every_request_is_accounted_for(run: Run) -> None:
     _, _, report, requests = run
     assert report["sent"] == len(requests) > 500
@@ -66,7 +66,7 @@ def test_every_request_is_accounted_for(run: Run) -> None:
     assert all(r["prefill_replica"] for r in requests if r["verdict"] == "completed")  # every prompt split
 
 
-@pytest.mark.timeout(2200)
+@pytest.mark.timeout(3300)
 def test_the_tcp_pair_is_flagged_avoided_and_ttft_recovers(run: Run) -> None:
     _, stderr, report, requests = run
     tcp = next(f for f in report["faults"] if f["kind"] == "kv_transport_fallback")
@@ -92,7 +92,7 @@ def test_the_tcp_pair_is_flagged_avoided_and_ttft_recovers(run: Run) -> None:
     assert "kv_transport_fallback prefill-0->decode-0: flagged after" in stderr
 
 
-@pytest.mark.timeout(2200)
+@pytest.mark.timeout(3300)
 def test_the_remote_nic_is_reported(run: Run) -> None:
     rc, _, report, _ = run
     nic = next(f for f in report["faults"] if f["kind"] == "kv_remote_nic")
@@ -101,7 +101,7 @@ def test_the_remote_nic_is_reported(run: Run) -> None:
     assert rc == (0 if report["passed"] else 1)
 
 
-@pytest.mark.timeout(2200)
+@pytest.mark.timeout(3300)
 def test_the_run_leaves_nothing_running(run: Run) -> None:
     _, _, report, _ = run
     sessions = report["deployment"]["sessions"]
