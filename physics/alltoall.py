@@ -115,6 +115,21 @@ CROSS_RAIL_LATENCY_US = 2.0
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128
 """Bytes per element of an FP8 dispatch: the value plus one FP32 scale per 128 (DeepEP's format);
 BF16 models dispatch BF16. Combine is BF16 always (DeepEP, DeepSeek's inference overview)."""
+DISPATCH_BYTES: dict[str, float] = {
+    "bf16": 2.0,
+    "fp8": FP8_DISPATCH_BYTES,
+    "mxfp8": 1.0 + 1.0 / 32,
+    "nvfp4": 0.5 + 1.0 / 16,
+    "mxfp4": 0.5 + 1.0 / 32,
+}
+"""Bytes per element of a dispatch by its format, scales included (`FP8_DISPATCH_BYTES`: DeepEP's
+FP8). MXFP8 and MXFP4: one 8-bit E8M0 scale per block of 32 elements (OCP Microscaling Formats (MX)
+Specification v1.0, 2023-09); NVFP4: 4-bit values with one FP8 E4M3 scale per block of 16 (NVIDIA,
+"Introducing NVFP4 for Efficient and Accurate Low-Precision Inference", NVIDIA Technical Blog,
+2025-06-24; its per-tensor FP32 scale is negligible). TensorRT-LLM's post-quant dispatch prints
+the same payloads for DeepSeek-V3's 7,168-element token: 7,392 bytes in MXFP8 and 4,032 in NVFP4
+(TRTLLM-NVL1S in physics/data/published/moe.yaml). Kernels that quantise before they send (TensorRT-
+LLM's NVLinkOneSided) dispatch these; DeepEP dispatches FP8 or BF16 only."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,8 +26,8 @@ from topology import LinkKind
 from topology.kinds import DEFAULTS
 from topology.readers.spec import FABRICS
 
-A2A_DTYPES = ("bf16", "fp8")
-"""What an all-to-all dispatches (fp8 with its scales: DeepEP's format)."""
+A2A_DTYPES = tuple(alltoall.DISPATCH_BYTES)
+"""What an all-to-all dispatches, scales included (`alltoall.DISPATCH_BYTES`: fp8 is DeepEP's format)."""
 GANG_LINKS = ("nvlink", "rdma", "efa", "cross-rail", "tcp")
 
 
@@ -193,7 +193,7 @@ def a2a(gpu: str, ep: int, tokens: int, hidden: int, topk: int, dtype: str, mode
     if dtype not in A2A_DTYPES:
         raise ValueError(f"unknown dispatch dtype {dtype!r} (known: {', '.join(A2A_DTYPES)})")
     links = gang_links(link_name, gpu, ep, domain_gpus, gbps, sms)
-    element = alltoall.FP8_DISPATCH_BYTES if dtype == "fp8" else float(costmodel.BF16)
+    element = alltoall.DISPATCH_BYTES[dtype]
     us = alltoall.a2a_us(tokens, hidden, topk, element, ep, links, mode, groups_per_token, experts=experts,
                          dispatch=dispatch)
     gb = tokens * topk * hidden * element / 1e9

@@ -287,15 +287,19 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
         reach = 1
     gbps = num(p, "gbps") if link != "nvlink" else None
     dispatch = str(p.get("dtype") or "bf16").split(" ")[0].lower()
-    element = alltoall.FP8_DISPATCH_BYTES if dispatch == "fp8" else 2.0
+    if dispatch == "fp16":
+        dispatch = "bf16"
+    if dispatch not in alltoall.DISPATCH_BYTES:
+        return None, f"dispatch format {dispatch} is not one the model knows"
+    element = alltoall.DISPATCH_BYTES[dispatch]
     ops = ["dispatch", "combine"] if p.get("op") == "both" else [str(p.get("op") or "dispatch")]
     us = 0.0
     groups = int_of(p, "groups_per_token", 0)
     sms = int(num(p, "sms") or 0)  # the kernel's SM budget where the source states it
     for op in ops:
-        size = element if op == "dispatch" else 2.0
-        us += gangs.a2a(gpu, int(ep), int(tokens), int(hidden), int(topk), "fp8" if size != 2.0 else "bf16", mode,
-                       link, reach, gbps, groups, sms, experts=experts, dispatch=op == "dispatch")["us"]
+        fmt = dispatch if op == "dispatch" else "bf16"  # combine is BF16 (`alltoall.FP8_DISPATCH_BYTES`)
+        us += gangs.a2a(gpu, int(ep), int(tokens), int(hidden), int(topk), fmt, mode, link, reach, gbps, groups, sms,
+                        experts=experts, dispatch=op == "dispatch")["us"]
     unit = p["unit"]
     if unit == "us":
         return us, ""

@@ -255,6 +255,27 @@ def test_uccl_eps_normal_kernels_share_deepeps_sm_bound() -> None:
     assert tma == pytest.approx(gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "hybrid-ep", "nvlink")["us"])
 
 
+def test_a_dispatch_in_fp4_or_mxfp8_moves_its_format_and_scales() -> None:
+    """TensorRT-LLM's post-quant dispatch on GB200 (blog 18: 311.8 µs in BF16, 172.2 in MXFP8,
+    101.7 in NVFP4 at EP8, 2,048 tokens per rank) and its NVFP4 dispatch on B300 at top-22 (PR 16628:
+    EP4 and EP8, 8,192 tokens of 2,048 elements) are within 25 % once the payload is the format's
+    bytes with its scales: 7,392 and 4,032 bytes for DeepSeek-V3's 7,168-element token, as the blog
+    prints them. An unknown format is refused, not priced as BF16."""
+    rows = picked("trtllm-nvl1s-gb200-ep8-b2048-dispatch", "trtllm-nvl1s-ep8-b2048-dispatch-mxfp8",
+                  "trtllm-nvl1s-ep8-b2048-dispatch-nvfp4",
+                  "trtllm-nvl1s-pr16628-b300-ep4-b8192-dispatch-nvfp4-h2048-top22",
+                  "trtllm-nvl1s-pr16628-b300-ep8-b8192-dispatch-nvfp4-h2048-top22")
+    assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
+    assert 7168 * alltoall.DISPATCH_BYTES["mxfp8"] == 7392 and 7168 * alltoall.DISPATCH_BYTES["nvfp4"] == 4032
+    us = {fmt: gangs.a2a("gb200", 8, 2048, 7168, 8, fmt, "trtllm-nvlink-one-sided", "nvlink")["us"]
+          for fmt in ("bf16", "fp8", "mxfp8", "nvfp4", "mxfp4")}
+    assert us["bf16"] > us["fp8"] == us["mxfp8"] > us["nvfp4"] > us["mxfp4"], us  # DeepEP's FP8: a scale per 128
+    with pytest.raises(ValueError, match="unknown dispatch dtype 'int4'"):
+        gangs.a2a("gb200", 8, 2048, 7168, 8, "int4", "trtllm-nvlink-one-sided", "nvlink")
+    point = next(p for p in fidelity.points() if p["id"] == "trtllm-nvl1s-ep8-b2048-dispatch-nvfp4")
+    assert predict({**point, "dtype": "int4"}) == (None, "dispatch format int4 is not one the model knows")
+
+
 def test_an_all_to_all_over_efa_pays_the_networks_latency_on_every_round_trip(
         capsys: pytest.CaptureFixture[str]) -> None:
     """pplx-garden's low-latency calls over EFA at EP16-64 (70-105 µs slower than over CX7) and
