@@ -8,6 +8,8 @@ from typing import Any
 
 _WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "fp4", "nvfp4", "mxfp4", "int4")
 """`--dtype` choices (physics.catalog.WEIGHT_DTYPES; listed here so that the parser loads no data)."""
+_DISPATCH_DTYPES = ("bf16", "fp8", "mxfp8", "nvfp4", "mxfp4")
+"""`--dispatch-dtype` choices (physics.alltoall.DISPATCH_BYTES; listed here for the same reason)."""
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
@@ -30,7 +32,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
                        gbps=args.gbps, imbalance=args.imbalance, overlap=args.overlap, expert_parallel=not args.no_ep,
                        dtype=args.dtype, a2a=args.a2a, sms=args.sms, draft_tokens=args.draft_tokens,
                        acceptance_rate=args.acceptance_rate, acceptance_length=args.acceptance_length,
-                       kv_dtype=args.kv_dtype)
+                       kv_dtype=args.kv_dtype, dispatch_dtype=args.dispatch_dtype)
     else:
         out = gangs.pp(args.model, args.gpu, args.tp, args.pp, args.phase, args.boundary.split(","),
                       tokens=args.tokens or 0, batch=args.batch or 0, context=args.context, gbps=args.gbps,
@@ -141,6 +143,10 @@ def _gang_parsers(kinds: Any) -> None:
                                  "uccl-ep-ll, hybrid-ep, deepep-v2, mori-ep, mori-ep-ll, pplx-garden, "
                                  "trtllm-nvlink-one-sided (default: deepep-normal at prefill, deepep-ll at decode)")
     q.add_argument("--sms", type=int, default=0, help="SMs the all-to-all kernel runs on (default 0: unbounded)")
+    q.add_argument("--dispatch-dtype", choices=list(_DISPATCH_DTYPES),
+                   help="the format the all-to-all sends, scales included (default: DeepEP's, fp8 for "
+                        "low-precision weights, bf16 for bf16 ones; DeepEP sends only those two, TensorRT-LLM's "
+                        "trtllm-nvlink-one-sided also nvfp4 and mxfp8); the combine is bf16")
     q.add_argument("--dtype", choices=list(_WEIGHT_DTYPES),
                    help="weight format (default: the model's own): bf16, fp8, fp4/nvfp4, mxfp4, int4")
     q.add_argument("--kv-dtype", choices=["bf16", "fp8"],

@@ -58,15 +58,19 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
         imbalance: float | None = None, overlap: moecost.Overlap = False, expert_parallel: bool = True,
         dtype: str | None = None, a2a: str | None = None, sms: int = 0, draft_tokens: int = 0,
         acceptance_rate: float | None = None, acceptance_length: float | None = None,
-        kv_dtype: str | None = None) -> dict[str, Any]:
+        kv_dtype: str | None = None, dispatch_dtype: str | None = None) -> dict[str, Any]:
     """One step of an MoE gang of `dp` data-parallel ranks of TP=`tp` (`physics.moecost`);
     `a2a`: the all-to-all kernel (`a2akernels.KERNELS`; default DeepEP's normal kernels at prefill,
     its low-latency ones at decode) on `sms` SMs (0: unbounded). Decode with `draft_tokens` > 0
     (MTP): the gang verifies k + 1 tokens of every sequence in one step (the KV read once) after k
     draft passes of one layer each, and yields the acceptance length per sequence. `kv_dtype`: the
-    KV cache's format (fp8: half the bytes, and MLA decode attention at the FP8 rate)."""
+    KV cache's format (fp8: half the bytes, and MLA decode attention at the FP8 rate).
+    `dispatch_dtype`: the format the all-to-all sends (`A2A_DTYPES`; None: DeepEP's, fp8 for
+    low-precision weights, bf16 for bf16 ones)."""
     if a2a is not None:
         a2akernels.kernel(a2a)
+    if dispatch_dtype is not None and dispatch_dtype not in A2A_DTYPES:
+        raise ValueError(f"unknown dispatch dtype {dispatch_dtype!r} (known: {', '.join(A2A_DTYPES)})")
     positive(tp=tp, dp=dp)
     spec = model_spec(model, dtype, kv_dtype)
     if spec.moe is None:
@@ -93,18 +97,19 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
                             prefill_context=context if phase == "prefill" else 0, prefill_sequences=prompts,
                             decodes=batch if phase == "decode" else 0, decode_context=context, tp_link=tp_link,
                             imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel, a2a=a2a,
-                            verify_tokens=draft_tokens + 1)
+                            verify_tokens=draft_tokens + 1, dispatch=dispatch_dtype)
     total_ms, draft_ms = step.total_ms, 0.0
     if length is not None:
         plain = moecost.moe_step(spec, catalog.gpu(gpu), tp, dp, links, decodes=batch, decode_context=context,
                                  tp_link=tp_link, imbalance=imbalance, overlap=overlap,
-                                 expert_parallel=expert_parallel, a2a=a2a)
+                                 expert_parallel=expert_parallel, a2a=a2a, dispatch=dispatch_dtype)
         draft_ms = draft_tokens * plain.total_ms / spec.layers
         total_ms += draft_ms
     per_rank = tokens if phase == "prefill" else batch * (length or 1.0)
     ep = tp * dp if expert_parallel else tp
     return {"what": "moe", "model": model, "gpu": gpu, "tp": tp, "dp": dp, "ep": ep, "expert_parallel": expert_parallel,
             "phase": phase, "a2a": a2a or ("deepep-normal" if phase == "prefill" else "deepep-ll"), "sms": sms,
+            "dispatch_dtype": dispatch_dtype or ("bf16" if spec.compute == "bf16" else "fp8"),
             "tokens": tokens, "prompts": prompts, "batch": batch, "context": context,
             "overlap": overlap, "link": {"name": link_name, "domain_gpus": links.domain_ranks,
                                          "nvlink_gb_s": links.nvlink_gb_s, "nic_gb_s": links.nic_gb_s,

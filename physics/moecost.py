@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from physics.alltoall import FP8_DISPATCH_BYTES, GangLinks, a2a_parts
+from physics.alltoall import DISPATCH_BYTES, FP8_DISPATCH_BYTES, GangLinks, a2a_parts
 from physics.catalog import GpuSpec, ModelSpec
 from physics.costmodel import BF16, DEFAULT, LOCAL, Efficiency, LinkCost, allreduce_ms, expected_experts, kv_shards
 from physics.flops import MLA_ROPE_DIM, attention_flops, attention_s
@@ -145,7 +145,7 @@ class _Fixed:
 
 def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, tokens: int, prefill: bool,
            tp_link: LinkCost, imbalance: float | None, expert_parallel: bool, eff: Efficiency,
-           a2a: str | None = None) -> _Fixed:
+           a2a: str | None = None, dispatch: str | None = None) -> _Fixed:
     moe = model.moe
     assert moe is not None
     rate = gpu.tflops(model.compute) * 1e12
@@ -167,7 +167,10 @@ def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, t
     if expert_parallel and ep > 1:
         mode = a2a or ("high-throughput" if prefill else "low-latency")
         groups = moe.groups_per_token if moe.groups > 1 else 0
-        dispatch_bytes = FP8_DISPATCH_BYTES if model.compute != "bf16" else float(BF16)
+        # the format the kernel sends (`alltoall.DISPATCH_BYTES`); by default DeepEP's: FP8 for
+        # low-precision weights, BF16 for BF16 ones
+        dispatch_bytes = DISPATCH_BYTES[dispatch] if dispatch else (
+            FP8_DISPATCH_BYTES if model.compute != "bf16" else float(BF16))
         sent = a2a_parts(tokens, model.hidden, moe.experts_per_token, dispatch_bytes, ep, links, mode, groups,
                          experts=moe.routed_experts)
         back = a2a_parts(tokens, model.hidden, moe.experts_per_token, float(BF16), ep, links, mode, groups,
@@ -206,7 +209,8 @@ def _attn_mfu(model: ModelSpec, eff: Efficiency, rate_mfu: float) -> float:
 def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks,
                 chunks: Sequence[tuple[int, int]], decodes: int, decode_context: int, *, tp_link: LinkCost = LOCAL,
                 imbalance: float | None = None, overlap: Overlap = False, expert_parallel: bool = True,
-                eff: Efficiency = DEFAULT, a2a: str | None = None, queries: int = 1) -> MoEStep:
+                eff: Efficiency = DEFAULT, a2a: str | None = None, queries: int = 1,
+                dispatch: str | None = None) -> MoEStep:
     """One engine step of every DP rank at once, each with prefill `chunks` as (new tokens, cached
     tokens before them) and `decodes` sequences reading `decode_context` tokens in all (the
     `costmodel.forward_ms` contract). `queries`: tokens of each decoding sequence that attend over
@@ -221,7 +225,7 @@ def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLin
         if decodes <= 0:
             return _assemble(0.0, _Fixed(0.0, 0.0, 0.0, 0.0, 0.0, 1.0), 0, overlap)
         return moe_decode(model, gpu, tp, dp, links, decodes, tp_link, imbalance, overlap, expert_parallel,
-                          eff, a2a, queries).step(decode_context)
+                          eff, a2a, queries, dispatch).step(decode_context)
     new = pairs = cached = 0.0
     for n, c in chunks:
         new += n
@@ -237,7 +241,7 @@ def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLin
                      tp * _attn_rate(model, gpu) * _attn_mfu(model, eff, eff.decode_mfu)))
     memory_s = (weights + model.kv_bytes_per_token() * (cached + decode_context) / kv_shards(model, tp)) / (
         gpu.memory_gb_s * 1e9 * eff.decode_mbu)
-    fixed = _fixed(model, gpu, tp, dp, links, tokens, True, tp_link, imbalance, expert_parallel, eff, a2a)
+    fixed = _fixed(model, gpu, tp, dp, links, tokens, True, tp_link, imbalance, expert_parallel, eff, a2a, dispatch)
     return _assemble(max(compute_s, memory_s) * 1e3, fixed, tokens, overlap)
 
 
@@ -266,7 +270,7 @@ class MoEDecode:
 @functools.lru_cache(maxsize=16384)
 def moe_decode(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, batch: int, tp_link: LinkCost,
                imbalance: float | None, overlap: Overlap, expert_parallel: bool, eff: Efficiency,
-               a2a: str | None = None, queries: int = 1) -> MoEDecode:
+               a2a: str | None = None, queries: int = 1, dispatch: str | None = None) -> MoEDecode:
     if model.moe is None:
         raise ValueError(f"{model.name} is a dense model: no expert layers to price")
     b = max(batch, 1)
@@ -276,7 +280,8 @@ def moe_decode(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLink
     per_token, head, weights = _dense_parts(model, gpu, tp, eff.decode_mfu)
     return MoEDecode(compute_s=(per_token + head) * b, attn_s_per_token=per_pair, weights_s=weights / hbm,
                      kv_s_per_token=model.kv_bytes_per_token() / kv_shards(model, tp) / hbm,
-                     fixed=_fixed(model, gpu, tp, dp, links, b, False, tp_link, imbalance, expert_parallel, eff, a2a),
+                     fixed=_fixed(model, gpu, tp, dp, links, b, False, tp_link, imbalance, expert_parallel, eff, a2a,
+                                  dispatch),
                      batch=b, overlap=overlap)
 
 
@@ -284,18 +289,19 @@ def moe_step(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks,
              prefill_context: int = 0, prefill_sequences: int = 1, decodes: int = 0, decode_context: int = 0,
              tp_link: LinkCost = LOCAL, imbalance: float | None = None, overlap: Overlap = False,
              expert_parallel: bool = True, eff: Efficiency = DEFAULT, a2a: str | None = None,
-             verify_tokens: int = 1) -> MoEStep:
+             verify_tokens: int = 1, dispatch: str | None = None) -> MoEStep:
     """`moe_forward` for the cost command: `prefill_tokens` new prompt tokens per rank (of
     `prefill_sequences` prompts of equal length, each after `prefill_context` cached tokens), or
     `decodes` sequences reading `decode_context` tokens each, each sequence passing
     `verify_tokens` tokens through the layers (a speculative verify: the drafts and its own) while
-    its KV cache is read once (and attended by every one of them)."""
+    its KV cache is read once (and attended by every one of them). `dispatch`: the format the
+    all-to-all sends (`alltoall.DISPATCH_BYTES`; None: DeepEP's, FP8 for low-precision weights)."""
     if prefill_tokens > 0:
         seqs = max(1, min(prefill_sequences, prefill_tokens))
         base, extra = divmod(prefill_tokens, seqs)
         chunks = [(base + (1 if k < extra else 0), prefill_context) for k in range(seqs)]
         return moe_forward(model, gpu, tp, dp, links, chunks, 0, 0, tp_link=tp_link, imbalance=imbalance,
-                           overlap=overlap, expert_parallel=expert_parallel, eff=eff, a2a=a2a)
+                           overlap=overlap, expert_parallel=expert_parallel, eff=eff, a2a=a2a, dispatch=dispatch)
     return moe_forward(model, gpu, tp, dp, links, (), decodes * max(verify_tokens, 1), decodes * decode_context,
                        tp_link=tp_link, imbalance=imbalance, overlap=overlap, expert_parallel=expert_parallel,
-                       eff=eff, a2a=a2a, queries=max(verify_tokens, 1))
+                       eff=eff, a2a=a2a, queries=max(verify_tokens, 1), dispatch=dispatch)

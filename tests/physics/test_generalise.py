@@ -276,6 +276,29 @@ def test_a_dispatch_in_fp4_or_mxfp8_moves_its_format_and_scales() -> None:
     assert predict({**point, "dtype": "int4"}) == (None, "dispatch format int4 is not one the model knows")
 
 
+def test_cost_moe_sends_the_dispatch_format_it_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """`cost moe --dispatch-dtype nvfp4` on GB200 with TensorRT-LLM's one-sided kernel: the
+    dispatch moves 0.5625 bytes an element instead of FP8's 1.03 (the default for DeepSeek-V3's FP8
+    weights, as DeepEP sends), the combine stays BF16; the answer names the format it priced."""
+    from physics import cli
+
+    assert tuple(alltoall.DISPATCH_BYTES) == cli._DISPATCH_DTYPES
+    base = ["cost", "moe", "--model", "deepseek-v3", "--gpu", "gb200", "--dp", "8", "--phase", "decode",
+            "--batch", "128", "--link", "nvlink", "--a2a", "trtllm-nvlink-one-sided", "--format", "json"]
+    assert main(base) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main([*base, "--dispatch-dtype", "nvfp4"]) == 0
+    fp4 = json.loads(capsys.readouterr().out)
+    assert (default["dispatch_dtype"], fp4["dispatch_dtype"]) == ("fp8", "nvfp4")
+    assert fp4["dispatch_ms"] < default["dispatch_ms"] and fp4["combine_ms"] == default["combine_ms"]
+    assert fp4["ms"] < default["ms"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*base, "--dispatch-dtype", "int4"])
+    assert exit_.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown dispatch dtype 'fp6'"):
+        gangs.moe("deepseek-v3", "gb200", 1, 8, "decode", "nvlink", batch=128, dispatch_dtype="fp6")
+
+
 def test_an_all_to_all_over_efa_pays_the_networks_latency_on_every_round_trip(
         capsys: pytest.CaptureFixture[str]) -> None:
     """pplx-garden's low-latency calls over EFA at EP16-64 (70-105 µs slower than over CX7) and
