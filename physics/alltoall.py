@@ -132,6 +132,12 @@ the same payloads for DeepSeek-V3's 7,168-element token: 7,392 bytes in MXFP8 an
 LLM's NVLinkOneSided) dispatch these; DeepEP dispatches FP8 or BF16 only."""
 
 
+def default_dispatch(compute: str) -> str:
+    """The format an all-to-all sends unless told otherwise: DeepEP's, FP8 for a model whose
+    weights compute below BF16, BF16 for a BF16 one (`DISPATCH_BYTES`)."""
+    return "bf16" if compute == "bf16" else "fp8"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GangLinks:
     """Where an EP gang's all-to-all runs, seen from one rank."""

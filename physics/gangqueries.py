@@ -109,7 +109,7 @@ def moe(model: str, gpu: str, tp: int, dp: int, phase: str, link_name: str, *, t
     ep = tp * dp if expert_parallel else tp
     return {"what": "moe", "model": model, "gpu": gpu, "tp": tp, "dp": dp, "ep": ep, "expert_parallel": expert_parallel,
             "phase": phase, "a2a": a2a or ("deepep-normal" if phase == "prefill" else "deepep-ll"), "sms": sms,
-            "dispatch_dtype": dispatch_dtype or ("bf16" if spec.compute == "bf16" else "fp8"),
+            "dispatch_dtype": dispatch_dtype or alltoall.default_dispatch(spec.compute),
             "tokens": tokens, "prompts": prompts, "batch": batch, "context": context,
             "overlap": overlap, "link": {"name": link_name, "domain_gpus": links.domain_ranks,
                                          "nvlink_gb_s": links.nvlink_gb_s, "nic_gb_s": links.nic_gb_s,

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from physics.alltoall import DISPATCH_BYTES, FP8_DISPATCH_BYTES, GangLinks, a2a_parts
+from physics.alltoall import DISPATCH_BYTES, GangLinks, a2a_parts, default_dispatch
 from physics.catalog import GpuSpec, ModelSpec
 from physics.costmodel import BF16, DEFAULT, LOCAL, Efficiency, LinkCost, allreduce_ms, expected_experts, kv_shards
 from physics.flops import MLA_ROPE_DIM, attention_flops, attention_s
@@ -167,10 +167,7 @@ def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, t
     if expert_parallel and ep > 1:
         mode = a2a or ("high-throughput" if prefill else "low-latency")
         groups = moe.groups_per_token if moe.groups > 1 else 0
-        # the format the kernel sends (`alltoall.DISPATCH_BYTES`); by default DeepEP's: FP8 for
-        # low-precision weights, BF16 for BF16 ones
-        dispatch_bytes = DISPATCH_BYTES[dispatch] if dispatch else (
-            FP8_DISPATCH_BYTES if model.compute != "bf16" else float(BF16))
+        dispatch_bytes = DISPATCH_BYTES[dispatch or default_dispatch(model.compute)]
         sent = a2a_parts(tokens, model.hidden, moe.experts_per_token, dispatch_bytes, ep, links, mode, groups,
                          experts=moe.routed_experts)
         back = a2a_parts(tokens, model.hidden, moe.experts_per_token, float(BF16), ep, links, mode, groups,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from physics import catalog
-from physics.alltoall import FP8_DISPATCH_BYTES, GangLinks
+from physics.alltoall import DISPATCH_BYTES, GangLinks, default_dispatch
 from physics.costmodel import BF16
 from pools.experts.load import ExpertLoad
 from pools.experts.metrics import Gang, gang_from_plan, replicas, route
@@ -83,7 +83,7 @@ def map_gang(model_name: str, gang: Gang, links: GangLinks, gpu: str | None, pha
                        "map": "eplb" if policy == "topology" and layer == rival else policy})
     balance = sum(s.balancedness for s in stats) / len(stats)
     cross = sum(s.cross_share for s in stats) / len(stats)
-    dispatch = FP8_DISPATCH_BYTES if model.compute != "bf16" else float(BF16)
+    dispatch = DISPATCH_BYTES[default_dispatch(model.compute)]
     per_token = model.moe.moe_layers * model.moe.experts_per_token * cross * model.hidden * (dispatch + BF16)
     a2a = gang_step(model, gpu_spec, links, gang.size, balance, cross, phase).a2a_share
     summary = {"balancedness": round(balance, 4), "cross_domain_share": round(cross, 4),

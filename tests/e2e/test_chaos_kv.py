@@ -1,6 +1,6 @@
 """Issue 34's proof of the path under load, as an operator runs it: `python -m loadtest chaos
---spec configs/chaos-kv.yaml` at full length (240 s windows: p99 over ~560 interactive requests
-each, the 6th slowest; in 120 s it is the 3rd slowest, and the same comparison read 0.97 to 1.21
+--spec configs/chaos-kv.yaml` at full length (240 s windows: p99 over ~700 interactive requests
+each, the 7th slowest; in 120 s it is the 4th slowest, and the same comparison read 0.97 to 1.21
 on this machine), four NVLink PD pairs on a Ray head of its own at 60 % load; one pair's KV falls
 back to TCP, then another's goes through a remote NIC. What a user notices, read from chaos.json
 and requests.jsonl: the pair flagged within 30 s, its traffic gone elsewhere, interactive TTFT p99
