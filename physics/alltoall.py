@@ -46,8 +46,16 @@ UCCL-EP's low-latency kernels 90 µs longer at EP16 on p5en than on CX7 (PPLX-GA
 physics/data/published/moe.yaml)."""
 A2A_NVLINK_LATENCY_US = 35.0
 """... of a call whose traffic stays inside one NVLink domain (no NIC round trip: no IBGDA
-doorbell, no network completion). Its prior is the network one (the calibration set has no
-NVLink-only all-to-all); the fit frees it (`physics.fitted`)."""
+doorbell, no network completion), for the reference kernels (DeepEP's): the network one, and not
+fitted. No published point of a reference kernel is a call inside one NVLink domain at a few
+tokens, so the points that could move it are other kernels', each with a latency factor of its
+own (`a2akernels.A2AKernel.latency_factor`): the product of the two is what those points fix, and
+a fit that freed both put the split where the kernel with the most such points pulled it (34 µs
+with TensorRT-LLM's one-sided kernel the largest; 53 once MoRI's MI355X SOP, 44 small-token rows,
+was added), then priced every kernel it had not seen at that figure: held out, TensorRT-LLM's
+small-batch dispatch read 2.5-2.8x. Fixed, each kernel's own factor carries its figure (fitted:
+TensorRT-LLM's one-sided 0.67, MoRI's 0.71, Hybrid-EP's 0.69 of it) and a kernel with no point of
+its own runs at this one."""
 A2A_SM_GB_S = 15.0
 """What one SM moves of an all-to-all (NVLink stores, RDMA posts): a kernel given `sms` SMs moves
 at most sms x this. DeepEP's normal kernels on 8 B200 (DeepEP hybrid-ep docs, DEEPEP-HYBRID in

@@ -213,7 +213,7 @@ def fabric(link_name: str, gpu: str | None, gpus: int) -> tuple[float, str]:
     facts = gpu_facts(gpu)
     if link_name == "xgmi" or facts.fabric == "xgmi":
         lanes = facts.nvlink_lanes or 1
-        return DEFAULTS[LinkKind.XGMI].bandwidth_gb_s * min(max(gpus - 1, 1), lanes), f"{gpu}: xGMI link per peer"
+        return facts.link_gb_s(LinkKind.XGMI) * min(max(gpus - 1, 1), lanes), f"{gpu}: xGMI link per peer"
     if not facts.nvlink_lanes:
         return default, f"{gpu} has no NVLink: topology.kinds default"
     rate = default_bandwidth_gb_s(LinkKind.NVLINK, facts.nvlink_lanes, facts.nvlink_generation)

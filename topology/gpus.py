@@ -9,7 +9,7 @@ from typing import Literal
 
 import yaml
 
-from topology.kinds import LinkKind
+from topology.kinds import LinkKind, default_bandwidth_gb_s
 from topology.model import Link
 
 Fabric = Literal["nvswitch", "hybrid-cube-mesh", "pairs", "xgmi", "none"]
@@ -30,6 +30,14 @@ class GpuFacts:
     pcie_generation: int
     memory_gb: float
     pci_ids: tuple[str, ...]
+    xgmi_link_gb_s: float | None = None
+    """One Infinity Fabric link's rate per direction (None: the kind's default, MI300X's)."""
+
+    def link_gb_s(self, kind: LinkKind, lanes: int | None = None) -> float:
+        """A link of this kind between two GPUs of this model: its NVLink generation, its PCIe
+        generation, its Infinity Fabric link rate (`default_bandwidth_gb_s`)."""
+        return default_bandwidth_gb_s(kind, lanes, self.nvlink_generation, self.pcie_generation,
+                                      xgmi_link_gb_s=self.xgmi_link_gb_s)
 
 
 @functools.cache
@@ -38,7 +46,8 @@ def catalogue() -> dict[str, GpuFacts]:
     return {
         name: GpuFacts(name=name, nvlink_generation=v["nvlink_generation"], nvlink_lanes=v["nvlink_lanes"],
                        fabric=v["fabric"], pcie_generation=v["pcie_generation"],
-                       memory_gb=float(v["memory_gb"]), pci_ids=tuple(v["pci_ids"]))
+                       memory_gb=float(v["memory_gb"]), pci_ids=tuple(v["pci_ids"]),
+                       xgmi_link_gb_s=float(v["xgmi_link_gb_s"]) if v.get("xgmi_link_gb_s") else None)
         for name, v in raw.items()
     }
 
@@ -64,7 +73,7 @@ def baseboard_links(facts: GpuFacts, gpu_count: int, fabric: Fabric | None = Non
     if fabric == "nvswitch":
         return [Link(a=a, b=b, kind=LinkKind.NVSWITCH, lanes=facts.nvlink_lanes) for a, b in pairs]
     if fabric == "xgmi":
-        return [Link(a=a, b=b, kind=LinkKind.XGMI) for a, b in pairs]
+        return [Link(a=a, b=b, kind=LinkKind.XGMI, bandwidth_gb_s=facts.link_gb_s(LinkKind.XGMI)) for a, b in pairs]
     if fabric == "pairs":
         return [Link(a=a, b=a + 1, kind=LinkKind.NVLINK, lanes=facts.nvlink_lanes)
                 for a in range(0, gpu_count - 1, 2)]

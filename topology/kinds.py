@@ -112,7 +112,8 @@ DEFAULTS: dict[LinkKind, KindDefault] = {
         bandwidth_gb_s=64.0,
         latency_us=0.7,
         source="AMD Instinct MI300X data sheet: 128 GB/s bidirectional per Infinity Fabric "
-        "link between two GPUs (64 GB/s/dir)",
+        "link between two GPUs (64 GB/s/dir); a part whose links run faster says so "
+        "(topology/data/gpus.yaml xgmi_link_gb_s: MI350X/MI355X 76.8)",
     ),
     LinkKind.PIX: KindDefault(
         bandwidth_gb_s=PCIE_X16_GB_S[4],
@@ -161,14 +162,19 @@ def default_bandwidth_gb_s(
     lanes: int | None = None,
     nvlink_generation: int | None = None,
     pcie_generation: int | None = None,
+    *,
+    xgmi_link_gb_s: float | None = None,
 ) -> float:
-    """Nominal per-direction bandwidth of a link of this kind."""
+    """Nominal per-direction bandwidth of a link of this kind (`xgmi_link_gb_s`: the GPU's Infinity
+    Fabric link rate where it is not MI300X's, topology/data/gpus.yaml)."""
     if kind in (LinkKind.NVLINK, LinkKind.NVSWITCH):
         per_lane = NVLINK_LANE_GB_S.get(nvlink_generation or DEFAULT_NVLINK_GENERATION, 25.0)
         return per_lane * (lanes or (18 if kind is LinkKind.NVSWITCH else 1))
     if kind in (LinkKind.PIX, LinkKind.PXB, LinkKind.PHB, LinkKind.NODE) and pcie_generation:
         scale = DEFAULTS[kind].bandwidth_gb_s / PCIE_X16_GB_S[DEFAULT_PCIE_GENERATION]
         return scale * PCIE_X16_GB_S.get(pcie_generation, PCIE_X16_GB_S[DEFAULT_PCIE_GENERATION])
+    if kind is LinkKind.XGMI and xgmi_link_gb_s:
+        return xgmi_link_gb_s
     return DEFAULTS[kind].bandwidth_gb_s
 
 

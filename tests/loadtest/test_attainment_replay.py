@@ -121,8 +121,15 @@ def test_the_derived_step_costs_reproduce_the_rate_1_runs_light_load_medians() -
     # decoding without a prefill in the way: TPOT; short prompts that did not queue: TTFT
     assert median_ms(replayed, derived.decode_requests, "tpot_s") == pytest.approx(
         median_ms(measured, derived.decode_requests, "tpot_s"), abs=1.0)
-    assert median_ms(replayed, derived.prefill_requests, "ttft_s") == pytest.approx(
-        median_ms(measured, derived.prefill_requests, "ttft_s"), abs=5.0)
+    # their mean, not their median: six prompts, each waiting for the decode step it arrives in to
+    # end, so a 0.2 % change in the step moves single ones by ~5 ms and the median of six by as much
+    # (56.6 -> 51.0 ms against the run's 56.0 at the 2026-12-05 refits); the mean moved 55.8 -> 52.5
+    # (the run's 54.2)
+    def mean_ms(r: sharegpt.Replay, ids: tuple[int, ...]) -> float:
+        return 1000 * float(statistics.fmean(r.outcomes[i].ttft_s for i in ids))
+
+    assert mean_ms(replayed, derived.prefill_requests) == pytest.approx(
+        mean_ms(measured, derived.prefill_requests), abs=5.0)
     # the same engine on the rate-2 run (a test, not an input): busier, so slower, in both
     measured2, replayed2 = distserve.alignment(2.0)
     assert replayed2.attainment() < replayed.attainment() and measured2.attainment() < measured.attainment()

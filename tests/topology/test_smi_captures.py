@@ -79,3 +79,17 @@ def test_numa_affinity_list_and_na() -> None:
     got = node_capture(read_node_text(text))
     assert [g["numa_node"] for g in got["gpus"]] == [0, None]
     assert got["islands"] == [[0, 1]]
+
+
+def test_an_infinity_fabric_link_runs_at_its_generations_rate() -> None:
+    """The MI300X rocm-smi capture read as what it would print on MI355X: the same eight-GPU
+    mesh, each link at CDNA 4's 76.8 GB/s a direction (153.6 bidirectional), not MI300X's 64."""
+    capture = str(shared_path("topo") / "amd-mi300-8gpu-xgmi-rocm-smi.txt")
+    rates = {}
+    for gpu in ("mi300x", "mi355x"):
+        result = run_cli("parse", capture, "--gpu", gpu, "--format", "model")
+        assert result.returncode == 0, result.stderr
+        links = json.loads(result.stdout)["nodes"][0]["links"]
+        assert len(links) == 28 and {k["kind"] for k in links} == {"xgmi"}
+        rates[gpu] = {k["bandwidth_gb_s"] for k in links}
+    assert rates == {"mi300x": {64.0}, "mi355x": {76.8}}

@@ -47,8 +47,10 @@ def nics_from_levels(levels: NicLevels) -> list[Nic]:
 
 
 def with_gpu_facts(node: Node, model: str | None, nvlink_generation: int | None,
-                   pcie_generation: int | None, memory_gb: float | None) -> Node:
-    """Stamp a GPU model onto a parsed node and rescale link bandwidths to its generations."""
+                   pcie_generation: int | None, memory_gb: float | None, *,
+                   xgmi_link_gb_s: float | None = None) -> Node:
+    """Stamp a GPU model onto a parsed node and rescale link bandwidths to its generations (and
+    its Infinity Fabric link rate)."""
     gpus = tuple(
         replace(g, model=g.model or model, nvlink_generation=g.nvlink_generation or nvlink_generation,
                 memory_gb=g.memory_gb or memory_gb)
@@ -57,7 +59,8 @@ def with_gpu_facts(node: Node, model: str | None, nvlink_generation: int | None,
     links = tuple(
         replace(
             k,
-            bandwidth_gb_s=default_bandwidth_gb_s(k.kind, k.lanes, nvlink_generation, pcie_generation),
+            bandwidth_gb_s=default_bandwidth_gb_s(k.kind, k.lanes, nvlink_generation, pcie_generation,
+                                                  xgmi_link_gb_s=xgmi_link_gb_s),
         )
         for k in node.links
     )

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from topology.errors import ParseError
 from topology.gpus import GpuFacts, baseboard_links, by_pci_id, gpu_facts
-from topology.kinds import LinkKind, default_bandwidth_gb_s
+from topology.kinds import LinkKind
 from topology.model import Gpu, Link, Nic, Node
 from topology.readers.build import NicLevels, nics_from_levels
 from topology.readers.cpus import mask_to_cpu_list
@@ -265,9 +265,8 @@ def parse_nccl(text: str, node_name: str = "node0", hints: NcclHints | None = No
         for b in range(a + 1, len(gpus)):
             link = links.get((a, b)) or Link(a=a, b=b, kind=_level(gpus[a], gpus[b]))
             if facts is not None:
-                gen = facts.nvlink_generation
                 link = Link(a=a, b=b, kind=link.kind, lanes=link.lanes,
-                            bandwidth_gb_s=default_bandwidth_gb_s(link.kind, link.lanes, gen, facts.pcie_generation))
+                            bandwidth_gb_s=facts.link_gb_s(link.kind, link.lanes))
             out_links.append(link)
     levels: NicLevels = {}
     meta: dict[str, tuple[str, float | None, int | None, str | None]] = {}

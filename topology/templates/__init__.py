@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from topology.configfile import parse_yaml_text, validate_mapping
 from topology.errors import ParseError
 from topology.gpus import baseboard_links, gpu_facts
-from topology.kinds import LinkKind, default_bandwidth_gb_s
+from topology.kinds import LinkKind
 from topology.model import Gpu, Link, Nic, Node
 
 
@@ -114,7 +114,7 @@ def node_from_machine(t: MachineTemplate, node_name: str, rack: str | None = Non
     for a in range(t.gpu_count):
         for b in range(a + 1, t.gpu_count):
             link = fabric.get((a, b)) or Link(a=a, b=b, kind=_pcie_kind(t, a, b))
-            bw = default_bandwidth_gb_s(link.kind, link.lanes, facts.nvlink_generation, facts.pcie_generation)
+            bw = facts.link_gb_s(link.kind, link.lanes)
             links.append(Link(a=a, b=b, kind=link.kind, lanes=link.lanes, bandwidth_gb_s=bw))
     clique = None
     if t.fabric_domain == "rack":
