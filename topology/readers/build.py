@@ -6,7 +6,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import replace
 
-from topology.kinds import LinkKind, default_bandwidth_gb_s
+from topology.gpus import GpuFacts
+from topology.kinds import LinkKind
 from topology.model import Gpu, Link, Nic, Node
 
 PCIE_CODES: dict[str, LinkKind] = {
@@ -46,25 +47,16 @@ def nics_from_levels(levels: NicLevels) -> list[Nic]:
     return sorted(out, key=lambda n: n.name)
 
 
-def with_gpu_facts(node: Node, model: str | None, nvlink_generation: int | None,
-                   pcie_generation: int | None, memory_gb: float | None, *,
-                   xgmi_link_gb_s: float | None = None) -> Node:
-    """Stamp a GPU model onto a parsed node and rescale link bandwidths to its generations (and
-    its Infinity Fabric link rate)."""
+def with_gpu_facts(node: Node, facts: GpuFacts) -> Node:
+    """Stamp a GPU model onto a parsed node and rescale link bandwidths to its generations and its
+    Infinity Fabric link rate (`GpuFacts.link_gb_s`)."""
     gpus = tuple(
-        replace(g, model=g.model or model, nvlink_generation=g.nvlink_generation or nvlink_generation,
-                memory_gb=g.memory_gb or memory_gb)
+        replace(g, model=g.model or facts.name, nvlink_generation=g.nvlink_generation or facts.nvlink_generation,
+                memory_gb=g.memory_gb or facts.memory_gb)
         for g in node.gpus
     )
-    links = tuple(
-        replace(
-            k,
-            bandwidth_gb_s=default_bandwidth_gb_s(k.kind, k.lanes, nvlink_generation, pcie_generation,
-                                                  xgmi_link_gb_s=xgmi_link_gb_s),
-        )
-        for k in node.links
-    )
-    return replace(node, gpus=tuple(gpus), links=links, machine=node.machine or model)
+    links = tuple(replace(k, bandwidth_gb_s=facts.link_gb_s(k.kind, k.lanes)) for k in node.links)
+    return replace(node, gpus=tuple(gpus), links=links, machine=node.machine or facts.name)
 
 
 def gpu_with_index(gpus: Iterable[Gpu], index: int) -> Gpu:

@@ -72,7 +72,5 @@ def read_node_text(text: str, options: ReadOptions | None = None) -> Node:
     else:
         raise ParseError(f"a {fmt} document describes a cluster, not one machine's capture")
     if options.gpu:
-        facts = gpu_facts(options.gpu)
-        node = with_gpu_facts(node, facts.name, facts.nvlink_generation, facts.pcie_generation, facts.memory_gb,
-                              xgmi_link_gb_s=facts.xgmi_link_gb_s)
+        node = with_gpu_facts(node, gpu_facts(options.gpu))
     return node
