@@ -168,10 +168,12 @@ def load_scenario(path: str | Path, policies: Sequence[str] | None = None) -> Sc
     if config.gpu is not None:
         from physics import catalog
 
-        if config.gpu not in catalog.gpus():
+        try:
+            gpu = catalog.gpu_name(config.gpu)
+        except ValueError:
             raise ValueError(f"{where}: gpu {config.gpu!r} is not in the catalogue "
-                             f"({', '.join(sorted(catalog.gpus()))})")
-        topology = _with_gpu_model(topology, config.gpu)
+                             f"({', '.join(sorted(catalog.gpus()))})") from None
+        topology = _with_gpu_model(topology, gpu)
     from pools.placement import get_policy
 
     for name in config.policies:

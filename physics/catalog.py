@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, replace
 from importlib import resources
 
 import yaml
+
+from topology.gpus import part_name
 
 WEIGHT_DTYPES: dict[str, tuple[float, str]] = {
     "bf16": (2.0, "bf16"),
@@ -273,15 +276,46 @@ def models() -> dict[str, ModelSpec]:
     return out
 
 
+def gpu_name(text: str) -> str:
+    """The catalogue's name for a part as people and tools write it ("H100", "NVIDIA H100 80GB
+    HBM3", "A100-SXM4-80GB": `topology.gpus.part_name`, which refuses rather than guesses)."""
+    return part_name(text, {n: g.memory_gb for n, g in gpus().items()})
+
+
+_MODEL_NOISE = re.compile(r"^(instruct|chat|hf|base|it|thinking|v\d+\.\d+|\d{4})$")
+_SAME_MODEL = {"deepseek-r1": "deepseek-v3"}
+"""Checkpoints the catalogue lists under another name: DeepSeek-R1 is DeepSeek-V3's architecture
+(the same config.json but for its weights)."""
+
+
+def model_name(text: str) -> str:
+    """The catalogue's name for a model as people and tools write it: any case, the Hugging Face
+    organisation dropped ("meta-llama/Llama-3.1-70B-Instruct" is llama-3.1-70b, "Qwen/Qwen3-8B"
+    qwen3-8b), and the words that name a tuning or a release rather than an architecture (instruct,
+    chat, hf, base, it, thinking, a version such as v0.1, a four-digit date such as 2507 or 0528);
+    DeepSeek-R1 is deepseek-v3. A weight format in the name stays (llama-3.1-70b-fp8 is its own
+    entry); anything else the catalogue does not list is refused."""
+    known = models()
+    if text in known:
+        return text
+    words = [w for w in re.split(r"[\s_-]+", text.strip().lower().rsplit("/", 1)[-1]) if w]
+    if words[:2] == ["meta", "llama"]:
+        words = words[1:]
+    name = "-".join(w for w in words if not _MODEL_NOISE.match(w))
+    name = _SAME_MODEL.get(name, name)
+    if name not in known:
+        raise ValueError(f"unknown model {text!r} (known: {', '.join(sorted(known))})")
+    return name
+
+
 def gpu(name: str) -> GpuSpec:
+    """A part by its catalogue name or a name `gpu_name` reads as one."""
     try:
-        return gpus()[name]
-    except KeyError:
-        raise ValueError(f"unknown GPU {name!r} (known: {', '.join(sorted(gpus()))})") from None
+        return gpus()[gpu_name(name)]
+    except ValueError as err:
+        raise ValueError(str(err).replace("unknown GPU model", "unknown GPU", 1)) from None
 
 
 def model(name: str) -> ModelSpec:
-    try:
-        return models()[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r} (known: {', '.join(sorted(models()))})") from None
+    """A model by its catalogue name or a name `model_name` reads as one."""
+    return models()[model_name(name)]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Literal
@@ -52,12 +54,60 @@ def catalogue() -> dict[str, GpuFacts]:
     }
 
 
+_VENDOR_WORDS = frozenset({"nvidia", "amd", "instinct", "tesla", "geforce", "radeon", "hbm", "hbm2", "hbm2e",
+                           "hbm3", "hbm3e"})
+_MEMORY_WORD = re.compile(r"^(\d+)gb?$")
+_FORM_WORD = re.compile(r"^(sxm\d?|pcie|nvl\d*|oam|hgx|dgx|superchip)$")
+
+
+def part_name(text: str, memory_gb: Mapping[str, float]) -> str:
+    """The catalogue's name (a key of `memory_gb`, which maps each to its memory) for a GPU part as
+    people and tools write it: any case, vendor words and memory type dropped ("NVIDIA H100 80GB
+    HBM3", NVML's and nvidia-smi's name for the SXM5 board; "AMD Instinct MI300X"; "A100-SXM4-80GB"),
+    a bare family named for its SXM board part, the catalogue's only one otherwise ("H100" is
+    h100-sxm, "H100 NVL" h100-nvl, "GB200 NVL72" gb200). Refused, never guessed: a form factor the
+    catalogue does not list for that family ("H100 PCIe"), a memory size more than 10 % from the
+    catalogued part's ("A100 40GB" is not the 80 GB a100-sxm4; a size twice the part's or more is
+    not its HBM: "GH200 480GB" counts the Grace CPU's memory), and anything left over."""
+    if text in memory_gb:
+        return text
+    stated_gb: float | None = None
+    form = ""
+    family: list[str] = []
+    for word in (w for w in re.split(r"[\s_/-]+", text.strip().lower()) if w):
+        memory = _MEMORY_WORD.match(word)
+        if memory:
+            stated_gb = float(memory.group(1))
+        elif _FORM_WORD.match(word):
+            form = word
+        elif word not in _VENDOR_WORDS:
+            family.append(word)
+    name = "-".join(family)
+    found = _by_form(name, form, [n for n in memory_gb if n == name or n.startswith(name + "-")]) if name else None
+    known = ", ".join(sorted(memory_gb))
+    if found is None:
+        raise ValueError(f"unknown GPU model {text!r} (known: {known})")
+    held = memory_gb[found]
+    if stated_gb is not None and abs(stated_gb - held) > 0.1 * held and stated_gb < 2 * held:
+        raise ValueError(f"GPU model {text!r}: the catalogue's {found} has {held:g} GB, not "
+                         f"{stated_gb:g} (known: {known})")
+    return found
+
+
+def _by_form(family: str, form: str, names: list[str]) -> str | None:
+    """Of a family's catalogue names, the one of form factor `form` ("" where unstated)."""
+    forms = {n[len(family) + 1:]: n for n in names if n != family}
+    if not forms:  # a family of one board (GB200, H20, MI300X): any form but PCIe is it
+        return names[0] if names and form != "pcie" else None
+    if not form or form.startswith("sxm"):
+        return next((n for f, n in forms.items() if f.startswith("sxm")), None)
+    return forms.get(form)
+
+
 def gpu_facts(name: str) -> GpuFacts:
-    try:
-        return catalogue()[name]
-    except KeyError:
-        known = ", ".join(sorted(catalogue()))
-        raise ValueError(f"unknown GPU model {name!r} (known: {known})") from None
+    """A part's facts by its catalogue name or a name `part_name` reads as one."""
+    parts = catalogue()
+    return parts[part_name(name, {n: f.memory_gb for n, f in parts.items()})]
 
 
 def by_pci_id(device_id: str) -> GpuFacts | None:

@@ -50,10 +50,9 @@ class Free:
         if p["kind"] not in self.kinds or (self.needs and not _stated(p.get(self.needs))):
             return False
         if self.gpu:
-            from loadtest.fidelity.fields import GPU_ALIASES
+            from loadtest.fidelity.fields import names
 
-            name = str(p.get("gpu") or "")
-            return GPU_ALIASES.get(name, name) == self.gpu
+            return names(p)[1] == self.gpu
         if not self.kernel:
             return True
         from physics.a2akernels import MODE_KERNELS

@@ -9,10 +9,6 @@ from typing import Any
 
 from physics import catalog
 
-GPU_ALIASES = {"a100-80gb": "a100-sxm4", "h800": "h800-sxm"}
-"""Names the sources use for parts the catalogue lists under another name (LMDeploy's
-"A100-80G", form factor unstated, priced as SXM4; Mooncake's H800, SXM)."""
-MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b"}
 DTYPES = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "int8": "fp8w", "int4": "int4", "nvfp4": "nvfp4",
           "fp4": "fp4", "mxfp4": "mxfp4"}
 """Weight formats as the points write them (FP16 and BF16 run at the same rate everywhere; int8
@@ -31,13 +27,17 @@ def int_of(p: dict[str, Any], key: str, default: int) -> int:
 
 
 def names(p: dict[str, Any]) -> tuple[str | None, str | None, str]:
-    model = p.get("model")
-    gpu = p.get("gpu")
-    model = MODEL_ALIASES.get(model, model) if isinstance(model, str) else None
-    gpu = GPU_ALIASES.get(gpu, gpu) if isinstance(gpu, str) else None
-    if model is not None and model not in catalog.models():
+    """The point's model and GPU as the catalogue names them (`physics.catalog.model_name` and
+    `gpu_name` read the names sources use: Mooncake's "H800", LMDeploy's "A100-80G",
+    "Llama-3.3-70B-Instruct"), or why not."""
+    model, gpu = p.get("model"), p.get("gpu")
+    try:
+        model = catalog.model_name(model) if isinstance(model, str) else None
+    except ValueError:
         return None, None, f"model {model} is not in the catalogue"
-    if gpu is not None and gpu not in catalog.gpus():
+    try:
+        gpu = catalog.gpu_name(gpu) if isinstance(gpu, str) else None
+    except ValueError:
         return None, None, f"GPU {gpu} is not in the catalogue"
     return model, gpu, ""
 

@@ -74,8 +74,48 @@ def test_kv_over_each_link_and_nic_rate(capsys: pytest.CaptureFixture[str]) -> N
     assert ms("rdma", "--gbps", "400") < ms("rdma", "--gbps", "100")
 
 
+@pytest.mark.parametrize(("gpu", "model", "as_gpu", "as_model"), [
+    ("H100", "meta-llama/Llama-3.1-70B-Instruct", "h100-sxm", "llama-3.1-70b"),
+    ("NVIDIA H100 80GB HBM3", "Meta-Llama-3.1-70B-Instruct", "h100-sxm", "llama-3.1-70b"),  # NVML's name
+    ("A100-SXM4-80GB", "meta-llama/Llama-2-70b-chat-hf", "a100-sxm4", "llama-2-70b"),
+    ("NVIDIA H800", "Qwen/Qwen3-8B", "h800-sxm", "qwen3-8b"),
+    ("H100 NVL", "Qwen/Qwen3-32B", "h100-nvl", "qwen3-32b"),
+    ("AMD Instinct MI300X", "mistralai/Mixtral-8x7B-Instruct-v0.1", "mi300x", "mixtral-8x7b"),
+    ("GB200 NVL72", "deepseek-ai/DeepSeek-R1-0528", "gb200", "deepseek-v3"),
+])
+def test_parts_and_models_by_the_names_people_and_tools_write(capsys: pytest.CaptureFixture[str], gpu: str,
+                                                              model: str, as_gpu: str, as_model: str) -> None:
+    """A user writes `--gpu H100 --model meta-llama/Llama-3.1-70B-Instruct`: the answer is the
+    catalogue's part and model, and names them, exactly as if the catalogue's names were given."""
+    args = ("--tp", "8", "--tokens", "2048")
+    answer = cost(capsys, "prefill", "--model", model, "--gpu", gpu, *args)
+    assert (answer["gpu"], answer["model"]) == (as_gpu, as_model)
+    assert answer == cost(capsys, "prefill", "--model", as_model, "--gpu", as_gpu, *args)
+
+
+def test_choices_in_any_case_and_in_vllms_and_ncclss_words(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--link NVLink`, `--op all_reduce` (nccl-tests' name), `--dtype bfloat16` and
+    `--kv-dtype fp8_e4m3` (vLLM's) answer as the catalogue's lower-case words do."""
+    def answer(*args: str) -> dict[str, Any]:
+        return cost(capsys, *args)
+
+    assert answer("collective", "--op", "all_reduce", "--bytes", "1048576", "--gpus", "8", "--link", "NVSwitch") == \
+        answer("collective", "--op", "allreduce", "--bytes", "1048576", "--gpus", "8", "--link", "nvswitch")
+    base = ("decode", "--model", "qwen3-8b", "--gpu", "h100-sxm", "--tp", "1", "--batch", "8", "--context", "1000")
+    assert answer(*base, "--dtype", "BFloat16", "--kv-dtype", "fp8_e4m3") == \
+        answer(*base, "--dtype", "bf16", "--kv-dtype", "fp8")
+    assert answer(*base, "--kv-dtype", "auto")["kv_dtype"] == "bf16"
+    moe = ("moe", "--model", "deepseek-v3", "--gpu", "h100-sxm", "--dp", "16", "--batch", "64", "--gbps", "400")
+    assert answer(*moe, "--phase", "Decode", "--link", "RDMA") == answer(*moe, "--phase", "decode", "--link", "rdma")
+
+
 @pytest.mark.parametrize("args", [
     ["prefill", "--model", "gpt-9", "--gpu", "h100-sxm", "--tp", "1", "--tokens", "8"],
+    # refused, not guessed: a form factor, a memory size or a release the catalogue does not list
+    ["prefill", "--model", "llama-3.1-8b", "--gpu", "H100 PCIe", "--tp", "1", "--tokens", "8"],
+    ["prefill", "--model", "llama-3.1-8b", "--gpu", "A100 40GB", "--tp", "1", "--tokens", "8"],
+    ["prefill", "--model", "llama-3.1-8b", "--gpu", "H100 or H200", "--tp", "1", "--tokens", "8"],
+    ["prefill", "--model", "meta-llama/Meta-Llama-3-70B", "--gpu", "h100-sxm", "--tp", "1", "--tokens", "8"],
     ["prefill", "--model", "llama-3.1-8b", "--gpu", "h900", "--tp", "1", "--tokens", "8"],
     ["prefill", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "0", "--tokens", "8"],
     ["collective", "--op", "allreduce", "--bytes", "8", "--gpus", "8", "--link", "nvswitch", "--gbps", "400"],

@@ -93,3 +93,14 @@ def test_an_infinity_fabric_link_runs_at_its_generations_rate() -> None:
         assert len(links) == 28 and {k["kind"] for k in links} == {"xgmi"}
         rates[gpu] = {k["bandwidth_gb_s"] for k in links}
     assert rates == {"mi300x": {64.0}, "mi355x": {76.8}}
+
+
+def test_a_part_named_as_rocm_smi_and_people_write_it_is_the_catalogues() -> None:
+    """`--gpu "AMD Instinct MI355X"` (the product name) reads the capture as `--gpu mi355x` does;
+    a part the catalogue does not list is refused with the known ones, not guessed."""
+    capture = str(shared_path("topo") / "amd-mi300-8gpu-xgmi-rocm-smi.txt")
+    read = [run_cli("parse", capture, "--gpu", gpu, "--format", "model") for gpu in ("mi355x", "AMD Instinct MI355X")]
+    assert all(r.returncode == 0 for r in read), [r.stderr for r in read]
+    assert json.loads(read[0].stdout) == json.loads(read[1].stdout)
+    refused = run_cli("parse", capture, "--gpu", "MI300X 256GB", "--format", "model")
+    assert refused.returncode != 0 and "mi300x has 192 GB" in refused.stderr and "known:" in refused.stderr
