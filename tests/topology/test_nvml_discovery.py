@@ -121,7 +121,9 @@ def test_the_pci_device_id_names_the_catalogue_model(tmp_path: Path) -> None:
     nvml = fake_nvml.hgx_h100()
     for g in nvml.gpus:
         g.name, g.device_id = "NVIDIA H200", 0x2335
-    nvml.gpus[7].device_id = 0xFFFF  # unknown to the catalogue: NVML's own name stays
+    nvml.gpus[6].device_id = 0xFFFE  # an id the catalogue lacks, but the name reads as its h200-sxm
+    nvml.gpus[7].device_id = 0xFFFF  # neither id nor name is the catalogue's (a PCIe card): NVML's name stays
+    nvml.gpus[7].name = "NVIDIA H200 NVL"
     fake_nvml.write_sysfs(tmp_path, nvml, {})
     node = _discover(nvml, tmp_path).nodes[0]
-    assert [g.model for g in node.gpus] == ["h200-sxm"] * 7 + ["NVIDIA H200"]
+    assert [g.model for g in node.gpus] == ["h200-sxm"] * 7 + ["NVIDIA H200 NVL"]

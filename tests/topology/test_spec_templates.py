@@ -104,6 +104,9 @@ def test_spec_capture_nodes_and_bad_references(tmp_path: Path) -> None:
     spec = "nodes:\n  - {name: x, capture: cap.txt, gpu: a30, count: 2}\n"
     topo = parse_spec(spec, base_dir=tmp_path)
     assert [n.name for n in topo.nodes] == ["x-0", "x-1"] and topo.node("x-0").gpus[0].model == "a30"
+    # the part as nvidia-smi names it is the catalogue's a30, and every node says so
+    named = parse_spec(spec.replace("gpu: a30", "gpu: NVIDIA A30"), base_dir=tmp_path)
+    assert named.node("x-1").gpus[0].model == "a30" and named == topo
     with pytest.raises(ParseError, match="degraded_links names GPU0-GPU9"):
         parse_spec("nodes:\n  - {name: y, template: a30-pairs, degraded_links: [{gpus: [0, 9]}]}\n")
     with pytest.raises(ParseError, match="duplicate node names: z"):

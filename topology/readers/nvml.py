@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from topology.errors import DiscoveryError
-from topology.gpus import by_pci_id
+from topology.gpus import by_pci_id, catalogue, part_name
 from topology.health import GpuCounters, LinkCounters, apply_node_health, per_minute
 from topology.kinds import DEFAULTS, LinkKind, default_bandwidth_gb_s
 from topology.model import Gpu, Link, Nic, Node
@@ -189,7 +189,13 @@ def discover(
 
 
 def _model(p: GpuProbe) -> str | None:
-    """The catalogue name when the PCI device id is known ('NVIDIA H200' -> h200-sxm), else
-    NVML's own name."""
+    """The catalogue name when the PCI device id is known ('NVIDIA H200' -> h200-sxm) or NVML's
+    name reads as one (`part_name`: a part whose id the catalogue lacks, 'NVIDIA H100 80GB HBM3'
+    under a new id), else NVML's own name."""
     facts = by_pci_id(p.pci_device) if p.pci_device else None
-    return facts.name if facts is not None else p.name
+    if facts is not None or not p.name:
+        return facts.name if facts is not None else p.name
+    try:
+        return part_name(p.name, {n: f.memory_gb for n, f in catalogue().items()})
+    except ValueError:
+        return p.name

@@ -120,7 +120,7 @@ def node_from_machine(t: MachineTemplate, node_name: str, rack: str | None = Non
     if t.fabric_domain == "rack":
         clique = f"{rack or node_name}/{t.name}"
     gpus = tuple(
-        Gpu(index=i, model=t.gpu, numa_node=t.numa[i], cpu_affinity=t.cpu_affinity.get(t.numa[i] or 0)
+        Gpu(index=i, model=facts.name, numa_node=t.numa[i], cpu_affinity=t.cpu_affinity.get(t.numa[i] or 0)
             if t.numa[i] is not None else None, memory_gb=facts.memory_gb,
             nvlink_generation=facts.nvlink_generation, fabric_clique=clique)
         for i in range(t.gpu_count)
