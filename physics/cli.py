@@ -166,7 +166,7 @@ def _gang_parsers(kinds: Any) -> None:
     q.add_argument("--prompts", type=int, default=1, help="prefill: prompts those tokens come from (default 1)")
     q.add_argument("--batch", type=int, help="decode: sequences per DP rank")
     q.add_argument("--context", type=int, default=0, help="cached tokens per sequence")
-    q.add_argument("--link", required=True, type=_word, choices=["nvlink", "rdma", "efa", "cross-rail", "tcp"],
+    q.add_argument("--link", required=True, type=_word, choices=["nvlink", "xgmi", "rdma", "efa", "cross-rail", "tcp"],
                    help="nvlink: one NVLink domain; rdma: rail-aligned NICs; efa: the same over AWS EFA; "
                         "cross-rail: via the spine; tcp")
     q.add_argument("--domain-gpus", type=int, help="GPUs of the gang per NVLink domain across a network (default 8)")

@@ -23,21 +23,27 @@ from physics.queries import (
     tp_link_of,
 )
 from topology import LinkKind
+from topology.gpus import gpu_facts
 from topology.kinds import DEFAULTS
 from topology.readers.spec import FABRICS
 
 A2A_DTYPES = tuple(alltoall.DISPATCH_BYTES)
 """What an all-to-all dispatches, scales included (`alltoall.DISPATCH_BYTES`: fp8 is DeepEP's format)."""
-GANG_LINKS = ("nvlink", "rdma", "efa", "cross-rail", "tcp")
+GANG_LINKS = ("nvlink", "xgmi", "rdma", "efa", "cross-rail", "tcp")
 
 
 def gang_links(link_name: str, gpu: str, gang: int, domain_gpus: int | None, gbps: float | None, sms: int = 0
                 ) -> alltoall.GangLinks:
-    """Where an EP gang's all-to-all runs: nvlink, the whole gang in one NVLink domain; otherwise
-    `domain_gpus` of it per domain (default 8) joined by one NIC per GPU of `--gbps`; `sms` 0: unbounded."""
+    """Where an EP gang's all-to-all runs: nvlink, the whole gang in one NVLink domain (xgmi, AMD's
+    name for it: one Infinity Fabric mesh); otherwise `domain_gpus` of it per domain (default 8)
+    joined by one NIC per GPU of `--gbps`; `sms` 0: unbounded. The domain's links are the part's own."""
     if sms < 0 or link_name not in GANG_LINKS:
         raise ValueError(f"--sms must be 0 (unbounded) or more, got {sms}" if sms < 0 else
                          f"--link for a gang is one of {', '.join(GANG_LINKS)}, not {link_name!r}")
+    if link_name == "xgmi":
+        if gpu_facts(gpu).fabric != "xgmi":
+            raise ValueError(f"--link xgmi is AMD's Infinity Fabric; {gpu}'s own domain is --link nvlink")
+        link_name = "nvlink"
     if gbps is not None and link_name == "nvlink":
         raise ValueError("--gbps is a network rate: it goes with --link rdma, efa, cross-rail or tcp")
     if domain_gpus is not None:

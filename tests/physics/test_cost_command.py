@@ -109,7 +109,18 @@ def test_choices_in_any_case_and_in_vllms_and_ncclss_words(capsys: pytest.Captur
     assert answer(*moe, "--phase", "Decode", "--link", "RDMA") == answer(*moe, "--phase", "decode", "--link", "rdma")
 
 
+def test_an_amd_gang_runs_over_its_infinity_fabric_by_that_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """`cost moe --gpu mi300x --link xgmi`: the gang in one Infinity Fabric mesh, as `--link nvlink`
+    (the part's own scale-up domain) prices it; the answer keeps the name asked for."""
+    moe = ("moe", "--model", "deepseek-v3", "--gpu", "mi300x", "--dp", "8", "--phase", "decode", "--batch", "64")
+    xgmi, nvlink = cost(capsys, *moe, "--link", "xgmi"), cost(capsys, *moe, "--link", "nvlink")
+    assert xgmi["link"].pop("name") == "xgmi" and nvlink["link"].pop("name") == "nvlink" and xgmi == nvlink
+    assert xgmi["link"]["nvlink_gb_s"] == 7 * 64.0  # seven 64 GB/s links, one to each peer
+
+
 @pytest.mark.parametrize("args", [
+    ["moe", "--model", "deepseek-v3", "--gpu", "h100-sxm", "--dp", "8", "--phase", "decode", "--batch", "8",
+     "--link", "xgmi"],
     ["prefill", "--model", "gpt-9", "--gpu", "h100-sxm", "--tp", "1", "--tokens", "8"],
     # refused, not guessed: a form factor, a memory size or a release the catalogue does not list
     ["prefill", "--model", "llama-3.1-8b", "--gpu", "H100 PCIe", "--tp", "1", "--tokens", "8"],
