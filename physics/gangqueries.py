@@ -20,6 +20,7 @@ from physics.queries import (
     model_spec,
     positive,
     speculative_length,
+    tp_link_name,
     tp_link_of,
 )
 from topology import LinkKind
@@ -177,8 +178,10 @@ def pp(model: str, gpu: str, tp: int, stages: int, phase: str, boundaries: list[
         positive(tokens=tokens)
     else:
         positive(batch=batch)
+    kinds, link_name = [tp_link_name(k, gpu) for k in kinds], tp_link_name(link_name, gpu)
     links = [replace(link(k, gbps), hw="net") if k in NETWORK else
-             tp_link_of(k, gpu, 2) if LINKS[k].is_gpu_fabric else replace(link(k), hw="pci") for k in kinds]
+             tp_link_of(k, gpu, 2) if LINKS[k].is_gpu_fabric or k == "pcie" else replace(link(k), hw="pci")
+             for k in kinds]
     tp_link = tp_link_of(link_name, gpu, tp)
     step = pipeline.pipeline_step(spec, catalog.gpu(gpu), tp, stages, tp_link, links,
                                   prefill_tokens=tokens if phase == "prefill" else 0,

@@ -44,11 +44,28 @@ def link(name: str, gbps: float | None = None) -> costmodel.LinkCost:
                               latency_us=d.latency_us)
 
 
+def tp_link_name(link_name: str, gpu: str) -> str:
+    """The link a TP group of `gpu` runs over when `link_name` asks for its NVLink (nvswitch, the
+    queries' default, or nvlink): a part with no NVLink at all (L40S, A10G, RTX 4090: no lanes, no
+    fabric in topology/data/gpus.yaml) talks over PCIe, whatever was asked."""
+    if link_name in ("nvswitch", "nvlink"):
+        facts = gpu_facts(gpu)
+        if not facts.nvlink_lanes and facts.fabric == "none":
+            return "pcie"
+    return link_name
+
+
 def tp_link_of(link_name: str, gpu: str, tp: int) -> costmodel.LinkCost:
     """A TP group's link: over nvswitch/nvlink/xgmi the GPU's own fabric (`fabric`: H800's
-    NVLink is 8 lanes, not H100's 18), else the kind's default."""
+    NVLink is 8 lanes, not H100's 18); a part without NVLink over PCIe at its generation's x16 rate
+    (`tp_link_name`; the GPUs under one switch: a group whose path crosses the CPU is priced from a
+    topology by the planner and the simulator, not here); else the kind's default."""
+    link_name = tp_link_name(link_name, gpu)
     base = link(link_name)
     kind = LINKS[link_name]
+    if kind is LinkKind.PIX:
+        rate = default_bandwidth_gb_s(kind, pcie_generation=gpu_facts(gpu).pcie_generation)
+        return costmodel.LinkCost(bandwidth_gb_s=rate, latency_us=base.latency_us, hw="pci")
     if not kind.is_gpu_fabric:
         return base
     line, _ = fabric(link_name, gpu, tp)
@@ -103,6 +120,7 @@ def prefill(model: str, gpu: str, tp: int, tokens: int, context: int = 0, dtype:
         raise ValueError(f"--context must be 0 or more, got {context}")
     if chunk < 0 or (chunk and sequences > 1):
         raise ValueError(f"--chunk is 0 (one step) or a token budget for one prompt, got {chunk} for {sequences}")
+    link_name = tp_link_name(link_name, gpu)
     spec, tp_link = model_spec(model, dtype, kv_dtype), replace(tp_link_of(link_name, gpu, tp), nvls=nvls)
     part = catalog.gpu(gpu)
     steps = chunk_steps(tokens, context, chunk) if chunk else (((tokens, context),) * sequences,)
@@ -132,6 +150,7 @@ def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str |
     positive(tp=tp, batch=batch)
     if context < 0:
         raise ValueError(f"--context must be 0 or more, got {context}")
+    link_name = tp_link_name(link_name, gpu)
     spec, tp_link = model_spec(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
     if expert_skew is not None:
         if expert_skew < 0:
@@ -187,6 +206,7 @@ def loaded_decode(model: str, gpu: str, tp: int, concurrency: int, prompt_tokens
     tokens per step (those prompts' own context is half their length on average)."""
     positive(tp=tp, concurrency=concurrency, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
               step_tokens=step_tokens)
+    link_name = tp_link_name(link_name, gpu)
     spec, tp_link = model_spec(model, dtype, kv_dtype), tp_link_of(link_name, gpu, tp)
     per_step = min(concurrency * prompt_tokens / output_tokens, max(step_tokens - concurrency, 0))
     context = prompt_tokens + output_tokens // 2

@@ -6,6 +6,7 @@ tests; and the leave-one-source-out cross-validation."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -373,3 +374,22 @@ def test_the_proxy_figure_holds_on_two_more_gpus_and_campaigns() -> None:
     with constants.applied({"a2a_proxy_message_us": 0.0}):
         unposted = [predict(p)[0] or 0.0 for p in rows]
     assert all(u / p["value"] > 1.3 for u, p in zip(unposted, rows, strict=True))
+
+
+def test_a_tp_group_of_parts_without_nvlink_all_reduces_over_pcie(capsys: pytest.CaptureFixture[str]) -> None:
+    """L40S has no NVLink: a TP group of them all-reduces over PCIe (Gen4 x16), not a phantom
+    NVSwitch. TensorRT-LLM v0.9.0's first-token latencies on L40S (FP8 weights and KV,
+    NVIDIA/TensorRT-LLM docs/source/performance.md at tag v0.9.0, 'Low Latency', L40S table):
+    Llama-2-70B TP4 at 2,048 tokens 673.3 ms and TP8 at 128 tokens 70.4 ms, within 25 % (priced
+    over NVSwitch the TP4 row read 0.36x). An H100 group keeps its NVSwitch."""
+    def prefill(gpu: str, tp: int, tokens: int) -> dict[str, Any]:
+        assert main(["cost", "prefill", "--model", "llama-2-70b", "--gpu", gpu, "--tp", str(tp), "--tokens",
+                     str(tokens), "--dtype", "fp8", "--kv-dtype", "fp8", "--format", "json"]) == 0
+        answer: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return answer
+
+    for tp, tokens, published in ((4, 2048, 673.3), (8, 128, 70.4)):
+        answer = prefill("l40s", tp, tokens)
+        assert answer["link"] == {"name": "pcie", "bandwidth_gb_s": 31.5, "latency_us": 1.0}
+        assert abs(answer["ms"] / published - 1) <= 0.25, (tp, tokens, answer["ms"])
+    assert prefill("h100-sxm", 4, 2048)["link"] == {"name": "nvswitch", "bandwidth_gb_s": 450.0, "latency_us": 0.5}
