@@ -44,7 +44,8 @@ def cv_report(rows: Sequence[Any]) -> dict[str, Any]:
             "by_source": {s: judged([r for r in rows if r.source_id == s]) for s in groups}}
 
 
-def _render_cv(report: dict[str, Any], untouched: dict[str, tuple[str, ...]]) -> str:
+def _render_cv(report: dict[str, Any], untouched: dict[str, tuple[str, ...]],
+               held: str = "held out, predicted by the model fitted to every other source") -> str:
     lines = [f"{'kind':<12} {'priced':>6} {'within 25%':>10} {'median |log r|':>14} {'beyond 2x':>9}  worst"]
     for kind, s in [*report["by_kind"].items(), ("ALL", report["overall"])]:
         if not s["priced"]:
@@ -52,7 +53,7 @@ def _render_cv(report: dict[str, Any], untouched: dict[str, tuple[str, ...]]) ->
         worst = f"{s['worst']['id']} x{s['worst']['ratio']:.2f}" if s["worst"] else "-"
         lines.append(f"{kind:<12} {s['priced']:>6} {s['within_25pct']:>10.0%} {s['median_abs_log_ratio']:>14.3f} "
                      f"{s['beyond_2x']:>9}  {worst}")
-    lines.append("\nby source (held out, predicted by the model fitted to every other source):")
+    lines.append(f"\nby source ({held}):")
     for source, s in report["by_source"].items():
         if s["priced"]:
             kept = f"; kept at their priors: {', '.join(untouched[source])}" if untouched.get(source) else ""
@@ -82,6 +83,16 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     from loadtest.fidelity import report as fidelity
     from loadtest.fidelity.predict import predict
 
+    if args.score:
+        scored = fidelity.rows([p for path in args.score for p in fidelity.points_in(Path(path))])
+        report = cv_report(scored)
+        if args.format == "json":
+            print(json.dumps({"score": args.score, "report": report,
+                              "rows": [{**dataclasses.asdict(r), "ratio": r.ratio} for r in scored]}))
+        else:
+            print(fidelity.render(scored))
+            print("\n" + _render_cv(report, {}, held="scored by the shipped model, which never saw them"))
+        return 0
     if args.cv:
         held, fits = fitting.cross_validate(fidelity.points(), predict, only=args.only or ())
         report = cv_report(held)
@@ -126,6 +137,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--format", choices=["json", "text"], default="text")
     p.add_argument("--cv", choices=["source"], help="leave-one-source-out cross-validation")
     p.add_argument("--only", nargs="+", metavar="SOURCE", help="--cv: hold out only these sources")
+    p.add_argument("--score", nargs="+", metavar="FILE",
+                   help="price the points of these YAML files (the published files' form, or a list of points) with "
+                        "the shipped model, without fitting to them: points it has not seen")
     p.add_argument("--fit", action="store_true", help="the free constants fitted to every published point")
     p.add_argument("--write", action="store_true",
                    help="--fit: ship the fit (physics/data/fitted.yaml, the values the model runs on)")

@@ -49,6 +49,11 @@ def moe_point(p: dict[str, Any], model: str, gpu: str) -> tuple[float | None, st
                       dtype=weights, draft_tokens=draft, acceptance_length=length, kv_dtype=kv)
     per_gpu = float(answer["tokens_per_s_per_gpu"])
     if phase == "decode" and "whole run" in str(p.get("convention", "")) and prompt and output and not draft:
+        if "tensorrt" not in str(p.get("framework") or "").lower():
+            # `physics.moeserving` admits whole prompts beside the decodes (trtllm-bench's engine);
+            # vLLM and SGLang chunk them, so their whole runs are another closed loop
+            return None, ("a whole run of an engine other than TensorRT-LLM's (which admits whole prompts, "
+                          "as physics.moeserving prices it) is not priced")
         budget = int_of(p, "max_num_tokens", moeserving.TRTLLM_MAX_NUM_TOKENS)
         per_gpu = float(gangs.moe_run(model, gpu, tp, int(dp), link, batch=int(batch or 1), prompt=int(prompt),
                                       output=int(output), max_num_tokens=budget,

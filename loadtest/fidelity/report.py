@@ -14,6 +14,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -111,9 +112,30 @@ def sources() -> dict[str, dict[str, Any]]:
     return out
 
 
-def rows() -> list[Row]:
+def points_in(path: Path) -> list[dict[str, Any]]:
+    """The points of a file in the published files' form (a mapping with `points`, and `sources`
+    if it likes) or a bare list of points, each with its `source_id` and the `file`: for scoring
+    points the model has not seen (`pools fidelity --score`). A file that is not such a list, or a
+    point without its id, kind, value and unit, is refused with what is wrong."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"{path}: {err}") from None
+    found = data.get("points") if isinstance(data, dict) else data
+    if not isinstance(found, list) or not all(isinstance(p, dict) for p in found):
+        raise ValueError(f"{path}: not a list of points (or a mapping with `points`)")
+    for i, p in enumerate(found):
+        missing = [k for k in ("id", "kind", "value", "unit") if k not in p]
+        if missing or not isinstance(p.get("value"), int | float) or isinstance(p.get("value"), bool):
+            raise ValueError(f"{path}: point {p.get('id', i)!r} needs " +
+                             (", ".join(missing) if missing else "a numeric value"))
+    return [{**p, "source": str(p.get("source", "")), "source_id": source_id(p), "file": path.name} for p in found]
+
+
+def rows(found: list[dict[str, Any]] | None = None) -> list[Row]:
+    """Each point (every published one by default) with what the shipped model predicts for it."""
     out = []
-    for p in points():
+    for p in points() if found is None else found:
         predicted, why = predict(p)
         out.append(Row(p["id"], p["kind"], float(p["value"]), p["unit"], predicted, p["source"], why,
                        p["source_id"]))
