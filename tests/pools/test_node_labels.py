@@ -30,7 +30,9 @@ def test_nvml_discovered_node_labels_and_per_gpu_resources(tmp_path: Path) -> No
     labels = node_labels(topo, node)
     assert all(KEY.match(k) and VALUE.match(v) for k, v in labels.items()), labels
     assert labels["isle.io/islands"] == "7_1" and labels["isle.io/gpus"] == "8"
-    assert labels["isle.io/gpu-model"] == "NVIDIA-H100-80GB-HBM3"
+    # the catalogue's part, as NVML's name 'NVIDIA H100 80GB HBM3' reads (the router and placement
+    # look parts up by it), not NVML's string
+    assert labels["isle.io/gpu-model"] == "h100-sxm"
     resources = node_resources(topo, node)
     assert resources["isle_island_gpu_7_0"] == 7.0 and resources["isle_island_gpu_7_1"] == 1.0
     assert sum(1 for k in resources if k.startswith("isle_gpu_gpu_7_")) == 8
