@@ -276,10 +276,15 @@ def models() -> dict[str, ModelSpec]:
     return out
 
 
+@functools.cache
+def _memory_gb() -> dict[str, float]:
+    return {n: g.memory_gb for n, g in gpus().items()}
+
+
 def gpu_name(text: str) -> str:
     """The catalogue's name for a part as people and tools write it ("H100", "NVIDIA H100 80GB
     HBM3", "A100-SXM4-80GB": `topology.gpus.part_name`, which refuses rather than guesses)."""
-    return part_name(text, {n: g.memory_gb for n, g in gpus().items()})
+    return part_name(text, _memory_gb())
 
 
 _MODEL_NOISE = re.compile(r"^(instruct|chat|hf|base|it|thinking|v\d+\.\d+|\d{4})$")
@@ -310,10 +315,7 @@ def model_name(text: str) -> str:
 
 def gpu(name: str) -> GpuSpec:
     """A part by its catalogue name or a name `gpu_name` reads as one."""
-    try:
-        return gpus()[gpu_name(name)]
-    except ValueError as err:
-        raise ValueError(str(err).replace("unknown GPU model", "unknown GPU", 1)) from None
+    return gpus()[gpu_name(name)]
 
 
 def model(name: str) -> ModelSpec:

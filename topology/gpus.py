@@ -104,10 +104,14 @@ def _by_form(family: str, form: str, names: list[str]) -> str | None:
     return forms.get(form)
 
 
+@functools.cache
+def _memory_gb() -> dict[str, float]:
+    return {n: f.memory_gb for n, f in catalogue().items()}
+
+
 def gpu_facts(name: str) -> GpuFacts:
     """A part's facts by its catalogue name or a name `part_name` reads as one."""
-    parts = catalogue()
-    return parts[part_name(name, {n: f.memory_gb for n, f in parts.items()})]
+    return catalogue()[part_name(name, _memory_gb())]
 
 
 def by_pci_id(device_id: str) -> GpuFacts | None:

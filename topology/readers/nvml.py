@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from topology.errors import DiscoveryError
-from topology.gpus import by_pci_id, catalogue, part_name
+from topology.gpus import by_pci_id, gpu_facts
 from topology.health import GpuCounters, LinkCounters, apply_node_health, per_minute
 from topology.kinds import DEFAULTS, LinkKind, default_bandwidth_gb_s
 from topology.model import Gpu, Link, Nic, Node
@@ -190,12 +190,12 @@ def discover(
 
 def _model(p: GpuProbe) -> str | None:
     """The catalogue name when the PCI device id is known ('NVIDIA H200' -> h200-sxm) or NVML's
-    name reads as one (`part_name`: a part whose id the catalogue lacks, 'NVIDIA H100 80GB HBM3'
+    name reads as one (`gpu_facts`: a part whose id the catalogue lacks, 'NVIDIA H100 80GB HBM3'
     under a new id), else NVML's own name."""
     facts = by_pci_id(p.pci_device) if p.pci_device else None
-    if facts is not None or not p.name:
-        return facts.name if facts is not None else p.name
-    try:
-        return part_name(p.name, {n: f.memory_gb for n, f in catalogue().items()})
-    except ValueError:
-        return p.name
+    if facts is None and p.name:
+        try:
+            facts = gpu_facts(p.name)
+        except ValueError:
+            return p.name
+    return facts.name if facts is not None else p.name
