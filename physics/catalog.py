@@ -31,6 +31,15 @@ HBM_SHARE_DEFAULT = 0.79
 """A part with no measured share: the median of the NVIDIA parts FluidX3D measured (A100 77, H100
 SXM 80, H100 NVL 79, GH200 79, H200 73, B200 81, B300 81 %; physics/data/published/gpu-achieved.yaml
 FLUIDX3D)."""
+MATMUL_SHARE_REFERENCE = 0.80
+"""The share of its data sheet's BF16 rate the median NVIDIA part's best-shaped matmul reaches:
+A100 0.87, A800 0.85, B200 0.78, B300 0.79, GB200 0.73, GH200 0.85, H100 NVL 0.59, H100 SXM 0.81,
+H20 0.96, H200 0.80, L40S 0.74 (median 0.799; stas00/ml-engineering's maximum achievable matmul
+FLOPS table, torch matmul benchmarks, Azure's GEMM runs: physics/data/published/gpu-achieved.yaml).
+The points the shares of peak are fitted to are on such parts."""
+FP8_MATMUL_SHARE_REFERENCE = 0.745
+"""The same for FP8 (its data sheet's dense FP8 rate): B200 0.76, B300 0.75, GB200 0.72, GH200
+0.78, H100 SXM 0.71, H200 0.73, H800 0.78 (median 0.745; same file)."""
 KV_DTYPES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 """KV-cache formats: bytes per cached element (vLLM `--kv-cache-dtype fp8`: one byte, per-tensor
 scales)."""
@@ -56,12 +65,28 @@ class GpuSpec:
     fp4_tflops: float | None = None
     """Dense FP4 tensor throughput (Blackwell); None: FP4 weights are weight-only (BF16 GEMMs)."""
     fp4_source: str = ""
+    matmul_share: float | None = None
+    """Share of `bf16_tflops` the part's best-shaped BF16 matmul reaches (measured; None: unknown,
+    `MATMUL_SHARE_REFERENCE`). Parts differ: NVIDIA's 0.73-0.96, MI300X 0.58, H100 NVL (a 400 W
+    part) 0.59 (physics/data/published/gpu-achieved.yaml)."""
+    fp8_matmul_share: float | None = None
+    """The same for `fp8_tflops` (and FP4's rate); None: the BF16 share's standing against its own
+    reference (`compute_factor`)."""
+    matmul_source: str = ""
     sfu_tops: float | None = None
     """Special-function results per second (tera) the part's SMs return, the exponentials of a
     softmax among them: 16 per SM per clock on Ampere and Hopper (CUDA C++ Programming Guide,
     arithmetic-instruction throughput) at the clock its tensor peak is quoted at (gpus.yaml).
     None: not known (attention's exponentials not priced)."""
     sfu_source: str = ""
+    tensor_cap: float = 1.0
+    """The data sheet's BF16 tensor rate over the rate its SMs could issue at its FP32 rate (16
+    tensor FLOPs per FP32 FLOP on Ampere and Hopper: A100 312 of 19.5 x 16, H100 SXM 989 of 67 x
+    16 at a lower clock). 1: not capped. A capped part (H20: 148 TFLOPS BF16 beside 44 TFLOPS
+    FP32, 0.21) runs its tensor cores slower than the rest of each SM, so the non-matmul work a
+    kernel cannot overlap (softmax, exponentials, loads) hides under its matmuls in proportion
+    (`flops.attention_s`)."""
+    tensor_cap_source: str = ""
     nvls: bool = False
     """Its NVSwitch does NVLink SHARP (NCCL's NVLS all-reduce)."""
     nvls_efficiency: float = 0.85
@@ -83,13 +108,28 @@ class GpuSpec:
         return self.hbm_gb_s * share * self.serving_share
 
     def tflops(self, compute: str) -> float:
-        """The tensor rate GEMMs of `compute` (a `WEIGHT_DTYPES` rate: bf16, fp8, fp4) run at here:
-        a rate the part lacks falls back to BF16 (weight-only quantisation)."""
+        """The tensor rate GEMMs of `compute` (a `WEIGHT_DTYPES` rate: bf16, fp8, fp4) run at here,
+        as the fitted shares of peak see it: the data sheet's times `compute_factor`; a rate the part
+        lacks falls back to BF16 (weight-only quantisation)."""
         if compute == "fp4" and self.fp4_tflops:
-            return self.fp4_tflops
+            return self.fp4_tflops * self.compute_factor("fp8")
         if compute == "fp8" and self.fp8_tflops:
-            return self.fp8_tflops
-        return self.bf16_tflops
+            return self.fp8_tflops * self.compute_factor("fp8")
+        return self.bf16_tflops * self.compute_factor("bf16")
+
+    def compute_factor(self, compute: str) -> float:
+        """How much more of its data sheet this part's GEMMs reach than the reference parts' do
+        (`MATMUL_SHARE_REFERENCE`): the GEMMs' shares of peak the cost model fits (prefill, FP8,
+        decode) are the reference parts', so a part's GEMMs are priced at them times this. BF16's
+        for bf16; FP8's (and FP4's) for the low-precision rates, or BF16's standing where FP8 was
+        not measured. Attention kernels keep the data sheet's rate and their own share of it:
+        how much of a part FlashAttention reaches is the kernel's and the architecture's ("50-73 %
+        of the theoretical maximum" on A100 for FlashAttention-2, arXiv 2307.08691; 75 % on H100
+        for FlashAttention-3, arXiv 2407.08608), not the part's GEMM share."""
+        bf16 = (self.matmul_share or MATMUL_SHARE_REFERENCE) / MATMUL_SHARE_REFERENCE
+        if compute == "bf16":
+            return bf16
+        return self.fp8_matmul_share / FP8_MATMUL_SHARE_REFERENCE if self.fp8_matmul_share else bf16
 
     def rate_used(self, spec: ModelSpec) -> str:
         """Which tensor rate `spec`'s GEMMs run at here, and why (what `cost` echoes)."""
@@ -102,7 +142,9 @@ class GpuSpec:
 
     def low_precision(self, compute: str) -> bool:
         """GEMMs of `compute` run at a narrower tensor rate than BF16 here."""
-        return self.tflops(compute) != self.bf16_tflops
+        if compute == "fp4":
+            return bool(self.fp4_tflops)
+        return compute == "fp8" and bool(self.fp8_tflops)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

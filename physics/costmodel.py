@@ -62,7 +62,8 @@ class Efficiency:
     `step_overhead_ms`); the fit frees it (`physics.fitted`)."""
     attention_mfu: float = 0.95
     """Share of peak BF16 a prefill attention kernel's QK and PV matmuls reach, its exponentials
-    apart (`physics.flops.attention_s`: FlashAttention-3's H100 rates within 3 %). Free."""
+    apart (`physics.flops.attention_s`: FlashAttention-3's H100 rates within 3 %). Not fitted: the
+    kernel's own benchmark measures it (loadtest/fidelity/constants.py says why)."""
     seq_overhead_ms: float = 0.0
     """Per sequence of a decode step beyond `step_overhead_ms` (host-side sampling per sequence):
     0 here; the DistServe replay's vLLM 0.1.7 sets it (`loadtest.fidelity.replay.overheads`)."""

@@ -12,7 +12,9 @@ the engines run them (`physics.costmodel` and `physics.moecost` price them).
                 FLOPs once, a decode token once (`head_flops`).
     attention   per (query, key) pair and layer, every query head's QK and PV products, 2 heads
                 (d_qk + d_v) FLOPs (`attention_flops`), at `attention_mfu` of peak BF16, then one
-                softmax exponential per head at the part's special-function rate (`attention_s`).
+                softmax exponential per head at the part's special-function rate (`attention_s`;
+                on a tensor-capped part, H20, that other work hides under the matmuls in
+                proportion to the cap).
                 A causal prefill chunk of n tokens after c cached ones attends over n^2/2 + n c
                 pairs.
 """
@@ -63,7 +65,11 @@ def attention_s(model: ModelSpec, gpu: GpuSpec, pairs: float, mfu: float) -> flo
     across head dims: 497 and 648 TFLOPS at head dim 64 and 128 (its FP16 forward benchmark at 16K
     tokens) and up to 740 at 256 (abstract), where the sum gives 484, 639, 761 at `mfu` 0.95 (the
     max of the two would give 940 at every head dim). A part with no known rate prices the
-    matmuls alone."""
-    matmul = attention_flops(model, pairs, False) / (gpu.bf16_tflops * 1e12 * mfu)
+    matmuls alone. On a part whose tensor rate is capped below what its SMs issue
+    (`GpuSpec.tensor_cap`, H20 0.21) that other work (the kernel's shortfall from peak and the
+    exponentials) takes the same time beside matmuls that take longer, and hides under them in
+    that proportion: SGLang's million-token prompts on H20 (SGL-CPP-BLOG) put its attention near
+    its data sheet, where the uncapped sum would read them 1.2-1.3x slow."""
+    ideal = attention_flops(model, pairs, False) / (gpu.bf16_tflops * 1e12)
     exps = model.heads * pairs * model.layers / (gpu.sfu_tops * 1e12) if gpu.sfu_tops else 0.0
-    return matmul + exps
+    return ideal + gpu.tensor_cap * (ideal * (1 / mfu - 1) + exps)

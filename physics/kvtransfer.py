@@ -76,15 +76,28 @@ flight, 190.82 GB/s write) is a round of 128 requests per NIC in 1.41 ms, 0.1 of
 (`KV_SETUP_MS`): (1.41 - 0.1) / 128 = 10.2 us a request, the 64 KB row's round taking the same
 1.38 ms (op-bound, not byte-bound) and the 256 KB row's the wire's. A property of the transport,
 not of the GPU or NIC rate."""
+KV_BLOCK_POST_US = 0.31
+"""What one block costs its NIC over RDMA verbs when a transfer engine's benchmark posts a batch of
+many at once: the engine slices each into work requests, posts them and polls the batch once,
+where a connector's per-layer request (`KV_LAYER_REQUEST_US`) waits a round trip of its own.
+Mooncake's transfer_engine_bench, 4 KiB blocks, 8 threads x batch 128 on one bonded mlx5 port:
+13.04 GB/s, 0.314 us a block (kvcache-ai/Mooncake issue 1096, 2025-11-22); MORI-IO's benchmark,
+one posting thread at batch 128 on a 400G Thor2: 0.29, 0.33, 0.41 us a block at 1, 4, 8 KiB
+(ROCm/mori docs/MORI-IO-BENCHMARK.md @565d89fb4bfd13b9e850bedc445387176e26325a). Not fitted: no
+point of physics/data states a batched verbs benchmark."""
 KV_TRANSPORTS = ("rdma", "efa")
 """A network KV transfer's transport: RDMA verbs (InfiniBand, RoCE) or AWS EFA."""
 
 
-def kv_request_us(transport: str = "rdma") -> float:
-    """What one transfer request costs its NIC on `transport` (`KV_TRANSPORTS`)."""
+def kv_request_us(transport: str = "rdma", batched: bool = False) -> float:
+    """What one transfer request costs its NIC on `transport` (`KV_TRANSPORTS`): a connector's
+    per-layer request, or (`batched`) one block of a batch posted at once (`KV_BLOCK_POST_US`;
+    EFA posts every block as an operation of its own, `KV_EFA_OP_US`, either way)."""
     if transport not in KV_TRANSPORTS:
         raise ValueError(f"kv transport {transport!r}: one of {', '.join(KV_TRANSPORTS)}")
-    return KV_EFA_OP_US if transport == "efa" else KV_LAYER_REQUEST_US
+    if transport == "efa":
+        return KV_EFA_OP_US
+    return KV_BLOCK_POST_US if batched else KV_LAYER_REQUEST_US
 
 
 def kv_rate_gb_s(path: Path) -> float:

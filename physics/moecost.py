@@ -113,7 +113,7 @@ def _dense_parts(model: ModelSpec, gpu: GpuSpec, tp: int, mfu: float) -> tuple[f
     rate = gpu.tflops(model.compute) * 1e12
     attn = attention_params_b(model) * 1e9 if model.compute == "fp4" else 0.0
     rest_active = (model.dense_active_params_b - model.embedding_params_b - model.head_params_b) * 1e9 - attn
-    per_token = 2 * rest_active / (tp * rate * mfu) + 2 * attn / (tp * gpu.bf16_tflops * 1e12 * mfu)
+    per_token = 2 * rest_active / (tp * rate * mfu) + 2 * attn / (tp * gpu.tflops("bf16") * 1e12 * mfu)
     weights = (model.dense_params_b - model.embedding_params_b) * 1e9 * model.weight_bytes - attn * (
         model.weight_bytes - FP4_ATTENTION_BYTES)
     return per_token, 2 * model.head_params_b * 1e9 / (tp * rate * mfu), weights / tp
@@ -149,7 +149,7 @@ def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, t
     moe = model.moe
     assert moe is not None
     rate = gpu.tflops(model.compute) * 1e12
-    mfu = (eff.fp8_mfu if rate != gpu.bf16_tflops * 1e12 else eff.prefill_mfu) if prefill else eff.decode_mfu
+    mfu = (eff.fp8_mfu if gpu.low_precision(model.compute) else eff.prefill_mfu) if prefill else eff.decode_mfu
     hbm = gpu.memory_gb_s * 1e9 * eff.decode_mbu
     ep = tp * dp if expert_parallel else tp
     pairs = float(tokens * (dp if expert_parallel else 1) * moe.experts_per_token)
@@ -229,8 +229,7 @@ def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLin
         pairs += n * n / 2 + n * c
         cached += c
     tokens = int(new) + decodes
-    rate = gpu.tflops(model.compute) * 1e12
-    mfu = eff.fp8_mfu if rate != gpu.bf16_tflops * 1e12 else eff.prefill_mfu
+    mfu = eff.fp8_mfu if gpu.low_precision(model.compute) else eff.prefill_mfu
     per_token, head, weights = _dense_parts(model, gpu, tp, mfu)
     compute_s = (per_token * tokens + head * (len(chunks) + decodes)
                  + attention_s(model, gpu, pairs, eff.attention_mfu) / tp

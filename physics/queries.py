@@ -328,8 +328,8 @@ def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails
     links of this kind at once (a transfer engine's own benchmark: one payload, every NIC), from
     and to GPU memory, or (`memory` "dram") host DRAM, whose bandwidth bounds it
     (`kvtransfer.KV_HOST_DRAM_GB_S`). `requests`: the transfer requests the payload is posted as
-    (a benchmark's blocks in flight), spread over the NICs; each costs its NIC
-    `kvtransfer.KV_LAYER_REQUEST_US`, hidden behind the wire while the NIC has bytes to send (many
+    (a benchmark's blocks in flight, posted as a batch), spread over the NICs; each costs its NIC
+    `kvtransfer.KV_BLOCK_POST_US`, hidden behind the wire while the NIC has bytes to send (many
     requests in flight), the bound when the blocks are small; over `transport` "efa" a request
     costs `kvtransfer.KV_EFA_OP_US` instead (`kvtransfer.kv_request_us`)."""
     if memory not in ("gpu", "dram"):
@@ -338,6 +338,6 @@ def kv_payload_gb_s(size_bytes: float, link_name: str, gbps: float | None, rails
     ms_per_byte, setup_ms = kvtransfer.kv_handover_rate(paths)
     if memory == "dram":
         ms_per_byte = max(ms_per_byte, 1e3 / (kvtransfer.KV_HOST_DRAM_GB_S * 1e9))
-    per_request_us = kvtransfer.kv_request_us(transport)
+    per_request_us = kvtransfer.kv_request_us(transport, batched=True)
     posting_ms = requests / max(rails, 1) * per_request_us * 1e-3 if link_name in NETWORK else 0.0
     return size_bytes / ((max(size_bytes * ms_per_byte, posting_ms) + setup_ms) * 1e-3) / 1e9
