@@ -111,11 +111,14 @@ class GpuSpec:
         """The tensor rate GEMMs of `compute` (a `WEIGHT_DTYPES` rate: bf16, fp8, fp4) run at here,
         as the fitted shares of peak see it: the data sheet's times `compute_factor`; a rate the part
         lacks falls back to BF16 (weight-only quantisation)."""
-        if compute == "fp4" and self.fp4_tflops:
-            return self.fp4_tflops * self.compute_factor("fp8")
-        if compute == "fp8" and self.fp8_tflops:
-            return self.fp8_tflops * self.compute_factor("fp8")
+        narrow = self._narrow_tflops(compute)
+        if narrow:
+            return narrow * self.compute_factor("fp8")
         return self.bf16_tflops * self.compute_factor("bf16")
+
+    def _narrow_tflops(self, compute: str) -> float | None:
+        """The data sheet's rate for a narrower-than-BF16 `compute` (fp8, fp4); None: BF16's."""
+        return self.fp4_tflops if compute == "fp4" else self.fp8_tflops if compute == "fp8" else None
 
     def compute_factor(self, compute: str) -> float:
         """How much more of its data sheet this part's GEMMs reach than the reference parts' do
@@ -142,9 +145,7 @@ class GpuSpec:
 
     def low_precision(self, compute: str) -> bool:
         """GEMMs of `compute` run at a narrower tensor rate than BF16 here."""
-        if compute == "fp4":
-            return bool(self.fp4_tflops)
-        return compute == "fp8" and bool(self.fp8_tflops)
+        return bool(self._narrow_tflops(compute))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
