@@ -77,7 +77,14 @@ ProcessGroupNCCL, then a synchronize), which nccl-tests hides by timing `-n` cal
 20-30us", as the benchmark's own author states it (stas00/ml-engineering
 network/benchmarks/all_reduce_bench.py @0cc3de50b2dd083c34d848a1dcb5bfe65fe3dace, module docstring;
 the later version that hides it behind a busy device). The middle of that range, fixed: no other
-source times calls one by one, so no fit may move it."""
+source times calls one by one, so no fit may move it.
+An all-to-all point timed the same way (`timing: per-call`: a barrier, then CUDA events around calls
+launched from Python onto an idle stream) pays it once for each call the device waits on the host to
+launch: the first, and each one after the host itself waited for the device (`host_calls`, read from
+the harness: ADAI-EP-B200's DeepEP V2 arm casts to FP8 in a call of its own, then dispatches with
+`do_cpu_sync=True`, whose host spins until the received counts arrive before it allocates the outputs
+and launches the copy epilogue, so 3 calls for FP8 and 2 for BF16; its DeepEP V1 and UCCL arms launch
+dispatch and combine back to back, 1)."""
 SAMPLES = 16
 """Decode steps priced along a generation (the rest interpolated): the step grows with context."""
 
@@ -300,6 +307,8 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
         fmt = dispatch if op == "dispatch" else "bf16"  # combine is BF16 (`alltoall.FP8_DISPATCH_BYTES`)
         us += gangs.a2a(gpu, int(ep), int(tokens), int(hidden), int(topk), fmt, mode, link, reach, gbps, groups, sms,
                         experts=experts, dispatch=op == "dispatch")["us"]
+    if p.get("timing") == "per-call":
+        us += PER_CALL_US * int_of(p, "host_calls", 1)
     unit = p["unit"]
     if unit == "us":
         return us, ""
