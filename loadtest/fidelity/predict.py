@@ -128,6 +128,12 @@ def predict(p: dict[str, Any]) -> tuple[float | None, str]:
     return None, f"no prediction for a {kind} point in {unit}"
 
 
+def host_launches_us(p: dict[str, Any]) -> float:
+    """What a harness that times its calls one at a time (`timing: per-call`) adds to the point's
+    device time: `PER_CALL_US` for each launch the device waits on (`host_calls`, 1 unless stated)."""
+    return PER_CALL_US * int_of(p, "host_calls", 1) if p.get("timing") == "per-call" else 0.0
+
+
 def _prefill_ms(p: dict[str, Any], model: str, gpu: str) -> float:
     weights, kv = dtypes_of(p)
     tokens = int_of(p, "tokens", 0) or int_of(p, "prompt_tokens", 0)
@@ -235,8 +241,7 @@ def _collective(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
     algorithm = p.get("algorithm")
     us = cost.collective(op, int(size), int(gpus), link, gpu, gbps, per_node, nvls=p.get("nvls", True) is not False,
                          algorithm=str(algorithm).lower() if algorithm else None)["us"]
-    if p.get("timing") == "per-call":
-        us += PER_CALL_US
+    us += host_launches_us(p)
     unit = p["unit"]
     if unit == "us":
         return us, ""
@@ -307,8 +312,7 @@ def _a2a(p: dict[str, Any], gpu: str | None) -> tuple[float | None, str]:
         fmt = dispatch if op == "dispatch" else "bf16"  # combine is BF16 (`alltoall.FP8_DISPATCH_BYTES`)
         us += gangs.a2a(gpu, int(ep), int(tokens), int(hidden), int(topk), fmt, mode, link, reach, gbps, groups, sms,
                         experts=experts, dispatch=op == "dispatch")["us"]
-    if p.get("timing") == "per-call":
-        us += PER_CALL_US * int_of(p, "host_calls", 1)
+    us += host_launches_us(p)
     unit = p["unit"]
     if unit == "us":
         return us, ""
