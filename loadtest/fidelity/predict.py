@@ -81,10 +81,10 @@ source times calls one by one, so no fit may move it.
 An all-to-all point timed the same way (`timing: per-call`: a barrier, then CUDA events around calls
 launched from Python onto an idle stream) pays it once for each call the device waits on the host to
 launch: the first, and each one after the host itself waited for the device (`host_calls`, read from
-the harness: ADAI-EP-B200's DeepEP V2 arm casts to FP8 in a call of its own, then dispatches with
-`do_cpu_sync=True`, whose host spins until the received counts arrive before it allocates the outputs
-and launches the copy epilogue, so 3 calls for FP8 and 2 for BF16; its DeepEP V1 and UCCL arms launch
-dispatch and combine back to back, 1)."""
+the harness: ADAI-EP-B200's DeepEP V2 arm dispatches with `do_cpu_sync=True`, whose host spins until
+the received counts arrive before it allocates the outputs and launches the copy epilogue, so 2, its
+FP8 cast running before the timing; its DeepEP V1 and UCCL arms launch dispatch and combine back to
+back, 1)."""
 SAMPLES = 16
 """Decode steps priced along a generation (the rest interpolated): the step grows with context."""
 

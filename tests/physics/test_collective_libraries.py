@@ -61,16 +61,19 @@ def test_timing_one_call_adds_the_hosts_overhead_and_no_fit_moves_it() -> None:
 
 def test_an_all_to_all_timed_per_call_pays_each_launch_the_device_waits_on() -> None:
     """ADAI-EP-B200's harness times dispatch + combine after a barrier, from Python onto an idle stream
-    (fair_ep_benchmark.py @137f849): each arm pays its first launch, and DeepEP V2 (`do_cpu_sync=True`,
-    its FP8 cast a call of its own) one more for each time the device waits on the host. Held out, its
-    EP16 rows (FP8 621.9 µs, BF16 485.0 µs) are then within 2x, which the FP8 row's bare kernels are not;
-    the other arms of the table are charged the first launch only, and stay within 1.5x."""
+    (ep_benchmark.py, awsome-distributed-ai PR 1238): each arm pays its first launch, and DeepEP V2
+    (`do_cpu_sync=True`: the host waits for the counts, then launches the epilogue) one more. Held out,
+    its EP16 rows (FP8 471.2 µs, BF16 483.9 µs) are within 2x, and the two launches are a tenth of what
+    the source reads; the other arms of the table are charged the first launch only and stay within
+    1.5x."""
     held, _ = fitting.cross_validate(fidelity.points(), predict, only=("ADAI-EP-B200",))
     rows = {r.id: r for r in held}
-    fp8, bf16 = rows["adai-b200-ep16-fp8-deepepv2-both"], rows["adai-b200-ep16-bf16-deepepv2-both"]
-    for row in (fp8, bf16):
-        assert row.ratio is not None and 0.5 < row.ratio < 1.0, (row.id, row.ratio)
-    assert fp8.predicted is not None and (fp8.predicted - 3 * PER_CALL_US) / fp8.published < 0.5  # bare: beyond 2x
+    for rid in ("adai-b200-ep16-fp8-deepepv2-both", "adai-b200-ep16-bf16-deepepv2-both"):
+        row = rows[rid]
+        assert row.ratio is not None and 0.5 < row.ratio < 1.25, (row.id, row.ratio)
+        assert row.predicted is not None and row.published is not None
+        bare = (row.predicted - 2 * PER_CALL_US) / row.published
+        assert bare < row.ratio - 0.08, (row.id, bare)
     for other in ("adai-b200-ep16-fp8-deepepv1-both", "adai-b200-ep16-fp8-uccl-both",
                   "adai-b200-ep32-bf16-deepepv1-both", "adai-b200-ep32-bf16-uccl-both"):
         ratio = rows[other].ratio
