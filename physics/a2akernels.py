@@ -22,7 +22,8 @@ class A2AKernel:
     source: str = ""
     sm_copy: bool = False
     """Moves its bytes with DeepEP's own copy loops (warps loading and storing each token on the
-    SMs it is given), so an SM budget bounds it at `physics.alltoall.A2A_SM_GB_S` per SM: DeepEP's
+    SMs it is given), so an SM budget bounds it: each SM moves `physics.alltoall.A2A_SM_GB_S` of
+    bytes and pays `physics.alltoall.A2A_SM_ROW_US` for each token row it copies. DeepEP's
     kernels and the forks that keep their kernels (UCCL-EP: "the same interface and functionality
     as DeepEP", its bench/test_intranode.py "the same test_intranode.py test in DeepEP's repo",
     uccl-project/uccl 072a55c). Kernels that copy otherwise (Hybrid-EP's TMA, pplx's, MoRI's)
@@ -120,7 +121,8 @@ family's constants fixed (physics/data/published/moe.yaml; `python -m pools fide
 prints the fit); "high-throughput" and "low-latency" name DeepEP's two, which set the families."""
 REFERENCE_KERNELS = frozenset({"deepep-normal", "deepep-ll"})
 """The families' references (DeepEP's kernels): their factors are 1 by definition. An SM budget is
-priced for the kernels that copy as they do (`A2AKernel.sm_copy`; `physics.alltoall.A2A_SM_GB_S`)."""
+priced for the kernels that copy as they do (`A2AKernel.sm_copy`; `physics.alltoall.A2A_SM_GB_S`,
+`physics.alltoall.A2A_SM_ROW_US`)."""
 MODE_KERNELS = {"high-throughput": "deepep-normal", "low-latency": "deepep-ll", "torch-alltoall": "nccl"}
 """Other names of `KERNELS` entries: DeepEP's two modes; torch.distributed's all_to_all (NCCL's)."""
 

@@ -56,16 +56,29 @@ was added), then priced every kernel it had not seen at that figure: held out, T
 small-batch dispatch read 2.5-2.8x. Fixed, each kernel's own factor carries its figure (fitted:
 TensorRT-LLM's one-sided 0.67, MoRI's 0.71, Hybrid-EP's 0.69 of it) and a kernel with no point of
 its own runs at this one."""
-A2A_SM_GB_S = 15.0
-"""What one SM moves of an all-to-all (NVLink stores, RDMA posts): a kernel given `sms` SMs moves
-at most sms x this. DeepEP's normal kernels on 8 B200 (DeepEP hybrid-ep docs, DEEPEP-HYBRID in
-physics/data/published/moe.yaml) at 16, 24, 32 and 48 SMs: 2.7, 1.9, 1.5 and 1.2 times slower
-than the NVLink line allows, i.e. 15-16 GB/s per SM until the line binds. On H800 DeepEP's own
-figure (153 GB/s at its default SMs) is the line's, not the SMs'. UCCL-EP's normal kernels (DeepEP's
-copy loops; its benchmarks run them on 24 SMs, bench/test_intranode.py and test_internode.py) on 8 B200
-reach 280 and 426 GB/s where the NVLink line allows ~690: the same bound. Priced for the kernels that
-copy as DeepEP's do (`a2akernels.A2AKernel.sm_copy`): what an SM moves depends on how the kernel copies
-(TMA or loads and stores), and the other kernels' SM budgets are recorded with their points, not priced."""
+A2A_SM_GB_S = 39.0
+"""What one SM's copy loop moves of an all-to-all's bytes (NVLink stores, RDMA posts), beside what it
+spends on each token row it copies (`A2A_SM_ROW_US`): a kernel given `sms` SMs takes at least
+(rows x `A2A_SM_ROW_US` + bytes / this) / sms. DeepEP's normal kernels on 8 B200 (DeepEP hybrid-ep
+docs, DEEPEP-HYBRID in physics/data/published/moe.yaml, 'B200 Platform' table, Torch API), EP8,
+4,096 tokens, at 16 SMs: BF16 dispatch 348 GB/s, FP8 dispatch 246 (a row of 7,168 B plus its 56
+FP32 scales, 7,392 B), combine 302. A row takes an SM 0.658 µs in BF16 and 0.480 µs in FP8: the
+6,944 bytes between them cost 0.178 µs, 39 GB/s, and the 0.29 µs left of a row is not bytes. One
+rate per byte cannot give both (21.8 and 15.4 GB/s per SM). The same table at 24 and 32 SMs gives
+37 and 34 GB/s and 0.31 µs a row; from 36 SMs on the NVLink line binds. Its combine (BF16, a sum
+of the row's copies) takes 0.76 µs a row at 16 SMs, more than a BF16 dispatch's 0.66: the fit to
+every point puts the byte rate between the two. On H800 DeepEP's own figure
+(153 GB/s at its default SMs) is the line's, not the SMs'. UCCL-EP's normal kernels (DeepEP's copy
+loops; its benchmarks run them on 24 SMs, bench/test_intranode.py and test_internode.py) on 8 B200
+reach 280 GB/s at FP8 dispatch and 426 at BF16 combine where the NVLink line allows ~690: the same
+bound. Priced for the kernels that copy as DeepEP's do (`a2akernels.A2AKernel.sm_copy`): what an SM
+moves depends on how the kernel copies (TMA or loads and stores), and the other kernels' SM budgets
+are recorded with their points, not priced."""
+A2A_SM_ROW_US = 0.29
+"""What one token row costs the SM that copies it, apart from its bytes (`A2A_SM_GB_S`): a copy
+loop's warp reads the row's routing (its top-k indices and weights), computes where it goes, and
+moves the channel's head and tail counters for it, whatever the row's size. Read off DeepEP's B200
+sweep (`A2A_SM_GB_S`): the FP8 row is half the BF16 row's bytes but takes 0.73 of its time."""
 A2A_PROXY_MESSAGE_US = 0.8
 """What a host proxy thread takes to post one network write for a GPU that cannot post it itself
 (`GangLinks.gpu_initiated` False). AWS EFA has no GPU-initiated RDMA: NVSHMEM reaches it through its
@@ -268,7 +281,9 @@ def a2a_parts(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, l
     if dispatch and outside > 0:
         latency += count_chain_us(tokens, k, experts, outside_share, links, impl.count_block_experts)
     sm_priced = links.sms > 0 and impl.sm_copy
-    sm_bound = (inside + outside) / (links.sms * A2A_SM_GB_S * 1e9) if sm_priced else 0.0
+    rows = (inside + outside) / token_bytes if token_bytes > 0 else 0.0
+    sm_bound = ((inside + outside) / (A2A_SM_GB_S * 1e9) + rows * A2A_SM_ROW_US * 1e-6) / links.sms \
+        if sm_priced else 0.0
     # the kernel's factor scales its share of the links; its SMs copy as DeepEP's do (`sm_copy`)
     # a kernel that posts one write per remote (token, expert) pair, on a NIC the GPU cannot drive:
     # one host proxy thread posts them while the NIC sends what it posted before, so the call takes

@@ -245,18 +245,37 @@ def test_deepeps_sm_budget_bounds_its_bandwidth(capsys: pytest.CaptureFixture[st
     assert "--sms must be 0" in capsys.readouterr().err
 
 
+def test_an_sm_copying_an_fp8_row_pays_for_the_row_as_well_as_its_bytes() -> None:
+    """DeepEP's B200 SM sweep (its hybrid-ep docs, 8 ranks, 4,096 tokens): at the same SMs a BF16
+    dispatch moves 1.4x the GB/s of an FP8 one (348 against 246 at 16 SMs), though it moves twice
+    the bytes a row: a row costs its SM a fixed part beside its bytes (`A2A_SM_ROW_US`). Held out,
+    with the source's own points out of the fit, both dispatch formats read within 25 % at 16-32
+    SMs, where one rate per byte would price them at the same GB/s."""
+    held, _ = fitting.cross_validate(fidelity.points(), predict, only=("DEEPEP-HYBRID",))
+    rows = {r.id: r for r in held}
+    for sms in (16, 24, 32):
+        fp8 = rows[f"hybridep-doc-deepep-b200-ep8-{sms}sm-dispatch"]
+        bf16 = rows[f"hybridep-doc-deepep-b200-ep8-{sms}sm-dispatch-bf16"]
+        for row in (fp8, bf16):
+            assert row.ratio is not None and 0.8 < row.ratio < 1.25, (row.id, row.ratio)
+        assert fp8.predicted is not None and bf16.predicted is not None
+        assert bf16.predicted / fp8.predicted > 1.2, (sms, bf16.predicted, fp8.predicted)
+    bf16_us = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "deepep-normal", "nvlink", sms=16)["us"]
+    fp8_us = gangs.a2a("b200", 8, 4096, 7168, 8, "fp8", "deepep-normal", "nvlink", sms=16)["us"]
+    assert 0.55 < fp8_us / bf16_us < 0.9  # half the bytes, more than half the time
+
+
 def test_uccl_eps_normal_kernels_share_deepeps_sm_bound() -> None:
     """UCCL-EP keeps DeepEP's copy loops and benchmarks them on 24 SMs: on 8 B200 its intranode
     dispatch (280 GB/s, far below the NVLink line) is within 25 % once that budget bounds it and its
-    combine (426 GB/s) within 30 % (1.26x in µs at the shipped SM rate, 13.8 GB/s, which DeepEP's own
-    B200 rows set: 13.8 GB/s per SM prices UCCL-EP's combine slower than it runs); a kernel that
-    copies otherwise (Hybrid-EP's TMA) is not bounded by it."""
+    combine (426 GB/s) within 30 %, each row priced at its bytes and its fixed part as DeepEP's own
+    B200 rows set them; a kernel that copies otherwise (Hybrid-EP's TMA) is not bounded by it."""
     rows = picked("uccl-p6b200-ht-ep8-dispatch-us", "uccl-p6b200-ht-ep8-combine-us", "uccl-p6b200-ht-ep8-combine-bw")
     assert rows["uccl-p6b200-ht-ep8-dispatch-us"].within, rows["uccl-p6b200-ht-ep8-dispatch-us"].ratio
     assert all(0.7 < (r.ratio or 0) < 1.3 for r in rows.values()), {r.id: r.ratio for r in rows.values()}
     few = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "uccl-ep-normal", "nvlink", sms=24)["us"]
     free = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "uccl-ep-normal", "nvlink")["us"]
-    assert few > 1.5 * free
+    assert few > 1.3 * free  # published: 426 GB/s of combine against a ~690 GB/s line, 1.6x
     tma = gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "hybrid-ep", "nvlink", sms=24)["us"]
     assert tma == pytest.approx(gangs.a2a("b200", 8, 4096, 7168, 8, "bf16", "hybrid-ep", "nvlink")["us"])
 
