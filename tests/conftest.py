@@ -5,12 +5,15 @@ collection fails naming the file.
 
 Tests mirror the code: tests/<package>/ holds the tests of that package, and its conftest.py that
 package's fakes and builders; helpers several packages use live in tests/support/ (engines and
-routers as processes, the fake Ray cluster, fake NVML, a full disk, `wait_until`).
+routers as processes, the fake Ray cluster, fake NVML, a full disk, `wait_until`, openai clients
+that the test's end closes). Every test ends with `_leave_nothing_open`: what it left open fails it.
 """
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,23 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("ISLE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 TOPO_DIR = SHARED_DATA / "topo"
 NCCL_DIR = SHARED_DATA / "nccl-topo"
+
+
+@pytest.fixture(autouse=True)
+def _leave_nothing_open() -> Iterator[None]:
+    """Each test's leftovers are found as it ends: the openai clients it opened are closed
+    (tests/support/clients.py), then its garbage is collected, so a socket, file or event loop it
+    left open warns (an error, pyproject's filterwarnings) in the test that left it, not in
+    whichever test runs when the collector next runs (a failure that moved with xdist's order).
+    What survives is frozen (`gc.freeze`): the next collection looks only at what the next test
+    made, not again at the whole worker's heap (a full collection after every test doubled the
+    unit lane's time)."""
+    yield
+    from tests.support import clients  # openai is imported by the tests that use it, not by every test
+
+    clients.close_all()
+    gc.collect()
+    gc.freeze()
 
 
 TIERS = frozenset({"unit", "integration", "ray", "e2e", "sim", "vllm", "gpu"})

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from control.actors import HEALTH_INTERVAL_S
@@ -24,6 +23,7 @@ from control.replicas.sim import ReplicaProcess
 from control.spec import ControllerSpec
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.control.conftest import controller_spec, events, health_status, mixed_pool
+from tests.support.clients import openai_client
 from tests.support.engines import running_router
 from tests.support.wait import wait_until
 
@@ -99,7 +99,7 @@ def _health_loop(core: ControllerCore, stop: threading.Event) -> None:
 
 def _through_router(url: str, seed: int) -> tuple[str, str, float]:
     started = time.monotonic()
-    client = openai.OpenAI(base_url=url, api_key=DEV_KEY, max_retries=0, timeout=60)
+    client = openai_client(url, DEV_KEY)
     raw = client.chat.completions.with_raw_response.create(
         model="llama-3.1-8b", messages=[{"role": "user", "content": f"request {seed}"}], max_tokens=12, seed=seed,
         stream=True)

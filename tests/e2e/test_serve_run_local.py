@@ -21,7 +21,6 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
 import pytest
 
 from loadtest.live.deploy import free_ports, port_in_use
@@ -29,6 +28,7 @@ from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 from tests.docs.mdblocks import commands
 from tests.security.listeners import grpc_statuses, http_answer, listeners, process_tree, ray_services
+from tests.support.clients import openai_client
 from topology.draw import VERDICT_COLOURS
 from wire import native
 from wire.processes import ChildExited, ChildNotReady, Group, Output, ReadyLine, ReadyProbe, Stop, session_pids
@@ -174,7 +174,7 @@ def test_every_local_command_of_the_docs_runs_verbatim(product: Child) -> None:
 
 
 def test_chat_streams_metrics_and_admin(product: Child) -> None:
-    c = openai.OpenAI(base_url=f"{BASE}/v1", api_key=DEV_KEY, max_retries=0, timeout=30)
+    c = openai_client(f"{BASE}/v1", DEV_KEY, timeout=30)
     chat = c.chat.completions.create(model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert chat.usage is not None and chat.usage.completion_tokens == 4
     chunks = list(c.chat.completions.create(model="llama-3.1-8b", messages=[{"role": "user", "content": "x " * 600}],

@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
+from tests.support.clients import openai_client
 from tests.support.engines import EngineProcess, fault, running_router, start_engine, stop_engine
 from tests.support.wait import wait_until
 from wire.text import TokenText
@@ -58,7 +58,7 @@ def _running(engine: EngineProcess) -> float:
 
 def _stream(url: str, seed: int) -> tuple[str, str]:
     """(the replica that served it, the text), through the openai client."""
-    client = openai.OpenAI(base_url=url, api_key=DEV_KEY, max_retries=0, timeout=60)
+    client = openai_client(url, DEV_KEY)
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": f"request {seed}"}], max_tokens=TOKENS, seed=seed,
         stream=True)

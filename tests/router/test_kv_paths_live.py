@@ -12,12 +12,12 @@ import urllib.error
 from collections.abc import Iterator
 from typing import Any
 
-import openai
 import pytest
 
 from isleserve import status
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.router.test_router import get
+from tests.support.clients import openai_client
 from tests.support.engines import EngineProcess, fault, running_router, start_engine, stop_engine, wait_until_idle
 from tests.support.nixl import serving_nixl
 from tests.support.wait import wait_until
@@ -78,7 +78,7 @@ def admin(cluster: dict[str, Any]) -> dict[str, Any]:
 
 
 def send(cluster: dict[str, Any], n: int, prompt: str = LONG) -> list[str]:
-    client = openai.OpenAI(base_url=cluster["url"], api_key=DEV_KEY, max_retries=0, timeout=30)
+    client = openai_client(cluster["url"], DEV_KEY, timeout=30)
     served = []
     for _ in range(n):
         wait_until_idle(cluster["base"], DEV_ADMIN_KEY, ("p1", "d1", "d2"))

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
+from tests.support.clients import openai_client
 from tests.support.engines import EngineProcess, running_router, start_engine, stop_engine
 from tests.support.wait import wait_until
 
@@ -73,7 +74,7 @@ def small_only(engines: dict[str, EngineProcess], tmp_path_factory: pytest.TempP
 
 
 def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key=DEV_KEY, max_retries=0, timeout=60)
+    return openai_client(url, DEV_KEY)
 
 
 def test_max_tokens_past_the_small_context_never_depends_on_the_replica(both: str) -> None:

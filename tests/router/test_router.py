@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
+from tests.support.clients import openai_client
 from tests.support.engines import EngineProcess, fault, running_router, start_engine, stop_engine, wait_until_idle
 from tests.support.wait import wait_until
 
@@ -73,7 +74,7 @@ def pair_idle(cluster: dict[str, Any]) -> None:
 
 
 def client(cluster: dict[str, Any], key: str = DEV_KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=cluster["url"], api_key=key, max_retries=0, timeout=30)
+    return openai_client(cluster["url"], key, timeout=30)
 
 
 def get(url: str, key: str | None = None) -> tuple[int, bytes]:

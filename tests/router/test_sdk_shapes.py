@@ -19,6 +19,7 @@ import pytest
 from pydantic import BaseModel
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
+from tests.support.clients import openai_client
 from tests.support.engines import EngineProcess, running_router, start_engine, stop_engine
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key=DEV_KEY, max_retries=0, timeout=60)
+    return openai_client(url, DEV_KEY)
 
 
 def test_openai_tools_auto_required_and_named(url: str) -> None:

@@ -26,6 +26,7 @@ import openai
 import pytest
 
 from router.config import sha256
+from tests.support.clients import openai_client
 from tests.support.engines import EngineProcess, running_router, start_engine, stop_engine, wait_until_idle
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial]
@@ -130,7 +131,7 @@ class Attacker:
 def ttfts(url: str, count: int) -> tuple[list[float], set[str]]:
     """Interactive streamed chats one after another: each one's time to its first token (s, a
     timeout counts as TTFT_TIMEOUT_S) and the replicas that served them."""
-    client = openai.OpenAI(base_url=url, api_key=USER_KEY, max_retries=0, timeout=TTFT_TIMEOUT_S)
+    client = openai_client(url, USER_KEY, timeout=TTFT_TIMEOUT_S)
     out, served = [], set()
     for i in range(count):
         t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """The simulated engine's test kit: one engine process shared by the whole session (the tests
-that only talk to it: generation, vLLM compatibility), the openai clients the tests open (closed
-after each test), and plain JSON GET/POST against it.
+that only talk to it: generation, vLLM compatibility), an openai client of it (closed after each
+test, tests/support/clients.py), and plain JSON GET/POST against it.
 
 Started once per session (per xdist worker) with the flags those tests had each started it with:
 a test that needs other flags, faults, or its own process starts its own (running_engine)."""
@@ -16,11 +16,11 @@ from typing import Any
 import openai
 import pytest
 
+from tests.support.clients import openai_client
 from tests.support.engines import EngineProcess, running_engine
 
 MODEL = "llama-3.1-8b"
 ENGINE_FLAGS = ("--model", MODEL, "--gpu", "h100-sxm", "--time-scale", "0.02")
-_CLIENTS: list[openai.OpenAI] = []
 
 
 @pytest.fixture(scope="session")
@@ -30,18 +30,9 @@ def engine() -> Iterator[EngineProcess]:
         yield e
 
 
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _CLIENTS:
-        _CLIENTS.pop().close()
-
-
 def client(e: EngineProcess) -> openai.OpenAI:
     """An openai client of this engine, closed after the test."""
-    c = openai.OpenAI(base_url=e.url, api_key="unused", max_retries=0, timeout=60)
-    _CLIENTS.append(c)
-    return c
+    return openai_client(e.url, "unused")
 
 
 def post(url: str, body: Any, content_type: str = "application/json") -> tuple[int, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.support.clients import openai_client
 from tests.support.engines import EngineProcess, running_engine
 
 pytestmark = pytest.mark.integration
@@ -26,7 +27,7 @@ def engine() -> Iterator[EngineProcess]:
 
 
 def client(e: EngineProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=e.url, api_key="unused", max_retries=0, timeout=30)
+    return openai_client(e.url, "unused", timeout=30)
 
 
 def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
