@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from control.replicas.vllm.process import VllmProcess
@@ -44,6 +43,7 @@ from router.config import DEV_ADMIN_KEY, DEV_KEY
 from router.plugins import kvpath
 from router.plugins.kvpath import KvPathRules
 from tests.conftest import ROOT
+from tests.support.clients import openai_client
 from tests.support.wait import wait_until
 from tests.vllm.conftest import PD_CORES, SERVED, Router, router_config, start_router
 from wire.promtext import parse
@@ -115,7 +115,7 @@ def router_metrics(router: Router) -> str:
 def send(router: Router, decode_url: str) -> list[tuple[int, Nixl]]:
     """Streamed PD requests one at a time; per request its prompt tokens and what the decode's
     NIXL counters moved for it."""
-    client = openai.OpenAI(base_url=router.url, api_key=DEV_KEY, max_retries=0, timeout=120)
+    client = openai_client(router.url, DEV_KEY, timeout=120)  # closed as the first test that asked ends
     moved = []
     for i in range(REQUESTS):
         before = nixl(decode_url)

@@ -15,6 +15,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from control.replicas.vllm.process import VllmProcess
 from router.config import DEV_KEY
+from tests.support.clients import openai_client
 from tests.vllm.conftest import SERVED, Router, router_config, start_router
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -30,7 +31,7 @@ def router(pair: dict[str, VllmProcess], log_dir: Path) -> Iterator[Router]:
 
 
 def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key=DEV_KEY, max_retries=0, timeout=120)
+    return openai_client(base_url, DEV_KEY, timeout=120)
 
 
 def metric(url: str, name: str, labels: str = "") -> float:

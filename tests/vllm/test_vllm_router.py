@@ -12,6 +12,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from control.replicas.vllm.process import VllmProcess, free_port
 from router.config import DEV_KEY
+from tests.support.clients import openai_client
 from tests.vllm.conftest import SERVED, Router, cpu_server, router_config, start_all, start_router, stop_all
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -34,7 +35,7 @@ def router(mixed: list[VllmProcess], log_dir: Path) -> Iterator[Router]:
 
 
 def client(router: Router) -> openai.OpenAI:
-    return openai.OpenAI(base_url=router.url, api_key=DEV_KEY, max_retries=0, timeout=120)
+    return openai_client(router.url, DEV_KEY, timeout=120)
 
 
 def test_models_and_chat_through_the_router(router: Router) -> None:
