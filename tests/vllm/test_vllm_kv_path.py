@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from control.replicas.vllm.process import VllmProcess
@@ -43,7 +44,6 @@ from router.config import DEV_ADMIN_KEY, DEV_KEY
 from router.plugins import kvpath
 from router.plugins.kvpath import KvPathRules
 from tests.conftest import ROOT
-from tests.support.clients import openai_client
 from tests.support.wait import wait_until
 from tests.vllm.conftest import PD_CORES, SERVED, Router, router_config, start_router
 from wire.promtext import parse
@@ -115,17 +115,18 @@ def router_metrics(router: Router) -> str:
 def send(router: Router, decode_url: str) -> list[tuple[int, Nixl]]:
     """Streamed PD requests one at a time; per request its prompt tokens and what the decode's
     NIXL counters moved for it."""
-    client = openai_client(router.url, DEV_KEY, timeout=120)  # closed as the first test that asked ends
     moved = []
-    for i in range(REQUESTS):
-        before = nixl(decode_url)
-        raw = client.completions.with_raw_response.create(model=SERVED, prompt=prompt(i), max_tokens=4, stream=True,
-                                                          stream_options={"include_usage": True})
-        assert (raw.headers["x-isle-prefill-replica"], raw.headers["x-isle-replica"]) == ("p1", "d1")
-        chunks = list(raw.parse())
-        usage = chunks[-1].usage
-        assert usage is not None and usage.completion_tokens == 4
-        moved.append((usage.prompt_tokens, counted(decode_url, before)))
+    # a module fixture's client: closed here, not by the per-test close of tests/support/clients.py
+    with openai.OpenAI(base_url=router.url, api_key=DEV_KEY, max_retries=0, timeout=120) as client:
+        for i in range(REQUESTS):
+            before = nixl(decode_url)
+            raw = client.completions.with_raw_response.create(model=SERVED, prompt=prompt(i), max_tokens=4,
+                                                              stream=True, stream_options={"include_usage": True})
+            assert (raw.headers["x-isle-prefill-replica"], raw.headers["x-isle-replica"]) == ("p1", "d1")
+            chunks = list(raw.parse())
+            usage = chunks[-1].usage
+            assert usage is not None and usage.completion_tokens == 4
+            moved.append((usage.prompt_tokens, counted(decode_url, before)))
     return moved
 
 
