@@ -86,7 +86,8 @@ test test-vllm: export RAY_AUTH_MODE ?= disabled
 # reference run made minutes before, which holds only when both see the same machine (beside the
 # other lanes, one CI run read 1.37 where the machine alone reads 0.98). Then the files marked
 # `serial` alone (wall-clock bounds another test's load could break). Every pytest prints its 25
-# slowest tests; no cache: lanes end at once.
+# slowest tests; no cache: lanes end at once. A failed lane's FAILED/ERROR lines and last `E`
+# lines are printed again at the very end, so a log that keeps only its tail still names them.
 PYTEST_JOBS ?= auto
 PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 CHAOS = tests/e2e/test_chaos.py tests/e2e/test_chaos_kv.py
@@ -98,15 +99,17 @@ test: install
 	  $(PYTEST) tests/e2e/test_install_run.py; } >out/tests/lint.log 2>&1 & lint=$$!; \
 	$(PYTEST) -m "e2e and not serial" $(ALONE:%=--ignore=%) >out/tests/e2e.log 2>&1 & e2e=$$!; \
 	$(PYTEST) -m "ray and not e2e and not serial" >out/tests/ray.log 2>&1 & ray=$$!; \
-	$(PYTEST) -n $(PYTEST_JOBS) --dist loadfile -m "not e2e and not ray and not serial"; rest=$$?; \
-	failed=$$([ $$rest -eq 0 ] || echo the rest); \
+	$(PYTEST) -n $(PYTEST_JOBS) --dist loadfile -m "not e2e and not ray and not serial" >out/tests/unit.log 2>&1; \
+	  unit=$$?; failed=$$([ $$unit -eq 0 ] || echo unit); \
 	for lane in lint e2e ray; do \
 	  eval "wait \$$$$lane" || failed="$$failed $$lane"; \
 	done; \
 	echo "--- the chaos runs, alone (out/tests/chaos.log)"; \
 	$(PYTEST) -m "not serial" $(CHAOS) >out/tests/chaos.log 2>&1 || failed="$$failed chaos"; \
-	for lane in lint e2e ray chaos; do echo "--- lane $$lane (out/tests/$$lane.log)"; cat out/tests/$$lane.log; done; \
-	[ -z "$$failed" ] || { echo "failed: $$failed"; exit 1; }
+	for lane in unit lint e2e ray chaos; do echo "--- lane $$lane (out/tests/$$lane.log)"; cat out/tests/$$lane.log; done; \
+	[ -z "$$failed" ] || { for lane in $$failed; do echo "--- failed in lane $$lane:"; \
+	  grep -E '^(FAILED|ERROR) |^E  ' out/tests/$$lane.log | tail -n 40; done; \
+	  echo "failed: $$failed"; exit 1; }
 	$(PYTEST) -m serial
 
 VLLM_VENV ?= .venv-vllm
