@@ -54,15 +54,17 @@ class UpstreamProtocol(asyncio.Protocol):
     # asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.pool.open[self] = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
+        self.pool.open.pop(self, None)
         self.parser = None  # no parser <-> protocol cycle keeps a closed connection alive
         listener, self.listener = self.listener, None
         if listener is None:
             return
-        if self.reused and not self.answered:
+        if self.reused and not self.answered and not self.pool.closing:
             self.pool.send_fresh(self.key, self.raw, listener)
         else:
             listener.on_error(UpstreamError(f"{self.key} closed the connection"))
@@ -150,9 +152,16 @@ class RelayPool:
         self.headers = JSON_HEADERS + (b"authorization: Bearer %b\r\n" % engine_key.encode() if engine_key else b"")
         """The headers of every request to an engine (JSON, keep-alive, the engine key)."""
         self.idle: dict[str, list[UpstreamProtocol]] = {}
+        self.open: dict[UpstreamProtocol, None] = {}
+        """Every connection to an engine, idle or carrying a request (`close` closes them all)."""
+        self.closing = False
+        """The router is stopping: no request is sent again, and none on a new connection."""
         self._connecting: set[asyncio.Task[None]] = set()
 
     def put(self, conn: UpstreamProtocol) -> None:
+        if self.closing:
+            conn.close()
+            return
         bucket = self.idle.setdefault(conn.key, [])
         if len(bucket) < self.max_idle:
             conn.reused = True
@@ -176,6 +185,9 @@ class RelayPool:
 
     def send_fresh(self, key: str, raw: bytes, listener: Listener) -> None:
         listener.conn = None
+        if self.closing:
+            listener.on_error(Unreachable(f"not sent to {key}: the router is stopping"))
+            return
         task = asyncio.get_running_loop().create_task(self._connect_and_send(key, raw, listener))
         self._connecting.add(task)
         task.add_done_callback(self._connecting.discard)
@@ -195,12 +207,15 @@ class RelayPool:
         proto.begin(raw, listener)
 
     def close(self) -> None:
+        """The router stops: connections being made are given up, and every open one closes, a
+        request still on it included: its engine stops it, and its client is answered with the
+        error (the request is not sent again)."""
+        self.closing = True
         for task in list(self._connecting):
             task.cancel()
-        for bucket in self.idle.values():
-            for conn in list(bucket):
-                conn.close()
         self.idle.clear()
+        for conn in list(self.open):
+            conn.close()
 
 
 class Exchange:

@@ -244,7 +244,7 @@ class Router:
             self.workers = None
         if self._internal is not None:
             self._internal.close()
-        self.pool.close()
+        await self.pool.aclose()  # before the loop ends: a task left to close them later was cancelled with it
         self.relay.close()
         self.flights.watch.close()
 

@@ -13,7 +13,6 @@ router.relay's own connections).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Collection
 from typing import Any
@@ -33,7 +32,6 @@ class Pool:
     def __init__(self, connect_timeout_s: float = 2.0, timeout_s: float = 2.0, key: str = "") -> None:
         self.connect_timeout_s, self.timeout_s, self.key = connect_timeout_s, timeout_s, key or None
         self.clients: dict[str, AsyncClient] = {}
-        self._closing: set[asyncio.Task[None]] = set()
 
     async def text(self, base: str, path: str) -> str:
         """The body of a 2xx answer to GET `base + path`."""
@@ -66,20 +64,6 @@ class Pool:
     async def aclose(self) -> None:
         clients, self.clients = list(self.clients.values()), {}
         await _close_all(clients)
-
-    def close(self) -> None:
-        """From synchronous code (the router's stop): the connections close on the loop's next
-        turn. A cancelled `Replicas.scrape_forever` has closed them itself by then."""
-        clients, self.clients = list(self.clients.values()), {}
-        if not clients:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop: none of its connections can be used again anyway
-            return
-        task = loop.create_task(_close_all(clients))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
 
 
 async def _close_all(clients: list[AsyncClient]) -> None:

@@ -324,3 +324,57 @@ def test_stop_leaves_no_task_of_the_router_running() -> None:
         assert [t for t in before if not t.done()] == []
 
     asyncio.run(main())
+
+
+def test_stop_closes_every_connection_to_the_engines_a_request_on_its_way_included() -> None:
+    """A request still waiting for its engine when the router stops: the router closes that
+    connection (an engine, vLLM among them, aborts a request whose connection closed) and its
+    /metrics scrapers' too, inside `stop`, rather than leaving them open until the process
+    exits; the request's client is answered with the error, not left waiting."""
+    async def main() -> None:
+        got: dict[int, bytes] = {}
+        ended: set[int] = set()
+
+        async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            """Reads whatever comes and never answers, until the router closes the connection."""
+            me = len(got)
+            got[me] = b""
+            try:
+                while chunk := await reader.read(65536):
+                    got[me] += chunk
+            except ConnectionError:
+                pass
+            finally:
+                ended.add(me)
+                writer.close()
+
+        router, servers = await _router({"e": engine}, upstream={"first_byte_timeout_s": 60, "request_timeout_s": 60,
+                                                                 "idle_timeout_s": 60, "retries": 0})
+        raw = json.dumps({"model": "m", "prompt": "x", "max_tokens": 4}).encode()
+        answer, client = await asyncio.open_connection("127.0.0.1", router.port)
+        client.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %b\r\n"
+                     b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                     % (DEV_KEY.encode(), len(raw), raw))
+        try:
+            for _ in range(100):
+                if any(data.startswith(b"POST /v1/completions") for data in got.values()):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(f"the request never reached the engine: {got}")
+            await router.stop()
+            for _ in range(40):
+                if ended == set(got):
+                    break
+                await asyncio.sleep(0.05)
+            assert ended == set(got), f"still open after stop: {sorted(set(got) - ended)} of {len(got)}"
+            head = await asyncio.wait_for(answer.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith((b"HTTP/1.1 502", b"HTTP/1.1 503")), head  # answered, not left waiting
+        finally:
+            client.close()
+            STOP[0].set()
+            for s in servers:
+                s.close()
+            await asyncio.sleep(0.1)
+
+    asyncio.run(main())
