@@ -6,13 +6,14 @@ collection fails naming the file.
 Tests mirror the code: tests/<package>/ holds the tests of that package, and its conftest.py that
 package's fakes and builders; helpers several packages use live in tests/support/ (engines and
 routers as processes, the fake Ray cluster, fake NVML, a full disk, `wait_until`, openai clients
-that the test's end closes). Every test ends with `_leave_nothing_open`: what it left open fails it.
+that the test's end closes). Every test's teardown ends by collecting its garbage: what it left open fails it.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,13 @@ TOPO_DIR = SHARED_DATA / "topo"
 NCCL_DIR = SHARED_DATA / "nccl-topo"
 
 
-@pytest.fixture(autouse=True)
-def _leave_nothing_open() -> Iterator[None]:
-    """Each test's leftovers are found as it ends: the openai clients it opened are closed
-    (tests/support/clients.py), then its garbage is collected, so a socket, file or event loop it
-    left open warns (an error, pyproject's filterwarnings) in the test that left it, not in
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Each test's leftovers are found as it ends: once every finalizer of its teardown has run
+    (its own fixtures', and its module's or the session's when it is their last test), the openai
+    clients it opened are closed (tests/support/clients.py), then its garbage is collected, and
+    what the collector could not finalise cleanly (a socket, file or event loop left open: a
+    ResourceWarning, an error under pyproject's filterwarnings) fails this test's teardown, not
     whichever test runs when the collector next runs (a failure that moved with xdist's order).
     What survives is frozen (`gc.freeze`): the next collection looks only at what the next test
     made, not again at the whole worker's heap (a full collection after every test doubled the
@@ -45,8 +48,17 @@ def _leave_nothing_open() -> Iterator[None]:
     from tests.support import clients  # openai is imported by the tests that use it, not by every test
 
     clients.close_all()
-    gc.collect()
+    found: list[Any] = []
+    previous, sys.unraisablehook = sys.unraisablehook, found.append
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
     gc.freeze()
+    if found:
+        raise AssertionError("left for the garbage collector, not closed:\n" + "\n".join(
+            f"{u.err_msg or 'Exception ignored in'}: {u.object!r}: {u.exc_type.__name__}: {u.exc_value}"
+            for u in found))
 
 
 TIERS = frozenset({"unit", "integration", "ray", "e2e", "sim", "vllm", "gpu"})

@@ -51,18 +51,24 @@ class Engine:
         return ANSWER
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                break
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length"))
-            body = json.dumps(self.answer(json.loads(await reader.readexactly(length)))).encode()
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
-                         % (len(body), body))
-            await writer.drain()
-        writer.close()
+        """POSTs answered by role; anything else (the router's /metrics scrape) 404, no body."""
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    break
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length")), 0)
+                if not head.startswith(b"POST "):
+                    writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                    continue
+                body = json.dumps(self.answer(json.loads(await reader.readexactly(length)))).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                             % (len(body), body))
+                await writer.drain()
+        finally:
+            writer.close()
 
 
 @asynccontextmanager

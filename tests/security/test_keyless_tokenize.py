@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from router.config import sha256
+from tests.support.clients import openai_client
 from tests.support.engines import running_engine, running_router
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -48,7 +48,7 @@ def test_keyless_token_requests_get_their_budget_and_no_more(tmp_path: Path) -> 
                 with httpx.Client(timeout=30) as h:  # a caller with a key is not counted
                     keyed = [h.post(f"{base}/tokenize", json=BODY, headers={"authorization": f"Bearer {KEY}"})
                              for _ in range(5)]
-                c = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=30)
+                c = openai_client(url, KEY, timeout=30)
                 chat = c.chat.completions.create(model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}],
                                                  max_tokens=4, extra_headers={"x-slo-class": "interactive"})
                 time.sleep(3)

@@ -127,15 +127,22 @@ def test_forwarded_requests_carry_only_what_the_router_sets() -> None:
     seen: list[bytes] = []
 
     async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length"))
-        seen.append(head + await reader.readexactly(length))
-        body = b'{"id":"x","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}'
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
-                     % (len(body), body))
-        await writer.drain()
-        writer.close()
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"POST "):  # the router's /metrics scrape
+                writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                return
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length")), 0)
+            seen.append(head + await reader.readexactly(length))
+            body = b'{"id":"x","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                         % (len(body), body))
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
 
     async def main() -> bytes:
         server = await asyncio.start_server(upstream, "127.0.0.1", 0)

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from tests.simengine.test_server import post
+from tests.support.clients import openai_client
 from tests.support.engines import running_engine
 
 pytestmark = pytest.mark.integration
@@ -98,7 +99,7 @@ def test_faults_slow_stall_refuse_and_crash() -> None:
         status, bad = post(f"{e.base}/admin/faults", {"explode": True})
         assert status == 400 and "unknown fault fields" in bad["error"]["message"]
         fault(e.base, {"crash_after_tokens": 3})
-        c = openai.OpenAI(base_url=e.url, api_key="unused", max_retries=0, timeout=10)
+        c = openai_client(e.url, "unused", timeout=10)
         got = []
         with pytest.raises((openai.APIError, openai.APIConnectionError)):
             for ch in c.completions.create(model="llama-3.1-8b", prompt="x", max_tokens=50, stream=True):

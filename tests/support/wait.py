@@ -17,6 +17,16 @@ class NeverHappened(AssertionError):
     """What a test waited for did not come before its deadline."""
 
 
+def _described(err: BaseException) -> str:
+    """What an ignored exception said, without keeping it: a kept exception holds its traceback,
+    whose frames hold it (a cycle), and with them whatever the failed probe had open (an HTTP
+    error's unread response) until the garbage collector runs, in some later test."""
+    close = getattr(err, "close", None)  # urllib's HTTPError is also the response
+    if callable(close):
+        close()
+    return f"{type(err).__name__}: {err}"
+
+
 def _failed(what: str, timeout_s: float, last: object) -> NeverHappened:
     return NeverHappened(f"{what}: not within {timeout_s:g} s (last seen: {last!r})")
 
@@ -32,7 +42,7 @@ def wait_until(check: Callable[[], T | None], timeout_s: float, what: str, inter
         try:
             got = check()
         except ignore as err:
-            last = err
+            last = _described(err)
         else:
             if got:
                 return got
@@ -54,7 +64,7 @@ async def wait_until_async(check: Callable[[], T | Awaitable[T | None] | None], 
             if isinstance(got, Awaitable):
                 got = await got
         except ignore as err:
-            last = err
+            last = _described(err)
         else:
             if got:
                 return got
