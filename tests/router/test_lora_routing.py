@@ -26,6 +26,7 @@ import pytest
 
 from router.config import DEV_ADMIN_KEY, DEV_KEY, sha256
 from tests.conftest import ROOT
+from tests.support.clients import openai_client
 from tests.support.engines import EngineProcess, running_engine, running_router
 
 pytestmark = pytest.mark.integration
@@ -59,7 +60,7 @@ def _cluster(tmp_path: Path, modules: dict[str, list[str]], max_loras: int = 1,
 
 
 def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key=DEV_KEY, max_retries=0)
+    return openai_client(url, DEV_KEY)
 
 
 def _ask(client: openai.OpenAI, model: str) -> tuple[str, str]:

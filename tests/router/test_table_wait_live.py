@@ -30,6 +30,7 @@ import pytest
 from pools.routing import ReplicaEndpoint, RoutingTable
 from router.config import DEV_ADMIN_KEY, DEV_KEY, RouterConfig, sha256
 from router.server import Router
+from tests.support.clients import openai_client
 from tests.support.engines import running_engine
 from tests.support.wait import wait_until_async
 
@@ -136,8 +137,7 @@ async def _waiting_clients() -> None:
         r = _router(view)
         await r.start()
         try:
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{r.port}/v1", api_key=DEV_KEY, max_retries=0,
-                                   timeout=60)
+            client = openai_client(f"http://127.0.0.1:{r.port}/v1", DEV_KEY)
             before_engine = _engine_requests(engine.base)
 
             # clients that hang up while they wait: nothing of them is left, none reaches the engine

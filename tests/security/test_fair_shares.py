@@ -217,7 +217,7 @@ def test_max_tokens_omitted_gets_the_routers_limit(engines: dict[str, EngineProc
     run against a limit of 32,768): the router sends its limit as max_tokens instead."""
     config = {**router_config(engines), "max_tokens_limit": 40}
     with running_router(config, tmp_path) as (_, url):
-        client = openai.OpenAI(base_url=url, api_key=USER_KEY, max_retries=0, timeout=30)
+        client = openai_client(url, USER_KEY, timeout=30)
         done = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "go on"}],
                                               extra_body={"ignore_eos": True})
         assert done.usage is not None and done.usage.completion_tokens == 40
@@ -305,7 +305,7 @@ def test_interactive_short_prompts_split_over_pd_when_the_mixed_pool_is_not_thei
     classes = {"p1": ["interactive", "standard"], "d1": ["interactive", "standard"], "m1": ["standard", "batch"]}
     config = class_layout({name: pd_engines[name].base for name in specs}, specs, classes)
     with running_router(config, tmp_path) as (_, url):
-        client = openai.OpenAI(base_url=url, api_key="sk-fair-all", max_retries=0, timeout=30)
+        client = openai_client(url, "sk-fair-all", timeout=30)
         for slo, expected in (("interactive", "d1"), ("standard", "m1"), ("batch", "m1")):
             raw = client.chat.completions.with_raw_response.create(
                 model=MODEL, messages=[{"role": "user", "content": "short"}], max_tokens=4,
@@ -328,7 +328,7 @@ def test_a_class_whose_own_pools_are_down_is_served_by_the_other_pools(
     config = class_layout(urls, specs, classes)
     try:
         with running_router(config, tmp_path) as (_, url):
-            client = openai.OpenAI(base_url=url, api_key="sk-fair-all", max_retries=0, timeout=30)
+            client = openai_client(url, "sk-fair-all", timeout=30)
 
             def interactive() -> str | None:
                 try:
@@ -360,7 +360,7 @@ def test_a_class_whose_pools_cannot_take_a_request_right_now_is_served_by_the_ot
     classes = {"d1": ["interactive"], "m1": ["standard", "batch"]}
     config = class_layout({name: pd_engines[name].base for name in specs}, specs, classes)
     with running_router(config, tmp_path) as (_, url):
-        client = openai.OpenAI(base_url=url, api_key="sk-fair-all", max_retries=0, timeout=30)
+        client = openai_client(url, "sk-fair-all", timeout=30)
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL, messages=[{"role": "user", "content": "short"}], max_tokens=4,
             extra_headers={"x-slo-class": "interactive"})
@@ -378,7 +378,7 @@ def test_the_default_max_tokens_stays_within_a_short_engine_context(tmp_path: Pa
     try:
         config = with_replicas([{"replica_id": "short", "url": engine.base, "model": MODEL}])
         with running_router(config, tmp_path) as (_, url):
-            client = openai.OpenAI(base_url=url, api_key=USER_KEY, max_retries=0, timeout=30)
+            client = openai_client(url, USER_KEY, timeout=30)
             deadline = time.monotonic() + 10
             while True:  # the router asks the engine once it is up
                 try:

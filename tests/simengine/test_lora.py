@@ -14,6 +14,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.support.clients import openai_client
 from tests.support.engines import EngineProcess, running_engine
 
 pytestmark = pytest.mark.integration
@@ -44,7 +45,7 @@ def lora_engine() -> Iterator[EngineProcess]:
 
 
 def test_models_lists_adapters_as_vllm_does(lora_engine: EngineProcess) -> None:
-    client = openai.OpenAI(base_url=lora_engine.url, api_key="none")
+    client = openai_client(lora_engine.url, "none")
     try:
         cards = {m.id: m for m in client.models.list().data}
     finally:
@@ -56,7 +57,7 @@ def test_models_lists_adapters_as_vllm_does(lora_engine: EngineProcess) -> None:
 
 
 def test_a_request_names_an_adapter(lora_engine: EngineProcess) -> None:
-    client = openai.OpenAI(base_url=lora_engine.url, api_key="none")
+    client = openai_client(lora_engine.url, "none")
     try:
         out = client.chat.completions.create(model="sql", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert out.model == "sql" and out.usage is not None and out.usage.completion_tokens == 3
@@ -82,7 +83,7 @@ def test_load_and_unload_at_run_time(lora_engine: EngineProcess) -> None:
     assert status == 400 and "conflicts with a served base model" in json.loads(body)["error"]["message"]
     status, body, _ = _post(base, "/v1/load_lora_adapter", {"lora_name": "x"})
     assert status == 400  # lora_path is required (pydantic's 400 in vLLM; here vLLM's own check)
-    client = openai.OpenAI(base_url=lora_engine.url, api_key="none")
+    client = openai_client(lora_engine.url, "none")
     try:
         assert client.completions.create(model="math", prompt="1+1", max_tokens=2).model == "math"
         status, body, _ = _post(base, "/v1/unload_lora_adapter", {"lora_name": "math"})
