@@ -6,7 +6,7 @@ collection fails naming the file.
 Tests mirror the code: tests/<package>/ holds the tests of that package, and its conftest.py that
 package's fakes and builders; helpers several packages use live in tests/support/ (engines and
 routers as processes, the fake Ray cluster, fake NVML, a full disk, `wait_until`, openai clients
-that the test's end closes). Every test's teardown ends by collecting its garbage: what it left open fails it.
+that the test's end closes, the stub engines' request reader). Every test's teardown ends by collecting its garbage: what it left open fails it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ NCCL_DIR = SHARED_DATA / "nccl-topo"
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     """Each test's leftovers are found as it ends: once every finalizer of its teardown has run
     (its own fixtures', and its module's or the session's when it is their last test), the openai
     clients it opened are closed (tests/support/clients.py), then its garbage is collected, and
@@ -45,12 +45,12 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     made, not again at the whole worker's heap (a full collection after every test doubled the
     unit lane's time)."""
     yield
-    from tests.support import clients  # openai is imported by the tests that use it, not by every test
-
-    clients.close_all()
-    found: list[Any] = []
-    previous, sys.unraisablehook = sys.unraisablehook, found.append
+    found: list[sys.UnraisableHookArgs] = []
+    previous, sys.unraisablehook = sys.unraisablehook, found.append  # also what closing may let the collector find
     try:
+        clients = sys.modules.get("tests.support.clients")  # imported (with openai) only by the tests that use it
+        if clients is not None:
+            clients.close_all()
         gc.collect()
     finally:
         sys.unraisablehook = previous

@@ -22,6 +22,7 @@ from pools.model import Role
 from pools.routing import ReplicaEndpoint, RoutingTable
 from router.config import DEV_ADMIN_KEY, DEV_KEY, RouterConfig, sha256
 from router.server import Router
+from tests.support.stubhttp import read_request
 from wire.reader import Request
 from wire.responder import Responder
 
@@ -55,15 +56,13 @@ class Engine:
         try:
             while True:
                 try:
-                    head = await reader.readuntil(b"\r\n\r\n")
+                    head, request = await read_request(reader)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length")), 0)
                 if not head.startswith(b"POST "):
                     writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
                     continue
-                body = json.dumps(self.answer(json.loads(await reader.readexactly(length)))).encode()
+                body = json.dumps(self.answer(json.loads(request))).encode()
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
                              % (len(body), body))
                 await writer.drain()

@@ -15,6 +15,7 @@ import pytest
 from router.cli import table_from_config
 from router.config import DEV_KEY, RouterConfig, sha256
 from router.server import Router
+from tests.support.stubhttp import read_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 Upstream = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -23,15 +24,8 @@ STOP: list[asyncio.Event] = []
 OK = b'{"id":"x","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}'
 
 
-async def _read_request(reader: asyncio.StreamReader) -> None:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length"))
-    await reader.readexactly(length)
-
-
 async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await _read_request(reader)
+    await read_request(reader)
     try:
         await STOP[0].wait()  # never answers
     finally:
@@ -43,7 +37,7 @@ def answering(body: bytes) -> Upstream:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             try:
-                await _read_request(reader)
+                await read_request(reader)
             except (asyncio.IncompleteReadError, ConnectionError):
                 break
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
@@ -58,7 +52,7 @@ good = answering(OK)
 
 
 async def quiet_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await _read_request(reader)
+    await read_request(reader)
     chunk = b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
                  + b"%x\r\n%b\r\n" % (len(chunk), chunk))
@@ -200,10 +194,7 @@ async def flooding(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
     """A fast, healthy replica: streams as fast as it is read, answers the rest at once."""
     while True:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length"))
-            body = await reader.readexactly(length)
+            _, body = await read_request(reader)
         except (asyncio.IncompleteReadError, ConnectionError):
             break
         if b'"stream":true' not in body.replace(b" ", b""):
@@ -266,7 +257,7 @@ def test_slow_readers_never_change_a_replicas_health() -> None:
 
 async def queued_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """An engine whose queue is full: the stream's head goes out at once, the first token never."""
-    await _read_request(reader)
+    await read_request(reader)
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
     await writer.drain()
     try:
@@ -276,7 +267,7 @@ async def queued_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
 
 
 async def streaming(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await _read_request(reader)
+    await read_request(reader)
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
     for event in (b'data: {"choices":[{"index":0,"text":"a"}]}\n\n', b'data: {"choices":[{"index":0,"text":"b"}]}'
                   b'\n\n', b"data: [DONE]\n\n"):

@@ -31,6 +31,7 @@ from tests.security.conftest import (
     call,
 )
 from tests.support.engines import wait_until_idle
+from tests.support.stubhttp import read_request
 
 pytestmark = pytest.mark.integration
 GENERATE = ("/v1/chat/completions", "/v1/completions")
@@ -128,13 +129,11 @@ def test_forwarded_requests_carry_only_what_the_router_sets() -> None:
 
     async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            head, request = await read_request(reader)
             if not head.startswith(b"POST "):  # the router's /metrics scrape
                 writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
                 return
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length")), 0)
-            seen.append(head + await reader.readexactly(length))
+            seen.append(head + request)
             body = b'{"id":"x","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}'
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
                          % (len(body), body))
