@@ -6,7 +6,8 @@ collection fails naming the file.
 Tests mirror the code: tests/<package>/ holds the tests of that package, and its conftest.py that
 package's fakes and builders; helpers several packages use live in tests/support/ (engines and
 routers as processes, the fake Ray cluster, fake NVML, a full disk, `wait_until`, openai clients
-that the test's end closes, the stub engines' request reader). Every test's teardown ends by collecting its garbage: what it left open fails it.
+that the test's end closes, the stub engines' request reader). Every test's teardown ends by
+collecting its garbage: what it left open fails it.
 """
 
 from __future__ import annotations
