@@ -27,7 +27,12 @@ class A2AKernel:
     kernels and the forks that keep their kernels (UCCL-EP: "the same interface and functionality
     as DeepEP", its bench/test_intranode.py "the same test_intranode.py test in DeepEP's repo",
     uccl-project/uccl 072a55c). Kernels that copy otherwise (Hybrid-EP's TMA, pplx's, MoRI's)
-    are not bounded by it: what their SMs move is not the same figure."""
+    are not bounded by it: what their SMs move is not the same figure (Hybrid-EP's: `sm_writes`)."""
+    sm_writes: bool = False
+    """Stores the rows it moves with its SMs' bulk copies (TMA), not DeepEP's copy loops, so an SM
+    budget bounds it by the bytes an SM writes and reads (`physics.alltoall.A2A_SM_WRITE_GB_S`):
+    Hybrid-EP, whose every SM runs one persistent block that copies each received token to the
+    local ranks it is routed to (DeepEP hybrid-ep branch, docs/Hybrid-EP_Implementation.md)."""
     collective: bool = False
     """Not an EP kernel but NCCL's all_to_all (torch.distributed): priced as NCCL prices an
     all-to-all (`physics.collectives`), every (token, expert) pair a message."""
@@ -99,7 +104,7 @@ KERNELS: dict[str, A2AKernel] = {
     "uccl-ep-normal": A2AKernel(True, 0.84, 3.0, sm_copy=True,
                        source="uccl-project/uccl ep/README.md (UCCL-EP): H200/B200/MI300X normal rows"),
     "uccl-ep-ll": A2AKernel(False, 0.45, 0.65, sm_copy=True, source="UCCL-EP low-latency rows"),
-    "hybrid-ep": A2AKernel(True, 0.89, 0.1,
+    "hybrid-ep": A2AKernel(True, 0.89, 0.1, sm_writes=True,
                        source="DeepEP hybrid-ep branch README (DEEPEP-HYBRID): H100/B200/GB200 rows"),
     "deepep-v2": A2AKernel(True, 1.0, 1.0,
                        source="DeepEP V2 README: its rows name no GPU, so none is priced: DeepEP V1's normal kernels"),

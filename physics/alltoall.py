@@ -79,6 +79,19 @@ A2A_SM_ROW_US = 0.29
 loop's warp reads the row's routing (its top-k indices and weights), computes where it goes, and
 moves the channel's head and tail counters for it, whatever the row's size. Read off DeepEP's B200
 sweep (`A2A_SM_GB_S`): the FP8 row is half the BF16 row's bytes but takes 0.73 of its time."""
+A2A_SM_WRITE_GB_S = 50.0
+"""What one SM writes of an all-to-all's token rows when its kernel stores them with the SM's own
+copies rather than DeepEP's copy loops (`a2akernels.A2AKernel.sm_writes`: Hybrid-EP's TMA stores,
+each received row written into every local rank's buffer it is routed to): a dispatch given `sms`
+SMs takes at least the rows a rank receives x their bytes / (`sms` x this); a combine reads them at
+`A2A_SM_READ_GB_S`. Not fitted: DeepEP V2 plans its SM budget with these two per-SM figures
+(deepseek-ai/DeepEP deep_ep/buffers/elastic.py @dd758caf, `get_theoretical_num_sms`: "sm_read_gbs:
+the per-SM HBM read bandwidth in GB/s. sm_write_gbs: the per-SM HBM write bandwidth in GB/s",
+200 and 50, marked "TODO: use different values for other architectures"), which give the 12 and 6
+SMs its README runs EP 8x2 and 8x4 on (SM90, CX7). Hybrid-EP's H100 table at 4 SMs (EP16 dispatch
+34 GB/s against 62-68 at 8-16 SMs) is where such a bound shows; at 8 SMs or more it never binds."""
+A2A_SM_READ_GB_S = 200.0
+"""What one SM reads of the rows a combine sums (`A2A_SM_WRITE_GB_S`, the same source)."""
 A2A_PROXY_MESSAGE_US = 0.8
 """What a host proxy thread takes to post one network write for a GPU that cannot post it itself
 (`GangLinks.gpu_initiated` False). AWS EFA has no GPU-initiated RDMA: NVSHMEM reaches it through its
@@ -284,6 +297,10 @@ def a2a_parts(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, l
     rows = (inside + outside) / token_bytes if token_bytes > 0 else 0.0
     sm_bound = ((inside + outside) / (A2A_SM_GB_S * 1e9) + rows * A2A_SM_ROW_US * 1e-6) / links.sms \
         if sm_priced else 0.0
+    if links.sms > 0 and impl.sm_writes:
+        # every row a rank receives, written (dispatch) or read (combine) by its SMs (`A2A_SM_WRITE_GB_S`)
+        rate = A2A_SM_WRITE_GB_S if dispatch else A2A_SM_READ_GB_S
+        sm_bound = tokens * expected_ranks(ep, k) * token_bytes / (links.sms * rate * 1e9)
     # the kernel's factor scales its share of the links; its SMs copy as DeepEP's do (`sm_copy`)
     # a kernel that posts one write per remote (token, expert) pair, on a NIC the GPU cannot drive:
     # one host proxy thread posts them while the NIC sends what it posted before, so the call takes

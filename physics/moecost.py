@@ -29,7 +29,17 @@ from typing import Literal
 
 from physics.alltoall import DISPATCH_BYTES, GangLinks, a2a_parts, default_dispatch
 from physics.catalog import GpuSpec, ModelSpec
-from physics.costmodel import BF16, DEFAULT, LOCAL, Efficiency, LinkCost, allreduce_ms, expected_experts, kv_shards
+from physics.costmodel import (
+    BF16,
+    DEFAULT,
+    LOCAL,
+    Efficiency,
+    LinkCost,
+    allreduce_ms,
+    expected_experts,
+    kv_shards,
+    replicated_ms,
+)
 from physics.flops import MLA_ROPE_DIM, attention_flops, attention_s
 
 MLA_Q_LORA_RANK = 1536
@@ -238,7 +248,7 @@ def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLin
     memory_s = (weights + model.kv_bytes_per_token() * (cached + decode_context) / kv_shards(model, tp)) / (
         gpu.memory_gb_s * 1e9 * eff.decode_mbu)
     fixed = _fixed(model, gpu, tp, dp, links, tokens, True, tp_link, imbalance, expert_parallel, eff, a2a, dispatch)
-    return _assemble(max(compute_s, memory_s) * 1e3, fixed, tokens, overlap)
+    return _assemble(max(compute_s, memory_s) * 1e3 + replicated_ms(model, gpu, tokens), fixed, tokens, overlap)
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,7 +97,7 @@ def test_the_measured_engines_step_costs_come_from_the_rate_1_run_alone() -> Non
     derived = overheads.derive_step_overheads(1.0)
     assert round(derived.decode_ms, 2) == overheads.VLLM017_RAY_DECODE_STEP_MS
     assert round(derived.prefill_ms, 2) == overheads.VLLM017_RAY_PREFILL_STEP_MS
-    assert len(derived.decode_requests) == 28 and len(derived.prefill_requests) == 6  # the docstrings' counts
+    assert len(derived.decode_requests) == 28 and len(derived.prefill_requests) == 7  # the docstrings' counts
     intercept, per_seq = derived.decode_line_ms
     assert (round(intercept, 2), round(per_seq, 2)) == (overheads.VLLM017_RAY_DECODE_BASE_MS,
                                                         overheads.VLLM017_RAY_DECODE_SEQ_MS)

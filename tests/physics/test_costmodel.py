@@ -214,3 +214,15 @@ def test_decode_attention_adds_to_the_gemms() -> None:
     assert kv_ms == pytest.approx(m.kv_bytes_per_token() * 512 * 2048 / step.hbm_bytes_s * 1e3)
     assert step.compute_s > step.weights_bytes / step.hbm_bytes_s  # the GEMMs are compute-bound here
     assert step.ms(512 * 2048) == pytest.approx((step.compute_s * 1e3 + kv_ms) + step.fixed_ms)
+
+
+def test_norms_and_residual_adds_cost_every_tp_rank_the_same() -> None:
+    """The two RMSNorms and the residual add run on the whole hidden on each rank, so TP does not
+    shorten them: vidur's H100 profile of Llama-2-7B at 4096 tokens (microsoft/vidur @7d47513,
+    mlp.csv) times them at 0.165 ms a layer at TP1 and 0.162 at TP8."""
+    model, gpu = catalog.model("llama-2-7b"), catalog.gpu("h100-sxm")
+    per_layer = costmodel.replicated_ms(model, gpu, 4096) / model.layers
+    assert per_layer == pytest.approx(0.162, rel=0.1)
+    tp1 = costmodel.prefill_ms(model, gpu, 1, costmodel.LOCAL, 4096)
+    tp8 = costmodel.prefill_ms(model, gpu, 8, costmodel.TP_LINK_FALLBACK, 4096)
+    assert tp8 > tp1 / 8 + costmodel.replicated_ms(model, gpu, 4096) * 7 / 8  # the replicated part is not split

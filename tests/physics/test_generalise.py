@@ -245,6 +245,22 @@ def test_deepeps_sm_budget_bounds_its_bandwidth(capsys: pytest.CaptureFixture[st
     assert "--sms must be 0" in capsys.readouterr().err
 
 
+def test_hybrid_eps_few_sms_are_bound_by_the_rows_they_write() -> None:
+    """Hybrid-EP's H100 table (its hybrid-ep docs, 4,096 tokens, top-8): at EP16 its 4-SM FP8
+    dispatch reaches 34 GB/s, against 62 at 8 SMs. Its SMs write every row a rank receives, at DeepEP
+    V2's planning figure of 50 GB/s an SM (`alltoall.A2A_SM_WRITE_GB_S`, not fitted): 4 SMs bind,
+    8 do not, and a combine (read at 200) is not bound."""
+    def us(op: str, sms: int) -> float:
+        return float(gangs.a2a("h100-sxm", 16, 4096, 7168, 8, "fp8" if op == "dispatch" else "bf16", "hybrid-ep",
+                               "rdma", sms=sms, dispatch=op == "dispatch")["us"])
+    assert us("dispatch", 4) > 1.1 * us("dispatch", 8)
+    assert us("dispatch", 8) == pytest.approx(us("dispatch", 0))
+    assert us("combine", 4) == pytest.approx(us("combine", 0))
+    rows = picked("hybridep-h100-ep16-4sm-dispatch-kernel", "hybridep-h100-ep16-8sm-dispatch-kernel")
+    ratios = {r.id: r.ratio for r in rows.values()}
+    assert all(ratio is not None and 0.5 < ratio < 2.0 for ratio in ratios.values()), ratios
+
+
 def test_an_sm_copying_an_fp8_row_pays_for_the_row_as_well_as_its_bytes() -> None:
     """DeepEP's B200 SM sweep (its hybrid-ep docs, 8 ranks, 4,096 tokens): at the same SMs a BF16
     dispatch moves 1.4x the GB/s of an FP8 one (348 against 246 at 16 SMs), though it moves twice

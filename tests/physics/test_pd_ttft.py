@@ -52,3 +52,29 @@ def test_engine_budget_and_collectives_follow_the_engine() -> None:
     plain, why = predict.predict(vllm)
     templated, _ = predict.predict({**vllm, "template_tokens": 8})
     assert not why and plain is not None and templated is not None and templated > plain
+
+
+def test_servers_that_tokenize_the_prompt_add_to_the_ttft_the_client_sees() -> None:
+    """Behind vLLM's PD proxy the prefiller and then the decoder tokenize the text, one after the
+    other; a client that sends token ids (SGLang's --tokenize-prompt) makes no server tokenize."""
+    vllm = _point(framework="vLLM 0.11.2 + MooncakeConnector", tokens=32768)
+    sglang = _point(framework="SGLang main + Mooncake", tokens=32768)
+    assert predict.tokenizations(vllm) == 2 and predict.tokenizations(sglang) == 1
+    assert predict.tokenizations({**sglang, "tokenized": 0}) == 0
+    assert predict.tokenizations({"kind": "prefill", "framework": "vLLM"}) == 0  # unstated outside PD: none
+    text, _ = predict.predict(vllm)
+    ids, _ = predict.predict({**vllm, "tokenized": 0})
+    assert text is not None and ids is not None
+    assert text - ids == pytest.approx(2 * predict.SERVER_PROMPT_US * 32768 / 1e3)  # ~98 ms at 32K
+
+
+def test_mooncakes_vllm_pd_ttft_is_within_25_percent_held_out() -> None:
+    """vLLM + Mooncake's Qwen3-8B TP8 on H800 (MOONCAKE-PD), predicted by constants fitted without
+    it: the long prompts' TTFT carries the servers' tokenization and the TP-replicated norms, which
+    the model priced at nothing before (0.67 and 0.60 at 8K and 32K)."""
+    from loadtest.fidelity import fit as fitting
+    from loadtest.fidelity import report as fidelity
+
+    held, _ = fitting.cross_validate(fidelity.points(), predict.predict, only=["MOONCAKE-PD"])
+    ratios = {h.id: h.ratio for h in held if h.kind == "pd-ttft" and h.ratio is not None}
+    assert len(ratios) == 3 and all(0.75 <= r <= 1.25 for r in ratios.values()), ratios
