@@ -89,7 +89,8 @@ SMs takes at least the rows a rank receives x their bytes / (`sms` x this); a co
 the per-SM HBM read bandwidth in GB/s. sm_write_gbs: the per-SM HBM write bandwidth in GB/s",
 200 and 50, marked "TODO: use different values for other architectures"), which give the 12 and 6
 SMs its README runs EP 8x2 and 8x4 on (SM90, CX7). Hybrid-EP's H100 table at 4 SMs (EP16 dispatch
-34 GB/s against 62-68 at 8-16 SMs) is where such a bound shows; at 8 SMs or more it never binds."""
+34 GB/s against 62-68 at 8-16 SMs) is where such a bound shows; none of its published rows at 8 SMs
+or more is bound by it (an NVLink-only gang of faster parts given 8 SMs would be)."""
 A2A_SM_READ_GB_S = 200.0
 """What one SM reads of the rows a combine sums (`A2A_SM_WRITE_GB_S`, the same source)."""
 A2A_PROXY_MESSAGE_US = 0.8
@@ -300,7 +301,7 @@ def a2a_parts(tokens: int, hidden: int, k: int, element_bytes: float, ep: int, l
     if links.sms > 0 and impl.sm_writes:
         # every row a rank receives, written (dispatch) or read (combine) by its SMs (`A2A_SM_WRITE_GB_S`)
         rate = A2A_SM_WRITE_GB_S if dispatch else A2A_SM_READ_GB_S
-        sm_bound = tokens * expected_ranks(ep, k) * token_bytes / (links.sms * rate * 1e9)
+        sm_bound = max(sm_bound, tokens * expected_ranks(ep, k) * token_bytes / (links.sms * rate * 1e9))
     # the kernel's factor scales its share of the links; its SMs copy as DeepEP's do (`sm_copy`)
     # a kernel that posts one write per remote (token, expert) pair, on a NIC the GPU cannot drive:
     # one host proxy thread posts them while the NIC sends what it posted before, so the call takes

@@ -171,7 +171,7 @@ them. Measured, not fitted: microsoft/vidur @7d47513363ec447a741ac5e47241580b477
 data/profiling/compute/{a100,h100}/*/mlp.csv (sarathi-serve's kernels, GPU kernel time per layer),
 input_layernorm + post_attention_layernorm + add at 512-4096 tokens: 15-16 hidden-vector passes per
 token on A100 and H100 alike, flat from TP1 to TP8 and across hidden 4096-8192 (Llama-2-7B at 4096
-tokens on H100: 0.162 ms a layer at TP8 against 0.168 at TP1). At TP8 on an 8B model that is ~1.4
+tokens on H100: 0.162 ms a layer at TP8 against 0.165 at TP1). At TP8 on an 8B model that is ~1.4
 us a prompt token, a fifth of the step. Below ~256 tokens each kernel sits at a launch floor
 instead, which `Efficiency.prefill_layer_overhead_ms` carries."""
 

@@ -169,9 +169,11 @@ def tokenizations(p: dict[str, Any]) -> int:
     @030ea52effcb05071543c8c42b8f0145e94cee43, `_handle_completions`: the same `messages` to both,
     in series), so 2 there and 1 elsewhere (SGLang's PD router sends to both at once). A client that
     sends token ids (`sglang.bench_serving --tokenize-prompt`, C++ benchmarks) makes it 0."""
-    stated = num(p, "tokenized")
+    stated = p.get("tokenized")
     if stated is not None:
-        return int(stated)
+        if isinstance(stated, bool) or not isinstance(stated, int) or stated < 0:
+            raise ValueError(f"tokenized is a count of servers (0, 1, 2 ...), not {stated!r}")
+        return stated
     if p.get("kind") != "pd-ttft":
         return 0
     return 2 if "vllm" in str(p.get("framework") or "").lower() else 1

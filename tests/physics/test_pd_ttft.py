@@ -62,6 +62,9 @@ def test_servers_that_tokenize_the_prompt_add_to_the_ttft_the_client_sees() -> N
     assert predict.tokenizations(vllm) == 2 and predict.tokenizations(sglang) == 1
     assert predict.tokenizations({**sglang, "tokenized": 0}) == 0
     assert predict.tokenizations({"kind": "prefill", "framework": "vLLM"}) == 0  # unstated outside PD: none
+    for bad in ("two", -1, 1.5, True):
+        value, why = predict.predict({**vllm, "tokenized": bad})
+        assert value is None and "tokenized is a count of servers" in why, bad
     text, _ = predict.predict(vllm)
     ids, _ = predict.predict({**vllm, "tokenized": 0})
     assert text is not None and ids is not None
