@@ -101,6 +101,12 @@ class GpuSpec:
     fp8_source: str = ""
 
     @property
+    def kernel_gb_s(self) -> float:
+        """What one memory-bound kernel reaches here on its own: the data sheet's bandwidth times the
+        share measured on this part (no serving share: `memory_gb_s` is a serving step's)."""
+        return self.hbm_gb_s * (self.hbm_share if self.hbm_share is not None else HBM_SHARE_DEFAULT)
+
+    @property
     def memory_gb_s(self) -> float:
         """What a memory-bound kernel reads at here: the data sheet's bandwidth times the share
         measured on this part (parts reach from 58 to 81 % of their data sheet)."""

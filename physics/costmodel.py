@@ -159,27 +159,31 @@ def forward_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, chunks: 
     memory_s = (weights + model.kv_bytes_per_token() * (cached + decode_context)) / (
         tp * gpu.memory_gb_s * 1e9 * eff.decode_mbu)
     comm_ms = model.layers * 2 * allreduce_ms(tokens * model.hidden * BF16, tp, link, gpu)
-    return (max(compute_s, memory_s) * 1e3 + replicated_ms(model, gpu, tokens)
+    return (max(compute_s, memory_s) * 1e3 + replicated_ms(model, gpu, new)
             + model.layers * eff.prefill_layer_overhead_ms + comm_ms)
 
 
-REPLICATED_HIDDEN_PASSES = 15.5
-"""What a step's replicated per-token kernels cost, in passes over one token's BF16 hidden vector
-per layer at the part's data-sheet HBM rate: the two RMSNorms and the residual add run on the whole
-hidden on every TP rank (only the GEMMs, rope and the activation are split), so TP does not shorten
-them. Measured, not fitted: microsoft/vidur @7d47513363ec447a741ac5e47241580b47724fbf
+REPLICATED_HIDDEN_PASSES = 12.2
+"""What a step's replicated per-token kernels cost, in passes over one prompt token's BF16 hidden
+vector per layer at the rate a memory-bound kernel reaches on the part (`GpuSpec.kernel_gb_s`: its
+data sheet times its measured share): the two RMSNorms and the residual add run on the whole hidden
+on every TP rank (only the GEMMs, rope and the activation are split), so TP does not shorten them.
+Measured, not fitted: microsoft/vidur @7d47513363ec447a741ac5e47241580b47724fbf
 data/profiling/compute/{a100,h100}/*/mlp.csv (sarathi-serve's kernels, GPU kernel time per layer),
 input_layernorm + post_attention_layernorm + add at 512-4096 tokens: 15-16 hidden-vector passes per
-token on A100 and H100 alike, flat from TP1 to TP8 and across hidden 4096-8192 (Llama-2-7B at 4096
-tokens on H100: 0.162 ms a layer at TP8 against 0.165 at TP1). At TP8 on an 8B model that is ~1.4
-us a prompt token, a fifth of the step. Below ~256 tokens each kernel sits at a launch floor
-instead, which `Efficiency.prefill_layer_overhead_ms` carries."""
+token at the data sheet's rate on A100 and H100 alike, flat from TP1 to TP8 and across hidden
+4096-8192 (Llama-2-7B at 4096 tokens on H100: 0.162 ms a layer at TP8 against 0.165 at TP1); at
+their measured shares (0.77 and 0.80) 11.9 and 12.4 passes. At TP8 on an 8B model that is ~1.4 us
+a prompt token, a fifth of the step. Below ~256 tokens each kernel sits at a launch floor instead,
+which `Efficiency.prefill_layer_overhead_ms` carries. A decode token's norms are not priced here:
+a decode-only step (`DecodeStep`) holds them in its fitted per-step and per-layer constants, so a
+step that mixes decodes into a prefill prices them the same way."""
 
 
 def replicated_ms(model: ModelSpec, gpu: GpuSpec, tokens: float) -> float:
-    """The norms and residual adds of a step of `tokens` (`REPLICATED_HIDDEN_PASSES`), the same
-    on every TP rank."""
-    return tokens * model.layers * REPLICATED_HIDDEN_PASSES * model.hidden * BF16 / (gpu.hbm_gb_s * 1e9) * 1e3
+    """The norms and residual adds of a step's `tokens` prompt tokens (`REPLICATED_HIDDEN_PASSES`),
+    the same on every TP rank."""
+    return tokens * model.layers * REPLICATED_HIDDEN_PASSES * model.hidden * BF16 / (gpu.kernel_gb_s * 1e9) * 1e3
 
 
 def decode_step_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, batch: int,

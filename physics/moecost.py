@@ -248,7 +248,7 @@ def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLin
     memory_s = (weights + model.kv_bytes_per_token() * (cached + decode_context) / kv_shards(model, tp)) / (
         gpu.memory_gb_s * 1e9 * eff.decode_mbu)
     fixed = _fixed(model, gpu, tp, dp, links, tokens, True, tp_link, imbalance, expert_parallel, eff, a2a, dispatch)
-    return _assemble(max(compute_s, memory_s) * 1e3 + replicated_ms(model, gpu, tokens), fixed, tokens, overlap)
+    return _assemble(max(compute_s, memory_s) * 1e3 + replicated_ms(model, gpu, new), fixed, tokens, overlap)
 
 
 @dataclass(frozen=True, slots=True)
