@@ -108,10 +108,10 @@ class GpuSpec:
 
     @property
     def memory_gb_s(self) -> float:
-        """What a memory-bound kernel reads at here: the data sheet's bandwidth times the share
-        measured on this part (parts reach from 58 to 81 % of their data sheet)."""
-        share = self.hbm_share if self.hbm_share is not None else HBM_SHARE_DEFAULT
-        return self.hbm_gb_s * share * self.serving_share
+        """What a serving engine's memory-bound step reads at here: `kernel_gb_s` (the data sheet's
+        bandwidth times the share measured on this part: parts reach from 58 to 81 % of their data
+        sheet) times the part's `serving_share`."""
+        return self.kernel_gb_s * self.serving_share
 
     def tflops(self, compute: str) -> float:
         """The tensor rate GEMMs of `compute` (a `WEIGHT_DTYPES` rate: bf16, fp8, fp4) run at here,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from loadtest.fidelity import predict
+from loadtest.fidelity import predict, prompttext
 from physics import queries as cost
 
 pytestmark = pytest.mark.unit
@@ -59,16 +59,16 @@ def test_servers_that_tokenize_the_prompt_add_to_the_ttft_the_client_sees() -> N
     other; a client that sends token ids (SGLang's --tokenize-prompt) makes no server tokenize."""
     vllm = _point(framework="vLLM 0.11.2 + MooncakeConnector", tokens=32768)
     sglang = _point(framework="SGLang main + Mooncake", tokens=32768)
-    assert predict.tokenizations(vllm) == 2 and predict.tokenizations(sglang) == 1
-    assert predict.tokenizations({**sglang, "tokenized": 0}) == 0
-    assert predict.tokenizations({"kind": "prefill", "framework": "vLLM"}) == 0  # unstated outside PD: none
+    assert prompttext.tokenizations(vllm) == 2 and prompttext.tokenizations(sglang) == 1
+    assert prompttext.tokenizations({**sglang, "tokenized": 0}) == 0
+    assert prompttext.tokenizations({"kind": "prefill", "framework": "vLLM"}) == 0  # unstated outside PD: none
     for bad in ("two", -1, 1.5, True):
         value, why = predict.predict({**vllm, "tokenized": bad})
         assert value is None and "tokenized is a count of servers" in why, bad
     text, _ = predict.predict(vllm)
     ids, _ = predict.predict({**vllm, "tokenized": 0})
     assert text is not None and ids is not None
-    assert text - ids == pytest.approx(2 * predict.SERVER_PROMPT_US * 32768 / 1e3)  # ~98 ms at 32K
+    assert text - ids == pytest.approx(2 * prompttext.SERVER_PROMPT_US * 32768 / 1e3)  # ~98 ms at 32K
 
 
 def test_mooncakes_vllm_pd_ttft_is_within_25_percent_held_out() -> None:
