@@ -5,10 +5,12 @@ A step of a data-parallel-attention + expert-parallel gang (vLLM `--data-paralle
 shared expert, the dense layers, the embeddings) on its own tokens; every MoE layer then
 dispatches each token to its experts, runs the expert GEMMs, and combines the results back:
 
-    dense      max(2 P_dense T / (tp F mfu) + attention FLOPs / (tp F_bf16 mfu),
-                   (W_dense / tp + KV read) / (HBM mbu))                    (as `costmodel`)
-    experts    per MoE layer, the busiest GPU's share: max(2 x 3 H F_e x pairs x imbalance / (F mfu),
+    dense      roof(2 P_dense T / (tp F mfu) + attention FLOPs / (tp F_bf16 mfu),
+                    (W_dense / tp + KV read) / (HBM mbu))                   (as `costmodel`)
+    experts    per MoE layer, the busiest GPU's share: roof(2 x 3 H F_e x pairs x imbalance / (F mfu),
                experts it holds that some token picked x 3 H F_e bytes / (HBM mbu))
+               (roof: a kernel's compute and memory times through the roofline's corner,
+               `costmodel.roofline_s`, not their max)
     dispatch,  per MoE layer each: `alltoall.a2a_us` over the gang's links (DeepEP's kernels: the
     combine    high-throughput ones at prefill, the low-latency ones at decode)
     step       dense + all-reduces + MoE layers x (dispatch + experts + combine) + per-step constant
@@ -39,6 +41,7 @@ from physics.costmodel import (
     expected_experts,
     kv_shards,
     replicated_ms,
+    roofline_s,
 )
 from physics.flops import MLA_ROPE_DIM, attention_flops, attention_s
 
@@ -169,11 +172,12 @@ def _fixed(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLinks, t
                                moe.routing_skew) / ep
     expert_compute_s = 2 * per_expert * pairs / ep * load / (rate * mfu)
     expert_memory_s = touched * per_expert * model.expert_bytes / hbm
-    experts_ms = moe.moe_layers * max(expert_compute_s, expert_memory_s) * 1e3
+    experts_ms = moe.moe_layers * roofline_s(expert_compute_s, expert_memory_s) * 1e3
     dispatch_ms = combine_ms = 0.0
     streams = (0.0, 0.0)
     shared = moe.shared_experts * per_expert / tp
-    shared_ms = moe.moe_layers * max(2 * shared * tokens / (rate * mfu), shared * model.weight_bytes / hbm) * 1e3
+    shared_ms = moe.moe_layers * roofline_s(2 * shared * tokens / (rate * mfu),
+                                            shared * model.weight_bytes / hbm) * 1e3
     if expert_parallel and ep > 1:
         mode = a2a or ("high-throughput" if prefill else "low-latency")
         groups = moe.groups_per_token if moe.groups > 1 else 0
@@ -248,7 +252,7 @@ def moe_forward(model: ModelSpec, gpu: GpuSpec, tp: int, dp: int, links: GangLin
     memory_s = (weights + model.kv_bytes_per_token() * (cached + decode_context) / kv_shards(model, tp)) / (
         gpu.memory_gb_s * 1e9 * eff.decode_mbu)
     fixed = _fixed(model, gpu, tp, dp, links, tokens, True, tp_link, imbalance, expert_parallel, eff, a2a, dispatch)
-    return _assemble(max(compute_s, memory_s) * 1e3 + replicated_ms(model, gpu, new), fixed, tokens, overlap)
+    return _assemble(roofline_s(compute_s, memory_s) * 1e3 + replicated_ms(model, gpu, new), fixed, tokens, overlap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,8 +269,8 @@ class MoEDecode:
     overlap: Overlap
 
     def step(self, context_tokens: int) -> MoEStep:
-        dense_s = max(self.compute_s + self.attn_s_per_token * context_tokens,
-                      self.weights_s + self.kv_s_per_token * context_tokens)
+        dense_s = roofline_s(self.compute_s + self.attn_s_per_token * context_tokens,
+                             self.weights_s + self.kv_s_per_token * context_tokens)
         return _assemble(dense_s * 1e3, self.fixed, self.batch, self.overlap)
 
     def ms(self, context_tokens: int) -> float:

@@ -212,8 +212,38 @@ def test_decode_attention_adds_to_the_gemms() -> None:
     step = costmodel.DecodeStep.of(m, g, 1, costmodel.LOCAL, 512)
     kv_ms = (step.ms(512 * 2048) - step.ms(0))
     assert kv_ms == pytest.approx(m.kv_bytes_per_token() * 512 * 2048 / step.hbm_bytes_s * 1e3)
-    assert step.compute_s > step.weights_bytes / step.hbm_bytes_s  # the GEMMs are compute-bound here
-    assert step.ms(512 * 2048) == pytest.approx((step.compute_s * 1e3 + kv_ms) + step.fixed_ms)
+    weights_s = step.weights_bytes / step.hbm_bytes_s
+    assert step.compute_s > weights_s  # the GEMMs are compute-bound here
+    gemms_ms = costmodel.roofline_s(step.compute_s, weights_s) * 1e3
+    assert step.ms(512 * 2048) == pytest.approx(gemms_ms + kv_ms + step.fixed_ms)
+
+
+# microsoft/vidur @7d47513363ec447a741ac5e47241580b47724fbf
+# data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv, TP1: the medians of attn_pre_proj +
+# attn_post_proj + mlp_up_proj + mlp_down_proj, ms a layer, by tokens in the step
+VIDUR_A100_LLAMA2_7B_GEMMS_MS = {32: 0.273, 64: 0.278, 96: 0.341, 128: 0.352, 192: 0.460, 256: 0.503,
+                                 512: 0.953, 2048: 3.824}
+
+
+def test_a_gemm_near_the_ridge_reaches_neither_roof() -> None:
+    """Where a layer's GEMMs take as long to read their weights as to compute, they take longer
+    than either: vidur's A100 profile of Llama-2-7B times them at 0.35 ms for 128 tokens and 0.46
+    for 192, where max(compute, weight read) says 0.26 and 0.34. The model's corner
+    (`GEMM_CORNER`) holds every token count within 15 %; far from the ridge it is the max."""
+    a100 = catalog.gpu("a100-sxm4")
+    weights = 4096 * (3 * 4096 + 4096 + 2 * 11008) + 11008 * 4096  # q, k, v, o, gate + up, down
+    plateau = 0.73  # what these GEMMs reach of peak BF16 at 2048 tokens and more in the same profile
+    memory_s = 2 * weights / (a100.kernel_gb_s * 1e9)  # the data sheet at the part's measured share
+    for tokens, measured_ms in VIDUR_A100_LLAMA2_7B_GEMMS_MS.items():
+        compute_s = 2 * weights * tokens / (a100.bf16_tflops * 1e12 * plateau)
+        priced = costmodel.roofline_s(compute_s, memory_s) * 1e3
+        assert priced == pytest.approx(measured_ms, rel=0.15), tokens
+    ridge = [t for t, measured_ms in VIDUR_A100_LLAMA2_7B_GEMMS_MS.items()
+             if max(2 * weights * t / (a100.bf16_tflops * 1e12 * plateau), memory_s) * 1e3 < 0.8 * measured_ms]
+    assert ridge == [96, 128, 192]  # where the max alone misses by more than 20 %
+    assert costmodel.roofline_s(1.0, 1.0) == pytest.approx(2 ** (1 / costmodel.GEMM_CORNER))
+    assert costmodel.roofline_s(20.0, 1.0) == pytest.approx(20.0, rel=0.01)
+    assert costmodel.roofline_s(0.0, 3.0) == 3.0
 
 
 def test_norms_and_residual_adds_cost_every_tp_rank_the_same() -> None:

@@ -158,9 +158,10 @@ def test_an_expert_parallel_gang_decodes_with_mtp(capsys: pytest.CaptureFixture[
                  "--acceptance-length", "1.85", "--format", "json"]) == 0
     spec = json.loads(capsys.readouterr().out)
     plain = gangs.moe("deepseek-v3", "h20", 1, 16, "decode", "rdma", batch=1, context=4096)
-    # at batch 1 the step is bound by what it reads: three tokens cost little more than one
+    # at batch 1 the step is bound by what it reads: three tokens cost little more than one (H20's
+    # small tensor rate makes MLA's attention over 4K of context most of the rest)
     assert spec["speculative"]["acceptance_length"] == 1.85 and spec["ms"] > plain["ms"]
-    assert spec["tokens_per_s_per_gpu"] > 1.3 * plain["tokens_per_s_per_gpu"]
+    assert spec["tokens_per_s_per_gpu"] > 1.25 * plain["tokens_per_s_per_gpu"]
     with pytest.raises(ValueError, match="decode setting"):
         gangs.moe("deepseek-v3", "h20", 1, 16, "prefill", "rdma", tokens=4096, draft_tokens=2, acceptance_length=1.5)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from loadtest.fidelity.replay.sharegpt import Workload, workload
 from physics import catalog, costmodel
 
-VLLM017_RAY_DECODE_STEP_MS = 9.92
+VLLM017_RAY_DECODE_STEP_MS = 9.98
 """What one decode step of the measured engine (vLLM 0.1.7 driven through Ray: the api_server's
 --engine-use-ray --worker-use-ray, 2-start-api-server.py:55-68) costs beyond the cost model's
 physics (weights and KV read, all-reduces), on A100-SXM-80GB with OPT-13B. Not a property of
@@ -39,27 +39,27 @@ request (entrypoints/api_server.py stream_results) before the engine loop's next
 
 The same windows show the cost growing with the batch: the replay prices the line, not the
 median (`VLLM017_RAY_DECODE_BASE_MS`, `VLLM017_RAY_DECODE_SEQ_MS`)."""
-VLLM017_RAY_DECODE_BASE_MS = 6.79
-VLLM017_RAY_DECODE_SEQ_MS = 0.72
-"""The decode step's cost beyond the physics as a line in the batch: 6.79 ms + 0.72 ms per
+VLLM017_RAY_DECODE_BASE_MS = 7.10
+VLLM017_RAY_DECODE_SEQ_MS = 0.66
+"""The decode step's cost beyond the physics as a line in the batch: 7.10 ms + 0.66 ms per
 sequence (least squares over the same 28 requests, batch 1 to 11; at their median batch, 5, 10.4
 ms, near the median), `Efficiency.step_overhead_ms` and `seq_overhead_ms` of the replay: the
 sampling loop, detokenization and the RequestOutput each sequence costs (above) grow with the
 batch, so a constant under-prices the bigger batches of rates >= 2."""
-VLLM017_RAY_PREFILL_STEP_MS = 27.68
+VLLM017_RAY_PREFILL_STEP_MS = 25.58
 """What a step that prefills costs the measured engine beyond the cost model's physics (as
 `VLLM017_RAY_DECODE_STEP_MS`; spread over the model's layers as `prefill_layer_overhead_ms`).
 
-Procedure (`derive_step_overheads(1.0)`, the same rate-1 run): over the 7 requests whose prompt
-the cost model prices by the weight read alone (OPT-13B on A100: up to 125 tokens, so the
-result does not lean on prefill_mfu) and that did not queue (no other request was waiting or
-prefilling between their issue and their first token), the median of measured TTFT minus the
-cost model's prefill without a fixed cost, minus the expected wait for the decode step in
-flight when they arrived (half that step, at the batch and context the measured timelines show
-then, with `VLLM017_RAY_DECODE_STEP_MS`; none when nothing was running): vLLM 0.1.7 adds new
-requests only between steps (async_llm_engine.py engine_step). It holds what the client sees
-besides the step: the HTTP request and first chunk, the Ray call that adds the request
-(`engine.add_request.remote`) and its tokenization (llm_engine.py add_request)."""
+Procedure (`derive_step_overheads(1.0)`, the same rate-1 run): over the 7 requests whose prompt's
+GEMMs the cost model bounds by their weight read, their compute below it (OPT-13B on A100: up to
+125 tokens, so the result leans little on prefill_mfu; `costmodel.step_roofs`), and that did not
+queue (no other request was waiting or prefilling between their issue and their first token), the
+median of measured TTFT minus the cost model's prefill without a fixed cost, minus the expected
+wait for the decode step in flight when they arrived (half that step, at the batch and context the
+measured timelines show then, with `VLLM017_RAY_DECODE_STEP_MS`; none when nothing was running):
+vLLM 0.1.7 adds new requests only between steps (async_llm_engine.py engine_step). It holds what
+the client sees besides the step: the HTTP request and first chunk, the Ray call that adds the
+request (`engine.add_request.remote`) and its tokenization (llm_engine.py add_request)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,13 +127,13 @@ def derive_step_overheads(rate_rps: float = 1.0, model: str = "opt-13b", gpu: st
         batches.append(batch)
     decode_ms = statistics.median(decode)
     slope, intercept = statistics.linear_regression(batches, decode) if len(set(batches)) > 1 else (0.0, decode_ms)
-    weights_only = costmodel.prefill_ms(m, g, tp, link, 1, bare) - costmodel.replicated_ms(m, g, 1)
     prefill: list[float] = []
     prefill_ids: list[int] = []
     for i, s in enumerate(spans):
         pure = costmodel.prefill_ms(m, g, tp, link, s.prompt, bare)
-        # priced by the weight read (and the norms, which do not lean on prefill_mfu either)
-        if pure - costmodel.replicated_ms(m, g, s.prompt) > weights_only * (1 + 1e-9) or any(
+        compute_s, weights_s = costmodel.step_roofs(m, g, tp, ((max(s.prompt, 1), 0),), 0, 0, bare)
+        # GEMMs bound by the weight read (their compute below it), so prefill_mfu barely moves them
+        if compute_s > weights_s or any(
                 j != i and x.issue_s < s.first_s and x.first_s > s.issue_s for j, x in enumerate(spans)):
             continue
         batch, context = _decoding_at(spans, s.issue_s, but=i)
