@@ -43,15 +43,19 @@ BF16 = 2
 GEMM_CORNER = 1.5
 """How a kernel's compute and memory bounds combine: (compute^n + memory^n)^(1/n) with n = 1.5,
 not max(compute, memory). Near the roofline's ridge a GEMM reaches neither roof (its tiles wait on
-weight loads that its tensor cores cannot hide): max() prices it up to 1.5x too fast there,
-and n = 1.5 stays within a few per cent from 1 to 32K tokens. Measured, not fitted to the
-published points: microsoft/vidur @7d47513363ec447a741ac5e47241580b47724fbf
-data/profiling/compute/{a100,h100}/*/mlp.csv (sarathi-serve's kernels; the four projections' GPU
-time per layer, 8 models, TP 1-8, 1-32K tokens; the 7,566 rows whose weight read takes 0.15 ms or
-more). With compute at the long-prompt plateau (0.73 of peak on A100, 0.71 on H100) and memory at
-the parts' measured shares: max() reads 0.66x of the measured time where compute and memory are
-equal and 0.92x over all rows; n = 1.5 reads 1.00x over all rows (|log| rms 0.068) and within 8 %
-in every half-octave of compute/memory (n = 1.4 and 1.6 do worse on both parts)."""
+weight loads that its tensor cores cannot hide): max() prices it up to 1.5x too fast there.
+Chosen on kernel profiles, not fitted to the published points: microsoft/vidur
+@7d47513363ec447a741ac5e47241580b47724fbf data/profiling/compute/{a100,h100}/*/mlp.csv
+(sarathi-serve's kernels; the four projections' GPU time per layer, 8 models, TP 1-8, 1-32K
+tokens; the 7,566 rows whose weight read takes 0.15 ms or more). With compute at the long-prompt
+plateau (0.73 of peak on A100, 0.71 on H100, the medians over the models) and memory at the parts'
+measured shares: max() reads 0.66x of the measured time where compute and memory are equal and
+0.92x over all rows. On a 0.1 grid, n = 1.5 has the smallest mean bias (1.00x over all rows, |log|
+rms 0.068; 1.4 ties it on rms, 1.6 is worse) and reads within 8 % in every half-octave of
+compute/memory centred on powers of the square root of 2 (H100 alone: up to 15 % just below the
+ridge); one model against its own plateau can read 15-19 % slow near 256 tokens (Llama-2-7B on
+A100). The model applies it at its own rates (memory at the fitted serving share, compute at the
+fitted MFU), so its ridge sits near, not on, the profile's."""
 
 
 def roofline_s(compute_s: float, memory_s: float) -> float:
@@ -240,7 +244,8 @@ class DecodeStep:
         return _decode_step(model, gpu, tp, link, max(batch, 1), eff, max(ep, 1))
 
     def ms(self, context_tokens: int) -> float:
-        """The GEMMs (weights read or FLOPs, whichever bounds them) plus the attention's KV read:
+        """The GEMMs (weights read and FLOPs through the roofline's corner, `roofline_s`) plus the
+        attention's KV read:
         qkv_proj, rope, attention, o_proj run one kernel after another (vllm-project/vllm
         vllm/model_executor/models/llama.py @0035bdf2b1ac243ef6f31eef27411b022461df8e,
         LlamaAttention.forward): a large batch at long context pays both, the KV read never

@@ -9,6 +9,7 @@ fit one source and miss the other.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -228,22 +229,38 @@ VIDUR_A100_LLAMA2_7B_GEMMS_MS = {32: 0.273, 64: 0.278, 96: 0.341, 128: 0.352, 19
 def test_a_gemm_near_the_ridge_reaches_neither_roof() -> None:
     """Where a layer's GEMMs take as long to read their weights as to compute, they take longer
     than either: vidur's A100 profile of Llama-2-7B times them at 0.35 ms for 128 tokens and 0.46
-    for 192, where max(compute, weight read) says 0.26 and 0.34. The model's corner
-    (`GEMM_CORNER`) holds every token count within 15 %; far from the ridge it is the max."""
+    for 192, where max(compute, weight read) says 0.26 and 0.36 (27 % and 22 % short). Through the
+    roofline's corner (`GEMM_CORNER`) every token count reads within 20 % (this one model up to
+    19 % slow near 256 tokens, where the profile's eight models together read within 8 %) and
+    closer on average than the max; far from the ridge the corner is the max. The product prices
+    a prefill step through the same corner."""
     a100 = catalog.gpu("a100-sxm4")
     weights = 4096 * (3 * 4096 + 4096 + 2 * 11008) + 11008 * 4096  # q, k, v, o, gate + up, down
-    plateau = 0.73  # what these GEMMs reach of peak BF16 at 2048 tokens and more in the same profile
+    plateau = 0.695  # what these GEMMs reach of peak BF16 at 2048 tokens in the same profile
     memory_s = 2 * weights / (a100.kernel_gb_s * 1e9)  # the data sheet at the part's measured share
+    roof_err, max_err, short = [], [], []
     for tokens, measured_ms in VIDUR_A100_LLAMA2_7B_GEMMS_MS.items():
         compute_s = 2 * weights * tokens / (a100.bf16_tflops * 1e12 * plateau)
         priced = costmodel.roofline_s(compute_s, memory_s) * 1e3
-        assert priced == pytest.approx(measured_ms, rel=0.15), tokens
-    ridge = [t for t, measured_ms in VIDUR_A100_LLAMA2_7B_GEMMS_MS.items()
-             if max(2 * weights * t / (a100.bf16_tflops * 1e12 * plateau), memory_s) * 1e3 < 0.8 * measured_ms]
-    assert ridge == [96, 128, 192]  # where the max alone misses by more than 20 %
+        assert priced == pytest.approx(measured_ms, rel=0.20), tokens
+        roof_err.append(abs(math.log(priced / measured_ms)))
+        larger = max(compute_s, memory_s) * 1e3
+        max_err.append(abs(math.log(larger / measured_ms)))
+        if larger < 0.8 * measured_ms:
+            short.append(tokens)
+    assert short == [96, 128, 192]  # where the max alone misses by more than 20 %
+    assert sum(roof_err) < 0.7 * sum(max_err)
     assert costmodel.roofline_s(1.0, 1.0) == pytest.approx(2 ** (1 / costmodel.GEMM_CORNER))
     assert costmodel.roofline_s(20.0, 1.0) == pytest.approx(20.0, rel=0.01)
     assert costmodel.roofline_s(0.0, 3.0) == 3.0
+    # the product's prefill: its two bounds through the corner, then the norms and the launches
+    m = catalog.model("llama-2-7b")
+    compute_s, read_s = costmodel.step_roofs(m, a100, 1, ((128, 0),), 0, 0)
+    assert compute_s == pytest.approx(read_s, rel=0.5)  # 128 tokens sit near this part's ridge
+    rest = costmodel.replicated_ms(m, a100, 128) + m.layers * costmodel.DEFAULT.prefill_layer_overhead_ms
+    assert costmodel.prefill_ms(m, a100, 1, costmodel.LOCAL, 128) == pytest.approx(
+        costmodel.roofline_s(compute_s, read_s) * 1e3 + rest)
+    assert costmodel.prefill_ms(m, a100, 1, costmodel.LOCAL, 128) > max(compute_s, read_s) * 1e3 * 1.3 + rest
 
 
 def test_norms_and_residual_adds_cost_every_tp_rank_the_same() -> None:

@@ -158,8 +158,9 @@ def test_an_expert_parallel_gang_decodes_with_mtp(capsys: pytest.CaptureFixture[
                  "--acceptance-length", "1.85", "--format", "json"]) == 0
     spec = json.loads(capsys.readouterr().out)
     plain = gangs.moe("deepseek-v3", "h20", 1, 16, "decode", "rdma", batch=1, context=4096)
-    # at batch 1 the step is bound by what it reads: three tokens cost little more than one (H20's
-    # small tensor rate makes MLA's attention over 4K of context most of the rest)
+    # at batch 1 the step is bound by what it reads: three tokens cost well under three times one
+    # (1.43x here; 1.3x before the roofline's corner, through which H20's small tensor rate makes
+    # MLA's attention over 4K of context show)
     assert spec["speculative"]["acceptance_length"] == 1.85 and spec["ms"] > plain["ms"]
     assert spec["tokens_per_s_per_gpu"] > 1.25 * plain["tokens_per_s_per_gpu"]
     with pytest.raises(ValueError, match="decode setting"):

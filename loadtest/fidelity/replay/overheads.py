@@ -52,7 +52,8 @@ VLLM017_RAY_PREFILL_STEP_MS = 25.58
 
 Procedure (`derive_step_overheads(1.0)`, the same rate-1 run): over the 7 requests whose prompt's
 GEMMs the cost model bounds by their weight read, their compute below it (OPT-13B on A100: up to
-125 tokens, so the result leans little on prefill_mfu; `costmodel.step_roofs`), and that did not
+125 tokens; `costmodel.step_roofs`: through the roofline's corner such a prompt still moves with
+prefill_mfu, at most half as fast as a compute-bound one), and that did not
 queue (no other request was waiting or prefilling between their issue and their first token), the
 median of measured TTFT minus the cost model's prefill without a fixed cost, minus the expected
 wait for the decode step in flight when they arrived (half that step, at the batch and context the
@@ -132,7 +133,7 @@ def derive_step_overheads(rate_rps: float = 1.0, model: str = "opt-13b", gpu: st
     for i, s in enumerate(spans):
         pure = costmodel.prefill_ms(m, g, tp, link, s.prompt, bare)
         compute_s, weights_s = costmodel.step_roofs(m, g, tp, ((max(s.prompt, 1), 0),), 0, 0, bare)
-        # GEMMs bound by the weight read (their compute below it), so prefill_mfu barely moves them
+        # GEMMs bound by the weight read (their compute below it): prefill_mfu moves them at most half as much
         if compute_s > weights_s or any(
                 j != i and x.issue_s < s.first_s and x.first_s > s.issue_s for j, x in enumerate(spans)):
             continue
