@@ -237,6 +237,9 @@ class DecodeStep:
     hbm_bytes_s: float
     compute_s: float
     fixed_ms: float
+    gemms_s: float
+    """The GEMMs: `compute_s` and the weight read through the roofline's corner (`roofline_s`),
+    the same at every context, so worked out once."""
 
     @classmethod
     def of(cls, model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, batch: int,
@@ -250,9 +253,8 @@ class DecodeStep:
         vllm/model_executor/models/llama.py @0035bdf2b1ac243ef6f31eef27411b022461df8e,
         LlamaAttention.forward): a large batch at long context pays both, the KV read never
         hidden under the GEMMs' compute."""
-        weights_s = self.weights_bytes / self.hbm_bytes_s
         kv_s = self.kv_per_token * context_tokens / self.tp / self.hbm_bytes_s
-        return (roofline_s(self.compute_s, weights_s) + kv_s) * 1e3 + self.fixed_ms
+        return (self.gemms_s + kv_s) * 1e3 + self.fixed_ms
 
 
 @functools.lru_cache(maxsize=16384)
@@ -261,10 +263,11 @@ def _decode_step(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, b: int
     compute_s = step_flops(model, b, b) / (tp * gpu.tflops(model.compute) * 1e12 * eff.decode_mfu)
     comm_ms = model.layers * 2 * allreduce_ms(b * model.hidden * BF16, tp, link, gpu)
     weights = weights_read_bytes(model, b, ep) * (1.0 + dequant_bytes(model, gpu) / model.weight_bytes)
+    hbm_bytes_s = gpu.memory_gb_s * 1e9 * eff.decode_mbu
     return DecodeStep(weights_bytes=weights / tp, kv_per_token=model.kv_bytes_per_token(), tp=tp,
-                      hbm_bytes_s=gpu.memory_gb_s * 1e9 * eff.decode_mbu, compute_s=compute_s,
+                      hbm_bytes_s=hbm_bytes_s, compute_s=compute_s,
                       fixed_ms=comm_ms + eff.step_overhead_ms + model.layers * eff.decode_layer_overhead_ms
-                      + b * eff.seq_overhead_ms)
+                      + b * eff.seq_overhead_ms, gemms_s=roofline_s(compute_s, weights / tp / hbm_bytes_s))
 
 
 def expected_experts(experts: int, per_token: int, tokens: float, skew: float = 0.0) -> float:

@@ -71,8 +71,7 @@ def test_pricing_pulls_over_the_topology_never_loses_to_the_kv_event_router(
         name: str, rate: float, duration_s: float | None, seeds: tuple[int, ...]) -> None:
     base = scenario(name, duration_s)
     runs_by_seed = [runs(dataclasses.replace(base, config=base.config.model_copy(update={"seed": seed})),
-                         "kv-events,kv-events+topology", rate) for seed in seeds] if seeds else [
-        runs(base, "kv-events,kv-events+topology", rate)]
+                         "kv-events,kv-events+topology", rate) for seed in seeds or (base.config.seed,)]
 
     def total(router: str, stat: str) -> float:
         return sum(float(r[router]["goodput_rps"]) if stat == "goodput" else ttft(r[router], stat)
