@@ -79,6 +79,12 @@ class GpuSpec:
     arithmetic-instruction throughput) at the clock its tensor peak is quoted at (gpus.yaml).
     None: not known (attention's exponentials not priced)."""
     sfu_source: str = ""
+    fp32_tflops: float | None = None
+    """The data sheet's FP32 rate on the SMs' CUDA cores (AMD: FP32 vector), dense, without the
+    tensor cores: the rate a weight-only format's dequantisation (unpack, convert, scale: ALU work
+    on every weight) runs at (`costmodel.dequant_s`). None: not known (a weight-only format on
+    this part cannot be priced)."""
+    fp32_source: str = ""
     tensor_cap: float = 1.0
     """The data sheet's BF16 tensor rate over the rate its SMs could issue at its FP32 rate (16
     tensor FLOPs per FP32 FLOP on Ampere and Hopper: A100 312 of 19.5 x 16, H100 SXM 989 of 67 x

@@ -192,9 +192,9 @@ def step_roofs(model: ModelSpec, gpu: GpuSpec, tp: int, chunks: Sequence[tuple[i
     flops = step_flops(model, tokens, len(chunks) + decodes)
     rate = gpu.tflops(model.compute) * 1e12 * (eff.fp8_mfu if gpu.low_precision(model.compute) else eff.prefill_mfu)
     compute_s = flops / (tp * rate) + attention_s(model, gpu, pairs, eff.attention_mfu) / tp
-    weights = weights_read_bytes(model, tokens, ep) * (1.0 + dequant_bytes(model, gpu) / model.weight_bytes)
+    weights = weights_read_bytes(model, tokens, ep)
     memory_s = (weights + model.kv_bytes_per_token() * (cached + decode_context)) / (
-        tp * gpu.memory_gb_s * 1e9 * eff.decode_mbu)
+        tp * gpu.memory_gb_s * 1e9 * eff.decode_mbu) + dequant_s(model, gpu, weights) / tp
     return compute_s, memory_s
 
 
@@ -262,12 +262,13 @@ def _decode_step(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, b: int
                  ep: int = 1) -> DecodeStep:
     compute_s = step_flops(model, b, b) / (tp * gpu.tflops(model.compute) * 1e12 * eff.decode_mfu)
     comm_ms = model.layers * 2 * allreduce_ms(b * model.hidden * BF16, tp, link, gpu)
-    weights = weights_read_bytes(model, b, ep) * (1.0 + dequant_bytes(model, gpu) / model.weight_bytes)
+    weights = weights_read_bytes(model, b, ep)
     hbm_bytes_s = gpu.memory_gb_s * 1e9 * eff.decode_mbu
+    memory_s = (weights / hbm_bytes_s + dequant_s(model, gpu, weights)) / tp
     return DecodeStep(weights_bytes=weights / tp, kv_per_token=model.kv_bytes_per_token(), tp=tp,
                       hbm_bytes_s=hbm_bytes_s, compute_s=compute_s,
                       fixed_ms=comm_ms + eff.step_overhead_ms + model.layers * eff.decode_layer_overhead_ms
-                      + b * eff.seq_overhead_ms, gemms_s=roofline_s(compute_s, weights / tp / hbm_bytes_s))
+                      + b * eff.seq_overhead_ms, gemms_s=roofline_s(compute_s, memory_s))
 
 
 def expected_experts(experts: int, per_token: int, tokens: float, skew: float = 0.0) -> float:
@@ -286,19 +287,37 @@ def expected_experts(experts: int, per_token: int, tokens: float, skew: float = 
     return sum(1.0 - math.pow(1.0 - min(w / total, 1.0), draws) for w in weights)
 
 
-WEIGHT_ONLY_DEQUANT_BYTES = 0.27
+WEIGHT_ONLY_DEQUANT_FLOPS = 3.5
 """What dequantising a weight costs a weight-only GEMV (INT4/INT8, and FP8/FP4 on parts without
-those tensor cores), in bytes of memory time per weight: the kernel reads fewer bytes but does ALU
-work on every weight, so a batch-1 decode of INT4 weights takes the time of ~0.8 bytes per weight
-and of INT8 ~1.27, not 0.53 and 1. Fitted to gpt-fast's int8/int4 rows on A100 and Qwen3's
-AWQ-INT4 rows on H20 (physics/data/published/serving.yaml GPTFAST, QWEN3-SPEED) against their BF16
-rows on the same machine."""
+those tensor cores), in operations per weight at the part's FP32 rate (`GpuSpec.fp32_tflops`),
+added to its memory time: the kernel reads fewer bytes but unpacks, converts and scales every
+weight on the SMs' ALUs, not the tensor cores, so what it costs follows the part's ALU rate, not
+its bandwidth. Like the weights' read it runs at the part's serving share (`GpuSpec.serving_share`,
+what the engines' decode kernels reach on the part: the same kernels do both).
+
+The prior: gpt-fast's int8/int4 rows on A100 and Qwen3's AWQ-INT4 rows on H20
+(physics/data/published/serving.yaml GPTFAST, QWEN3-SPEED), against their BF16 rows on the same
+machine, read as 0.27 bytes of memory time per weight at those parts' measured bandwidths (the
+form this cost took until 2026-12-07): 3.4 and 3.8 FP32 operations per weight at their FP32 rates
+(19.5 and 44 TFLOPS beside 2.0 and 4.0 TB/s). Fitted with the rest (physics/data/fitted.yaml).
+Without the serving share (the ALU rate alone) the two sources disagreed held out (gpt-fast's rows
+0.65-0.77, Qwen3's 1.13-1.16); with it they read as the bytes form did (0.77-0.89, 0.98-1.03). A
+part with eight times A100's ALU rate per byte of bandwidth (RTX 4090: 82.6 TFLOPS beside 1.0
+TB/s) pays an eighth as much of its read: a batch-1 INT4 decode there reads near its 0.53 bytes
+per weight, where the bytes form charged it A100's 0.8."""
 
 
-def dequant_bytes(model: ModelSpec, gpu: GpuSpec) -> float:
-    """Bytes of memory time per weight a weight-only format adds on this GPU (0: none)."""
-    narrow = model.weight_bytes < 2
-    return WEIGHT_ONLY_DEQUANT_BYTES if narrow and not gpu.low_precision(model.compute) else 0.0
+def dequant_s(model: ModelSpec, gpu: GpuSpec, weight_bytes: float) -> float:
+    """Seconds of ALU time a weight-only format adds to reading `weight_bytes` of its weights on
+    this GPU (0: the format has no dequantisation here: BF16, or a rate the part's tensor cores
+    run natively). Refused for a part whose FP32 rate is not known."""
+    if model.weight_bytes >= 2 or gpu.low_precision(model.compute):
+        return 0.0
+    if not gpu.fp32_tflops:
+        raise ValueError(f"{gpu.name}: no fp32_tflops in gpus.yaml, so a weight-only format's dequantisation "
+                         f"cannot be priced on it")
+    ops = weight_bytes / model.weight_bytes * WEIGHT_ONLY_DEQUANT_FLOPS
+    return ops / (gpu.fp32_tflops * 1e12 * gpu.serving_share)
 
 
 def weights_read_bytes(model: ModelSpec, tokens: float, ep: int = 1) -> float:

@@ -6,6 +6,7 @@ tests; and the leave-one-source-out cross-validation."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -122,6 +123,35 @@ def test_fp8_kv_and_fp4_weights() -> None:
     assert fp4["compute"] == "fp4 rate" and hopper["compute"].startswith("bf16 rate (weight-only")
     # a quarter of the weight bytes: batch-1 decode 43 % faster (the step's fixed costs stay)
     assert fp4["ms"] < 0.6 * cost.decode("llama-3.1-70b", "b200", 2, 1, 1024)["ms"]
+
+
+def test_weight_only_dequantisation_runs_at_the_parts_alu_rate() -> None:
+    """gpt-fast's int8 and int4 Llama-2-7B rows on A100 within 25 %. The dequantisation is ALU work
+    on every weight (`costmodel.dequant_s`), so a part with more FP32 rate per byte of bandwidth
+    pays less of it: INT4 over BF16 at batch 1 is a larger speedup on an RTX 4090 (82.6 TFLOPS
+    beside 1 TB/s) than on A100 (19.5 beside 2 TB/s), near the ratio of the bytes read; a cost in
+    bytes of memory time would give both parts the same speedup. A part whose FP32 rate is not
+    known refuses a weight-only format and still prices BF16."""
+    rows = picked("gptfast-a100-llama-2-7b-int8-tp1-b1", "gptfast-a100-llama-2-7b-int4-tp1-b1")
+    assert all(r.within for r in rows.values()), {r.id: r.ratio for r in rows.values()}
+
+    def speedup(gpu: str) -> float:
+        return float(cost.decode("llama-2-7b", gpu, 1, 1, 512)["ms"] / cost.decode("llama-2-7b", gpu, 1, 1, 512,
+                                                                                      "int4")["ms"])
+
+    a100, ada = speedup("a100-sxm4"), speedup("rtx-4090")
+    assert ada > 1.3 * a100, (a100, ada)
+    int4 = catalog.model("llama-2-7b").with_dtypes("int4")
+    weights = costmodel.weights_read_bytes(int4, 1)
+    for gpu, share in (("rtx-4090", 0.1), ("a100-sxm4", 0.25)):
+        part = catalog.gpu(gpu)
+        read_s = weights / (part.memory_gb_s * 1e9)
+        dequant = costmodel.dequant_s(int4, part, weights)
+        assert (dequant < share * read_s) == (gpu == "rtx-4090"), (gpu, dequant / read_s)
+    unknown = replace(catalog.gpu("a100-sxm4"), fp32_tflops=None)
+    with pytest.raises(ValueError, match="no fp32_tflops"):
+        costmodel.decode_step_ms(int4, unknown, 1, costmodel.LOCAL, 1, 512)
+    assert costmodel.decode_step_ms(catalog.model("llama-2-7b"), unknown, 1, costmodel.LOCAL, 1, 512) > 0
 
 
 def test_mtp_and_small_batch_moe_decode() -> None:

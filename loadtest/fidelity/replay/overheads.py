@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from loadtest.fidelity.replay.sharegpt import Workload, workload
 from physics import catalog, costmodel
 
-VLLM017_RAY_DECODE_STEP_MS = 9.98
+VLLM017_RAY_DECODE_STEP_MS = 10.03
 """What one decode step of the measured engine (vLLM 0.1.7 driven through Ray: the api_server's
 --engine-use-ray --worker-use-ray, 2-start-api-server.py:55-68) costs beyond the cost model's
 physics (weights and KV read, all-reduces), on A100-SXM-80GB with OPT-13B. Not a property of
@@ -39,14 +39,14 @@ request (entrypoints/api_server.py stream_results) before the engine loop's next
 
 The same windows show the cost growing with the batch: the replay prices the line, not the
 median (`VLLM017_RAY_DECODE_BASE_MS`, `VLLM017_RAY_DECODE_SEQ_MS`)."""
-VLLM017_RAY_DECODE_BASE_MS = 7.10
+VLLM017_RAY_DECODE_BASE_MS = 7.14
 VLLM017_RAY_DECODE_SEQ_MS = 0.66
-"""The decode step's cost beyond the physics as a line in the batch: 7.10 ms + 0.66 ms per
+"""The decode step's cost beyond the physics as a line in the batch: 7.14 ms + 0.66 ms per
 sequence (least squares over the same 28 requests, batch 1 to 11; at their median batch, 5, 10.4
 ms, near the median), `Efficiency.step_overhead_ms` and `seq_overhead_ms` of the replay: the
 sampling loop, detokenization and the RequestOutput each sequence costs (above) grow with the
 batch, so a constant under-prices the bigger batches of rates >= 2."""
-VLLM017_RAY_PREFILL_STEP_MS = 25.58
+VLLM017_RAY_PREFILL_STEP_MS = 25.63
 """What a step that prefills costs the measured engine beyond the cost model's physics (as
 `VLLM017_RAY_DECODE_STEP_MS`; spread over the model's layers as `prefill_layer_overhead_ms`).
 
