@@ -61,7 +61,8 @@ class GpuSpec:
     serving_share: float = 1.0
     """What serving engines' memory-bound steps reach on this part relative to `memory_gb_s`
     (1 unless published serving measurements on the part say otherwise; the leave-one-source-out
-    fit frees it per part, from the other sources' points on it)."""
+    fit frees it per part, from the other sources' points on it). It also scales the rate a
+    weight-only format's dequantisation runs at (`costmodel.dequant_s`), empirically."""
     fp4_tflops: float | None = None
     """Dense FP4 tensor throughput (Blackwell); None: FP4 weights are weight-only (BF16 GEMMs)."""
     fp4_source: str = ""

@@ -292,19 +292,24 @@ WEIGHT_ONLY_DEQUANT_FLOPS = 3.5
 those tensor cores), in operations per weight at the part's FP32 rate (`GpuSpec.fp32_tflops`),
 added to its memory time: the kernel reads fewer bytes but unpacks, converts and scales every
 weight on the SMs' ALUs, not the tensor cores, so what it costs follows the part's ALU rate, not
-its bandwidth. Like the weights' read it runs at the part's serving share (`GpuSpec.serving_share`,
-what the engines' decode kernels reach on the part: the same kernels do both).
+its bandwidth. The rate is also scaled by the part's serving share (`GpuSpec.serving_share`):
+empirically, not as a mechanism. Without it the two sources below disagreed held out (gpt-fast's
+rows 0.65-0.77, Qwen3's 1.13-1.16); with it they read as the bytes form did (0.77-0.89,
+0.98-1.03). It puts the effective rate above the data sheet's FP32 peak where the share is above
+1 (A100 23 of 19.5 TFLOPS): the constant is an effective operation count, not an instruction
+count. On those two sources the share cancels out of dequantisation over read time, so there
+this form is the bytes form; a part whose FP32 rate per byte of bandwidth differs tells them
+apart (RTX 4090: 8.6x A100's in FP32, 4.3x in INT32, which AWQ-style unpacking mostly runs on).
 
 The prior: gpt-fast's int8/int4 rows on A100 and Qwen3's AWQ-INT4 rows on H20
 (physics/data/published/serving.yaml GPTFAST, QWEN3-SPEED), against their BF16 rows on the same
 machine, read as 0.27 bytes of memory time per weight at those parts' measured bandwidths (the
 form this cost took until 2026-12-07): 3.4 and 3.8 FP32 operations per weight at their FP32 rates
 (19.5 and 44 TFLOPS beside 2.0 and 4.0 TB/s). Fitted with the rest (physics/data/fitted.yaml).
-Without the serving share (the ALU rate alone) the two sources disagreed held out (gpt-fast's rows
-0.65-0.77, Qwen3's 1.13-1.16); with it they read as the bytes form did (0.77-0.89, 0.98-1.03). A
-part with eight times A100's ALU rate per byte of bandwidth (RTX 4090: 82.6 TFLOPS beside 1.0
-TB/s) pays an eighth as much of its read: a batch-1 INT4 decode there reads near its 0.53 bytes
-per weight, where the bytes form charged it A100's 0.8."""
+
+Priced once per weight per step: every weight-only point is a batch-1 decode; kernels that
+dequantise per row tile pay more at large batches and in prefill (there it sits under the compute
+roof). Dense weights only: `moecost` prices no dequantisation for weight-only experts."""
 
 
 def dequant_s(model: ModelSpec, gpu: GpuSpec, weight_bytes: float) -> float:

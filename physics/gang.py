@@ -72,7 +72,8 @@ def _pipeline_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, gang: 
     per_stage = []
     for stage, lk in zip(stages, links, strict=True):
         full = _forward(stage, gpu, tp, lk, chunks, decodes, decode_context, eff)
-        weights = stage.weights_gb * 1e9 / tp / hbm * 1e3
+        read = stage.weights_gb * 1e9  # each micro-batch reads (and dequantises) them again
+        weights = read / tp / hbm * 1e3 + costmodel.dequant_s(stage, gpu, read) / tp * 1e3
         per_stage.append(min(full, weights) + max(full - weights, 0.0) / m)
     hops = sum(pipeline.boundary_ms(-(-tokens // m), model.hidden, b) for b in gang.boundaries)
     return max(m * max(per_stage), sum(per_stage) + hops)

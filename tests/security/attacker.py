@@ -3,7 +3,8 @@
 every attack in ATTACKS three times over, as fast as the router lets them in (a refused one is
 sent again 0.2 s later, sooner than Retry-After asks), holds each admitted one open, and stops
 when its standard input closes: the held connections close (the router aborts their engine
-requests) and the last line it prints is the JSON count of each HTTP status it got (0: no answer).
+requests) and the last line it prints is the JSON count of each HTTP status it got (0: no answer,
+-1: the sender itself failed, said on standard error).
 
 In its own process because a thread of the measuring test would share that test's interpreter:
 its event loop and response parsing took the GIL from the interactive client and added up to
@@ -44,6 +45,9 @@ async def _send(client: httpx.AsyncClient, url: str, model: str, route: str, att
             status = r.status_code
         except httpx.HTTPError:
             status = 0
+        except Exception as err:  # a sender that broke would weaken the attack unseen: counted, and it goes on
+            print(f"attacker: {route}: {err!r}", file=sys.stderr, flush=True)
+            status = -1
         statuses[status] = statuses.get(status, 0) + 1
         await asyncio.sleep(0.2)
 

@@ -17,10 +17,11 @@ import math
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import openai
@@ -79,29 +80,66 @@ def with_replicas(replicas: list[dict[str, Any]], fair: dict[str, Any] | None = 
 
 class Attacker:
     """One batch key attacking (tests/security/attacker.py) from its own process while the block
-    runs; `statuses` counts the HTTP statuses it got once the block has ended."""
+    runs; `statuses` counts the HTTP statuses it got once the block has ended. The block fails if
+    the attacker does not start within READY_S or is no longer running when the block ends (an
+    attacked phase measured without its attack would pass the bound for nothing)."""
 
-    def __init__(self, url: str) -> None:
+    READY_S = 30.0
+
+    def __init__(self, url: str, errors: Path) -> None:
         self.url = url
+        self.errors = errors
         self.statuses: dict[int, int] = {}
 
     def __enter__(self) -> Attacker:
+        self._stderr = self.errors.open("w")
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.security.attacker", self.url, BATCH_KEY, MODEL],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, text=True)
-        assert self.proc.stdout is not None
-        if self.proc.stdout.readline().strip() != "ready":
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=ROOT,
+                                     text=True)
+        first: list[str] = []
+        reader = threading.Thread(target=lambda: first.append(self._stdout().readline()), daemon=True)
+        reader.start()
+        reader.join(self.READY_S)
+        if not first or first[0].strip() != "ready":
             self.proc.kill()
-            raise AssertionError(f"the attacker did not start (exit {self.proc.wait()})")
+            self.proc.wait()
+            reader.join(5)
+            self._close()
+            raise AssertionError(f"the attacker did not start (exit {self.proc.returncode}): "
+                                 f"{self.errors.read_text()[-2000:]}")
         return self
 
+    def _stdout(self) -> IO[str]:
+        assert self.proc.stdout is not None
+        return self.proc.stdout
+
+    def _close(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout, self._stderr):
+            if stream is not None:
+                stream.close()
+
     def __exit__(self, *exc: object) -> None:
+        alive = self.proc.poll() is None
+        rest: list[str] = []  # read through the same buffered stream as the `ready` line
+        reader = threading.Thread(target=lambda: rest.append(self._stdout().read()), daemon=True)
+        reader.start()
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # it stops, closes its held connections and reports
+        reader.join(30)
         try:
-            out, _ = self.proc.communicate(timeout=30)  # closes its stdin: it stops and reports
+            self.proc.wait(timeout=5 if rest else 0.1)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.communicate()
-            raise
+            self.proc.wait()
+        finally:
+            reader.join(5)
+            self._close()
+        out = rest[0] if rest else ""
+        report = f"exit {self.proc.returncode}: {self.errors.read_text()[-2000:]}"
+        assert alive and self.proc.returncode == 0, f"the attacker stopped before the phase ended ({report})"
+        assert out.strip(), f"the attacker did not report within 30 s ({report})"
         self.statuses = {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+        assert self.statuses.get(-1, 0) == 0, f"attack senders failed: {report}"
 
 
 def ttfts(url: str, count: int) -> tuple[list[float], set[str]]:
@@ -154,7 +192,7 @@ def measure(engines: dict[str, EngineProcess], tmp: Path, fair: dict[str, Any] |
         base = url.removesuffix("/v1")
         ttfts(url, 5)  # warm: connections, the engines' first steps
         calm, served = ttfts(url, SAMPLES)
-        with Attacker(url) as attacker:
+        with Attacker(url, tmp / "attacker.err") as attacker:
             time.sleep(2.0)  # the attack fills what it can
             attacked, served_attacked = ttfts(url, attacked_samples)
         counted = rejections(base)
