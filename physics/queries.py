@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from physics import catalog, collectives, costmodel, kvtransfer
+from physics import catalog, collectives, costmodel, kvtransfer, speculative
 from physics.catalog import ModelSpec
 from physics.collectives import Hw
 from topology import LinkKind, Path
@@ -165,7 +165,7 @@ def decode(model: str, gpu: str, tp: int, batch: int, context: int, dtype: str |
     if length is None:
         step = costmodel.decode_step_ms(spec, part, tp, tp_link, batch, batch * context)
         return {**out, "step_ms": step, "speculative": None, "ms": step}
-    draft_ms, verify_ms = costmodel.speculative_decode_ms(spec, part, tp, tp_link, batch, batch * context, draft_tokens)
+    draft_ms, verify_ms = speculative.decode_ms(spec, part, tp, tp_link, batch, batch * context, draft_tokens)
     step = draft_ms + verify_ms
     return {**out, "step_ms": step, "speculative": {"draft_tokens": draft_tokens, "acceptance_rate": acceptance_rate,
                                                    "acceptance_length": length, "draft_ms": draft_ms,
@@ -192,7 +192,7 @@ def speculative_length(draft_tokens: int, acceptance_rate: float | None,
         raise ValueError(f"--acceptance-length is 1..{draft_tokens + 1} tokens per step, got {acceptance_length}")
     if acceptance_length is not None:
         return acceptance_length
-    return costmodel.speculative_tokens(float(acceptance_rate or 0.0), draft_tokens)
+    return speculative.tokens_per_step(float(acceptance_rate or 0.0), draft_tokens)
 
 
 def loaded_decode(model: str, gpu: str, tp: int, concurrency: int, prompt_tokens: int, output_tokens: int,
