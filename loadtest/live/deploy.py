@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import shutil
 import signal
 import socket
@@ -42,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 """No token auth, no usage stats, loopback only, no 30 s drain when the head stops."""
+SERVE_CLI_S = 60.0
+"""How long one `serve` command (deploy, status) may take."""
 PORT_OPTIONS = ("--port", "--dashboard-port", "--ray-client-server-port", "--node-manager-port",
                 "--object-manager-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                 "--metrics-export-port", "--runtime-env-agent-port")
@@ -72,6 +75,45 @@ def free_ports(n: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+RAY_PORTS = range(20000, 32768)
+"""Where the Ray head's own ports are chosen: above Ray's worker ports (10002-19999) and below
+Linux's default ephemeral range (32768-60999). A port the kernel handed out, released, can be taken
+by any outgoing connection on the machine before `ray start` binds it; a port below that range
+can only be taken by another listener. (Ray itself listens in this range only in modes this
+project does not use: Ray Client's per-client servers, 23000-23999, for `ray://` clients; Serve's
+direct ingress, 30000-31000.)"""
+
+
+def ray_ports(n: int) -> list[int]:
+    """`n` distinct free ports in RAY_PORTS where the kernel's ephemeral range starts above it (as
+    Linux's default does), else the kernel's own choice; held together while chosen."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    if low < RAY_PORTS.stop:
+        return free_ports(n)
+    held: list[socket.socket] = []
+    try:
+        for port in random.sample(RAY_PORTS, len(RAY_PORTS)):
+            if len(held) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        if len(held) < n:
+            raise DeployError(f"only {len(held)} of the {n} ports the Ray head needs are free in "
+                              f"{RAY_PORTS.start}-{RAY_PORTS.stop - 1}")
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def port_in_use(port: int) -> bool:
@@ -112,17 +154,42 @@ class RayHead:
     address: str
     """The GCS address (for `ray.init` and `python -m pools ... --address`)."""
 
-    def serve(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    def said(self) -> str:
+        """The end of what `ray start --head` printed (it names a Ray process that died, and the
+        end of that process's log), in a line."""
+        return " | ".join(line.strip() for line in self.proc.tail()[-12:] if line.strip())[-1500:] or "(nothing)"
+
+    def serve(self, *args: str, timeout_s: float = SERVE_CLI_S) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(BIN / "serve"), *args, "-a", self.dashboard], cwd=ROOT, env=ray_env(),
                               capture_output=True, text=True, timeout=timeout_s, check=False)
 
-    def app_status(self, app: str) -> dict[str, Any] | None:
+    def app_status(self, app: str) -> tuple[dict[str, Any] | None, str]:
+        """`serve status` for `app`, and a line saying what it answered (for a deploy that never
+        settles: a status, `serve status` failing, or the app not yet there)."""
         try:
-            doc = yaml.safe_load(self.serve("status").stdout)
-            found = doc["applications"][app]
-        except (KeyError, TypeError, yaml.YAMLError, subprocess.TimeoutExpired):
-            return None
-        return found if isinstance(found, dict) else None
+            done = self.serve("status")
+        except subprocess.TimeoutExpired:
+            return None, f"`serve status` did not answer within {SERVE_CLI_S:g} s"
+        if done.returncode != 0 or not done.stdout.strip():
+            said = (done.stderr.strip().splitlines() or ["(nothing)"])[-1][-400:]
+            return None, f"`serve status` exited with {done.returncode}: {said}"
+        try:
+            found = yaml.safe_load(done.stdout)["applications"][app]
+        except (KeyError, TypeError, yaml.YAMLError):
+            return None, f"`serve status` lists no application {app!r}: {done.stdout.strip()[-400:]}"
+        return (found, _described(found)) if isinstance(found, dict) else (None, f"{app}: {found!r}")
+
+
+def _described(status: dict[str, Any]) -> str:
+    """An application's status in a line: its own, then each deployment's and why."""
+    def line(text: object) -> str:
+        return " ".join(str(text or "").split())[-300:]
+
+    parts = [f"{status.get('status')} {line(status.get('message'))}".strip()]
+    for name, d in (status.get("deployments") or {}).items():
+        if isinstance(d, dict):
+            parts.append(f"{name}: {d.get('status')} {line(d.get('message'))}".strip())
+    return "; ".join(parts)
 
 
 def ray_env() -> dict[str, str]:
@@ -154,7 +221,7 @@ def ray_head(num_cpus: int = 2, timeout_s: float = 90, node_args: Sequence[str] 
         if not (BIN / tool).exists():
             raise DeployError(f"{BIN / tool} not found: install the project with Ray Serve (pip install -e .)")
     temp_dir = Path(tempfile.mkdtemp(prefix="isle-ray-", dir="/tmp"))  # short: Ray's socket paths live here
-    ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS)), strict=True))
+    ports = dict(zip(PORT_OPTIONS, ray_ports(len(PORT_OPTIONS)), strict=True))
     cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--dashboard-host",
            "127.0.0.1", "--temp-dir", str(temp_dir), "--num-cpus", str(num_cpus), "--disable-usage-stats",
            *node_args,
@@ -163,14 +230,14 @@ def ray_head(num_cpus: int = 2, timeout_s: float = 90, node_args: Sequence[str] 
     # stopped by SIGTERM to `ray start` (it stops the head's processes), then what is left of its
     # session is killed by pid
     proc = Child(cmd, name="ray start --head", ready=ReadyUrl(f"{dashboard}/api/version"), cwd=ROOT, env=ray_env(),
-                 group=Group.SESSION, stdout=Output.DEVNULL, stderr=Output.DEVNULL,
+                 group=Group.SESSION, stdout=Output.CAPTURE, stderr=Output.STDOUT,
                  stop=Stop(grace_s=60.0, linger_s=20.0)).start()
     head = RayHead(proc=proc, temp_dir=temp_dir, dashboard=dashboard, address=f"127.0.0.1:{ports['--port']}")
     try:
         try:
             proc.wait_ready(timeout_s, poll_s=1.0, stop_on_failure=False)
         except ChildExited as err:
-            raise DeployError(f"ray start --head exited with {err.exit_code} (temp dir {temp_dir})") from None
+            raise DeployError(f"ray start --head exited with {err.exit_code}: {head.said()}") from None
         except ChildNotReady:
             raise DeployError(f"the Ray head's dashboard did not answer within {timeout_s:g} s") from None
         yield head
@@ -188,13 +255,22 @@ def stop_head(head: RayHead, grace_s: float = 20) -> None:
 def serve_deploy(head: RayHead, config: Path, app: str, timeout_s: float) -> dict[str, Any]:
     """`serve deploy` (it only sends the request), then `serve status` until this deploy settles."""
     sent_at = time.time()
-    done = head.serve("deploy", str(config))
+    try:
+        done = head.serve("deploy", str(config))
+    except subprocess.TimeoutExpired:
+        raise DeployError(f"serve deploy {config} did not return within {SERVE_CLI_S:g} s") from None
     if done.returncode != 0:
         raise DeployError(f"serve deploy {config} failed: {done.stderr.strip()[-800:]}")
     deadline = time.monotonic() + timeout_s
+    said = "`serve status` not asked yet"
     while time.monotonic() < deadline:
-        status = head.app_status(app)
-        if status is not None and float(status.get("last_deployed_time_s") or 0) >= sent_at - 1:
+        if (code := head.proc.poll()) is not None:
+            raise DeployError(f"the Ray head (`ray start --head`) exited with {code} while the deploy settled: "
+                              f"{head.said()}; `serve status` last said: {said}")
+        status, said = head.app_status(app)
+        if status is not None and float(status.get("last_deployed_time_s") or 0) < sent_at - 1:
+            said = f"an earlier deploy's status (this one not picked up yet): {said}"
+        elif status is not None:
             if status.get("status") == "RUNNING":
                 return status
             if status.get("status") == "DEPLOY_FAILED":
@@ -204,16 +280,18 @@ def serve_deploy(head: RayHead, config: Path, app: str, timeout_s: float) -> dic
                 raise DeployError(f"serve status: DEPLOY_FAILED: {str(status.get('message', '')).strip()[-500:]}"
                                   + (f" ({failed})" if failed else ""))
         time.sleep(2)
-    raise DeployError(f"serve status did not reach RUNNING within {timeout_s:g} s: {head.serve('status').stdout}")
+    raise DeployError(f"serve status did not reach RUNNING within {timeout_s:g} s; it last said: {said}")
 
 
 def undeploy(head: RayHead) -> list[str]:
     """`serve shutdown` then `python -m pools stop-controller`; problems come back as lines."""
     problems = []
-    with contextlib.suppress(subprocess.TimeoutExpired):
+    try:
         done = head.serve("shutdown", "-y", timeout_s=90)
         if done.returncode != 0:
             problems.append(f"serve shutdown: {done.stderr.strip()[-300:]}")
+    except subprocess.TimeoutExpired:
+        problems.append("serve shutdown did not finish within 90 s")
     try:
         stop = subprocess.run([sys.executable, "-m", "pools", "stop-controller", "--address", head.address], cwd=ROOT,
                               env=ray_env(), capture_output=True, text=True, timeout=120, check=False)
@@ -238,7 +316,9 @@ def ray_deployment(serve_config: Path, app: str, router_url: str, key: str, admi
             wait_router(router_url, key, 30)
             yield dataclasses.replace(_describe(router_url, admin_key), ray_head_pid=head.proc.pid)
         finally:
-            undeploy(head)
+            if head.proc.poll() is None:  # a dead head has nothing to shut down: its session is killed next
+                for problem in undeploy(head):
+                    print(f"teardown: {problem}", file=sys.stderr)
 
 
 # direct: the same plan's engines and router as plain processes

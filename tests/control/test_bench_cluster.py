@@ -22,7 +22,7 @@ from control.benches.schedule import BenchPolicy
 from tests.conftest import ROOT
 from tests.control.conftest import controller_spec, mixed_pool
 from tests.support.raycluster import fake_cluster
-from tests.support.wait import wait_until
+from tests.support.wait import START_S, wait_until
 from topology import GpuRef, Topology, path, read_source
 from topology.bench.record import load, node_fingerprint
 
@@ -96,7 +96,7 @@ def test_maintenance_on_a_node_measures_that_node_and_its_pair_again(deployed: D
         fresh = deployed.events("bench")[before:]
         return fresh if len(fresh) >= 2 else []
 
-    fresh = wait_until(two_new, 120, "two new bench records", interval_s=0.5)
+    fresh = wait_until(two_new, START_S, "two new bench records", interval_s=0.5)
     assert sorted(e["subject"] for e in fresh) == ["a", "a+b"]
     assert all(e["reason"].startswith("topology changed") for e in fresh)
     topology = deployed.topology()

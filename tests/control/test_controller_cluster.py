@@ -38,10 +38,10 @@ from isleserve.settings import AppArgs, parse_app_args
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 from tests.support.raycluster import fake_cluster
-from tests.support.wait import wait_until
+from tests.support.wait import START_S, wait_until
 from topology import read_source
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]  # past START_S waits on a loaded machine
 PAIRS = str(ROOT / "tests/data/pairs-cluster.yaml")
 DRAIN_BOUND_S = 10.0
 
@@ -193,11 +193,11 @@ def test_a_killed_engine_is_restarted_and_no_request_is_lost(product: Product) -
         info: dict[str, Any] = product.replicas()[victim_id]
         return info if info["restarts"] == 1 and info["pid"] not in (None, victim["pid"]) else None
 
-    info = wait_until(restarted, 15, f"{victim_id} restarted", interval_s=0.5)
+    info = wait_until(restarted, START_S, f"{victim_id} restarted", interval_s=0.5)
     assert info["ray_node_id"] == victim["ray_node_id"] and info["env"] == victim["env"]
     # the engine's actor restarts its process itself; the controller records it on its next pass
     wait_until(lambda: any(e["kind"] == "restart" and e["replica_id"] == victim_id for e in product.events()),
-               15, f"{victim_id}'s restart recorded", interval_s=0.5)
+               START_S, f"{victim_id}'s restart recorded", interval_s=0.5)
     assert all(_ask(client, 100 + i) == "ok" for i in range(1, 7))
 
 
@@ -245,7 +245,7 @@ def test_a_marked_link_drains_and_replaces_the_replica(product: Product) -> None
         now = product.replicas()[victim["replica_id"]]
         return now if now["pid"] != old["pid"] else None
 
-    new = wait_until(replaced, 60, "the replacement replica", interval_s=0.5)
+    new = wait_until(replaced, START_S, "the replacement replica", interval_s=0.5)
     placed = next(p for p in product.plan()["placements"] if p["replica_id"] == victim["replica_id"])
     assert (placed["node"], placed["gpus"]) == ("b", [2, 3]) and new["ray_node_id"] == product.ray_ids["b"]
     assert new["env"]["CUDA_VISIBLE_DEVICES"] == "2,3" and new["ray_resources"] == {"isle_gpu_b_2": 1.0,
@@ -255,14 +255,14 @@ def test_a_marked_link_drains_and_replaces_the_replica(product: Product) -> None
                 if e["kind"] == "drain" or e.get("replica_id") == victim["replica_id"]]
 
     assert steps().index(("drain", None)) < steps().index(("replica_started", 1))  # drained, then replaced ...
-    wait_until(lambda: ("stopped", 0) in steps(), 30, "the old replica stopped", interval_s=0.5)  # ... when idle
+    wait_until(lambda: ("stopped", 0) in steps(), START_S, "the old replica stopped", interval_s=0.5)  # ... when idle
     assert steps().index(("replica_started", 1)) < steps().index(("stopped", 0)) and not _alive(old["pid"])
     fingerprints = {e["fingerprint"] for e in product.events() if e["kind"] in ("topology", "plan")}
     assert len(fingerprints) == 2  # before and after the mark
 
     def mark(*args: str) -> subprocess.CompletedProcess[str]:  # as an operator does it
         return subprocess.run([sys.executable, "-m", "pools", "mark-link", *args, "--address", product.address],
-                              capture_output=True, text=True, timeout=60, check=False)
+                              capture_output=True, text=True, timeout=START_S, check=False)
 
     back = mark("a", "0", "1", "--healthy", "--reason", "test: repaired")
     assert back.returncode == 0 and json.loads(back.stdout) == {"moves": []}, back.stderr  # nothing moves back
@@ -279,17 +279,17 @@ def test_replace_moves_a_replica_off_its_gpus_on_command(product: Product) -> No
 
     def replace(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "pools", "replace", *args, "--address", product.address],
-                              capture_output=True, text=True, timeout=60, check=False)
+                              capture_output=True, text=True, timeout=START_S, check=False)
 
     done = replace(victim, "--reason", "test: KV path wrong_path")
     assert done.returncode == 0, done.stderr
     (move,) = json.loads(done.stdout)["moves"]
     assert (move["replica_id"], move["order"]) == (victim, "make-before-break")
-    new = wait_until(lambda: (r := product.replicas()[victim])["pid"] != old["pid"] and r, 60, "the replacement",
+    new = wait_until(lambda: (r := product.replicas()[victim])["pid"] != old["pid"] and r, START_S, "the replacement",
                      interval_s=0.5)
     placed = next(p for p in product.plan()["placements"] if p["replica_id"] == victim)
     assert (placed["node"], tuple(placed["gpus"])) not in taken and new["env"]["CUDA_VISIBLE_DEVICES"] != ""
-    wait_until(lambda: not _alive(old["pid"]), 40, "the old replica stopped once idle", interval_s=0.5)
+    wait_until(lambda: not _alive(old["pid"]), START_S, "the old replica stopped once idle", interval_s=0.5)
     wrong = replace("mixed-9")
     assert wrong.returncode == 2 and "replica 'mixed-9' is not serving steadily" in wrong.stderr
 
@@ -299,7 +299,7 @@ def test_a_restarted_controller_reattaches_to_its_replicas(product: Product) -> 
     names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
     version = ray.get(product.controller.table.remote()).version
     ray.kill(product.controller, no_restart=False)  # the actor process dies; Ray starts it again
-    wait_until(lambda: ray.get(product.controller.table.remote(), timeout=10).version > version, 60,
+    wait_until(lambda: ray.get(product.controller.table.remote(), timeout=10).version > version, START_S,
                "the controller back with a newer table", interval_s=0.5,
                ignore=(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
     assert {rid: (r["actor_pid"], r["pid"], r["url"]) for rid, r in product.replicas().items()} == before

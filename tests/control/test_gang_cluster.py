@@ -25,10 +25,10 @@ from tests.conftest import ROOT
 from tests.control.conftest import ALL_CLASSES, controller_spec
 from tests.control.test_controller_cluster import _alive
 from tests.support.raycluster import fake_cluster
-from tests.support.wait import wait_until
+from tests.support.wait import START_S, wait_until
 from topology import read_source
 
-pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]  # START_S
 MODEL = "qwen3-30b-a3b"
 RANKS = [f"moe-0-dp{k}" for k in range(4)]
 
@@ -74,7 +74,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gang]:
     with fake_cluster(read_source(source), ("a", "b"), num_gpus=2):
         controller = get_or_create_controller(spec)
         try:
-            ray.get(controller.deploy.remote(), timeout=90)
+            ray.get(controller.deploy.remote(), timeout=START_S)
             gang = Gang(controller=controller, state_dir=Path(spec.state_dir))
             engines = [r["pid"] for r in gang.ranks().values()]
             yield gang
@@ -110,7 +110,7 @@ def test_each_rank_is_an_endpoint_and_a_dead_rank_restarts_the_whole_gang(deploy
         return table if all(r.url not in old_urls for r in table.replicas) else None
 
     # ~10 s alone; two loaded cores (CI's other lanes) have taken 4x that
-    table = wait_until(restarted, 120, "the gang restarted (every rank a new URL)", interval_s=0.5)
+    table = wait_until(restarted, START_S, "the gang restarted (every rank a new URL)", interval_s=0.5)
     after = deployed.ranks()
     assert [after[rid]["actor"] for rid in RANKS] == [f"isleserve-{rid}-g1" for rid in RANKS]  # all of them
     assert not [rid for rid in RANKS if _alive(before[rid]["pid"])]  # the living ranks were stopped too

@@ -33,11 +33,11 @@ from isleserve.run import write_token
 from loadtest.live.deploy import free_ports, port_in_use
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
-from tests.support.wait import wait_until
+from tests.support.wait import START_S, wait_until
 from wire.processes import ChildExited, ChildNotReady, Group, Output, ReadyProbe, Stop, session_pids
 from wire.supervisor import Child
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]  # past START_S waits
 BIN = Path(sys.executable).parent
 PORT_OPTIONS = ("--port", "--dashboard-port", "--ray-client-server-port", "--node-manager-port",
                 "--object-manager-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
@@ -99,7 +99,7 @@ def head() -> Iterator[Head]:
                  stop=Stop(grace_s=60.0, linger_s=20.0)).start()
     try:
         try:
-            proc.wait_ready(90, poll_s=1.0, stop_on_failure=False)
+            proc.wait_ready(START_S, poll_s=1.0, stop_on_failure=False)
         except ChildExited:
             pytest.fail("ray start --head exited")
         except ChildNotReady:
@@ -113,7 +113,7 @@ def head() -> Iterator[Head]:
         assert not session_pids(proc.pid) and not port_in_use(8000)
 
 
-def _deploy(head: Head, config: str, timeout_s: float = 150) -> dict[str, object]:
+def _deploy(head: Head, config: str, timeout_s: float = START_S) -> dict[str, object]:
     """`serve deploy` (it only sends the request), then `serve status` until this deployment settles."""
     sent_at = time.time()
     deployed = head.cli("deploy", config)
@@ -177,7 +177,7 @@ def test_a_redeploy_with_two_router_workers_serves_from_both(head: Head, tmp_pat
             seen.add(json.loads(resp.read())["worker"])
         return seen == {0, 1}
 
-    wait_until(both_answer, 30, "both workers answer", interval_s=0)
+    wait_until(both_answer, START_S, "both workers answer", interval_s=0.1)
     with openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=DEV_KEY, max_retries=0, timeout=30) as client:
         for _ in range(4):
             out = client.completions.create(model="llama-3.1-8b", prompt="hi", max_tokens=2)
@@ -192,6 +192,6 @@ def test_serve_shutdown_and_stop_controller_leave_nothing_running(head: Head) ->
     stop = subprocess.run([sys.executable, "-m", "pools", "stop-controller", "--address", head.address], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False, env=head.env)
     assert stop.returncode == 0, stop.stderr  # ... the product's own command stops them
-    wait_until(lambda: not _engines(head) and not port_in_use(8000), 20, "engines stopped, port 8000 free",
+    wait_until(lambda: not _engines(head) and not port_in_use(8000), START_S, "engines stopped, port 8000 free",
                interval_s=0.5)
     assert not _engines(head, b"router.worker")

@@ -29,12 +29,13 @@ from tests.conftest import ROOT
 from tests.docs.mdblocks import commands
 from tests.security.listeners import grpc_statuses, http_answer, listeners, process_tree, ray_services
 from tests.support.clients import openai_client
+from tests.support.wait import START_S
 from topology.draw import VERDICT_COLOURS
 from wire import native
 from wire.processes import ChildExited, ChildNotReady, Group, Output, ReadyLine, ReadyProbe, Stop, session_pids
 from wire.supervisor import Child
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # past START_S waits
 BASE = "http://127.0.0.1:8000"
 
 
@@ -94,7 +95,7 @@ def foreign_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Chil
                  cwd=ROOT, env=env, group=Group.SESSION, stdout=Output.DEVNULL, stderr=Output.DEVNULL,
                  stop=Stop(grace_s=30.0, linger_s=10.0)).start()
     try:
-        proc.wait_ready(90, poll_s=0.5)
+        proc.wait_ready(START_S, poll_s=0.5)
         yield proc, f"127.0.0.1:{ports['--port']}"
     finally:
         proc.stop()
@@ -113,11 +114,11 @@ def product(tmp_path_factory: pytest.TempPathFactory, foreign_ray: tuple[Child, 
     proc.start()
     try:
         try:
-            proc.wait_ready(120, stop_on_failure=False)
+            proc.wait_ready(START_S, stop_on_failure=False)
         except ChildExited as err:
             pytest.fail(f"isle run exited: {err}")
         except ChildNotReady:
-            pytest.fail("no ready line within 120 s")
+            pytest.fail(f"no ready line within {START_S:g} s")
         # the line comes once the endpoint answers
         req = urllib.request.Request(f"{BASE}/v1/models", headers={"authorization": f"Bearer {DEV_KEY}"})
         with urllib.request.urlopen(req, timeout=5) as resp:

@@ -12,6 +12,12 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+START_S = 180.0
+"""The deadline for something that starts processes through Ray: a replica or its replacement, an
+engine restarted by its actor, a gang, a controller back after a kill, a deploy. One such start
+took 4-7 s on a quiet 2-core machine, 15-35 s beside the unit lane, and past 60 s once in CI's
+four lanes at once (2026-12-07, where a 60 s deadline failed a replacement that was on its way)."""
+
 
 class NeverHappened(AssertionError):
     """What a test waited for did not come before its deadline."""
