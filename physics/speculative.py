@@ -20,7 +20,7 @@ def tokens_per_step(acceptance_rate: float, draft_tokens: int) -> float:
 
 
 def decode_ms(model: ModelSpec, gpu: GpuSpec, tp: int, link: LinkCost, batch: int,
-                          context_tokens: int, draft_tokens: int, eff: Efficiency = DEFAULT) -> tuple[float, float]:
+              context_tokens: int, draft_tokens: int, eff: Efficiency = DEFAULT) -> tuple[float, float]:
     """One speculative step of `batch` sequences (MTP or an EAGLE-style one-layer draft head):
     `draft_tokens` draft passes one after another, each a decode step of one decoder layer and
     the LM head, then the target verifying k + 1 tokens of every sequence in one pass (a decode

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from isleserve.run import write_token
-from loadtest.live.deploy import free_ports, port_in_use
+from loadtest.live.deploy import port_in_use, ray_ports
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 from tests.support.wait import START_S, wait_until
@@ -84,7 +84,7 @@ def head() -> Iterator[Head]:
     if port_in_use(8000):
         pytest.fail("127.0.0.1:8000 is taken: configs/local.yaml's router needs it")
     temp_dir = Path(tempfile.mkdtemp(prefix="isle-ray-", dir="/tmp"))  # short: Ray's socket paths live here
-    ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS)), strict=True))
+    ports = dict(zip(PORT_OPTIONS, ray_ports(len(PORT_OPTIONS)), strict=True))
     token = write_token(str(temp_dir / "state"))
     env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_AUTH_MODE": "token",
            "RAY_AUTH_TOKEN_PATH": str(token)}

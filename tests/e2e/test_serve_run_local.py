@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.live.deploy import free_ports, port_in_use
+from loadtest.live.deploy import port_in_use, ray_ports
 from router.config import DEV_ADMIN_KEY, DEV_KEY
 from tests.conftest import ROOT
 from tests.docs.mdblocks import commands
@@ -86,7 +86,7 @@ def foreign_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Chil
     `ray start --head --block`, in a temporary directory of its own (never the machine's /tmp/ray,
     which other programs may use), with its address exported the way its user would."""
     temp_dir = tmp_path_factory.mktemp("foreign-ray")
-    ports = dict(zip(FOREIGN_PORTS, free_ports(len(FOREIGN_PORTS)), strict=True))
+    ports = dict(zip(FOREIGN_PORTS, ray_ports(len(FOREIGN_PORTS)), strict=True))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
            "--temp-dir", str(temp_dir), "--num-cpus", "1", "--include-dashboard", "false", "--disable-usage-stats",
